@@ -1,0 +1,44 @@
+// Command cni-usernet is the whole of cni-usernet in one binary: the CNI
+// plugin (when called with CNI_COMMAND set, as runtimes do), the per-pod
+// stack process ("stack") and the node's status table ("status").
+package main
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/cni-usernet/cni-usernet/pkg/plugin"
+)
+
+const usage = `usage:
+  cni-usernet                         CNI plugin (CNI_COMMAND and friends in the environment)
+  cni-usernet stack --config FILE     run a pod's stack (started by the plugin)
+  cni-usernet status [--json] [--state-dir DIR]
+                                      every attachment on the node with its stack's health and GSO decision
+  cni-usernet version
+`
+
+func main() {
+	if os.Getenv("CNI_COMMAND") != "" || len(os.Args) < 2 {
+		plugin.Main()
+		return
+	}
+	var err error
+	switch os.Args[1] {
+	case "stack":
+		err = runStack(os.Args[2:])
+	case "status":
+		err = runStatus(os.Args[2:], os.Stdout)
+	case "version", "--version":
+		fmt.Println("cni-usernet", plugin.Version)
+	case "help", "-h", "--help":
+		fmt.Print(usage)
+	default:
+		fmt.Fprintf(os.Stderr, "unknown command %q\n%s", os.Args[1], usage)
+		os.Exit(2)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "cni-usernet:", err)
+		os.Exit(1)
+	}
+}

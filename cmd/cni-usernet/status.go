@@ -1,0 +1,130 @@
+package main
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net/netip"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/cni-usernet/cni-usernet/pkg/control"
+	"github.com/cni-usernet/cni-usernet/pkg/launch"
+	"github.com/cni-usernet/cni-usernet/pkg/netconf"
+	"github.com/cni-usernet/cni-usernet/pkg/podstack"
+	"github.com/cni-usernet/cni-usernet/pkg/state"
+)
+
+// attachmentStatus is one row of `cni-usernet status`.
+type attachmentStatus struct {
+	ContainerID string           `json:"containerID"`
+	IfName      string           `json:"ifName"`
+	Pod         string           `json:"pod,omitempty"`
+	IPs         []string         `json:"ips"`
+	PID         int              `json:"pid"`
+	Healthy     bool             `json:"healthy"`
+	Problem     string           `json:"problem,omitempty"`
+	GSO         gsoStatus        `json:"gso"`
+	Stats       *podstack.Status `json:"stats,omitempty"`
+}
+
+type gsoStatus struct {
+	Mode    string `json:"mode"`
+	MaxSize uint32 `json:"maxSize"`
+	MaxSegs uint32 `json:"maxSegs"`
+	Reason  string `json:"reason,omitempty"`
+}
+
+func runStatus(argv []string, out io.Writer) error {
+	fs := flag.NewFlagSet("status", flag.ContinueOnError)
+	asJSON := fs.Bool("json", false, "print a JSON array")
+	dir := fs.String("state-dir", netconf.DefaultStateDir, "state directory of the plugin")
+	if err := fs.Parse(argv); err != nil {
+		return err
+	}
+	atts, errs := state.Store{Dir: *dir}.List()
+	rows := make([]attachmentStatus, 0, len(atts))
+	for _, a := range atts {
+		rows = append(rows, statusOf(a))
+	}
+	if *asJSON {
+		enc := json.NewEncoder(out)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(rows); err != nil {
+			return err
+		}
+	} else {
+		printTable(out, rows)
+	}
+	for _, e := range errs {
+		fmt.Fprintln(out, "unreadable:", e)
+	}
+	return nil
+}
+
+func statusOf(a *state.Attachment) attachmentStatus {
+	s := attachmentStatus{
+		ContainerID: a.ContainerID, IfName: a.IfName, IPs: a.IPs, PID: a.StackPID,
+		GSO: gsoStatus{Mode: string(a.GSO.Mode), MaxSize: a.GSO.Link.MaxSize, MaxSegs: a.GSO.Link.MaxSegs, Reason: a.GSO.Reason},
+	}
+	if a.PodName != "" {
+		s.Pod = a.PodNS + "/" + a.PodName
+	}
+	if s.IPs == nil {
+		s.IPs = []string{}
+	}
+	if !launch.Alive(launch.Process{PID: a.StackPID, StartTime: a.StackStartTime}) {
+		s.Problem = fmt.Sprintf("stack process %d is not running", a.StackPID)
+		return s
+	}
+	if err := control.Health(a.ControlSocket, time.Second); err != nil {
+		s.Problem = err.Error()
+		return s
+	}
+	var st podstack.Status
+	if err := control.Status(a.ControlSocket, time.Second, &st); err != nil {
+		s.Problem = err.Error()
+		return s
+	}
+	s.Healthy = true
+	s.Stats = &st
+	s.GSO = gsoStatus{Mode: string(st.GSO.Mode), MaxSize: st.GSO.Link.MaxSize, MaxSegs: st.GSO.Link.MaxSegs, Reason: st.GSO.Reason}
+	return s
+}
+
+func printTable(out io.Writer, rows []attachmentStatus) {
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "CONTAINER\tIF\tPOD\tIPS\tPID\tHEALTHY\tGSO\tGSO_MAX_SIZE\tGSO_MAX_SEGS\tGSO_BATCHES\tTX/RX PKTS\tTCP RELAYS")
+	for _, r := range rows {
+		id := r.ContainerID
+		if len(id) > 12 {
+			id = id[:12]
+		}
+		var ips []string
+		for _, ip := range r.IPs {
+			if p, err := netip.ParsePrefix(ip); err == nil {
+				ip = p.Addr().String()
+			}
+			ips = append(ips, ip)
+		}
+		batches, pkts, relays := "-", "-", "-"
+		if r.Stats != nil {
+			batches = fmt.Sprint(r.Stats.Wire.TxGSOBatches)
+			pkts = fmt.Sprintf("%d/%d", r.Stats.Wire.TxPackets, r.Stats.Wire.RxPackets)
+			relays = fmt.Sprintf("%d (total %d)", r.Stats.Relay.TCPActive, r.Stats.Relay.TCPTotal)
+		}
+		healthy := "yes"
+		if !r.Healthy {
+			healthy = "NO: " + r.Problem
+		}
+		pod := r.Pod
+		if pod == "" {
+			pod = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", id, r.IfName, pod, strings.Join(ips, ","),
+			r.PID, healthy, r.GSO.Mode, r.GSO.MaxSize, r.GSO.MaxSegs, batches, pkts, relays)
+	}
+	tw.Flush()
+}

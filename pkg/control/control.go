@@ -1,0 +1,113 @@
+// Package control serves a pod stack's health and statistics on a unix
+// socket, and reads them for the plugin and the status command.
+//
+// The protocol is HTTP, so an operator can also ask by hand:
+//
+//	curl --unix-socket /run/cni-usernet/<id>.sock http://stack/status
+package control
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"time"
+)
+
+// Source provides what the socket serves.
+type Source interface {
+	// Healthy returns nil when the stack can carry traffic.
+	Healthy() error
+	// Status returns the stack's state and counters, marshalled as JSON.
+	Status() any
+}
+
+// Server is a running control socket.
+type Server struct {
+	srv  *http.Server
+	ln   net.Listener
+	path string
+}
+
+// Listen creates the socket at path (replacing a stale one left by a
+// crashed stack) and serves src on it.
+func Listen(path string, src Source) (*Server, error) {
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("removing stale control socket %s: %w", path, err)
+	}
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("listening on %s: %w", path, err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("restricting %s: %w", path, err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		if err := src.Healthy(); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("GET /status", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(src.Status())
+	})
+	s := &Server{srv: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}, ln: ln, path: path}
+	go s.srv.Serve(ln)
+	return s, nil
+}
+
+// Close stops serving and removes the socket.
+func (s *Server) Close() error {
+	err := s.srv.Close()
+	os.Remove(s.path)
+	return err
+}
+
+func client(path string, timeout time.Duration) *http.Client {
+	return &http.Client{
+		Timeout: timeout,
+		Transport: &http.Transport{
+			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+				var d net.Dialer
+				return d.DialContext(ctx, "unix", path)
+			},
+		},
+	}
+}
+
+// Health asks the stack at path whether it is healthy.
+func Health(path string, timeout time.Duration) error {
+	resp, err := client(path, timeout).Get("http://stack/healthz")
+	if err != nil {
+		return fmt.Errorf("asking stack at %s for health: %w", path, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		var msg [512]byte
+		n, _ := resp.Body.Read(msg[:])
+		return fmt.Errorf("stack at %s unhealthy: %s", path, msg[:n])
+	}
+	return nil
+}
+
+// Status reads the stack's status into v.
+func Status(path string, timeout time.Duration, v any) error {
+	resp, err := client(path, timeout).Get("http://stack/status")
+	if err != nil {
+		return fmt.Errorf("asking stack at %s for status: %w", path, err)
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+		return fmt.Errorf("decoding status of stack at %s: %w", path, err)
+	}
+	return nil
+}

@@ -1,0 +1,232 @@
+// Package launch starts a pod's stack process inside the pod's network
+// namespace, waits for its readiness, and stops it without ever signalling
+// a process that merely reuses its PID.
+package launch
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"golang.org/x/sys/unix"
+)
+
+// Options says what to start and where.
+type Options struct {
+	// Binary is the cni-usernet executable. Zero: this process's own.
+	Binary string
+	// Args follow the binary name (e.g. "stack", "--config", path).
+	Args []string
+	// Netns is the pod's network namespace path. Required.
+	Netns string
+	// LogPath receives the process's stdout and stderr, so that it never
+	// holds the runtime's pipes open (a runtime waits for them to close).
+	LogPath string
+	// ReadyTimeout bounds the wait for readiness. Required.
+	ReadyTimeout time.Duration
+	// CgroupPath, when set, is the cgroup (relative to the hierarchy roots)
+	// the process joins: the pod's, so the stack is charged to the pod.
+	CgroupPath string
+}
+
+// Process identifies a started stack: PID plus the kernel's start time.
+type Process struct {
+	PID       int
+	StartTime uint64
+}
+
+// ReadyFD is the descriptor number on which the stack reports readiness:
+// one line, "ok" or "error: <message>", then EOF.
+const ReadyFD = 3
+
+// Start launches the process in the namespace and waits until it reports
+// ready. On any failure the process is killed and reaped before Start
+// returns, and the error carries the process's own message.
+func Start(o Options) (Process, error) {
+	if o.Binary == "" {
+		self, err := os.Executable()
+		if err != nil {
+			return Process{}, fmt.Errorf("finding own executable: %w", err)
+		}
+		o.Binary = self
+	}
+	if err := os.MkdirAll(filepath.Dir(o.LogPath), 0o700); err != nil {
+		return Process{}, fmt.Errorf("creating log directory: %w", err)
+	}
+	logf, err := os.OpenFile(o.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return Process{}, fmt.Errorf("opening stack log %s: %w", o.LogPath, err)
+	}
+	defer logf.Close()
+	rd, wr, err := os.Pipe()
+	if err != nil {
+		return Process{}, fmt.Errorf("creating readiness pipe: %w", err)
+	}
+	defer rd.Close()
+	cmd := exec.Command(o.Binary, o.Args...)
+	cmd.Stdin = nil
+	cmd.Stdout = logf
+	cmd.Stderr = logf
+	cmd.ExtraFiles = []*os.File{wr} // becomes ReadyFD
+	// Its own session: the stack outlives the plugin and must not receive
+	// signals aimed at the runtime's process group.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	cmd.Env = append(os.Environ()[:0:0], "PATH="+os.Getenv("PATH"))
+	netns, err := ns.GetNS(o.Netns)
+	if err != nil {
+		wr.Close()
+		return Process{}, fmt.Errorf("opening netns %s: %w", o.Netns, err)
+	}
+	defer netns.Close()
+	// A child inherits the network namespace of the thread that forks it;
+	// ns.Do runs this on a locked thread switched into the pod's namespace.
+	err = netns.Do(func(ns.NetNS) error { return cmd.Start() })
+	wr.Close()
+	if err != nil {
+		return Process{}, fmt.Errorf("starting stack: %w", err)
+	}
+	fail := func(err error) (Process, error) {
+		cmd.Process.Kill()
+		cmd.Wait()
+		return Process{}, err
+	}
+	if o.CgroupPath != "" {
+		if err := joinCgroup(cmd.Process.Pid, o.CgroupPath); err != nil {
+			return fail(err)
+		}
+	}
+	line, err := readLine(rd, o.ReadyTimeout)
+	if err != nil {
+		return fail(fmt.Errorf("waiting for the stack to be ready: %w (log: %s)", err, o.LogPath))
+	}
+	if msg, isErr := strings.CutPrefix(line, "error: "); isErr {
+		return fail(fmt.Errorf("stack failed to start: %s", msg))
+	}
+	if line != "ok" {
+		return fail(fmt.Errorf("stack failed to start (log: %s)", o.LogPath))
+	}
+	st, err := StartTime(cmd.Process.Pid)
+	if err != nil {
+		return fail(err)
+	}
+	p := Process{PID: cmd.Process.Pid, StartTime: st}
+	// The stack outlives us; the runtime's init (or subreaper) reaps it.
+	cmd.Process.Release()
+	return p, nil
+}
+
+func readLine(f *os.File, timeout time.Duration) (string, error) {
+	if err := f.SetReadDeadline(time.Now().Add(timeout)); err != nil {
+		return "", err
+	}
+	line, err := bufio.NewReader(f).ReadString('\n')
+	if err != nil && line == "" {
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return "", fmt.Errorf("no readiness within %s", timeout)
+		}
+		return "", fmt.Errorf("stack exited before it was ready")
+	}
+	return strings.TrimSpace(line), nil
+}
+
+// StartTime reads the kernel's start time of pid (clock ticks since boot).
+func StartTime(pid int) (uint64, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, err
+	}
+	// The command name (field 2) may hold spaces and parentheses; fields
+	// after the last ')' are plain.
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("malformed /proc/%d/stat", pid)
+	}
+	fields := strings.Fields(s[i+1:])
+	// fields[0] is field 3 (state); starttime is field 22.
+	if len(fields) < 20 {
+		return 0, fmt.Errorf("malformed /proc/%d/stat", pid)
+	}
+	return strconv.ParseUint(fields[19], 10, 64)
+}
+
+// Alive reports whether p is still the same running process (a zombie
+// counts as gone).
+func Alive(p Process) bool {
+	if p.PID <= 0 {
+		return false
+	}
+	st, err := StartTime(p.PID)
+	if err != nil || st != p.StartTime {
+		return false
+	}
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(p.PID) + "/stat")
+	if err != nil {
+		return false
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i >= 0 && i+2 < len(s) && s[i+2] != 'Z'
+}
+
+// Stop sends SIGTERM to p, waits up to grace for it to exit, then sends
+// SIGKILL and waits again. A process that is already gone, or whose PID now
+// belongs to another process, is success. The pidfd pins the identity: once
+// opened and checked against the start time, no reuse can redirect the
+// signal.
+func Stop(p Process, grace time.Duration) error {
+	if p.PID <= 0 {
+		return nil
+	}
+	fd, err := unix.PidfdOpen(p.PID, 0)
+	if errors.Is(err, unix.ESRCH) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("opening pidfd of stack %d: %w", p.PID, err)
+	}
+	defer unix.Close(fd)
+	if !Alive(p) {
+		return nil
+	}
+	for _, sig := range []unix.Signal{unix.SIGTERM, unix.SIGKILL} {
+		if err := unix.PidfdSendSignal(fd, sig, nil, 0); err != nil {
+			if errors.Is(err, unix.ESRCH) {
+				return nil
+			}
+			return fmt.Errorf("signalling stack %d: %w", p.PID, err)
+		}
+		if exited(fd, p, grace) {
+			return nil
+		}
+	}
+	return fmt.Errorf("stack %d did not exit after SIGKILL", p.PID)
+}
+
+// exited waits for the process behind fd to exit. The pidfd becomes
+// readable when it does, whether or not anyone has reaped it yet.
+func exited(fd int, p Process, wait time.Duration) bool {
+	deadline := time.Now().Add(wait)
+	for {
+		left := time.Until(deadline)
+		if left <= 0 {
+			return !Alive(p)
+		}
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		n, err := unix.Poll(fds, int(left.Milliseconds())+1)
+		if err == nil && n > 0 {
+			return true
+		}
+		if err != nil && !errors.Is(err, unix.EINTR) {
+			return !Alive(p)
+		}
+	}
+}

@@ -1,0 +1,175 @@
+// Package netconf parses and validates cni-usernet's network configuration
+// (the plugin's entry in a conflist) and its pod annotations.
+package netconf
+
+import (
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/types"
+	"github.com/containernetworking/cni/pkg/version"
+	"github.com/cni-usernet/cni-usernet/pkg/offload"
+	"github.com/cni-usernet/cni-usernet/pkg/podstack"
+)
+
+// Defaults for the paths a conflist may leave out.
+const (
+	DefaultStateDir     = "/var/lib/cni-usernet"
+	DefaultLogDir       = "/var/log/cni-usernet"
+	DefaultRunDir       = "/run/cni-usernet"
+	DefaultReadyTimeout = 10 * time.Second
+)
+
+// AnnotationPrefix is the prefix of every pod annotation cni-usernet reads.
+const AnnotationPrefix = "cni-usernet.io/"
+
+// AnnotationGSO chooses the pod's GSO mode: auto, hardware, software, off.
+const AnnotationGSO = AnnotationPrefix + "gso"
+
+// PodAnnotationsCapability is the runtime-config key under which containerd
+// and CRI-O pass the pod's annotations when the conflist declares it.
+const PodAnnotationsCapability = "io.kubernetes.cri.pod-annotations"
+
+// NetConf is the plugin's configuration.
+type NetConf struct {
+	types.PluginConf
+
+	// MTU of the pod's link. Zero: 1500.
+	MTU int `json:"mtu,omitempty"`
+	// GSO is the default GSO mode, overridden per pod by AnnotationGSO.
+	// Zero: auto.
+	GSO string `json:"gso,omitempty"`
+	// GSOMaxSize and GSOMaxSegs lower the limits detected on the link.
+	GSOMaxSize uint32 `json:"gsoMaxSize,omitempty"`
+	GSOMaxSegs uint32 `json:"gsoMaxSegs,omitempty"`
+	// GRO turns on netstack GRO on the wire leg.
+	GRO bool `json:"gro,omitempty"`
+	// RXChecksumOffload: nil or true trusts the checksums of frames from
+	// the pod's veth (the host kernel); false verifies them all.
+	RXChecksumOffload *bool `json:"rxChecksumOffload,omitempty"`
+	// TUNName and TUNMTU configure the applications' device.
+	TUNName string `json:"tunName,omitempty"`
+	TUNMTU  uint32 `json:"tunMTU,omitempty"`
+	// MaxTCP, MaxUDP and UDPIdle bound the relay.
+	MaxTCP  int    `json:"maxTCP,omitempty"`
+	MaxUDP  int    `json:"maxUDP,omitempty"`
+	UDPIdle string `json:"udpIdle,omitempty"`
+	// PodLinkOffloadsOff turns TSO/GSO/SG off on the pod's link (tests,
+	// benchmarks, links known to misbehave).
+	PodLinkOffloadsOff bool `json:"podLinkOffloadsOff,omitempty"`
+	// StateDir, LogDir and RunDir hold attachment state, stack logs and
+	// control sockets.
+	StateDir string `json:"stateDir,omitempty"`
+	LogDir   string `json:"logDir,omitempty"`
+	RunDir   string `json:"runDir,omitempty"`
+	// ReadyTimeout bounds the wait for the stack to come up. Zero: 10s.
+	ReadyTimeout string `json:"readyTimeout,omitempty"`
+
+	RuntimeConfig struct {
+		PodAnnotations map[string]string `json:"io.kubernetes.cri.pod-annotations,omitempty"`
+		CgroupPath     string            `json:"cgroupPath,omitempty"`
+	} `json:"runtimeConfig,omitzero"`
+
+	// Filled by Parse.
+	udpIdle      time.Duration
+	readyTimeout time.Duration
+}
+
+// Parse decodes and validates a configuration from stdin bytes.
+func Parse(data []byte) (*NetConf, error) {
+	var c NetConf
+	if err := json.Unmarshal(data, &c); err != nil {
+		return nil, fmt.Errorf("parsing network configuration: %w", err)
+	}
+	if err := c.validate(); err != nil {
+		return nil, fmt.Errorf("network configuration: %w", err)
+	}
+	if err := version.ParsePrevResult(&c.PluginConf); err != nil {
+		return nil, fmt.Errorf("parsing prevResult: %w", err)
+	}
+	return &c, nil
+}
+
+func (c *NetConf) validate() error {
+	if c.MTU == 0 {
+		c.MTU = 1500
+	}
+	if c.MTU < 576 || c.MTU > 65535 {
+		return fmt.Errorf(`"mtu" %d outside 576..65535`, c.MTU)
+	}
+	if c.GSO == "" {
+		c.GSO = string(offload.ModeAuto)
+	}
+	if _, err := offload.ParseMode(c.GSO); err != nil {
+		return fmt.Errorf(`"gso": %w`, err)
+	}
+	if c.TUNName == "" {
+		c.TUNName = podstack.DefaultTUNName
+	}
+	if len(c.TUNName) > 15 {
+		return fmt.Errorf(`"tunName" %q longer than 15 bytes`, c.TUNName)
+	}
+	if c.TUNMTU != 0 && (c.TUNMTU < 1280 || c.TUNMTU > 65535) {
+		return fmt.Errorf(`"tunMTU" %d outside 1280..65535`, c.TUNMTU)
+	}
+	if c.MaxTCP < 0 || c.MaxUDP < 0 {
+		return fmt.Errorf(`"maxTCP" and "maxUDP" must not be negative`)
+	}
+	var err error
+	if c.udpIdle, err = parseDuration("udpIdle", c.UDPIdle, 0); err != nil {
+		return err
+	}
+	if c.readyTimeout, err = parseDuration("readyTimeout", c.ReadyTimeout, DefaultReadyTimeout); err != nil {
+		return err
+	}
+	for key, dir := range map[string]*string{"stateDir": &c.StateDir, "logDir": &c.LogDir, "runDir": &c.RunDir} {
+		if *dir != "" && !filepath.IsAbs(*dir) {
+			return fmt.Errorf("%q must be an absolute path, got %q", key, *dir)
+		}
+	}
+	if c.StateDir == "" {
+		c.StateDir = DefaultStateDir
+	}
+	if c.LogDir == "" {
+		c.LogDir = DefaultLogDir
+	}
+	if c.RunDir == "" {
+		c.RunDir = DefaultRunDir
+	}
+	return nil
+}
+
+func parseDuration(key, s string, def time.Duration) (time.Duration, error) {
+	if s == "" {
+		return def, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d <= 0 {
+		return 0, fmt.Errorf("%q: %q is not a positive duration like \"30s\"", key, s)
+	}
+	return d, nil
+}
+
+// UDPIdleDuration is UDPIdle parsed (zero: the relay's default).
+func (c *NetConf) UDPIdleDuration() time.Duration { return c.udpIdle }
+
+// ReadyTimeoutDuration is ReadyTimeout parsed.
+func (c *NetConf) ReadyTimeoutDuration() time.Duration { return c.readyTimeout }
+
+// Chained reports whether an earlier plugin produced a result to take over.
+func (c *NetConf) Chained() bool { return c.RawPrevResult != nil }
+
+// GSOMode resolves the pod's GSO mode: the annotation, else the conflist's
+// default. It also says where the mode came from.
+func (c *NetConf) GSOMode() (offload.Mode, string, error) {
+	if v, ok := c.RuntimeConfig.PodAnnotations[AnnotationGSO]; ok {
+		m, err := offload.ParseMode(v)
+		if err != nil {
+			return "", "", fmt.Errorf("pod annotation %q: %w", AnnotationGSO, err)
+		}
+		return m, "annotation " + AnnotationGSO, nil
+	}
+	return offload.Mode(c.GSO), "conflist default", nil
+}

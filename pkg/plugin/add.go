@@ -1,0 +1,218 @@
+package plugin
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/plugins/pkg/ipam"
+	"github.com/containernetworking/plugins/pkg/ns"
+
+	"github.com/cni-usernet/cni-usernet/pkg/atomicfile"
+	"github.com/cni-usernet/cni-usernet/pkg/control"
+	"github.com/cni-usernet/cni-usernet/pkg/launch"
+	"github.com/cni-usernet/cni-usernet/pkg/podstack"
+	"github.com/cni-usernet/cni-usernet/pkg/state"
+)
+
+// undo collects the steps that reverse what ADD did so far; run on
+// failure, in reverse order, dropped on success.
+type undo []func()
+
+func (u *undo) add(f func()) { *u = append(*u, f) }
+
+func (u undo) run() {
+	for _, f := range slices.Backward(u) {
+		f()
+	}
+}
+
+func cmdAdd(args *skel.CmdArgs) (err error) {
+	inv, err := start(args)
+	if err != nil {
+		return err
+	}
+	defer inv.close()
+	result, err := inv.add()
+	if err != nil {
+		inv.log.Error("ADD failed", "err", err)
+		return err
+	}
+	inv.log.Info("ADD done", "ips", result.IPs)
+	return types.PrintResult(result, inv.conf.CNIVersion)
+}
+
+func (inv *invocation) add() (_ *current.Result, err error) {
+	args, conf := inv.args, inv.conf
+	mode, modeSource, err := conf.GSOMode()
+	if err != nil {
+		return nil, errorf(types.ErrInvalidNetworkConfig, "%v", err)
+	}
+	if _, err := inv.store.Load(args.ContainerID, args.IfName); err == nil {
+		return nil, errorf(types.ErrInternal, "container %s interface %s is already attached; DEL it before adding it again", args.ContainerID, args.IfName)
+	} else if !errors.Is(err, state.ErrNotFound) {
+		return nil, cniError(types.ErrIOFailure, err)
+	}
+	netns, err := ns.GetNS(args.Netns)
+	if err != nil {
+		return nil, errorf(types.ErrInvalidNetNS, "opening netns %q: %v", args.Netns, err)
+	}
+	defer netns.Close()
+
+	var u undo
+	defer func() {
+		if err != nil {
+			u.run()
+		}
+	}()
+
+	att := &state.Attachment{
+		Network: conf.Name, ContainerID: args.ContainerID, IfName: args.IfName, Netns: args.Netns,
+		PodNS: string(inv.pod.K8S_POD_NAMESPACE), PodName: string(inv.pod.K8S_POD_NAME),
+		Created: time.Now().UTC(), Chained: conf.Chained(),
+	}
+	var result *current.Result
+	if att.Chained {
+		if result, err = inv.takeOverPrevious(netns); err != nil {
+			return nil, err
+		}
+	} else {
+		if result, err = inv.attachVeth(netns, att, &u); err != nil {
+			return nil, err
+		}
+	}
+	for _, ipc := range result.IPs {
+		att.IPs = append(att.IPs, ipc.Address.String())
+	}
+
+	p := inv.pathsFor(args.ContainerID, args.IfName)
+	// A spec left by an earlier failed ADD describes a link that no longer
+	// exists; the stack must collect afresh.
+	if err := os.RemoveAll(p.stackDir); err != nil {
+		return nil, cniError(types.ErrIOFailure, fmt.Errorf("clearing %s: %w", p.stackDir, err))
+	}
+	u.add(func() { os.RemoveAll(p.stackDir); os.Remove(p.socket) })
+	if err := inv.writeStackConfig(p, mode); err != nil {
+		return nil, cniError(types.ErrIOFailure, err)
+	}
+	att.ConfigPath, att.SpecPath, att.ControlSocket, att.LogPath = p.config, p.spec, p.socket, p.log
+	// Saved before the stack starts, so that a plugin killed mid-ADD leaves
+	// a record DEL and GC can undo.
+	if err := inv.store.Save(att); err != nil {
+		return nil, cniError(types.ErrIOFailure, err)
+	}
+	u.add(func() { inv.store.Delete(args.ContainerID, args.IfName) })
+
+	proc, err := launch.Start(launch.Options{
+		Args:         []string{"stack", "--config", p.config},
+		Netns:        args.Netns,
+		LogPath:      p.log,
+		ReadyTimeout: conf.ReadyTimeoutDuration(),
+		CgroupPath:   conf.RuntimeConfig.CgroupPath,
+	})
+	if err != nil {
+		return nil, errorf(types.ErrInternal, "starting the pod's stack (gso %s from %s): %v", mode, modeSource, err)
+	}
+	u.add(func() { launch.Stop(proc, stopGrace) })
+	att.StackPID, att.StackStartTime = proc.PID, proc.StartTime
+
+	var st podstack.Status
+	if err := control.Status(p.socket, 5*time.Second, &st); err != nil {
+		return nil, errorf(types.ErrInternal, "reading the stack's status: %v", err)
+	}
+	att.GSO = st.GSO
+	if att.Result, err = json.Marshal(result); err != nil {
+		return nil, cniError(types.ErrInternal, err)
+	}
+	if err := inv.store.Save(att); err != nil {
+		return nil, cniError(types.ErrIOFailure, err)
+	}
+	inv.log.Info("stack started", "pid", proc.PID, "gso", st.GSO.Mode, "reason", st.GSO.Reason, "source", modeSource)
+	return result, nil
+}
+
+func (inv *invocation) writeStackConfig(p paths, mode any) error {
+	conf := inv.conf
+	udpIdle := podstack.Duration(conf.UDPIdleDuration())
+	sc := podstack.Config{
+		IfName:              inv.args.IfName,
+		SpecPath:            p.spec,
+		ControlSocket:       p.socket,
+		TUNName:             conf.TUNName,
+		TUNMTU:              conf.TUNMTU,
+		GSOMaxSize:          conf.GSOMaxSize,
+		GSOMaxSegs:          conf.GSOMaxSegs,
+		GRO:                 conf.GRO,
+		NoRXChecksumOffload: conf.RXChecksumOffload != nil && !*conf.RXChecksumOffload,
+		MaxTCP:              conf.MaxTCP,
+		MaxUDP:              conf.MaxUDP,
+		UDPIdle:             udpIdle,
+		PodLinkOffloadsOff:  conf.PodLinkOffloadsOff,
+	}
+	m, _, _ := conf.GSOMode()
+	sc.GSO = m
+	if err := os.MkdirAll(p.stackDir, 0o700); err != nil {
+		return fmt.Errorf("creating %s: %w", p.stackDir, err)
+	}
+	if err := os.MkdirAll(conf.RunDir, 0o700); err != nil {
+		return fmt.Errorf("creating %s: %w", conf.RunDir, err)
+	}
+	b, err := json.MarshalIndent(sc, "", "  ")
+	if err != nil {
+		return err
+	}
+	return atomicfile.Write(p.config, b, 0o600)
+}
+
+// takeOverPrevious finds the sandbox interface an earlier plugin reported
+// and passes its result on.
+func (inv *invocation) takeOverPrevious(netns ns.NetNS) (*current.Result, error) {
+	prev, err := current.NewResultFromResult(inv.conf.PrevResult)
+	if err != nil {
+		return nil, errorf(types.ErrDecodingFailure, "converting prevResult: %v", err)
+	}
+	for _, iface := range prev.Interfaces {
+		if iface.Name == inv.args.IfName && iface.Sandbox != "" {
+			return prev, nil
+		}
+	}
+	return nil, errorf(types.ErrInvalidNetworkConfig, "prevResult has no interface %q in a sandbox to take over", inv.args.IfName)
+}
+
+// attachVeth is the standalone path: lease addresses, create the veth and
+// configure both ends the way the standard ptp plugin does.
+func (inv *invocation) attachVeth(netns ns.NetNS, att *state.Attachment, u *undo) (*current.Result, error) {
+	conf, args := inv.conf, inv.args
+	if conf.IPAM.Type == "" {
+		return nil, errorf(types.ErrInvalidNetworkConfig, `no "ipam" section and no prevResult: cni-usernet needs one or the other`)
+	}
+	r, err := ipam.ExecAdd(conf.IPAM.Type, args.StdinData)
+	if err != nil {
+		return nil, cniError(types.ErrInternal, fmt.Errorf("IPAM %s: %w", conf.IPAM.Type, err))
+	}
+	u.add(func() { ipam.ExecDel(conf.IPAM.Type, args.StdinData) })
+	att.IPAMType, att.IPAMConf = conf.IPAM.Type, args.StdinData
+	result, err := current.NewResultFromResult(r)
+	if err != nil {
+		return nil, cniError(types.ErrDecodingFailure, fmt.Errorf("converting IPAM result: %w", err))
+	}
+	if len(result.IPs) == 0 {
+		return nil, errorf(types.ErrInternal, "IPAM %s returned no address", conf.IPAM.Type)
+	}
+	att.HostVeth = hostVethName(args.ContainerID, args.IfName)
+	if err := setupVeth(netns, args.IfName, att.HostVeth, conf.MTU, result); err != nil {
+		delLink(att.HostVeth)
+		return nil, cniError(types.ErrInternal, err)
+	}
+	u.add(func() { delLink(att.HostVeth) })
+	if conf.DNS.Nameservers != nil || conf.DNS.Domain != "" || len(conf.DNS.Search) > 0 {
+		result.DNS = conf.DNS
+	}
+	return result, nil
+}

@@ -1,0 +1,141 @@
+package plugin
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+
+	"github.com/cni-usernet/cni-usernet/pkg/control"
+	"github.com/cni-usernet/cni-usernet/pkg/launch"
+	"github.com/cni-usernet/cni-usernet/pkg/podstack"
+	"github.com/cni-usernet/cni-usernet/pkg/state"
+)
+
+// cmdCheck verifies that the attachment is as ADD left it: the stack runs
+// and is healthy, it serves the addresses of prevResult, the applications'
+// TUN carries them, and the kernel holds none on the pod's link.
+func cmdCheck(args *skel.CmdArgs) error {
+	inv, err := start(args)
+	if err != nil {
+		return err
+	}
+	defer inv.close()
+	if err := inv.check(); err != nil {
+		inv.log.Error("CHECK failed", "err", err)
+		return cniError(types.ErrInternal, err)
+	}
+	return nil
+}
+
+func (inv *invocation) check() error {
+	args := inv.args
+	att, err := inv.store.Load(args.ContainerID, args.IfName)
+	if errors.Is(err, state.ErrNotFound) {
+		return fmt.Errorf("no attachment for container %s interface %s", args.ContainerID, args.IfName)
+	}
+	if err != nil {
+		return err
+	}
+	proc := launch.Process{PID: att.StackPID, StartTime: att.StackStartTime}
+	if !launch.Alive(proc) {
+		return fmt.Errorf("stack process %d of %s is not running", att.StackPID, args.ContainerID)
+	}
+	if err := control.Health(att.ControlSocket, 2*time.Second); err != nil {
+		return err
+	}
+	var st podstack.Status
+	if err := control.Status(att.ControlSocket, 2*time.Second, &st); err != nil {
+		return err
+	}
+	want, err := inv.expectedIPs(att)
+	if err != nil {
+		return err
+	}
+	for _, ip := range want {
+		if !slices.ContainsFunc(st.Spec.Addrs, func(p netip.Prefix) bool { return p.Addr() == ip }) {
+			return fmt.Errorf("stack does not serve %s", ip)
+		}
+	}
+	netns, err := ns.GetNS(args.Netns)
+	if err != nil {
+		return fmt.Errorf("opening netns %s: %w", args.Netns, err)
+	}
+	defer netns.Close()
+	return netns.Do(func(ns.NetNS) error {
+		tun, err := netlink.LinkByName(st.TUNName)
+		if err != nil {
+			return fmt.Errorf("TUN %s of the applications: %w", st.TUNName, err)
+		}
+		have, err := addrsOf(tun)
+		if err != nil {
+			return err
+		}
+		for _, ip := range want {
+			if !slices.Contains(have, ip) {
+				return fmt.Errorf("TUN %s lacks pod address %s", st.TUNName, ip)
+			}
+		}
+		link, err := netlink.LinkByName(args.IfName)
+		if err != nil {
+			return fmt.Errorf("pod link %s: %w", args.IfName, err)
+		}
+		kernel, err := addrsOf(link)
+		if err != nil {
+			return err
+		}
+		for _, a := range kernel {
+			if !a.IsLinkLocalUnicast() {
+				return fmt.Errorf("kernel holds %s on %s, which the stack owns", a, args.IfName)
+			}
+		}
+		return nil
+	})
+}
+
+// expectedIPs are the addresses of prevResult (CHECK's contract), or those
+// ADD recorded when the runtime sends none.
+func (inv *invocation) expectedIPs(att *state.Attachment) ([]netip.Addr, error) {
+	var out []netip.Addr
+	if inv.conf.PrevResult != nil {
+		prev, err := current.NewResultFromResult(inv.conf.PrevResult)
+		if err != nil {
+			return nil, fmt.Errorf("converting prevResult: %w", err)
+		}
+		for _, ipc := range prev.IPs {
+			a, _ := netip.AddrFromSlice(ipc.Address.IP)
+			out = append(out, a.Unmap())
+		}
+		return out, nil
+	}
+	for _, s := range att.IPs {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return nil, fmt.Errorf("state address %q: %w", s, err)
+		}
+		out = append(out, p.Addr())
+	}
+	return out, nil
+}
+
+func addrsOf(link netlink.Link) ([]netip.Addr, error) {
+	addrs, err := netlink.AddrList(link, netlink.FAMILY_ALL)
+	if err != nil {
+		return nil, fmt.Errorf("listing addresses of %s: %w", link.Attrs().Name, err)
+	}
+	var out []netip.Addr
+	for _, a := range addrs {
+		ip, ok := netip.AddrFromSlice(a.IP)
+		if ok {
+			out = append(out, ip.Unmap())
+		}
+	}
+	return out, nil
+}

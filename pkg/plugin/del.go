@@ -1,0 +1,168 @@
+package plugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/containernetworking/cni/pkg/invoke"
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+	"github.com/containernetworking/plugins/pkg/ns"
+
+	"github.com/cni-usernet/cni-usernet/pkg/ingressdrop"
+	"github.com/cni-usernet/cni-usernet/pkg/launch"
+	"github.com/cni-usernet/cni-usernet/pkg/podnet"
+	"github.com/cni-usernet/cni-usernet/pkg/state"
+)
+
+// cmdDel undoes an attachment. Everything already gone (state, stack,
+// netns, veth, lease) counts as done, so DEL may be repeated and may come
+// for a pod this plugin never set up.
+func cmdDel(args *skel.CmdArgs) error {
+	inv, err := start(args)
+	if err != nil {
+		return err
+	}
+	defer inv.close()
+	att, err := inv.store.Load(args.ContainerID, args.IfName)
+	switch {
+	case errors.Is(err, state.ErrNotFound):
+		att = nil
+	case err != nil:
+		// A corrupt or foreign state file must not block DEL forever: undo
+		// what can be derived from the arguments, then drop the file.
+		inv.log.Warn("unreadable state, deleting from arguments", "err", err)
+		att = nil
+	}
+	td := teardown{
+		inv:         inv,
+		containerID: args.ContainerID,
+		ifName:      args.IfName,
+		netns:       args.Netns,
+		chained:     inv.conf.Chained() || inv.conf.IPAM.Type == "",
+		ipamType:    inv.conf.IPAM.Type,
+		ipamConf:    args.StdinData,
+	}
+	if att != nil {
+		td.fromState(att)
+	}
+	if err := td.run(); err != nil {
+		inv.log.Error("DEL failed", "err", err)
+		return cniError(types.ErrInternal, err)
+	}
+	inv.log.Info("DEL done")
+	return nil
+}
+
+// teardown is everything needed to undo one attachment.
+type teardown struct {
+	inv         *invocation
+	containerID string
+	ifName      string
+	netns       string
+	chained     bool
+	tunName     string
+	proc        launch.Process
+	ipamType    string
+	ipamConf    []byte
+}
+
+func (td *teardown) fromState(att *state.Attachment) {
+	td.chained = att.Chained
+	td.proc = launch.Process{PID: att.StackPID, StartTime: att.StackStartTime}
+	if att.Netns != "" && td.netns == "" {
+		td.netns = att.Netns
+	}
+	if att.IPAMType != "" {
+		td.ipamType, td.ipamConf = att.IPAMType, att.IPAMConf
+	}
+}
+
+func (td *teardown) run() error {
+	var errs []error
+	if err := launch.Stop(td.proc, stopGrace); err != nil {
+		errs = append(errs, fmt.Errorf("stopping stack: %w", err))
+	}
+	if err := td.cleanNetns(); err != nil {
+		errs = append(errs, err)
+	}
+	if !td.chained {
+		if err := delLink(hostVethName(td.containerID, td.ifName)); err != nil {
+			errs = append(errs, err)
+		}
+		if td.ipamType != "" {
+			if err := td.releaseLease(); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	p := td.inv.pathsFor(td.containerID, td.ifName)
+	for _, path := range []string{p.stackDir, p.socket, p.log} {
+		if err := os.RemoveAll(path); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) > 0 {
+		// Keep the state so that a retried DEL or GC can finish the job.
+		return errors.Join(errs...)
+	}
+	return td.inv.store.Delete(td.containerID, td.ifName)
+}
+
+// cleanNetns removes what the stack left in the pod's namespace: the TUN,
+// the ingress drop and, standalone, the pod's veth end. A namespace that
+// is gone took all of it with it.
+func (td *teardown) cleanNetns() error {
+	if td.netns == "" {
+		return nil
+	}
+	netns, err := ns.GetNS(td.netns)
+	if err != nil {
+		var notExist ns.NSPathNotExistErr
+		var notNS ns.NSPathNotNSErr
+		if errors.As(err, &notExist) || errors.As(err, &notNS) || errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		return fmt.Errorf("opening netns %s: %w", td.netns, err)
+	}
+	defer netns.Close()
+	tun := td.tunName
+	if tun == "" {
+		tun = td.inv.conf.TUNName
+	}
+	return netns.Do(func(ns.NetNS) error {
+		if err := podnet.DeleteTUN(tun); err != nil {
+			return err
+		}
+		if err := ingressdrop.Remove(td.ifName); err != nil {
+			return err
+		}
+		if !td.chained {
+			return delLink(td.ifName)
+		}
+		return nil
+	})
+}
+
+// releaseLease runs the IPAM plugin's DEL with the attachment's own
+// identity (GC runs it for attachments other than the one in CNI_*).
+func (td *teardown) releaseLease() error {
+	path, err := invoke.FindInPath(td.ipamType, filepath.SplitList(os.Getenv("CNI_PATH")))
+	if err != nil {
+		return fmt.Errorf("finding IPAM plugin %s: %w", td.ipamType, err)
+	}
+	args := &invoke.Args{
+		Command:     "DEL",
+		ContainerID: td.containerID,
+		NetNS:       td.netns,
+		IfName:      td.ifName,
+		Path:        os.Getenv("CNI_PATH"),
+	}
+	if err := invoke.ExecPluginWithoutResult(context.Background(), path, td.ipamConf, args, nil); err != nil {
+		return fmt.Errorf("releasing lease with %s: %w", td.ipamType, err)
+	}
+	return nil
+}

@@ -1,0 +1,120 @@
+// Package plugin implements the cni-usernet CNI verbs: it attaches a pod
+// (veth + IPAM, or an interface an earlier plugin made), launches the pod's
+// userspace stack, and undoes all of it on DEL and GC.
+package plugin
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+	"github.com/containernetworking/cni/pkg/version"
+
+	"github.com/cni-usernet/cni-usernet/pkg/netconf"
+	"github.com/cni-usernet/cni-usernet/pkg/state"
+)
+
+// Version is set at build time.
+var Version = "dev"
+
+// Main runs the plugin the way a runtime calls it: CNI_* environment
+// variables and the configuration on stdin, the result on stdout.
+func Main() {
+	skel.PluginMainFuncs(skel.CNIFuncs{
+		Add:    cmdAdd,
+		Del:    cmdDel,
+		Check:  cmdCheck,
+		GC:     cmdGC,
+		Status: cmdStatus,
+	}, version.PluginSupports("0.3.1", "0.4.0", "1.0.0", "1.1.0"), "cni-usernet "+Version+": a userspace TCP/IP stack per pod")
+}
+
+// k8sArgs are the CNI_ARGS Kubernetes runtimes pass.
+type k8sArgs struct {
+	types.CommonArgs
+	K8S_POD_NAMESPACE          types.UnmarshallableString //nolint:revive
+	K8S_POD_NAME               types.UnmarshallableString //nolint:revive
+	K8S_POD_INFRA_CONTAINER_ID types.UnmarshallableString //nolint:revive
+	K8S_POD_UID                types.UnmarshallableString //nolint:revive
+}
+
+// invocation is what every verb starts from.
+type invocation struct {
+	args  *skel.CmdArgs
+	conf  *netconf.NetConf
+	store state.Store
+	log   *slog.Logger
+	pod   k8sArgs
+	close func()
+}
+
+func start(args *skel.CmdArgs) (*invocation, error) {
+	conf, err := netconf.Parse(args.StdinData)
+	if err != nil {
+		return nil, types.NewError(types.ErrInvalidNetworkConfig, err.Error(), "")
+	}
+	inv := &invocation{args: args, conf: conf, store: state.Store{Dir: conf.StateDir}}
+	_ = types.LoadArgs(args.Args, &inv.pod)
+	inv.log, inv.close = openLog(conf.LogDir, slog.Group("cni",
+		"cmd", os.Getenv("CNI_COMMAND"), "containerID", args.ContainerID, "netns", args.Netns,
+		"ifName", args.IfName, "pod", string(inv.pod.K8S_POD_NAMESPACE)+"/"+string(inv.pod.K8S_POD_NAME)))
+	return inv, nil
+}
+
+// openLog opens the per-node plugin log. Logs never go to stdout, which
+// carries the CNI result; when the log cannot be opened they are dropped
+// rather than failing the pod.
+func openLog(dir string, attrs ...any) (*slog.Logger, func()) {
+	if err := os.MkdirAll(dir, 0o700); err == nil {
+		f, err := os.OpenFile(filepath.Join(dir, "plugin.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+		if err == nil {
+			return slog.New(slog.NewJSONHandler(f, nil)).With(attrs...), func() { f.Close() }
+		}
+	}
+	return slog.New(slog.DiscardHandler), func() {}
+}
+
+// paths of an attachment's files.
+type paths struct {
+	stackDir, config, spec, socket, log string
+}
+
+func (inv *invocation) pathsFor(containerID, ifName string) paths {
+	key := state.Key(containerID, ifName)
+	dir := filepath.Join(inv.conf.StateDir, "stacks", key)
+	return paths{
+		stackDir: dir,
+		config:   filepath.Join(dir, "config.json"),
+		spec:     filepath.Join(dir, "spec.json"),
+		socket:   filepath.Join(inv.conf.RunDir, key+".sock"),
+		log:      filepath.Join(inv.conf.LogDir, key+".log"),
+	}
+}
+
+// hostVethName derives the node-side veth name from the attachment, so
+// that DEL can find it even when the state file is gone. 15 bytes: the
+// kernel's limit.
+func hostVethName(containerID, ifName string) string {
+	return "usn" + state.Key(containerID, ifName)[:12]
+}
+
+// stopGrace is how long a stack gets to close its connections on SIGTERM.
+const stopGrace = 5 * time.Second
+
+// cniError keeps a *types.Error as it is and wraps anything else with code.
+func cniError(code uint, err error) error {
+	var te *types.Error
+	if errors.As(err, &te) {
+		return te
+	}
+	return types.NewError(code, err.Error(), "")
+}
+
+func errorf(code uint, format string, a ...any) error {
+	return types.NewError(code, fmt.Sprintf(format, a...), "")
+}

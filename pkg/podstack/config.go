@@ -1,0 +1,116 @@
+package podstack
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/cni-usernet/cni-usernet/pkg/offload"
+)
+
+// Config is what a launcher hands the stack process (as a JSON file): where
+// to find and keep things, and the knobs from the conflist and annotations.
+// The network facts themselves live in the spec.
+type Config struct {
+	// IfName is the pod interface to take over. Required.
+	IfName string `json:"ifName"`
+	// SpecPath is where the spec is kept: read if present (a restart),
+	// otherwise collected from the kernel and written. Required.
+	SpecPath string `json:"specPath"`
+	// ControlSocket is the unix socket path for health and status. Required.
+	ControlSocket string `json:"controlSocket"`
+	// TUNName names the app leg's TUN device. Zero: "usernet0".
+	TUNName string `json:"tunName,omitempty"`
+	// TUNMTU is the app leg's MTU. Zero: DefaultTUNMTU.
+	TUNMTU uint32 `json:"tunMTU,omitempty"`
+	// GSO is the requested mode. Zero: auto.
+	GSO offload.Mode `json:"gso,omitempty"`
+	// GSOMaxSize and GSOMaxSegs, when set, lower the limits detected on the
+	// link (never raise them).
+	GSOMaxSize uint32 `json:"gsoMaxSize,omitempty"`
+	GSOMaxSegs uint32 `json:"gsoMaxSegs,omitempty"`
+	// GRO enables netstack GRO on the wire leg.
+	GRO bool `json:"gro,omitempty"`
+	// NoRXChecksumOffload makes the wire leg verify every checksum.
+	NoRXChecksumOffload bool `json:"noRxChecksumOffload,omitempty"`
+	// MaxTCP, MaxUDP and UDPIdle bound the relay (see relay.Options).
+	MaxTCP  int      `json:"maxTCP,omitempty"`
+	MaxUDP  int      `json:"maxUDP,omitempty"`
+	UDPIdle Duration `json:"udpIdle,omitempty"`
+	// PodLinkOffloadsOff turns TSO, GSO and scatter-gather off on the pod's
+	// link before detection: a link without offload, for tests, benchmarks
+	// and links known to misbehave.
+	PodLinkOffloadsOff bool `json:"podLinkOffloadsOff,omitempty"`
+}
+
+// Duration is a time.Duration written as a Go duration string ("30s").
+type Duration time.Duration
+
+// MarshalJSON writes "30s".
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(d).String()) }
+
+// UnmarshalJSON reads "30s".
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("duration must be a string like \"30s\": %w", err)
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return err
+	}
+	if v < 0 {
+		return fmt.Errorf("duration %s is negative", s)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// DefaultTUNName is the app leg's device in the pod.
+const DefaultTUNName = "usernet0"
+
+// Validate reports the first problem with c and fills in defaults.
+func (c *Config) Validate() error {
+	if c.IfName == "" || c.SpecPath == "" || c.ControlSocket == "" {
+		return fmt.Errorf("stack config needs ifName, specPath and controlSocket")
+	}
+	if c.TUNName == "" {
+		c.TUNName = DefaultTUNName
+	}
+	if len(c.TUNName) > 15 {
+		return fmt.Errorf("TUN name %q is longer than 15 bytes", c.TUNName)
+	}
+	if c.TUNName == c.IfName {
+		return fmt.Errorf("TUN name %q is the pod interface's name", c.TUNName)
+	}
+	if c.TUNMTU == 0 {
+		c.TUNMTU = DefaultTUNMTU
+	}
+	if c.TUNMTU < 1280 || c.TUNMTU > 65535 {
+		return fmt.Errorf("TUN MTU %d outside 1280..65535", c.TUNMTU)
+	}
+	if c.GSO == "" {
+		c.GSO = offload.ModeAuto
+	}
+	if _, err := offload.ParseMode(string(c.GSO)); err != nil {
+		return err
+	}
+	return nil
+}
+
+// ReadConfig loads and validates a config file.
+func ReadConfig(path string) (*Config, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var c Config
+	if err := json.Unmarshal(b, &c); err != nil {
+		return nil, fmt.Errorf("parsing stack config %s: %w", path, err)
+	}
+	if err := c.Validate(); err != nil {
+		return nil, fmt.Errorf("stack config %s: %w", path, err)
+	}
+	return &c, nil
+}

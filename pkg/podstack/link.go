@@ -1,0 +1,92 @@
+package podstack
+
+import (
+	"sync/atomic"
+
+	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/link/nested"
+	"gvisor.dev/gvisor/pkg/tcpip/stack"
+)
+
+// LinkStats counts what crosses one leg's link endpoint.
+type LinkStats struct {
+	TxPackets atomic.Uint64
+	TxBytes   atomic.Uint64
+	// TxGSOBatches counts packets handed to the link as one GSO burst larger
+	// than a segment (hardware: split by the kernel; software: by netstack).
+	TxGSOBatches atomic.Uint64
+	TxErrors     atomic.Uint64
+	RxPackets    atomic.Uint64
+	RxBytes      atomic.Uint64
+	// RxIntercepted counts packets taken off the path before netstack (ICMP
+	// echo requests from the applications, relayed separately).
+	RxIntercepted atomic.Uint64
+}
+
+// LinkSnapshot is a plain copy of LinkStats.
+type LinkSnapshot struct {
+	TxPackets     uint64 `json:"txPackets"`
+	TxBytes       uint64 `json:"txBytes"`
+	TxGSOBatches  uint64 `json:"txGSOBatches"`
+	TxErrors      uint64 `json:"txErrors"`
+	RxPackets     uint64 `json:"rxPackets"`
+	RxBytes       uint64 `json:"rxBytes"`
+	RxIntercepted uint64 `json:"rxIntercepted,omitempty"`
+}
+
+// Snapshot reads every counter.
+func (s *LinkStats) Snapshot() LinkSnapshot {
+	return LinkSnapshot{
+		TxPackets: s.TxPackets.Load(), TxBytes: s.TxBytes.Load(), TxGSOBatches: s.TxGSOBatches.Load(),
+		TxErrors: s.TxErrors.Load(), RxPackets: s.RxPackets.Load(), RxBytes: s.RxBytes.Load(),
+		RxIntercepted: s.RxIntercepted.Load(),
+	}
+}
+
+// countingLink wraps a link endpoint to count traffic and, on the app leg,
+// to take ICMP echo requests away from netstack (which, in promiscuous mode,
+// would otherwise answer a ping to any address itself).
+type countingLink struct {
+	nested.Endpoint
+	stats     *LinkStats
+	intercept func(tcpip.NetworkProtocolNumber, *stack.PacketBuffer) bool
+}
+
+var (
+	_ stack.LinkEndpoint      = (*countingLink)(nil)
+	_ stack.NetworkDispatcher = (*countingLink)(nil)
+)
+
+func newCountingLink(child stack.LinkEndpoint, stats *LinkStats) *countingLink {
+	l := &countingLink{stats: stats}
+	l.Endpoint.Init(child, l)
+	return l
+}
+
+// WritePackets counts before handing the batch on.
+func (l *countingLink) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error) {
+	for _, pkt := range pkts.AsSlice() {
+		l.stats.TxBytes.Add(uint64(pkt.Size()))
+		if pkt.GSOOptions.Type != stack.GSONone && pkt.Data().Size() > int(pkt.GSOOptions.MSS) {
+			l.stats.TxGSOBatches.Add(1)
+		}
+	}
+	n, err := l.Endpoint.WritePackets(pkts)
+	l.stats.TxPackets.Add(uint64(n))
+	if err != nil {
+		l.stats.TxErrors.Add(1)
+	}
+	return n, err
+}
+
+// DeliverNetworkPacket counts, offers the packet to the interceptor, and
+// passes it to netstack otherwise.
+func (l *countingLink) DeliverNetworkPacket(proto tcpip.NetworkProtocolNumber, pkt *stack.PacketBuffer) {
+	l.stats.RxPackets.Add(1)
+	l.stats.RxBytes.Add(uint64(pkt.Size()))
+	if l.intercept != nil && l.intercept(proto, pkt) {
+		l.stats.RxIntercepted.Add(1)
+		return
+	}
+	l.Endpoint.DeliverNetworkPacket(proto, pkt)
+}

@@ -1,0 +1,311 @@
+// Package podstack builds the pod's two netstack instances (the wire leg on
+// the pod's interface, the app leg on the TUN) and joins them with the relay.
+package podstack
+
+import (
+	"cmp"
+	"fmt"
+	"net"
+	"slices"
+
+	"github.com/cni-usernet/cni-usernet/pkg/offload"
+	"github.com/cni-usernet/cni-usernet/pkg/podnet"
+	"github.com/cni-usernet/cni-usernet/pkg/relay"
+	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/link/fdbased"
+	"gvisor.dev/gvisor/pkg/tcpip/network/arp"
+	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
+	"gvisor.dev/gvisor/pkg/tcpip/network/ipv6"
+	"gvisor.dev/gvisor/pkg/tcpip/stack"
+	"gvisor.dev/gvisor/pkg/tcpip/transport/icmp"
+	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
+	"gvisor.dev/gvisor/pkg/tcpip/transport/udp"
+)
+
+// Options configures a pod stack. The file descriptors are owned by the
+// stack once Build succeeds.
+type Options struct {
+	// Spec is what was taken over from the kernel. Required.
+	Spec *podnet.Spec
+	// LinkFD is an AF_PACKET socket bound to Spec.IfName, with
+	// PACKET_VNET_HDR set exactly when GSO.Mode is hardware. Required.
+	LinkFD int
+	// TUNFD is the TUN device's fd, opened without a packet-info header.
+	// Required.
+	TUNFD int
+	// TUNMTU is the TUN device's MTU. Zero: DefaultTUNMTU.
+	TUNMTU uint32
+	// GSO is the resolved segmentation mode of the wire leg. Required.
+	GSO offload.Decision
+	// GRO turns on netstack's generic receive offload on the wire leg:
+	// consecutive segments of a flow are merged before TCP sees them.
+	GRO bool
+	// RXChecksumOffload skips verifying checksums of frames from the pod's
+	// link. Both ends of a veth are the same kernel, which may hand over
+	// frames with partial checksums (CHECKSUM_PARTIAL): verifying them would
+	// drop good packets. runsc defaults to the same.
+	RXChecksumOffload bool
+	// TCPBufferBytes is the largest send and receive buffer of a netstack
+	// TCP endpoint (auto-tuned up to it). Zero: 4 MiB, enough for the
+	// bandwidth-delay product of 10 Gbit/s at 3 ms.
+	TCPBufferBytes int
+	// Relay configures the relay between the legs.
+	Relay relay.Options
+}
+
+// DefaultTUNMTU is the app leg's MTU. The TUN carries no offload metadata,
+// so the only way for the kernel to hand the stack large segments is a large
+// MTU: 65520, like pasta and slirp4netns, leaves room under the 64 KiB IP
+// limit. See README "Choosing the TUN MTU" for the measurement.
+const DefaultTUNMTU = 65520
+
+// Validate reports the first problem with o.
+func (o *Options) Validate() error {
+	if o.Spec == nil {
+		return fmt.Errorf("no spec")
+	}
+	if err := o.Spec.Validate(); err != nil {
+		return err
+	}
+	if o.LinkFD <= 0 || o.TUNFD <= 0 {
+		return fmt.Errorf("missing link or TUN file descriptor")
+	}
+	switch o.GSO.Mode {
+	case offload.ModeHardware, offload.ModeSoftware, offload.ModeOff:
+	default:
+		return fmt.Errorf("unresolved GSO mode %q", o.GSO.Mode)
+	}
+	return nil
+}
+
+// Stack is a running pod stack.
+type Stack struct {
+	Wire, App           *stack.Stack
+	Relay               *relay.Relay
+	Pinger              *relay.Pinger
+	WireStats, AppStats LinkStats
+	opts                Options
+}
+
+const (
+	wireNIC tcpip.NICID = 1
+	appNIC  tcpip.NICID = 1
+)
+
+// Build creates both legs and starts relaying.
+func Build(o Options) (*Stack, error) {
+	if err := o.Validate(); err != nil {
+		return nil, fmt.Errorf("pod stack options: %w", err)
+	}
+	if o.TUNMTU == 0 {
+		o.TUNMTU = DefaultTUNMTU
+	}
+	if o.TCPBufferBytes == 0 {
+		o.TCPBufferBytes = 4 << 20
+	}
+	s := &Stack{opts: o}
+	var err error
+	if s.Wire, err = s.buildWire(); err != nil {
+		return nil, fmt.Errorf("building the wire leg on %s: %w", o.Spec.IfName, err)
+	}
+	if s.App, err = s.buildApp(); err != nil {
+		s.Wire.Destroy()
+		return nil, fmt.Errorf("building the app leg: %w", err)
+	}
+	s.Relay, err = relay.New(relay.Leg{Stack: s.Wire, NIC: wireNIC}, relay.Leg{Stack: s.App, NIC: appNIC}, o.Relay)
+	if err != nil {
+		s.Close()
+		return nil, err
+	}
+	s.Pinger = relay.NewPinger(relay.Leg{Stack: s.Wire, NIC: wireNIC}, o.TUNFD, s.Relay.Stats())
+	return s, nil
+}
+
+func newStack(withARP bool, bufMax int) (*stack.Stack, error) {
+	netProtos := []stack.NetworkProtocolFactory{
+		ipv4.NewProtocol,
+		ipv6.NewProtocolWithOptions(ipv6.Options{
+			// The kernel did duplicate address detection before the
+			// addresses were handed over.
+			DADConfigs: stack.DADConfigurations{DupAddrDetectTransmits: 0},
+		}),
+	}
+	if withARP {
+		netProtos = append(netProtos, arp.NewProtocol)
+	}
+	s := stack.New(stack.Options{
+		NetworkProtocols:   netProtos,
+		TransportProtocols: []stack.TransportProtocolFactory{tcp.NewProtocol, udp.NewProtocol, icmp.NewProtocol4, icmp.NewProtocol6},
+	})
+	opts := []tcpip.SettableTransportProtocolOption{
+		ptr(tcpip.TCPSACKEnabled(true)),
+		ptr(tcpip.TCPModerateReceiveBufferOption(true)),
+		&tcpip.TCPReceiveBufferSizeRangeOption{Min: 4096, Default: 1 << 20, Max: bufMax},
+		&tcpip.TCPSendBufferSizeRangeOption{Min: 4096, Default: 1 << 20, Max: bufMax},
+	}
+	for _, opt := range opts {
+		if err := s.SetTransportProtocolOption(tcp.ProtocolNumber, opt); err != nil {
+			s.Destroy()
+			return nil, fmt.Errorf("setting TCP option %T: %s", opt, err)
+		}
+	}
+	return s, nil
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func (s *Stack) buildWire() (*stack.Stack, error) {
+	o := s.opts
+	mac, err := net.ParseMAC(o.Spec.MAC)
+	if err != nil {
+		return nil, fmt.Errorf("parsing MAC %q: %w", o.Spec.MAC, err)
+	}
+	fo := fdbased.Options{
+		FDs:                []int{o.LinkFD},
+		MTU:                o.Spec.MTU,
+		EthernetHeader:     true,
+		Address:            tcpip.LinkAddress(mac),
+		PacketDispatchMode: fdbased.RecvMMsg,
+		RXChecksumOffload:  o.RXChecksumOffload,
+		GRO:                o.GRO,
+	}
+	switch o.GSO.Mode {
+	case offload.ModeHardware:
+		fo.GSOMaxSize = o.GSO.Link.MaxBurst(o.Spec.MTU)
+	case offload.ModeSoftware:
+		fo.GSOMaxSize = stack.GVisorGSOMaxSize
+		fo.GVisorGSOEnabled = true
+	}
+	ep, err := fdbased.New(&fo)
+	if err != nil {
+		return nil, fmt.Errorf("creating the link endpoint: %w", err)
+	}
+	ns, err := newStack(true, o.TCPBufferBytes)
+	if err != nil {
+		return nil, err
+	}
+	if err := ns.CreateNICWithOptions(wireNIC, newCountingLink(ep, &s.WireStats), stack.NICOptions{Name: o.Spec.IfName}); err != nil {
+		ns.Destroy()
+		return nil, fmt.Errorf("creating NIC: %s", err)
+	}
+	if err := configureWire(ns, o.Spec); err != nil {
+		ns.Destroy()
+		return nil, err
+	}
+	return ns, nil
+}
+
+func protoOf(a tcpip.Address) tcpip.NetworkProtocolNumber {
+	if a.Len() == 16 {
+		return ipv6.ProtocolNumber
+	}
+	return ipv4.ProtocolNumber
+}
+
+// configureWire installs the addresses, routes and neighbours the kernel had.
+func configureWire(ns *stack.Stack, spec *podnet.Spec) error {
+	hasV6 := false
+	for _, p := range spec.Addrs {
+		addr := tcpip.AddrFromSlice(p.Addr().AsSlice())
+		pa := tcpip.ProtocolAddress{Protocol: protoOf(addr), AddressWithPrefix: tcpip.AddressWithPrefix{Address: addr, PrefixLen: p.Bits()}}
+		if err := ns.AddProtocolAddress(wireNIC, pa, stack.AddressProperties{}); err != nil {
+			return fmt.Errorf("adding address %s: %s", p, err)
+		}
+		hasV6 = hasV6 || p.Addr().Is6()
+	}
+	routes := slices.Clone(spec.Routes)
+	if hasV6 {
+		routes = append(routes, podnet.Route{Dst: mustPrefix("fe80::/64")})
+	}
+	// netstack takes the first matching route in table order: most specific
+	// first, like a kernel's longest-prefix match.
+	slices.SortStableFunc(routes, func(a, b podnet.Route) int { return cmp.Compare(b.Dst.Bits(), a.Dst.Bits()) })
+	var table []tcpip.Route
+	for _, r := range routes {
+		sub, err := tcpip.NewSubnet(tcpip.AddrFromSlice(r.Dst.Addr().AsSlice()), tcpip.MaskFromBytes(net.CIDRMask(r.Dst.Bits(), r.Dst.Addr().BitLen())))
+		if err != nil {
+			return fmt.Errorf("route %s: %w", r.Dst, err)
+		}
+		tr := tcpip.Route{Destination: sub, NIC: wireNIC}
+		if r.Gw.IsValid() {
+			tr.Gateway = tcpip.AddrFromSlice(r.Gw.AsSlice())
+		}
+		table = append(table, tr)
+	}
+	ns.SetRouteTable(table)
+	for _, n := range spec.Neighbors {
+		mac, err := net.ParseMAC(n.MAC)
+		if err != nil {
+			return fmt.Errorf("neighbour %s: %w", n.IP, err)
+		}
+		addr := tcpip.AddrFromSlice(n.IP.AsSlice())
+		if err := ns.AddStaticNeighbor(wireNIC, protoOf(addr), addr, tcpip.LinkAddress(mac)); err != nil {
+			return fmt.Errorf("adding neighbour %s: %s", n.IP, err)
+		}
+	}
+	return nil
+}
+
+func (s *Stack) buildApp() (*stack.Stack, error) {
+	o := s.opts
+	ep, err := fdbased.New(&fdbased.Options{
+		FDs: []int{o.TUNFD},
+		MTU: o.TUNMTU,
+		// Packets from the TUN were checksummed by the pod's own kernel a
+		// moment ago; verifying them again is pure cost.
+		RXChecksumOffload: true,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("creating the TUN endpoint: %w", err)
+	}
+	ns, err := newStack(false, o.TCPBufferBytes)
+	if err != nil {
+		return nil, err
+	}
+	link := newCountingLink(ep, &s.AppStats)
+	link.intercept = s.interceptEcho
+	if err := ns.CreateNICWithOptions(appNIC, link, stack.NICOptions{Name: "app"}); err != nil {
+		ns.Destroy()
+		return nil, fmt.Errorf("creating NIC: %s", err)
+	}
+	// Promiscuous: the app leg accepts packets for every destination (it is
+	// the whole network as far as the applications are concerned).
+	// Spoofing: it may send from any source, so the relay can dial the
+	// application from the real client's address.
+	if err := ns.SetPromiscuousMode(appNIC, true); err != nil {
+		ns.Destroy()
+		return nil, fmt.Errorf("promiscuous mode: %s", err)
+	}
+	if err := ns.SetSpoofing(appNIC, true); err != nil {
+		ns.Destroy()
+		return nil, fmt.Errorf("spoofing: %s", err)
+	}
+	ns.SetRouteTable([]tcpip.Route{
+		{Destination: header4Any(), NIC: appNIC},
+		{Destination: header6Any(), NIC: appNIC},
+	})
+	return ns, nil
+}
+
+func (s *Stack) interceptEcho(proto tcpip.NetworkProtocolNumber, pkt *stack.PacketBuffer) bool {
+	if s.Pinger == nil {
+		return false
+	}
+	return s.Pinger.Intercept(proto, pkt)
+}
+
+// Close stops relaying and tears both legs down.
+func (s *Stack) Close() {
+	if s.Relay != nil {
+		s.Relay.Close()
+	}
+	if s.Pinger != nil {
+		s.Pinger.Close()
+	}
+	if s.App != nil {
+		s.App.Close()
+	}
+	if s.Wire != nil {
+		s.Wire.Close()
+	}
+}

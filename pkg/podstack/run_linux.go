@@ -1,0 +1,199 @@
+package podstack
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"os/exec"
+	"time"
+
+	"github.com/cni-usernet/cni-usernet/pkg/control"
+	"github.com/cni-usernet/cni-usernet/pkg/ingressdrop"
+	"github.com/cni-usernet/cni-usernet/pkg/offload"
+	"github.com/cni-usernet/cni-usernet/pkg/packetsock"
+	"github.com/cni-usernet/cni-usernet/pkg/podnet"
+	"github.com/cni-usernet/cni-usernet/pkg/relay"
+	"golang.org/x/sys/unix"
+)
+
+// Daemon is a pod stack process's whole life: take over, serve, shut down.
+type Daemon struct {
+	cfg     Config
+	log     *slog.Logger
+	spec    *podnet.Spec
+	gso     offload.Decision
+	stack   *Stack
+	ctl     *control.Server
+	started time.Time
+}
+
+// Start takes the interface over and brings the stack up in the current
+// network namespace. When it returns nil the stack carries traffic; on an
+// error, everything it did to the kernel is left so that a retry (or the
+// plugin's cleanup) finds the spec and can finish or undo.
+func Start(cfg Config, log *slog.Logger) (*Daemon, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	d := &Daemon{cfg: cfg, log: log, started: time.Now()}
+	spec, err := loadOrCollect(cfg)
+	if err != nil {
+		return nil, err
+	}
+	d.spec = spec
+	if cfg.PodLinkOffloadsOff {
+		if err := linkOffloadsOff(cfg.IfName); err != nil {
+			return nil, err
+		}
+	}
+	link, err := offload.Detect(cfg.IfName)
+	if err != nil {
+		return nil, fmt.Errorf("detecting GSO on %s: %w", cfg.IfName, err)
+	}
+	if cfg.GSOMaxSize > 0 && cfg.GSOMaxSize < link.MaxSize {
+		link.MaxSize = cfg.GSOMaxSize
+	}
+	if cfg.GSOMaxSegs > 0 && cfg.GSOMaxSegs < link.MaxSegs {
+		link.MaxSegs = cfg.GSOMaxSegs
+	}
+	if d.gso, err = offload.Decide(cfg.GSO, link); err != nil {
+		return nil, fmt.Errorf("link %s: %w", cfg.IfName, err)
+	}
+	log.Info("GSO decided", "mode", d.gso.Mode, "reason", d.gso.Reason)
+
+	if err := ingressdrop.Supported(); err != nil {
+		return nil, err
+	}
+	if err := ingressdrop.Install(cfg.IfName); err != nil {
+		return nil, fmt.Errorf("dropping kernel ingress on %s: %w", cfg.IfName, err)
+	}
+	if err := podnet.Strip(cfg.IfName); err != nil {
+		return nil, fmt.Errorf("taking addresses and routes off %s: %w", cfg.IfName, err)
+	}
+	tunFD, err := podnet.OpenTUN(cfg.TUNName)
+	if err != nil {
+		return nil, err
+	}
+	if err := podnet.ConfigureTUN(cfg.TUNName, cfg.TUNMTU, spec); err != nil {
+		unix.Close(tunFD)
+		return nil, err
+	}
+	linkFD, err := packetsock.Open(packetsock.Options{IfName: cfg.IfName, VnetHdr: d.gso.Mode == offload.ModeHardware})
+	if err != nil {
+		unix.Close(tunFD)
+		return nil, err
+	}
+	d.stack, err = Build(Options{
+		Spec:              spec,
+		LinkFD:            linkFD,
+		TUNFD:             tunFD,
+		TUNMTU:            cfg.TUNMTU,
+		GSO:               d.gso,
+		GRO:               cfg.GRO,
+		RXChecksumOffload: !cfg.NoRXChecksumOffload,
+		Relay: relay.Options{
+			MaxTCP:  cfg.MaxTCP,
+			MaxUDP:  cfg.MaxUDP,
+			UDPIdle: time.Duration(cfg.UDPIdle),
+			Logger:  log,
+		},
+	})
+	if err != nil {
+		unix.Close(tunFD)
+		unix.Close(linkFD)
+		return nil, err
+	}
+	if d.ctl, err = control.Listen(cfg.ControlSocket, d); err != nil {
+		d.stack.Close()
+		return nil, err
+	}
+	return d, nil
+}
+
+func loadOrCollect(cfg Config) (*podnet.Spec, error) {
+	spec, err := podnet.ReadSpec(cfg.SpecPath)
+	if err == nil {
+		if spec.IfName != cfg.IfName {
+			return nil, fmt.Errorf("spec %s is for %s, not %s", cfg.SpecPath, spec.IfName, cfg.IfName)
+		}
+		return spec, nil
+	}
+	if !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("reading spec: %w", err)
+	}
+	spec, err = podnet.Collect(cfg.IfName)
+	if err != nil {
+		return nil, err
+	}
+	if err := spec.Validate(); err != nil {
+		return nil, fmt.Errorf("interface %s cannot be taken over: %w", cfg.IfName, err)
+	}
+	if err := podnet.WriteSpec(cfg.SpecPath, spec); err != nil {
+		return nil, fmt.Errorf("saving spec: %w", err)
+	}
+	return spec, nil
+}
+
+func linkOffloadsOff(ifName string) error {
+	out, err := exec.Command("ethtool", "-K", ifName, "tso", "off", "gso", "off", "sg", "off").CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("turning offloads off on %s: %w: %s", ifName, err, out)
+	}
+	return nil
+}
+
+// Run blocks until ctx ends, then shuts the stack down. The kernel-side
+// configuration (TUN, ingress drop) is left in place: a restarted stack
+// re-attaches to it, and DEL removes it with the pod.
+func (d *Daemon) Run(ctx context.Context) {
+	<-ctx.Done()
+	d.log.Info("shutting down")
+	d.ctl.Close()
+	d.stack.Close()
+}
+
+// Healthy implements control.Source.
+func (d *Daemon) Healthy() error {
+	if !d.stack.Wire.CheckNIC(wireNIC) {
+		return fmt.Errorf("wire NIC %s is down", d.cfg.IfName)
+	}
+	return nil
+}
+
+// Status is what the control socket reports.
+type Status struct {
+	PID       int              `json:"pid"`
+	StartTime time.Time        `json:"startTime"`
+	IfName    string           `json:"ifName"`
+	TUNName   string           `json:"tunName"`
+	Spec      *podnet.Spec     `json:"spec"`
+	GSO       offload.Decision `json:"gso"`
+	Wire      LegStatus        `json:"wire"`
+	App       LegStatus        `json:"app"`
+	Relay     relay.Snapshot   `json:"relay"`
+}
+
+// LegStatus is one leg's counters.
+type LegStatus struct {
+	LinkSnapshot
+	TCPRetransmits        uint64 `json:"tcpRetransmits"`
+	DroppedPackets        uint64 `json:"droppedPackets"`
+	TCPCurrentEstablished uint64 `json:"tcpEstablished"`
+}
+
+// Status implements control.Source.
+func (d *Daemon) Status() any {
+	s := Status{
+		PID: os.Getpid(), StartTime: d.started, IfName: d.cfg.IfName, TUNName: d.cfg.TUNName,
+		Spec: d.spec, GSO: d.gso, Relay: d.stack.Relay.Stats().Snapshot(),
+	}
+	ws, as := d.stack.Wire.Stats(), d.stack.App.Stats()
+	s.Wire = LegStatus{LinkSnapshot: d.stack.WireStats.Snapshot(), TCPRetransmits: ws.TCP.Retransmits.Value(),
+		DroppedPackets: ws.DroppedPackets.Value(), TCPCurrentEstablished: ws.TCP.CurrentEstablished.Value()}
+	s.App = LegStatus{LinkSnapshot: d.stack.AppStats.Snapshot(), TCPRetransmits: as.TCP.Retransmits.Value(),
+		DroppedPackets: as.DroppedPackets.Value(), TCPCurrentEstablished: as.TCP.CurrentEstablished.Value()}
+	return s
+}
