@@ -1,0 +1,460 @@
+// Package dataplane holds the root tests of the per-pod stack: real
+// namespaces, a veth, the real plugin and real traffic both ways.
+package dataplane
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/netip"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+
+	"github.com/cni-usernet/cni-usernet/pkg/control"
+	"github.com/cni-usernet/cni-usernet/pkg/podstack"
+	"github.com/cni-usernet/cni-usernet/pkg/state"
+	"github.com/cni-usernet/cni-usernet/test/nettest"
+)
+
+const cniVersion = "1.1.0"
+
+func newPod(t *testing.T, extra map[string]any) (*nettest.Env, *nettest.Pod) {
+	t.Helper()
+	env := nettest.NewEnv(t)
+	return env, env.NewPod(env.Conf(cniVersion, extra))
+}
+
+func stackStatus(t *testing.T, env *nettest.Env, pod *nettest.Pod) podstack.Status {
+	t.Helper()
+	att, err := state.Store{Dir: env.Dir + "/state"}.Load(pod.ID, "eth0")
+	if err != nil {
+		t.Fatalf("loading state of %s: %v", pod.ID, err)
+	}
+	var st podstack.Status
+	if err := control.Status(att.ControlSocket, 5*time.Second, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// httpClient dials from netns.
+func httpClient(netns ns.NetNS) *http.Client {
+	return &http.Client{
+		Timeout: 10 * time.Second,
+		Transport: &http.Transport{
+			DisableKeepAlives: true,
+			DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+				return nettest.Dial(netns, network, addr, 5*time.Second)
+			},
+		},
+	}
+}
+
+// serveRemoteAddr answers every request with the peer address it saw.
+func serveRemoteAddr(t *testing.T, ln net.Listener) {
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, r.RemoteAddr)
+	})}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+}
+
+func getPeer(t *testing.T, from ns.NetNS, to netip.Addr, port int) netip.Addr {
+	t.Helper()
+	resp, err := httpClient(from).Get("http://" + nettest.HostPort(to, port) + "/")
+	if err != nil {
+		t.Fatalf("GET %s: %v", to, err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	ap, err := netip.ParseAddrPort(string(body))
+	if err != nil {
+		t.Fatalf("server answered %q: %v", body, err)
+	}
+	return ap.Addr().Unmap()
+}
+
+// TestHTTPBothWays checks that each side sees the other's real address, in
+// both directions and both families.
+func TestHTTPBothWays(t *testing.T) {
+	env, pod := newPod(t, nil)
+	serveRemoteAddr(t, nettest.Listen(t, pod.NS, "tcp", ":8080"))
+	serveRemoteAddr(t, nettest.Listen(t, env.Node, "tcp", ":8081"))
+	for _, fam := range []int{4, 6} {
+		t.Run(fmt.Sprintf("IPv%d", fam), func(t *testing.T) {
+			if got, want := getPeer(t, env.Node, pod.IP(fam), 8080), pod.Gateway(fam); got != want {
+				t.Errorf("node→pod: pod saw client %s, want %s", got, want)
+			}
+			if got, want := getPeer(t, pod.NS, pod.Gateway(fam), 8081), pod.IP(fam); got != want {
+				t.Errorf("pod→node: node saw client %s, want %s", got, want)
+			}
+		})
+	}
+}
+
+// TestClosedPortRefused checks that a refusal crosses the relay as a
+// refusal, quickly, both ways.
+func TestClosedPortRefused(t *testing.T) {
+	env, pod := newPod(t, nil)
+	for _, c := range []struct {
+		name string
+		from ns.NetNS
+		to   netip.Addr
+	}{{"node→pod", env.Node, pod.IP(4)}, {"pod→node", pod.NS, pod.Gateway(4)}, {"node→pod v6", env.Node, pod.IP(6)}} {
+		start := time.Now()
+		_, err := nettest.Dial(c.from, "tcp", nettest.HostPort(c.to, 9), 5*time.Second)
+		if !errors.Is(err, syscall.ECONNREFUSED) {
+			t.Errorf("%s: dial closed port: got %v, want connection refused", c.name, err)
+		}
+		if d := time.Since(start); d > time.Second {
+			t.Errorf("%s: refusal took %s, want under 1s", c.name, d)
+		}
+	}
+}
+
+// pattern is a deterministic stream of pseudo-random bytes: a 1 MiB block
+// repeated, cheap to produce at several Gbit/s.
+func pattern(seed uint64) []byte {
+	b := make([]byte, 1<<20)
+	r := rand.New(rand.NewPCG(seed, seed))
+	for i := 0; i+8 <= len(b); i += 8 {
+		v := r.Uint64()
+		for j := range 8 {
+			b[i+j] = byte(v >> (8 * j))
+		}
+	}
+	return b
+}
+
+// sendHashed writes n bytes of the pattern and returns their hash.
+func sendHashed(w io.Writer, n int64, seed uint64) ([32]byte, error) {
+	block := pattern(seed)
+	h := sha256.New()
+	for sent := int64(0); sent < n; {
+		chunk := block[:min(int64(len(block)), n-sent)]
+		if _, err := w.Write(chunk); err != nil {
+			return [32]byte{}, err
+		}
+		h.Write(chunk)
+		sent += int64(len(chunk))
+	}
+	return [32]byte(h.Sum(nil)), nil
+}
+
+// transfer moves n bytes from a sender in one namespace to a receiver in
+// the other and compares hashes.
+func transfer(t *testing.T, srvNS, cliNS ns.NetNS, srvAddr netip.Addr, port int, n int64, serverSends bool) {
+	t.Helper()
+	ln := nettest.Listen(t, srvNS, "tcp", nettest.HostPort(srvAddr, port))
+	type res struct {
+		sum [32]byte
+		n   int64
+		err error
+	}
+	srvDone := make(chan res, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			srvDone <- res{err: err}
+			return
+		}
+		defer c.Close()
+		if serverSends {
+			sum, err := sendHashed(c, n, 7)
+			srvDone <- res{sum: sum, n: n, err: err}
+			return
+		}
+		h := sha256.New()
+		got, err := io.Copy(h, c)
+		srvDone <- res{sum: [32]byte(h.Sum(nil)), n: got, err: err}
+	}()
+	c, err := nettest.Dial(cliNS, "tcp", nettest.HostPort(srvAddr, port), 5*time.Second)
+	if err != nil {
+		t.Fatalf("dial: %v", err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(3 * time.Minute))
+	var local res
+	if serverSends {
+		h := sha256.New()
+		local.n, local.err = io.Copy(h, c)
+		local.sum = [32]byte(h.Sum(nil))
+	} else {
+		local.sum, local.err = sendHashed(c, n, 7)
+		local.n = n
+		c.(*net.TCPConn).CloseWrite()
+	}
+	remote := <-srvDone
+	if local.err != nil || remote.err != nil {
+		t.Fatalf("transfer errors: client %v, server %v", local.err, remote.err)
+	}
+	if local.n != n || remote.n != n {
+		t.Fatalf("moved %d and %d bytes, want %d", local.n, remote.n, n)
+	}
+	if local.sum != remote.sum {
+		t.Fatalf("hash mismatch: %x vs %x", local.sum[:8], remote.sum[:8])
+	}
+}
+
+// TestBulkTransferPerMode moves 256 MiB each way, byte-exact, in every GSO
+// mode, and checks the mode actually used and its GSO batch counter.
+func TestBulkTransferPerMode(t *testing.T) {
+	size := int64(256 << 20)
+	if testing.Short() {
+		size = 16 << 20
+	}
+	for _, c := range []struct {
+		name     string
+		extra    map[string]any
+		wantMode string
+	}{
+		{"hardware", map[string]any{"gso": "hardware"}, "hardware"},
+		{"software", map[string]any{"gso": "software"}, "software"},
+		{"off", map[string]any{"gso": "off"}, "off"},
+		{"auto-on-link-without-offload", map[string]any{"gso": "auto", "podLinkOffloadsOff": true}, "software"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			env, pod := newPod(t, c.extra)
+			st := stackStatus(t, env, pod)
+			if string(st.GSO.Mode) != c.wantMode {
+				t.Fatalf("GSO mode: got %s (%s), want %s", st.GSO.Mode, st.GSO.Reason, c.wantMode)
+			}
+			start := time.Now()
+			transfer(t, pod.NS, env.Node, pod.IP(4), 5001, size, false)
+			in := time.Since(start)
+			start = time.Now()
+			transfer(t, pod.NS, env.Node, pod.IP(4), 5002, size, true)
+			out := time.Since(start)
+			t.Logf("%s: node→pod %.2f Gbit/s, pod→node %.2f Gbit/s", c.name, gbps(size, in), gbps(size, out))
+			st = stackStatus(t, env, pod)
+			batches := st.Wire.TxGSOBatches
+			if c.wantMode == "off" && batches != 0 {
+				t.Errorf("GSO batches in off mode: got %d, want 0", batches)
+			}
+			if c.wantMode != "off" && batches == 0 {
+				t.Errorf("GSO batches in %s mode: got 0, want > 0", c.wantMode)
+			}
+		})
+	}
+}
+
+func gbps(n int64, d time.Duration) float64 { return float64(n*8) / d.Seconds() / 1e9 }
+
+// TestHalfClose: the client shuts its write side, the server keeps sending,
+// and the client receives everything.
+func TestHalfClose(t *testing.T) {
+	env, pod := newPod(t, nil)
+	for _, c := range []struct {
+		name         string
+		srvNS, cliNS ns.NetNS
+		srv          netip.Addr
+	}{{"node→pod", pod.NS, env.Node, pod.IP(4)}, {"pod→node", env.Node, pod.NS, pod.Gateway(4)}} {
+		t.Run(c.name, func(t *testing.T) {
+			ln := nettest.Listen(t, c.srvNS, "tcp", nettest.HostPort(c.srv, 7000))
+			reply := bytes.Repeat([]byte("r"), 1<<20)
+			go func() {
+				conn, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				defer conn.Close()
+				req, _ := io.ReadAll(conn) // until the client's FIN
+				conn.Write(req)
+				conn.Write(reply)
+			}()
+			conn, err := nettest.Dial(c.cliNS, "tcp", nettest.HostPort(c.srv, 7000), 5*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			conn.SetDeadline(time.Now().Add(20 * time.Second))
+			conn.Write([]byte("hello"))
+			if err := conn.(*net.TCPConn).CloseWrite(); err != nil {
+				t.Fatal(err)
+			}
+			got, err := io.ReadAll(conn)
+			if err != nil {
+				t.Fatalf("reading after half-close: %v", err)
+			}
+			if want := 5 + len(reply); len(got) != want || string(got[:5]) != "hello" {
+				t.Fatalf("after half-close got %d bytes (%q...), want %d starting hello", len(got), got[:min(len(got), 8)], want)
+			}
+		})
+	}
+}
+
+// TestConcurrentConnections opens 500 connections at once, each exchanging
+// data with an echo server in the pod.
+func TestConcurrentConnections(t *testing.T) {
+	env, pod := newPod(t, nil)
+	ln := nettest.Listen(t, pod.NS, "tcp", ":7001")
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { io.Copy(c, c); c.Close() }()
+		}
+	}()
+	const n = 500
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	conns := make([]net.Conn, n)
+	for i := range n {
+		c, err := nettest.Dial(env.Node, "tcp", nettest.HostPort(pod.IP(4), 7001), 10*time.Second)
+		if err != nil {
+			t.Fatalf("connection %d: %v", i, err)
+		}
+		conns[i] = c
+		defer c.Close()
+	}
+	for i, c := range conns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.SetDeadline(time.Now().Add(30 * time.Second))
+			msg := bytes.Repeat([]byte{byte(i)}, 4096)
+			if _, err := c.Write(msg); err != nil {
+				errs <- fmt.Errorf("conn %d write: %w", i, err)
+				return
+			}
+			got := make([]byte, len(msg))
+			if _, err := io.ReadFull(c, got); err != nil {
+				errs <- fmt.Errorf("conn %d read: %w", i, err)
+				return
+			}
+			if !bytes.Equal(got, msg) {
+				errs <- fmt.Errorf("conn %d: echo differs", i)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if st := stackStatus(t, env, pod); st.Relay.TCPActive < n {
+		t.Errorf("active relays: got %d, want >= %d", st.Relay.TCPActive, n)
+	}
+}
+
+// udpEcho serves echoes, answering with the sender's address prepended.
+func udpEcho(c *net.UDPConn) {
+	buf := make([]byte, 65535)
+	for {
+		n, from, err := c.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			return
+		}
+		reply := append([]byte(from.Addr().Unmap().String()+"|"), buf[:n]...)
+		c.WriteToUDPAddrPort(reply, from)
+	}
+}
+
+// TestUDPEcho: datagrams both ways, both families, with the source address
+// preserved.
+func TestUDPEcho(t *testing.T) {
+	env, pod := newPod(t, nil)
+	go udpEcho(nettest.ListenUDP(t, pod.NS, ":5353"))
+	go udpEcho(nettest.ListenUDP(t, env.Node, ":5354"))
+	for _, fam := range []int{4, 6} {
+		for _, c := range []struct {
+			name     string
+			from     ns.NetNS
+			to       netip.Addr
+			port     int
+			wantPeer netip.Addr
+		}{
+			{"node→pod", env.Node, pod.IP(fam), 5353, pod.Gateway(fam)},
+			{"pod→node", pod.NS, pod.Gateway(fam), 5354, pod.IP(fam)},
+		} {
+			t.Run(fmt.Sprintf("%s/IPv%d", c.name, fam), func(t *testing.T) {
+				conn, err := nettest.Dial(c.from, "udp", nettest.HostPort(c.to, c.port), time.Second)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer conn.Close()
+				for i := range 3 {
+					msg := fmt.Sprintf("ping-%d-%s", i, strings.Repeat("x", 1000*i))
+					conn.SetDeadline(time.Now().Add(2 * time.Second))
+					conn.Write([]byte(msg))
+					buf := make([]byte, 65535)
+					n, err := conn.Read(buf)
+					if err != nil {
+						t.Fatalf("datagram %d: %v", i, err)
+					}
+					if want := c.wantPeer.String() + "|" + msg; string(buf[:n]) != want {
+						t.Fatalf("echo %d: got %.40q, want %.40q", i, buf[:n], want)
+					}
+				}
+			})
+		}
+	}
+}
+
+// TestPing: the stack answers pings to the pod IPs, and pings from the pod
+// reach the node.
+func TestPing(t *testing.T) {
+	if _, err := exec.LookPath("ping"); err != nil {
+		t.Fatal("ping not installed (iputils-ping)")
+	}
+	env, pod := newPod(t, nil)
+	for _, c := range []struct {
+		name string
+		from ns.NetNS
+		to   netip.Addr
+	}{
+		{"node→pod", env.Node, pod.IP(4)}, {"pod→node", pod.NS, pod.Gateway(4)},
+		{"node→pod v6", env.Node, pod.IP(6)}, {"pod→node v6", pod.NS, pod.Gateway(6)},
+	} {
+		out, err := exec.Command("nsenter", "--net="+c.from.Path(), "ping", "-c", "2", "-i", "0.2", "-W", "2", c.to.String()).CombinedOutput()
+		if err != nil {
+			t.Errorf("%s: ping %s: %v\n%s", c.name, c.to, err, out)
+		}
+	}
+}
+
+// TestLocalTrafficStaysLocal: the pod reaches its own IP and loopback
+// without the stack.
+func TestLocalTrafficStaysLocal(t *testing.T) {
+	env, pod := newPod(t, nil)
+	ln := nettest.Listen(t, pod.NS, "tcp", ":7002")
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Write([]byte("local"))
+			c.Close()
+		}
+	}()
+	before := stackStatus(t, env, pod).Relay.TCPTotal
+	for _, addr := range []string{nettest.HostPort(pod.IP(4), 7002), "127.0.0.1:7002"} {
+		c, err := nettest.Dial(pod.NS, "tcp", addr, time.Second)
+		if err != nil {
+			t.Fatalf("dial %s: %v", addr, err)
+		}
+		b, _ := io.ReadAll(c)
+		c.Close()
+		if string(b) != "local" {
+			t.Errorf("%s: got %q", addr, b)
+		}
+	}
+	if after := stackStatus(t, env, pod).Relay.TCPTotal; after != before {
+		t.Errorf("relayed connections went from %d to %d: local traffic went through the stack", before, after)
+	}
+}

@@ -1,0 +1,247 @@
+// Package nettest builds cni-usernet and the reference plugins and creates
+// the throwaway namespaces the root tests attach pods in. Every address a
+// test uses lives in namespaces made here; everything is removed in
+// t.Cleanup, also when the test fails.
+package nettest
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/invoke"
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/containernetworking/plugins/pkg/testutils"
+	"github.com/vishvananda/netlink"
+)
+
+// RequireRoot skips tests that need namespaces when not root.
+func RequireRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (network namespaces, veths, TUN)")
+	}
+}
+
+var (
+	buildOnce sync.Once
+	binDir    string
+	buildErr  error
+)
+
+// moduleRoot finds the repository root from this file's location.
+func moduleRoot() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..")
+}
+
+// BinDir builds cni-usernet, host-local and ptp once per test binary and
+// returns the directory holding them (the CNI_PATH of the tests).
+func BinDir(t testing.TB) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		binDir, buildErr = os.MkdirTemp("", "cni-usernet-bin-")
+		if buildErr != nil {
+			return
+		}
+		args := []string{"build", "-o", binDir + "/"}
+		if raceEnabled {
+			args = append(args, "-race")
+		}
+		args = append(args, "./cmd/cni-usernet",
+			"github.com/containernetworking/plugins/plugins/ipam/host-local",
+			"github.com/containernetworking/plugins/plugins/main/ptp")
+		cmd := exec.Command("go", args...)
+		cmd.Dir = moduleRoot()
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("go %s: %w\n%s", strings.Join(args, " "), err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binDir
+}
+
+// NewNS creates a network namespace with loopback up, removed at cleanup.
+func NewNS(t testing.TB) ns.NetNS {
+	t.Helper()
+	n, err := testutils.NewNS()
+	if err != nil {
+		t.Fatalf("creating netns: %v", err)
+	}
+	t.Cleanup(func() {
+		n.Close()
+		testutils.UnmountNS(n)
+	})
+	err = n.Do(func(ns.NetNS) error {
+		lo, err := netlink.LinkByName("lo")
+		if err != nil {
+			return err
+		}
+		return netlink.LinkSetUp(lo)
+	})
+	if err != nil {
+		t.Fatalf("bringing lo up: %v", err)
+	}
+	return n
+}
+
+// Env is a node namespace with a network configuration to attach pods to.
+type Env struct {
+	T       testing.TB
+	Node    ns.NetNS
+	Dir     string // temporary root for state, logs, sockets, leases
+	BinDir  string
+	Subnet  string // IPv4 pod subnet
+	Subnet6 string // IPv6 pod subnet, "" for IPv4 only
+	mu      sync.Mutex
+	counter int
+}
+
+// NewEnv makes a node namespace and a temporary directory.
+func NewEnv(t testing.TB) *Env {
+	t.Helper()
+	RequireRoot(t)
+	e := &Env{T: t, Node: NewNS(t), BinDir: BinDir(t), Subnet: "10.199.0.0/24", Subnet6: "fd99::/64"}
+	var err error
+	// Short: control socket paths must fit in 108 bytes.
+	e.Dir, err = os.MkdirTemp("", "un-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(e.Dir) })
+	return e
+}
+
+// Conf returns a cni-usernet configuration for this env. extra keys are
+// merged over the defaults (nil values delete a key).
+func (e *Env) Conf(version string, extra map[string]any) []byte {
+	ranges := []any{[]any{map[string]any{"subnet": e.Subnet}}}
+	routes := []any{map[string]any{"dst": "0.0.0.0/0"}}
+	if e.Subnet6 != "" {
+		ranges = append(ranges, []any{map[string]any{"subnet": e.Subnet6}})
+		routes = append(routes, map[string]any{"dst": "::/0"})
+	}
+	c := map[string]any{
+		"cniVersion": version,
+		"name":       "usernet-test",
+		"type":       "cni-usernet",
+		"mtu":        1500,
+		"ipam": map[string]any{
+			"type":    "host-local",
+			"ranges":  ranges,
+			"routes":  routes,
+			"dataDir": filepath.Join(e.Dir, "ipam"),
+		},
+		"stateDir": filepath.Join(e.Dir, "state"),
+		"logDir":   filepath.Join(e.Dir, "log"),
+		"runDir":   filepath.Join(e.Dir, "run"),
+	}
+	for k, v := range extra {
+		if v == nil {
+			delete(c, k)
+			continue
+		}
+		c[k] = v
+	}
+	b, err := json.Marshal(c)
+	if err != nil {
+		e.T.Fatal(err)
+	}
+	return b
+}
+
+// Exec runs a plugin binary from BinDir in the node namespace, as a
+// runtime would.
+func (e *Env) Exec(plugin, command string, conf []byte, containerID string, netns ns.NetNS, ifName string) ([]byte, error) {
+	args := &invoke.Args{
+		Command:       command,
+		ContainerID:   containerID,
+		IfName:        ifName,
+		Path:          e.BinDir,
+		PluginArgsStr: "IgnoreUnknown=1;K8S_POD_NAMESPACE=test;K8S_POD_NAME=" + containerID,
+	}
+	if netns != nil {
+		args.NetNS = netns.Path()
+	}
+	var out []byte
+	err := e.Node.Do(func(ns.NetNS) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		var err error
+		out, err = (&invoke.RawExec{Stderr: os.Stderr}).ExecPlugin(ctx, filepath.Join(e.BinDir, plugin), conf, args.AsEnv())
+		return err
+	})
+	return out, err
+}
+
+// Add runs ADD and returns the result converted to the current version.
+func (e *Env) Add(conf []byte, containerID string, netns ns.NetNS) (*current.Result, error) {
+	out, err := e.Exec("cni-usernet", "ADD", conf, containerID, netns, "eth0")
+	if err != nil {
+		return nil, err
+	}
+	return ParseResult(conf, out)
+}
+
+// ParseResult decodes a plugin's stdout in the configuration's version.
+func ParseResult(conf, out []byte) (*current.Result, error) {
+	var v struct {
+		CNIVersion string `json:"cniVersion"`
+	}
+	if err := json.Unmarshal(conf, &v); err != nil {
+		return nil, err
+	}
+	r, err := createResult(v.CNIVersion, out)
+	if err != nil {
+		return nil, fmt.Errorf("parsing result %s: %w", out, err)
+	}
+	return current.NewResultFromResult(r)
+}
+
+func createResult(version string, out []byte) (types.Result, error) {
+	return resultFactory(version, out)
+}
+
+// Del runs DEL.
+func (e *Env) Del(conf []byte, containerID string, netns ns.NetNS) error {
+	_, err := e.Exec("cni-usernet", "DEL", conf, containerID, netns, "eth0")
+	return err
+}
+
+// WithPrevResult adds a prevResult to conf (for CHECK and chaining).
+func WithPrevResult(t testing.TB, conf []byte, r *current.Result) []byte {
+	t.Helper()
+	var m map[string]any
+	if err := json.Unmarshal(conf, &m); err != nil {
+		t.Fatal(err)
+	}
+	conv, err := r.GetAsVersion(m["cniVersion"].(string))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var raw bytes.Buffer
+	if err := conv.PrintTo(&raw); err != nil {
+		t.Fatal(err)
+	}
+	var prev map[string]any
+	if err := json.Unmarshal(raw.Bytes(), &prev); err != nil {
+		t.Fatal(err)
+	}
+	m["prevResult"] = prev
+	b, _ := json.Marshal(m)
+	return b
+}

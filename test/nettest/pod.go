@@ -1,0 +1,202 @@
+package nettest
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+)
+
+// Pod is a namespace attached through a plugin.
+type Pod struct {
+	ID     string
+	NS     ns.NetNS
+	Conf   []byte
+	Result *current.Result
+}
+
+// IP returns the pod's first address of the family (4 or 6).
+func (p *Pod) IP(family int) netip.Addr {
+	for _, ipc := range p.Result.IPs {
+		a, _ := netip.AddrFromSlice(ipc.Address.IP)
+		a = a.Unmap()
+		if (family == 4) == a.Is4() {
+			return a
+		}
+	}
+	return netip.Addr{}
+}
+
+// Gateway returns the node-side address of the family, the address the
+// pod reaches the node at.
+func (p *Pod) Gateway(family int) netip.Addr {
+	for _, ipc := range p.Result.IPs {
+		a, _ := netip.AddrFromSlice(ipc.Gateway)
+		a = a.Unmap()
+		if a.IsValid() && (family == 4) == a.Is4() {
+			return a
+		}
+	}
+	return netip.Addr{}
+}
+
+// NewPod creates a namespace and attaches it with conf; DEL runs at
+// cleanup (a test may DEL earlier: DEL is idempotent).
+func (e *Env) NewPod(conf []byte) *Pod {
+	e.T.Helper()
+	e.mu.Lock()
+	e.counter++
+	id := fmt.Sprintf("pod%d-%d", e.counter, time.Now().UnixNano()%100000)
+	e.mu.Unlock()
+	p := &Pod{ID: id, NS: NewNS(e.T), Conf: conf}
+	r, err := e.Add(conf, id, p.NS)
+	if err != nil {
+		e.T.Fatalf("ADD %s: %v", id, err)
+	}
+	p.Result = r
+	e.T.Cleanup(func() {
+		if err := e.Del(conf, id, p.NS); err != nil {
+			e.T.Errorf("cleanup DEL %s: %v", id, err)
+		}
+	})
+	return p
+}
+
+// In runs f in netns (on a locked thread).
+func In(netns ns.NetNS, f func() error) error {
+	return netns.Do(func(ns.NetNS) error { return f() })
+}
+
+// Listen opens a listener in netns; it stays in that namespace.
+func Listen(t testing.TB, netns ns.NetNS, network, addr string) net.Listener {
+	t.Helper()
+	var ln net.Listener
+	err := In(netns, func() (err error) {
+		ln, err = net.Listen(network, addr)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("listening on %s %s: %v", network, addr, err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	return ln
+}
+
+// ListenUDP opens a UDP socket in netns.
+func ListenUDP(t testing.TB, netns ns.NetNS, addr string) *net.UDPConn {
+	t.Helper()
+	var c *net.UDPConn
+	err := In(netns, func() error {
+		ua, err := net.ResolveUDPAddr("udp", addr)
+		if err != nil {
+			return err
+		}
+		c, err = net.ListenUDP("udp", ua)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("listening on udp %s: %v", addr, err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// Dial connects from netns.
+func Dial(netns ns.NetNS, network, addr string, timeout time.Duration) (net.Conn, error) {
+	var c net.Conn
+	err := In(netns, func() (err error) {
+		c, err = net.DialTimeout(network, addr, timeout)
+		return err
+	})
+	return c, err
+}
+
+// HostPort joins an address and port for Dial and Listen.
+func HostPort(a netip.Addr, port int) string {
+	return net.JoinHostPort(a.String(), fmt.Sprint(port))
+}
+
+// Leaks lists what attachments left behind on the node: links other than
+// lo in the node namespace, attachment state, stack directories, control
+// sockets, IP leases and stack processes of this env.
+func (e *Env) Leaks() []string {
+	var leaks []string
+	_ = In(e.Node, func() error {
+		links, err := netlink.LinkList()
+		if err != nil {
+			leaks = append(leaks, "listing links: "+err.Error())
+			return nil
+		}
+		for _, l := range links {
+			if l.Attrs().Name != "lo" {
+				leaks = append(leaks, "link "+l.Attrs().Name)
+			}
+		}
+		return nil
+	})
+	for _, pattern := range []string{"state/*.json", "state/stacks/*", "run/*"} {
+		m, _ := filepath.Glob(filepath.Join(e.Dir, pattern))
+		for _, f := range m {
+			leaks = append(leaks, "file "+strings.TrimPrefix(f, e.Dir+"/"))
+		}
+	}
+	leases, _ := filepath.Glob(filepath.Join(e.Dir, "ipam", "*", "*"))
+	for _, f := range leases {
+		base := filepath.Base(f)
+		if base == "lock" || strings.HasPrefix(base, "last_reserved_ip") {
+			continue
+		}
+		leaks = append(leaks, "lease "+base)
+	}
+	for _, pid := range e.StackPIDs() {
+		leaks = append(leaks, fmt.Sprintf("stack process %d", pid))
+	}
+	slices.Sort(leaks)
+	return leaks
+}
+
+// StackPIDs lists the running (not zombie) stack processes of this env.
+func (e *Env) StackPIDs() []int {
+	var pids []int
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, f := range procs {
+		b, err := os.ReadFile(f)
+		if err != nil || !strings.Contains(string(b), e.Dir) || !strings.Contains(string(b), "stack") {
+			continue
+		}
+		stat, err := os.ReadFile(filepath.Join(filepath.Dir(f), "stat"))
+		if err != nil {
+			continue
+		}
+		if i := strings.LastIndexByte(string(stat), ')'); i > 0 && i+2 < len(stat) && stat[i+2] == 'Z' {
+			continue
+		}
+		var pid int
+		fmt.Sscanf(filepath.Base(filepath.Dir(f)), "%d", &pid)
+		pids = append(pids, pid)
+	}
+	return pids
+}
+
+// AssertNoLeaks fails the test with whatever attachments left behind.
+func (e *Env) AssertNoLeaks(t testing.TB) {
+	t.Helper()
+	var leaks []string
+	// A stack process that was just signalled may need a moment to exit.
+	for range 50 {
+		if leaks = e.Leaks(); len(leaks) == 0 {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Errorf("left behind: %v", leaks)
+}
