@@ -53,6 +53,10 @@ type Options struct {
 	Relay relay.Options
 }
 
+// softwareGSOMaxSize is the largest packet software GSO takes from TCP:
+// the IP length field's limit.
+const softwareGSOMaxSize = 65535
+
 // DefaultTUNMTU is the app leg's MTU. The TUN carries no offload metadata,
 // so the only way for the kernel to hand the stack large segments is a large
 // MTU: 65520, like pasta and slirp4netns, leaves room under the 64 KiB IP
@@ -172,13 +176,14 @@ func (s *Stack) buildWire() (*stack.Stack, error) {
 	switch o.GSO.Mode {
 	case offload.ModeHardware:
 		fo.GSOMaxSize = o.GSO.Link.MaxBurst(o.Spec.MTU)
-	case offload.ModeSoftware:
-		fo.GSOMaxSize = stack.GVisorGSOMaxSize
-		fo.GVisorGSOEnabled = true
 	}
-	ep, err := fdbased.New(&fo)
+	var ep stack.LinkEndpoint
+	ep, err = fdbased.New(&fo)
 	if err != nil {
 		return nil, fmt.Errorf("creating the link endpoint: %w", err)
+	}
+	if o.GSO.Mode == offload.ModeSoftware {
+		ep = newSoftwareGSOLink(ep, o.LinkFD, softwareGSOMaxSize)
 	}
 	ns, err := newStack(true, o.TCPBufferBytes)
 	if err != nil {
