@@ -79,7 +79,7 @@ func Start(o Options) (Process, error) {
 	// Its own session: the stack outlives the plugin and must not receive
 	// signals aimed at the runtime's process group.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	cmd.Env = append(os.Environ()[:0:0], "PATH="+os.Getenv("PATH"))
+	cmd.Env = stackEnv()
 	netns, err := ns.GetNS(o.Netns)
 	if err != nil {
 		wr.Close()
@@ -229,4 +229,15 @@ func exited(fd int, p Process, wait time.Duration) bool {
 			return !Alive(p)
 		}
 	}
+}
+
+// stackEnv is the stack's whole environment: PATH for ethtool, and GORACE
+// so that a race-instrumented test build halts on a race instead of
+// printing it to a log nobody reads.
+func stackEnv() []string {
+	env := []string{"PATH=" + os.Getenv("PATH")}
+	if v, ok := os.LookupEnv("GORACE"); ok {
+		env = append(env, "GORACE="+v)
+	}
+	return env
 }

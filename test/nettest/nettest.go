@@ -167,15 +167,23 @@ func (e *Env) Conf(version string, extra map[string]any) []byte {
 // Exec runs a plugin binary from BinDir in the node namespace, as a
 // runtime would.
 func (e *Env) Exec(plugin, command string, conf []byte, containerID string, netns ns.NetNS, ifName string) ([]byte, error) {
+	path := ""
+	if netns != nil {
+		path = netns.Path()
+	}
+	return e.ExecNetns(plugin, command, conf, containerID, path, ifName)
+}
+
+// ExecNetns is Exec with CNI_NETNS given as a path, which may be empty or
+// name a namespace that no longer exists (DEL must cope with both).
+func (e *Env) ExecNetns(plugin, command string, conf []byte, containerID, netnsPath, ifName string) ([]byte, error) {
 	args := &invoke.Args{
 		Command:       command,
 		ContainerID:   containerID,
+		NetNS:         netnsPath,
 		IfName:        ifName,
 		Path:          e.BinDir,
 		PluginArgsStr: "IgnoreUnknown=1;K8S_POD_NAMESPACE=test;K8S_POD_NAME=" + containerID,
-	}
-	if netns != nil {
-		args.NetNS = netns.Path()
 	}
 	var out []byte
 	err := e.Node.Do(func(ns.NetNS) error {
@@ -220,6 +228,41 @@ func createResult(version string, out []byte) (types.Result, error) {
 func (e *Env) Del(conf []byte, containerID string, netns ns.NetNS) error {
 	_, err := e.Exec("cni-usernet", "DEL", conf, containerID, netns, "eth0")
 	return err
+}
+
+// Check runs CHECK; conf should carry the ADD result as prevResult
+// (WithPrevResult).
+func (e *Env) Check(conf []byte, containerID string, netns ns.NetNS) error {
+	_, err := e.Exec("cni-usernet", "CHECK", conf, containerID, netns, "eth0")
+	return err
+}
+
+// HostLocal returns a host-local IPAM section whose leases live in this
+// env (so Leaks sees them), with a default route per family present. Each
+// range is one range set, e.g. {"subnet": "10.199.0.0/24"}.
+func (e *Env) HostLocal(ranges ...map[string]any) map[string]any {
+	var sets, routes []any
+	v4, v6 := false, false
+	for _, r := range ranges {
+		sets = append(sets, []any{r})
+		if s, _ := r["subnet"].(string); strings.Contains(s, ":") {
+			v6 = true
+		} else {
+			v4 = true
+		}
+	}
+	if v4 {
+		routes = append(routes, map[string]any{"dst": "0.0.0.0/0"})
+	}
+	if v6 {
+		routes = append(routes, map[string]any{"dst": "::/0"})
+	}
+	return map[string]any{
+		"type":    "host-local",
+		"ranges":  sets,
+		"routes":  routes,
+		"dataDir": filepath.Join(e.Dir, "ipam"),
+	}
 }
 
 // WithPrevResult adds a prevResult to conf (for CHECK and chaining).

@@ -13,6 +13,7 @@ import (
 
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
 )
 
@@ -199,4 +200,39 @@ func (e *Env) AssertNoLeaks(t testing.TB) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	t.Errorf("left behind: %v", leaks)
+}
+
+// NSLeaks lists what an attachment may leave inside a pod's namespace:
+// links other than lo, and nftables tables (the stack's ingress drop).
+func NSLeaks(netns ns.NetNS) []string {
+	var leaks []string
+	err := In(netns, func() error {
+		links, err := netlink.LinkList()
+		if err != nil {
+			return fmt.Errorf("listing links: %w", err)
+		}
+		for _, l := range links {
+			if l.Attrs().Name != "lo" {
+				leaks = append(leaks, "link "+l.Attrs().Name)
+			}
+		}
+		c, err := nftables.New(nftables.AsLasting())
+		if err != nil {
+			return fmt.Errorf("opening nftables: %w", err)
+		}
+		defer c.CloseLasting()
+		tables, err := c.ListTables()
+		if err != nil {
+			return fmt.Errorf("listing nftables tables: %w", err)
+		}
+		for _, t := range tables {
+			leaks = append(leaks, "nftables table "+t.Name)
+		}
+		return nil
+	})
+	if err != nil {
+		leaks = append(leaks, err.Error())
+	}
+	slices.Sort(leaks)
+	return leaks
 }

@@ -1,0 +1,46 @@
+# cni-usernet — see README.md.
+GO ?= go
+VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+LDFLAGS := -X github.com/cni-usernet/cni-usernet/pkg/plugin.Version=$(VERSION)
+
+.PHONY: build demo test test-unit test-root fuzz lint bench bench-quick clean
+
+build:
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/cni-usernet ./cmd/cni-usernet
+	mkdir -p bin/cni
+	cp bin/cni-usernet bin/cni/cni-usernet
+	CGO_ENABLED=0 $(GO) build -o bin/cni/ github.com/containernetworking/plugins/plugins/ipam/host-local github.com/containernetworking/plugins/plugins/main/ptp
+	CGO_ENABLED=0 $(GO) build -o bin/ github.com/containernetworking/cni/cnitool
+
+demo:
+	hack/demo.sh
+
+# The whole suite, as CI runs it (root: namespaces, veths, TUN).
+test: lint test-root fuzz
+
+lint:
+	@test -z "$$(gofmt -l cmd pkg test hack)" || { gofmt -l cmd pkg test hack; exit 1; }
+	$(GO) vet ./...
+
+# Everything under the race detector (the stack processes the tests start
+# are race-built too and halt on a race), with short transfers; then the
+# full-size transfers without it.
+test-root:
+	GORACE=halt_on_error=1 $(GO) test -race -short -count=1 -timeout 20m ./...
+	$(GO) test -count=1 -timeout 20m ./test/...
+
+# Every fuzz target for a short fixed time.
+FUZZTIME ?= 10s
+fuzz:
+	$(GO) test -run '^$$' -fuzz '^FuzzSplit$$' -fuzztime $(FUZZTIME) ./pkg/gso
+	$(GO) test -run '^$$' -fuzz '^FuzzParseEchoRequest$$' -fuzztime $(FUZZTIME) ./pkg/relay
+	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./pkg/netconf
+
+bench:
+	hack/bench/run.sh
+
+bench-quick:
+	hack/bench/run.sh --quick
+
+clean:
+	rm -rf bin results
