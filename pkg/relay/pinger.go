@@ -54,7 +54,7 @@ func (p *Pinger) Intercept(proto tcpip.NetworkProtocolNumber, pkt *stack.PacketB
 		return false
 	}
 	// Peek first: most packets are TCP and must not pay for a copy.
-	head, ok := pkt.Data().PullUp(min(pkt.Data().Size(), 48))
+	head, ok := pkt.Data().PullUp(min(pkt.Data().Size(), peekLen))
 	if !ok || !looksLikeEcho(head) {
 		return false
 	}
@@ -159,3 +159,7 @@ func (p *Pinger) relay(e echo) bool {
 		}
 	}
 }
+
+// peekLen covers the longest IPv4 header (60 bytes) plus the ICMP type, and
+// an IPv6 header plus the ICMPv6 type.
+const peekLen = 64

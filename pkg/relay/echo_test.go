@@ -1,0 +1,91 @@
+package relay
+
+import (
+	"bytes"
+	"net/netip"
+	"testing"
+
+	"gvisor.dev/gvisor/pkg/tcpip/checksum"
+)
+
+// request turns a reply built by buildEchoReply back into a request, so
+// that the parser can be tested on packets with valid checksums and
+// lengths in both families.
+func request(src, dst netip.Addr, id, seq uint16, data []byte) []byte {
+	p := buildEchoReply(echo{src: dst, dst: src, id: id, seq: seq}, data)
+	if src.Is4() {
+		p[20] = icmpv4EchoRequest
+	} else {
+		p[40] = icmpv6EchoRequest
+	}
+	return p
+}
+
+func TestEchoRoundTrip(t *testing.T) {
+	for _, c := range []struct{ src, dst string }{{"10.0.0.2", "10.0.0.1"}, {"fd99::2", "fd99::1"}} {
+		src, dst := netip.MustParseAddr(c.src), netip.MustParseAddr(c.dst)
+		data := []byte("abcdefghijklmnopqrstuvwxyz012345")
+		e, ok := parseEchoRequest(request(src, dst, 77, 3, data))
+		if !ok {
+			t.Fatalf("%s: request not recognised", c.src)
+		}
+		if e.src != src || e.dst != dst || e.id != 77 || e.seq != 3 || !bytes.Equal(e.data, data) {
+			t.Fatalf("%s: parsed %+v", c.src, e)
+		}
+		reply := buildEchoReply(e, data)
+		if src.Is4() {
+			if checksum.Checksum(reply[:20], 0) != 0xffff || checksum.Checksum(reply[20:], 0) != 0xffff {
+				t.Errorf("IPv4 reply checksums invalid")
+			}
+			if reply[20] != icmpv4EchoReply || netip.AddrFrom4([4]byte(reply[16:20])) != src {
+				t.Errorf("IPv4 reply type %d to %v", reply[20], reply[16:20])
+			}
+		} else {
+			var pseudo []byte
+			pseudo = append(pseudo, reply[8:40]...)
+			pseudo = append(pseudo, 0, 0, byte(len(reply[40:])>>8), byte(len(reply[40:])), 0, 0, 0, protoICMPv6)
+			if checksum.Checksum(reply[40:], checksum.Checksum(pseudo, 0)) != 0xffff {
+				t.Errorf("ICMPv6 reply checksum invalid")
+			}
+			if reply[40] != icmpv6EchoReply {
+				t.Errorf("IPv6 reply type %d", reply[40])
+			}
+		}
+	}
+}
+
+func TestParseEchoRejects(t *testing.T) {
+	v4 := request(netip.MustParseAddr("10.0.0.2"), netip.MustParseAddr("10.0.0.1"), 1, 1, []byte("x"))
+	frag := bytes.Clone(v4)
+	frag[6] = 0x20 // more fragments
+	reply := bytes.Clone(v4)
+	reply[20] = icmpv4EchoReply
+	udp := bytes.Clone(v4)
+	udp[9] = 17
+	for name, p := range map[string][]byte{
+		"empty": nil, "short": v4[:10], "truncated": v4[:len(v4)-1], "fragment": frag,
+		"reply": reply, "udp": udp, "version 5": append([]byte{0x50}, v4[1:]...),
+	} {
+		if _, ok := parseEchoRequest(p); ok {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}
+
+func FuzzParseEchoRequest(f *testing.F) {
+	f.Add(request(netip.MustParseAddr("10.0.0.2"), netip.MustParseAddr("10.0.0.1"), 1, 1, []byte("ping")))
+	f.Add(request(netip.MustParseAddr("fd99::2"), netip.MustParseAddr("fd99::1"), 9, 2, nil))
+	f.Fuzz(func(t *testing.T, p []byte) {
+		e, ok := parseEchoRequest(p)
+		if !ok {
+			return
+		}
+		if len(e.data) > len(p) {
+			t.Fatalf("data longer than the packet")
+		}
+		if looks := looksLikeEcho(p[:min(len(p), peekLen)]); !looks {
+			t.Fatalf("parser accepts what the fast check rejects")
+		}
+		_ = buildEchoReply(e, e.data)
+	})
+}
