@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"time"
 )
@@ -60,6 +61,10 @@ func Listen(path string, src Source) (*Server, error) {
 		enc.SetIndent("", "  ")
 		_ = enc.Encode(src.Status())
 	})
+	// Profiles on demand, for the benchmark's "where does the time go":
+	//   curl --unix-socket SOCK http://stack/debug/pprof/profile?seconds=10
+	mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
 	s := &Server{srv: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}, ln: ln, path: path}
 	go s.srv.Serve(ln)
 	return s, nil

@@ -86,7 +86,7 @@ func (o *Options) Validate() error {
 type Stack struct {
 	Wire, App           *stack.Stack
 	Relay               *relay.Relay
-	Pinger              *relay.Pinger
+	pinger              *relay.Pinger
 	WireStats, AppStats LinkStats
 	opts                Options
 }
@@ -108,20 +108,31 @@ func Build(o Options) (*Stack, error) {
 		o.TCPBufferBytes = 4 << 20
 	}
 	s := &Stack{opts: o}
+	// Protocol handlers must be in place before a NIC delivers its first
+	// packet (netstack does not synchronise setting them), so both stacks
+	// get the relay and the pinger before either gets its NIC.
 	var err error
-	if s.Wire, err = s.buildWire(); err != nil {
-		return nil, fmt.Errorf("building the wire leg on %s: %w", o.Spec.IfName, err)
+	if s.Wire, err = newStack(true, o.TCPBufferBytes); err != nil {
+		return nil, err
 	}
-	if s.App, err = s.buildApp(); err != nil {
+	if s.App, err = newStack(false, o.TCPBufferBytes); err != nil {
 		s.Wire.Destroy()
-		return nil, fmt.Errorf("building the app leg: %w", err)
+		return nil, err
 	}
 	s.Relay, err = relay.New(relay.Leg{Stack: s.Wire, NIC: wireNIC}, relay.Leg{Stack: s.App, NIC: appNIC}, o.Relay)
 	if err != nil {
 		s.Close()
 		return nil, err
 	}
-	s.Pinger = relay.NewPinger(relay.Leg{Stack: s.Wire, NIC: wireNIC}, o.TUNFD, s.Relay.Stats())
+	s.pinger = relay.NewPinger(relay.Leg{Stack: s.Wire, NIC: wireNIC}, o.TUNFD, s.Relay.Stats())
+	if err := s.attachWire(); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("building the wire leg on %s: %w", o.Spec.IfName, err)
+	}
+	if err := s.attachApp(); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("building the app leg: %w", err)
+	}
 	return s, nil
 }
 
@@ -158,11 +169,11 @@ func newStack(withARP bool, bufMax int) (*stack.Stack, error) {
 
 func ptr[T any](v T) *T { return &v }
 
-func (s *Stack) buildWire() (*stack.Stack, error) {
+func (s *Stack) attachWire() error {
 	o := s.opts
 	mac, err := net.ParseMAC(o.Spec.MAC)
 	if err != nil {
-		return nil, fmt.Errorf("parsing MAC %q: %w", o.Spec.MAC, err)
+		return fmt.Errorf("parsing MAC %q: %w", o.Spec.MAC, err)
 	}
 	fo := fdbased.Options{
 		FDs:                []int{o.LinkFD},
@@ -173,31 +184,28 @@ func (s *Stack) buildWire() (*stack.Stack, error) {
 		RXChecksumOffload:  o.RXChecksumOffload,
 		GRO:                o.GRO,
 	}
-	switch o.GSO.Mode {
-	case offload.ModeHardware:
+	if o.GSO.Mode == offload.ModeHardware {
 		fo.GSOMaxSize = o.GSO.Link.MaxBurst(o.Spec.MTU)
 	}
 	var ep stack.LinkEndpoint
-	ep, err = fdbased.New(&fo)
-	if err != nil {
-		return nil, fmt.Errorf("creating the link endpoint: %w", err)
+	if ep, err = fdbased.New(&fo); err != nil {
+		return fmt.Errorf("creating the link endpoint: %w", err)
 	}
 	if o.GSO.Mode == offload.ModeSoftware {
 		ep = newSoftwareGSOLink(ep, o.LinkFD, softwareGSOMaxSize)
 	}
-	ns, err := newStack(true, o.TCPBufferBytes)
-	if err != nil {
-		return nil, err
+	// Created disabled and enabled once configured, so that no packet
+	// meets a half-configured NIC.
+	if err := s.Wire.CreateNICWithOptions(wireNIC, newCountingLink(ep, &s.WireStats), stack.NICOptions{Name: o.Spec.IfName, Disabled: true}); err != nil {
+		return fmt.Errorf("creating NIC: %s", err)
 	}
-	if err := ns.CreateNICWithOptions(wireNIC, newCountingLink(ep, &s.WireStats), stack.NICOptions{Name: o.Spec.IfName}); err != nil {
-		ns.Destroy()
-		return nil, fmt.Errorf("creating NIC: %s", err)
+	if err := configureWire(s.Wire, o.Spec); err != nil {
+		return err
 	}
-	if err := configureWire(ns, o.Spec); err != nil {
-		ns.Destroy()
-		return nil, err
+	if err := s.Wire.EnableNIC(wireNIC); err != nil {
+		return fmt.Errorf("enabling NIC: %s", err)
 	}
-	return ns, nil
+	return nil
 }
 
 func protoOf(a tcpip.Address) tcpip.NetworkProtocolNumber {
@@ -251,7 +259,7 @@ func configureWire(ns *stack.Stack, spec *podnet.Spec) error {
 	return nil
 }
 
-func (s *Stack) buildApp() (*stack.Stack, error) {
+func (s *Stack) attachApp() error {
 	o := s.opts
 	ep, err := fdbased.New(&fdbased.Options{
 		FDs: []int{o.TUNFD},
@@ -261,42 +269,35 @@ func (s *Stack) buildApp() (*stack.Stack, error) {
 		RXChecksumOffload: true,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("creating the TUN endpoint: %w", err)
-	}
-	ns, err := newStack(false, o.TCPBufferBytes)
-	if err != nil {
-		return nil, err
+		return fmt.Errorf("creating the TUN endpoint: %w", err)
 	}
 	link := newCountingLink(ep, &s.AppStats)
 	link.intercept = s.interceptEcho
-	if err := ns.CreateNICWithOptions(appNIC, link, stack.NICOptions{Name: "app"}); err != nil {
-		ns.Destroy()
-		return nil, fmt.Errorf("creating NIC: %s", err)
+	if err := s.App.CreateNICWithOptions(appNIC, link, stack.NICOptions{Name: "app", Disabled: true}); err != nil {
+		return fmt.Errorf("creating NIC: %s", err)
 	}
 	// Promiscuous: the app leg accepts packets for every destination (it is
 	// the whole network as far as the applications are concerned).
 	// Spoofing: it may send from any source, so the relay can dial the
 	// application from the real client's address.
-	if err := ns.SetPromiscuousMode(appNIC, true); err != nil {
-		ns.Destroy()
-		return nil, fmt.Errorf("promiscuous mode: %s", err)
+	if err := s.App.SetPromiscuousMode(appNIC, true); err != nil {
+		return fmt.Errorf("promiscuous mode: %s", err)
 	}
-	if err := ns.SetSpoofing(appNIC, true); err != nil {
-		ns.Destroy()
-		return nil, fmt.Errorf("spoofing: %s", err)
+	if err := s.App.SetSpoofing(appNIC, true); err != nil {
+		return fmt.Errorf("spoofing: %s", err)
 	}
-	ns.SetRouteTable([]tcpip.Route{
+	s.App.SetRouteTable([]tcpip.Route{
 		{Destination: header4Any(), NIC: appNIC},
 		{Destination: header6Any(), NIC: appNIC},
 	})
-	return ns, nil
+	if err := s.App.EnableNIC(appNIC); err != nil {
+		return fmt.Errorf("enabling NIC: %s", err)
+	}
+	return nil
 }
 
 func (s *Stack) interceptEcho(proto tcpip.NetworkProtocolNumber, pkt *stack.PacketBuffer) bool {
-	if s.Pinger == nil {
-		return false
-	}
-	return s.Pinger.Intercept(proto, pkt)
+	return s.pinger.Intercept(proto, pkt)
 }
 
 // Close stops relaying and tears both legs down.
@@ -304,13 +305,13 @@ func (s *Stack) Close() {
 	if s.Relay != nil {
 		s.Relay.Close()
 	}
-	if s.Pinger != nil {
-		s.Pinger.Close()
+	if s.pinger != nil {
+		s.pinger.Close()
 	}
-	if s.App != nil {
-		s.App.Close()
-	}
-	if s.Wire != nil {
-		s.Wire.Close()
+	for _, st := range []*stack.Stack{s.App, s.Wire} {
+		if st != nil {
+			st.Close()
+			st.Wait()
+		}
 	}
 }

@@ -122,7 +122,12 @@ func NewEnv(t testing.TB) *Env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { os.RemoveAll(e.Dir) })
+	t.Cleanup(func() {
+		if t.Failed() {
+			e.dumpLogs()
+		}
+		os.RemoveAll(e.Dir)
+	})
 	return e
 }
 
@@ -287,4 +292,20 @@ func WithPrevResult(t testing.TB, conf []byte, r *current.Result) []byte {
 	m["prevResult"] = prev
 	b, _ := json.Marshal(m)
 	return b
+}
+
+// dumpLogs prints the tail of every stack log, so a failure shows what the
+// stack said.
+func (e *Env) dumpLogs() {
+	logs, _ := filepath.Glob(filepath.Join(e.Dir, "log", "*.log"))
+	for _, f := range logs {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		if len(b) > 4000 {
+			b = b[len(b)-4000:]
+		}
+		e.T.Logf("%s:\n%s", filepath.Base(f), b)
+	}
 }

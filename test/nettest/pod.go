@@ -69,6 +69,13 @@ func (e *Env) NewPod(conf []byte) *Pod {
 			e.T.Errorf("cleanup DEL %s: %v", id, err)
 		}
 	})
+	// Runs before the DEL above (cleanups run last-in first-out), while
+	// the stack's log still exists.
+	e.T.Cleanup(func() {
+		if e.T.Failed() {
+			e.dumpLogs()
+		}
+	})
 	return p
 }
 
