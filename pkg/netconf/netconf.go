@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/cni-usernet/cni-usernet/pkg/offload"
@@ -111,6 +112,11 @@ func (c *NetConf) validate() error {
 	if len(c.TUNName) > 15 {
 		return fmt.Errorf(`"tunName" %q longer than 15 bytes`, c.TUNName)
 	}
+	// The kernel's dev_valid_name: the stack would fail on it only after
+	// ADD had leased addresses and made the veth.
+	if c.TUNName == "." || c.TUNName == ".." || strings.ContainsAny(c.TUNName, "/: \t\n\v\f\r") {
+		return fmt.Errorf(`"tunName" %q is not an interface name (no "/", ":" or white space; not "." or "..")`, c.TUNName)
+	}
 	if c.TUNMTU != 0 && (c.TUNMTU < 1280 || c.TUNMTU > 65535) {
 		return fmt.Errorf(`"tunMTU" %d outside 1280..65535`, c.TUNMTU)
 	}
@@ -159,7 +165,9 @@ func (c *NetConf) UDPIdleDuration() time.Duration { return c.udpIdle }
 func (c *NetConf) ReadyTimeoutDuration() time.Duration { return c.readyTimeout }
 
 // Chained reports whether an earlier plugin produced a result to take over.
-func (c *NetConf) Chained() bool { return c.RawPrevResult != nil }
+// It reads PrevResult: Parse hands RawPrevResult to version.ParsePrevResult,
+// which decodes it into PrevResult and clears it.
+func (c *NetConf) Chained() bool { return c.PrevResult != nil }
 
 // GSOMode resolves the pod's GSO mode: the annotation, else the conflist's
 // default. It also says where the mode came from.

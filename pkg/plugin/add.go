@@ -109,6 +109,10 @@ func (inv *invocation) add() (_ *current.Result, err error) {
 	}
 	u.add(func() { inv.store.Delete(args.ContainerID, args.IfName) })
 
+	// A stack that fails after fencing the link and making its TUN leaves
+	// them (it keeps them for a restart); undo them with the rest.
+	td := teardown{inv: inv, containerID: args.ContainerID, ifName: args.IfName, netns: args.Netns, chained: att.Chained}
+	u.add(func() { td.cleanNetns() })
 	proc, err := launch.Start(launch.Options{
 		Args:         []string{"stack", "--config", p.config},
 		Netns:        args.Netns,

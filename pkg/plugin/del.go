@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/plugins/pkg/ns"
 
 	"github.com/cni-usernet/cni-usernet/pkg/ingressdrop"
@@ -42,7 +44,7 @@ func cmdDel(args *skel.CmdArgs) error {
 		containerID: args.ContainerID,
 		ifName:      args.IfName,
 		netns:       args.Netns,
-		chained:     inv.conf.Chained() || inv.conf.IPAM.Type == "",
+		chained:     inv.chainedWithoutState(),
 		ipamType:    inv.conf.IPAM.Type,
 		ipamConf:    args.StdinData,
 	}
@@ -55,6 +57,29 @@ func cmdDel(args *skel.CmdArgs) error {
 	}
 	inv.log.Info("DEL done")
 	return nil
+}
+
+// chainedWithoutState decides from the arguments alone whether the
+// attachment was chained (its link and lease belong to an earlier plugin).
+// A configuration without "ipam" can only chain. A prevResult is no proof:
+// since CNI 0.4.0 runtimes send this plugin's own standalone result on DEL,
+// and that result is recognised by the node-side veth named from the
+// attachment.
+func (inv *invocation) chainedWithoutState() bool {
+	if inv.conf.IPAM.Type == "" {
+		return true
+	}
+	if !inv.conf.Chained() {
+		return false
+	}
+	prev, err := current.NewResultFromResult(inv.conf.PrevResult)
+	if err != nil {
+		return true // as ADD would have treated it
+	}
+	host := hostVethName(inv.args.ContainerID, inv.args.IfName)
+	return !slices.ContainsFunc(prev.Interfaces, func(i *current.Interface) bool {
+		return i != nil && i.Name == host && i.Sandbox == ""
+	})
 }
 
 // teardown is everything needed to undo one attachment.

@@ -669,3 +669,26 @@ func TestCheckDetectsDeadStack(t *testing.T) {
 	env.AssertNoLeaks(t)
 	assertNSClean(t, pod.NS)
 }
+
+// TestDelWithoutStateWithPrevResult loses the state file of a standalone
+// attachment (its stack already dead) and runs DEL the way runtimes do
+// since 0.4.0, with the ADD result as prevResult: DEL must recognise its
+// own result, not mistake it for an earlier plugin's, and remove the veth
+// and the lease.
+func TestDelWithoutStateWithPrevResult(t *testing.T) {
+	env := nettest.NewEnv(t)
+	conf := env.Conf(latest, nil)
+	pod := env.NewPod(conf)
+	att := loadState(t, env, pod.ID)
+	if err := launch.Stop(launch.Process{PID: att.StackPID, StartTime: att.StackStartTime}, 10*time.Second); err != nil {
+		t.Fatalf("stopping stack %d: %v", att.StackPID, err)
+	}
+	if err := (state.Store{Dir: filepath.Join(env.Dir, "state")}).Delete(pod.ID, "eth0"); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Del(nettest.WithPrevResult(t, conf, pod.Result), pod.ID, pod.NS); err != nil {
+		t.Fatalf("DEL: %v", err)
+	}
+	env.AssertNoLeaks(t)
+	assertNSClean(t, pod.NS)
+}
