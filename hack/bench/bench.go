@@ -1,0 +1,509 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	current "github.com/containernetworking/cni/pkg/types/100"
+)
+
+const (
+	nodeNS   = "ub-node"
+	nsPrefix = "ub-" // every namespace the benchmark creates
+)
+
+// sample is one measured number.
+type sample struct {
+	Round  int     `json:"round"`
+	Config string  `json:"config"`
+	Metric string  `json:"metric"`
+	Value  float64 `json:"value"`
+}
+
+// failure is a workload that produced no number in one round.
+type failure struct {
+	Round    int    `json:"round"`
+	Config   string `json:"config"`
+	Workload string `json:"workload"`
+	Error    string `json:"error"`
+}
+
+// attachment is one pod attached through CNI.
+type attachment struct {
+	Config   string `json:"config"`
+	NS       string `json:"netns"`
+	ID       string `json:"containerID"`
+	ConfPath string `json:"-"`
+	IP       string `json:"ip"`
+	HostVeth string `json:"hostVeth"`
+	StackPID int    `json:"stackPid,omitempty"`
+	// Status is the stack's last `cni-usernet status` entry, kept raw.
+	Status json.RawMessage `json:"status,omitempty"`
+	cfg    *config
+}
+
+type bench struct {
+	o       options
+	self    string // this executable, re-executed for the helper roles
+	tmp     string // IPAM data, libcni cache, plugin state, server files
+	logs    string // server and plugin logs, kept with the results
+	started time.Time
+
+	mu         sync.Mutex // guards the fields below
+	samples    []sample
+	failures   []failure
+	skipped    map[string]string // configuration → why it did not run
+	atts       []*attachment
+	namespaces []string
+	procs      map[*proc]bool
+}
+
+func newBench(o options) (*bench, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(filepath.Join(o.Out, "logs"), 0o755); err != nil {
+		return nil, err
+	}
+	tmp, err := os.MkdirTemp("", "ub-bench-")
+	if err != nil {
+		return nil, err
+	}
+	return &bench{
+		o: o, self: self, tmp: tmp, logs: filepath.Join(o.Out, "logs"),
+		skipped: map[string]string{}, procs: map[*proc]bool{},
+	}, nil
+}
+
+// selected returns the configurations asked for, in run order.
+func (b *bench) selected() []*config {
+	if len(b.o.Only) == 0 {
+		return allConfigs
+	}
+	var out []*config
+	for _, c := range allConfigs {
+		for _, n := range b.o.Only {
+			if c.Name == n {
+				out = append(out, c)
+			}
+		}
+	}
+	return out
+}
+
+func (b *bench) record(round int, cfg, metric string, v float64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.samples = append(b.samples, sample{round, cfg, metric, v})
+}
+
+func (b *bench) fail(round int, cfg, workload string, err error) {
+	logf("  %s %s: FAILED: %v", cfg, workload, err)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.failures = append(b.failures, failure{round, cfg, workload, err.Error()})
+}
+
+func logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, time.Now().Format("15:04:05 ")+format+"\n", args...)
+}
+
+// run sets the topology up and runs every round. It returns an error only
+// when nothing could be measured at all; single cells record failures.
+func (b *bench) run(ctx context.Context) error {
+	b.started = time.Now()
+	if err := b.setupNode(ctx); err != nil {
+		return err
+	}
+	var live []*attachment
+	for _, c := range b.selected() {
+		if c.usernet() {
+			if _, err := os.Stat(filepath.Join(b.o.BinDir, "cni-usernet")); err != nil {
+				b.skipped[c.Name] = "cni-usernet not built (see build-cni-usernet.log)"
+				logf("%s: skipped: %s", c.Name, b.skipped[c.Name])
+				continue
+			}
+		}
+		a, err := b.attach(ctx, c)
+		if err != nil {
+			b.fail(0, c.Name, "setup", err)
+			continue
+		}
+		logf("%s: pod %s ip %s host veth %s", c.Name, a.NS, a.IP, a.HostVeth)
+		live = append(live, a)
+	}
+	for _, ac := range addConfigs {
+		if !slices.ContainsFunc(live, func(a *attachment) bool { return a.Config == ac.Of }) {
+			b.skipped[ac.Name] = fmt.Sprintf("needs configuration %s", ac.Of)
+			if why, ok := b.skipped[ac.Of]; ok {
+				b.skipped[ac.Name] = why
+			}
+		}
+	}
+	for r := 1; r <= b.o.Rounds; r++ {
+		for _, a := range live {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			logf("round %d/%d: %s", r, b.o.Rounds, a.Config)
+			b.runWorkloads(ctx, r, a)
+		}
+		for _, ac := range addConfigs {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			for _, a := range live {
+				if a.Config == ac.Of {
+					logf("round %d/%d: %s (%d pods, %d at a time)", r, b.o.Rounds, ac.Name, b.o.AddPods, b.o.AddParallel)
+					if err := b.addLatency(ctx, r, ac.Name, a); err != nil {
+						b.fail(r, ac.Name, "add", err)
+					}
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// setupNode creates the node namespace and the server files.
+func (b *bench) setupNode(ctx context.Context) error {
+	out, err := b.output(ctx, 10*time.Second, "", "ip", "netns", "list")
+	if err != nil {
+		return err
+	}
+	for _, l := range strings.Split(string(out), "\n") {
+		if f := strings.Fields(l); len(f) > 0 && strings.HasPrefix(f[0], nsPrefix) {
+			return fmt.Errorf("namespace %s already exists: another benchmark is running, or a killed one left it; "+
+				"remove it with `ip netns pids %s | xargs -r kill; ip netns del %s`", f[0], f[0], f[0])
+		}
+	}
+	if err := b.addNS(ctx, nodeNS); err != nil {
+		return err
+	}
+	www := filepath.Join(b.tmp, "www")
+	if err := os.MkdirAll(www, 0o755); err != nil {
+		return err
+	}
+	blob := make([]byte, 10<<20)
+	for i := range blob {
+		blob[i] = byte(i*7 + i>>13) // not all zero, not worth compressing anyway
+	}
+	return os.WriteFile(filepath.Join(www, "10m.bin"), blob, 0o644)
+}
+
+func (b *bench) addNS(ctx context.Context, name string) error {
+	if _, err := b.output(ctx, 10*time.Second, "", "ip", "netns", "add", name); err != nil {
+		return err
+	}
+	b.mu.Lock()
+	b.namespaces = append(b.namespaces, name)
+	b.mu.Unlock()
+	_, err := b.output(ctx, 10*time.Second, "", "ip", "-n", name, "link", "set", "lo", "up")
+	return err
+}
+
+// delNS ends the processes left in a namespace the benchmark created (by
+// pid: servers, stacks a failed DEL left behind) and deletes it.
+func (b *bench) delNS(ctx context.Context, name string) {
+	for range 3 {
+		out, _ := b.output(ctx, 10*time.Second, "", "ip", "netns", "pids", name)
+		pids := strings.Fields(string(out))
+		if len(pids) == 0 {
+			break
+		}
+		logf("ending processes left in %s: %s", name, strings.Join(pids, " "))
+		for _, p := range pids {
+			if pid, err := strconv.Atoi(p); err == nil && pid > 1 {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if _, err := b.output(ctx, 10*time.Second, "", "ip", "netns", "del", name); err != nil {
+		logf("cleanup: %v", err)
+	}
+}
+
+// cniArgs is the command line of the libcni helper, run in the node namespace.
+func (b *bench) cniArgs(verb, conf string, extra ...string) []string {
+	return append([]string{b.self, "cni", verb, "--bin", b.o.BinDir, "--cache", filepath.Join(b.tmp, "cnicache"), "--conf", conf}, extra...)
+}
+
+// attach creates the pod namespace of c, runs CNI ADD and shapes the link.
+func (b *bench) attach(ctx context.Context, c *config) (*attachment, error) {
+	a := &attachment{Config: c.Name, NS: nsPrefix + "pod-" + c.Name, ID: "ub-" + c.Name, cfg: c}
+	conf, err := c.conflist(filepath.Join(b.tmp, "ipam"), filepath.Join(b.tmp, "state"), filepath.Join(b.logs, "cni-usernet"), b.o.IPv6)
+	if err != nil {
+		return nil, err
+	}
+	a.ConfPath = filepath.Join(b.tmp, c.Name+".conflist")
+	if err := os.WriteFile(a.ConfPath, conf, 0o644); err != nil {
+		return nil, err
+	}
+	if err := b.addNS(ctx, a.NS); err != nil {
+		return nil, err
+	}
+	b.mu.Lock()
+	b.atts = append(b.atts, a) // from here on, cleanup runs DEL
+	b.mu.Unlock()
+
+	out, err := b.output(ctx, 2*time.Minute, nodeNS, b.cniArgs("add", a.ConfPath, "--id", a.ID, "--netns", "/run/netns/"+a.NS)...)
+	if err != nil {
+		return nil, err
+	}
+	var res current.Result
+	if err := json.Unmarshal(out, &res); err != nil {
+		return nil, fmt.Errorf("parsing the ADD result %q: %w", out, err)
+	}
+	for _, ip := range res.IPs {
+		if ip.Address.IP.To4() != nil {
+			a.IP = ip.Address.IP.String()
+			break
+		}
+	}
+	for _, i := range res.Interfaces {
+		if i.Sandbox == "" {
+			a.HostVeth = i.Name
+		}
+	}
+	if a.IP == "" || a.HostVeth == "" {
+		return nil, fmt.Errorf("the ADD result has no IPv4 address or no host-side interface: %s", out)
+	}
+
+	for _, e := range []struct{ ns, dev string }{{nodeNS, a.HostVeth}, {a.NS, "eth0"}} {
+		if c.NoOffload {
+			if _, err := b.output(ctx, 10*time.Second, e.ns, "ethtool", "-K", e.dev, "tso", "off", "gso", "off", "sg", "off"); err != nil {
+				return nil, err
+			}
+		}
+		if c.GSOMaxSegs > 0 {
+			if _, err := b.output(ctx, 10*time.Second, "", "ip", "-n", e.ns, "link", "set", "dev", e.dev, "gso_max_segs", strconv.Itoa(c.GSOMaxSegs)); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if c.usernet() {
+		st, err := b.stackStatus(ctx, a)
+		if err != nil {
+			return nil, err
+		}
+		a.StackPID, a.Status = st.PID, st.raw
+		if err := checkGSO(c, st); err != nil {
+			b.fail(0, c.Name, "gso-check", err) // measured anyway; the exit status says it
+		}
+	}
+	return a, nil
+}
+
+// stackStatus is the part of `cni-usernet status --json` the benchmark reads.
+type stackStatus struct {
+	ContainerID string `json:"containerID"`
+	PID         int    `json:"pid"`
+	Healthy     bool   `json:"healthy"`
+	GSO         struct {
+		Mode    string `json:"mode"`
+		MaxSize int    `json:"maxSize"`
+		MaxSegs int    `json:"maxSegs"`
+	} `json:"gso"`
+	raw json.RawMessage
+}
+
+// checkGSO says whether the stack took the segmentation asked for: the
+// mode (auto resolves to software on a link without offloads, else to
+// hardware) and the segment cap.
+func checkGSO(c *config, st stackStatus) error {
+	want := c.GSO
+	if want == "auto" {
+		want = "hardware"
+		if c.NoOffload {
+			want = "software"
+		}
+	}
+	if st.GSO.Mode != want {
+		return fmt.Errorf("stack reports gso mode %q, want %q", st.GSO.Mode, want)
+	}
+	if c.GSOMaxSegs > 0 && (st.GSO.MaxSegs <= 0 || st.GSO.MaxSegs > c.GSOMaxSegs) {
+		return fmt.Errorf("stack reports gso maxSegs %d, want 1..%d", st.GSO.MaxSegs, c.GSOMaxSegs)
+	}
+	return nil
+}
+
+func (b *bench) stackStatus(ctx context.Context, a *attachment) (stackStatus, error) {
+	out, err := b.output(ctx, 20*time.Second, nodeNS, filepath.Join(b.o.BinDir, "cni-usernet"), "status", "--json", "--state-dir", filepath.Join(b.tmp, "state"))
+	if err != nil {
+		return stackStatus{}, err
+	}
+	var raws []json.RawMessage
+	if err := json.Unmarshal(out, &raws); err != nil {
+		return stackStatus{}, fmt.Errorf("parsing cni-usernet status %q: %w", out, err)
+	}
+	for _, raw := range raws {
+		var s stackStatus
+		if err := json.Unmarshal(raw, &s); err != nil {
+			return stackStatus{}, fmt.Errorf("parsing cni-usernet status entry %s: %w", raw, err)
+		}
+		if s.ContainerID == a.ID {
+			s.raw = raw
+			if !s.Healthy || s.PID <= 0 {
+				return s, fmt.Errorf("stack of %s is not healthy (pid %d)", a.ID, s.PID)
+			}
+			return s, nil
+		}
+	}
+	return stackStatus{}, fmt.Errorf("cni-usernet status does not list %s", a.ID)
+}
+
+// cleanup undoes everything: servers, attachments, namespaces, temp files.
+func (b *bench) cleanup() {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	b.mu.Lock()
+	procs, atts, nss := b.procs, b.atts, b.namespaces
+	b.mu.Unlock()
+	for p := range procs {
+		b.stop(p)
+	}
+	for i := len(atts) - 1; i >= 0; i-- {
+		a := atts[i]
+		if _, err := b.output(ctx, time.Minute, nodeNS, b.cniArgs("del", a.ConfPath, "--id", a.ID, "--netns", "/run/netns/"+a.NS)...); err != nil {
+			logf("cleanup: DEL %s: %v", a.ID, err)
+		}
+		if a.StackPID > 0 && syscall.Kill(a.StackPID, 0) == nil && strings.Contains(cmdline(a.StackPID), "cni-usernet") {
+			logf("cleanup: stack %d of %s survived DEL; ending it", a.StackPID, a.ID)
+			_ = syscall.Kill(a.StackPID, syscall.SIGKILL)
+		}
+	}
+	for i := len(nss) - 1; i >= 0; i-- { // pods first, the node last
+		b.delNS(ctx, nss[i])
+	}
+	if err := os.RemoveAll(b.tmp); err != nil {
+		logf("cleanup: %v", err)
+	}
+}
+
+func cmdline(pid int) string {
+	raw, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	return string(bytes.ReplaceAll(raw, []byte{0}, []byte{' '}))
+}
+
+// proc is a long-running server started by the benchmark.
+type proc struct {
+	cmd  *exec.Cmd
+	log  string
+	done chan struct{} // closed when the process has exited
+}
+
+// command builds argv to run inside namespace ns ("" for the current one),
+// in its own process group so that everything it forks can be ended.
+func command(ctx context.Context, ns string, argv ...string) *exec.Cmd {
+	if ns != "" {
+		argv = append([]string{"ip", "netns", "exec", ns}, argv...)
+	}
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = 5 * time.Second // a grandchild holding our pipes must not hang us
+	return cmd
+}
+
+// output runs argv in ns, bounded by timeout, and returns its stdout.
+func (b *bench) output(ctx context.Context, timeout time.Duration, ns string, argv ...string) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	cmd := command(ctx, ns, argv...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		if ctx.Err() != nil {
+			err = fmt.Errorf("%w (%v)", err, ctx.Err())
+		}
+		return stdout.Bytes(), fmt.Errorf("%s: %w: %s", shortCmd(argv), err, tail(stderr.String()+stdout.String(), 600))
+	}
+	return stdout.Bytes(), nil
+}
+
+func shortCmd(argv []string) string {
+	s := strings.Join(argv, " ")
+	if len(s) > 160 {
+		s = s[:160] + "…"
+	}
+	return s
+}
+
+func tail(s string, n int) string {
+	s = strings.TrimSpace(s)
+	if len(s) > n {
+		s = "…" + s[len(s)-n:]
+	}
+	return s
+}
+
+// start launches a server in ns, logging to logs/<name>.log.
+func (b *bench) start(ns, name string, argv ...string) (*proc, error) {
+	p := &proc{log: filepath.Join(b.logs, name+".log"), done: make(chan struct{})}
+	f, err := os.Create(p.log)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	p.cmd = command(context.Background(), ns, argv...)
+	p.cmd.Stdout, p.cmd.Stderr = f, f
+	if err := p.cmd.Start(); err != nil {
+		return nil, err
+	}
+	b.mu.Lock()
+	b.procs[p] = true
+	b.mu.Unlock()
+	go func() { _ = p.cmd.Wait(); close(p.done) }()
+	return p, nil
+}
+
+// stop ends a server and everything in its process group.
+func (b *bench) stop(p *proc) {
+	b.mu.Lock()
+	delete(b.procs, p)
+	b.mu.Unlock()
+	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(3 * time.Second):
+		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+		<-p.done
+	}
+	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL) // workers that outlived their master
+}
+
+// waitListen waits until something listens on TCP port in ns (checked with
+// ss inside the namespace, so no probe connection disturbs the server).
+func (b *bench) waitListen(ctx context.Context, p *proc, ns string, port int) error {
+	deadline := time.Now().Add(15 * time.Second)
+	for time.Now().Before(deadline) {
+		select {
+		case <-p.done:
+			raw, _ := os.ReadFile(p.log)
+			return fmt.Errorf("server exited: %s", tail(string(raw), 600))
+		case <-ctx.Done():
+			return ctx.Err()
+		default:
+		}
+		out, err := b.output(ctx, 5*time.Second, ns, "ss", "-Htln", "sport", "=", fmt.Sprintf(":%d", port))
+		if err == nil && len(bytes.TrimSpace(out)) > 0 {
+			return nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return errors.New("server did not listen within 15s")
+}

@@ -1,0 +1,126 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/containernetworking/cni/libcni"
+	current "github.com/containernetworking/cni/pkg/types/100"
+)
+
+// The "cni" role runs libcni inside the node namespace. It is started as
+// `ip netns exec ub-node bench cni ...`, so the plugins it executes, and the
+// veth host sides they create, live in the node namespace, never in the
+// root one.
+
+// addBenchResult is what `cni addbench` prints.
+type addBenchResult struct {
+	AddMS  []float64 `json:"addMs"`
+	DelMS  []float64 `json:"delMs"`
+	Errors []string  `json:"errors,omitempty"`
+}
+
+func cniMain(args []string) int {
+	if len(args) == 0 {
+		fmt.Fprintln(os.Stderr, "usage: bench cni add|del|addbench [flags]")
+		return 2
+	}
+	verb := args[0]
+	fs := flag.NewFlagSet("cni "+verb, flag.ContinueOnError)
+	bin := fs.String("bin", "", "plugin directory")
+	cache := fs.String("cache", "", "libcni cache directory")
+	conf := fs.String("conf", "", "conflist file")
+	id := fs.String("id", "", "container ID (add, del)")
+	netns := fs.String("netns", "", "network namespace path (add, del)")
+	prefix := fs.String("netns-prefix", "", "addbench: namespace paths are <prefix><i>")
+	n := fs.Int("n", 0, "addbench: pods")
+	par := fs.Int("parallel", 1, "addbench: concurrent ADDs")
+	if err := fs.Parse(args[1:]); err != nil {
+		return 2
+	}
+	raw, err := os.ReadFile(*conf)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	list, err := libcni.NetworkConfFromBytes(raw)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "parsing conflist:", err)
+		return 1
+	}
+	cn := libcni.NewCNIConfigWithCacheDir([]string{*bin}, *cache, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+
+	switch verb {
+	case "add":
+		res, err := cn.AddNetworkList(ctx, list, &libcni.RuntimeConf{ContainerID: *id, NetNS: *netns, IfName: "eth0"})
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "ADD:", err)
+			return 1
+		}
+		r, err := current.NewResultFromResult(res)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "converting the result:", err)
+			return 1
+		}
+		if err := json.NewEncoder(os.Stdout).Encode(r); err != nil {
+			return 1
+		}
+	case "del":
+		if err := cn.DelNetworkList(ctx, list, &libcni.RuntimeConf{ContainerID: *id, NetNS: *netns, IfName: "eth0"}); err != nil {
+			fmt.Fprintln(os.Stderr, "DEL:", err)
+			return 1
+		}
+	case "addbench":
+		res := addBench(ctx, cn, list, *prefix, *n, *par)
+		if err := json.NewEncoder(os.Stdout).Encode(res); err != nil {
+			return 1
+		}
+	default:
+		fmt.Fprintln(os.Stderr, "unknown cni verb", verb)
+		return 2
+	}
+	return 0
+}
+
+// addBench attaches n pods, par at a time, timing each ADD, then detaches
+// them all the same way, timing each DEL. Every pod is detached, also when
+// its ADD failed (DEL must clean up a partial ADD).
+func addBench(ctx context.Context, cn *libcni.CNIConfig, list *libcni.NetworkConfigList, prefix string, n, par int) addBenchResult {
+	var (
+		mu  sync.Mutex
+		res addBenchResult
+	)
+	each := func(verb string, do func(rt *libcni.RuntimeConf) error, into *[]float64) {
+		sem := make(chan struct{}, par)
+		var wg sync.WaitGroup
+		for i := range n {
+			wg.Add(1)
+			sem <- struct{}{}
+			go func() {
+				defer func() { <-sem; wg.Done() }()
+				rt := &libcni.RuntimeConf{ContainerID: fmt.Sprintf("ub-add-%d", i), NetNS: fmt.Sprintf("%s%d", prefix, i), IfName: "eth0"}
+				start := time.Now()
+				err := do(rt)
+				ms := float64(time.Since(start).Microseconds()) / 1000
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil {
+					res.Errors = append(res.Errors, fmt.Sprintf("%s %s: %v", verb, rt.ContainerID, err))
+					return
+				}
+				*into = append(*into, ms)
+			}()
+		}
+		wg.Wait()
+	}
+	each("ADD", func(rt *libcni.RuntimeConf) error { _, err := cn.AddNetworkList(ctx, list, rt); return err }, &res.AddMS)
+	each("DEL", func(rt *libcni.RuntimeConf) error { return cn.DelNetworkList(ctx, list, rt) }, &res.DelMS)
+	return res
+}

@@ -1,0 +1,164 @@
+// Command bench measures what a pod loses or gains with cni-usernet against
+// the plain kernel veth that the standard ptp plugin gives it.
+//
+// It builds a "node" network namespace and one "pod" namespace per
+// configuration (all named ub-*), attaches the pods through the real CNI
+// plugins with libcni, runs the workloads with the server in the pod and the
+// load generator in the node, interleaving the configurations round by
+// round, and writes table.md, samples.json and summary.json. Nothing runs in
+// or touches the root network namespace besides creating those namespaces.
+//
+// hack/bench/run.sh builds the plugins and this program and is the normal
+// entry point. The program re-executes itself for a few helper roles:
+//
+//	bench cni ...        libcni ADD/DEL, run inside the node namespace
+//	bench rr-server ...  1-byte ping-pong server (in the pod)
+//	bench rr-client ...  1-byte ping-pong client (in the node)
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+)
+
+func main() {
+	if len(os.Args) > 1 {
+		switch os.Args[1] {
+		case "cni":
+			os.Exit(cniMain(os.Args[2:]))
+		case "rr-server":
+			os.Exit(rrServerMain(os.Args[2:]))
+		case "rr-client":
+			os.Exit(rrClientMain(os.Args[2:]))
+		}
+	}
+	os.Exit(benchMain(os.Args[1:]))
+}
+
+// options are the knobs of one benchmark run. Zero values are filled in by
+// parseOptions; --quick changes the defaults, explicit flags still win.
+type options struct {
+	Quick       bool
+	Rounds      int
+	Out         string   // results directory, created if missing
+	BinDir      string   // ptp, host-local and (if built) cni-usernet
+	Only        []string // configuration names; empty means all
+	IperfTime   time.Duration
+	RRTime      time.Duration
+	RedisN      int
+	NginxN      int
+	AddPods     int
+	AddParallel int
+	IPv6        bool // dual stack (ptp then waits for IPv6 DAD in ADD)
+}
+
+func parseOptions(args []string) (options, error) {
+	var o options
+	var only string
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.BoolVar(&o.Quick, "quick", false, "one round, short durations (CI smoke); fails if any configuration produced no numbers")
+	fs.IntVar(&o.Rounds, "rounds", 0, "interleaved rounds (default 3, 1 with --quick)")
+	fs.StringVar(&o.Out, "out", "", "results directory (default results/<UTC timestamp>)")
+	fs.StringVar(&o.BinDir, "bin", "", "directory with the CNI plugin binaries (required)")
+	fs.StringVar(&only, "only", "", "comma-separated configuration names to run (default all; see -list)")
+	fs.BoolVar(&o.IPv6, "ipv6", true, "give pods an IPv6 address too (ptp's ADD then waits ~1-2 s for DAD)")
+	list := fs.Bool("list", false, "list the configurations and exit")
+	fs.DurationVar(&o.IperfTime, "iperf-time", 0, "iperf3 duration per direction (default 15s, 3s with --quick)")
+	fs.DurationVar(&o.RRTime, "rr-time", 0, "TCP_RR duration (default 10s, 2s with --quick)")
+	fs.IntVar(&o.RedisN, "redis-n", 0, "redis-benchmark -n (default 100000, 10000 with --quick)")
+	fs.IntVar(&o.NginxN, "nginx-n", 0, "ab -n for the 10 MiB file (default 100, 20 with --quick)")
+	fs.IntVar(&o.AddPods, "add-pods", 0, "pods in the ADD latency run (default 50, 20 with --quick)")
+	fs.IntVar(&o.AddParallel, "add-parallel", 0, "concurrent ADDs (default 20, 10 with --quick)")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if *list {
+		for _, c := range allConfigs {
+			fmt.Printf("%-24s %s\n", c.Name, c.Desc)
+		}
+		os.Exit(0)
+	}
+	pick := func(v *int, full, quick int) {
+		if *v == 0 {
+			*v = full
+			if o.Quick {
+				*v = quick
+			}
+		}
+	}
+	pickD := func(v *time.Duration, full, quick time.Duration) {
+		if *v == 0 {
+			*v = full
+			if o.Quick {
+				*v = quick
+			}
+		}
+	}
+	pick(&o.Rounds, 3, 1)
+	pick(&o.RedisN, 100000, 10000)
+	pick(&o.NginxN, 100, 20)
+	pick(&o.AddPods, 50, 20)
+	pick(&o.AddParallel, 20, 10)
+	pickD(&o.IperfTime, 15*time.Second, 3*time.Second)
+	pickD(&o.RRTime, 10*time.Second, 2*time.Second)
+	if o.BinDir == "" {
+		return o, fmt.Errorf("-bin is required (run hack/bench/run.sh)")
+	}
+	if o.Out == "" {
+		o.Out = filepath.Join("results", time.Now().UTC().Format("20060102T150405Z"))
+	}
+	if only != "" {
+		for _, n := range strings.Split(only, ",") {
+			if configByName(n) == nil {
+				return o, fmt.Errorf("unknown configuration %q (see -list)", n)
+			}
+			o.Only = append(o.Only, n)
+		}
+	}
+	if o.Rounds < 1 || o.Rounds > 50 || o.AddPods < 1 || o.AddPods > 200 || o.AddParallel < 1 {
+		return o, fmt.Errorf("rounds must be 1..50, add-pods 1..200, add-parallel ≥ 1")
+	}
+	return o, nil
+}
+
+func benchMain(args []string) int {
+	o, err := parseOptions(args)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		return 2
+	}
+	if os.Geteuid() != 0 {
+		fmt.Fprintln(os.Stderr, "bench: must run as root (it creates network namespaces)")
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	go func() { <-ctx.Done(); stop() }() // a second Ctrl-C kills us outright
+	b, err := newBench(o)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		return 2
+	}
+	runErr := b.run(ctx)
+	b.cleanup()
+	if err := b.writeReport(); err != nil {
+		fmt.Fprintln(os.Stderr, "bench: writing the report:", err)
+		return 1
+	}
+	fmt.Printf("results in %s\n", o.Out)
+	if runErr != nil {
+		fmt.Fprintln(os.Stderr, "bench:", runErr)
+		return 1
+	}
+	if problems := b.problems(); len(problems) > 0 {
+		fmt.Fprintf(os.Stderr, "bench: %d problem(s):\n  %s\n", len(problems), strings.Join(problems, "\n  "))
+		return 1
+	}
+	return 0
+}

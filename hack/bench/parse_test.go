@@ -1,0 +1,111 @@
+package main
+
+import (
+	"encoding/json"
+	"testing"
+)
+
+func TestParseRedis(t *testing.T) {
+	out := `"test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms","max_latency_ms"
+"SET","124999.99","0.250","0.056","0.223","0.439","1.031","1.287"
+"GET","133333.34","0.211","0.072","0.191","0.351","0.503","0.567"
+`
+	got, err := parseRedis([]byte(out))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got["set"] != [2]float64{124999.99, 0.223} || got["get"] != [2]float64{133333.34, 0.191} {
+		t.Errorf("got %v, want SET {124999.99 0.223} and GET {133333.34 0.191}", got)
+	}
+	if _, err := parseRedis([]byte("\"test\",\"rps\"\n\"SET\",\"1\"\n")); err == nil {
+		t.Error("got no error for a header without p50_latency_ms")
+	}
+}
+
+func TestParseAB(t *testing.T) {
+	out := `Document Path:          /10m.bin
+Document Length:        10485760 bytes
+Complete requests:      100
+Failed requests:        0
+Requests per second:    86.12 [#/sec] (mean)
+Transfer rate:          881234.12 [Kbytes/sec] received
+`
+	got, err := parseAB([]byte(out))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := abResult{rps: 86.12, kbps: 881234.12, complete: 100, failed: 0, length: 10485760}
+	if got != want {
+		t.Errorf("got %+v, want %+v", got, want)
+	}
+	if _, err := parseAB([]byte("apr_pollset_poll: The timeout specified has expired (70007)")); err == nil {
+		t.Error("got no error for a failed ab run")
+	}
+}
+
+func TestParseIperf(t *testing.T) {
+	gbps, retrans, err := parseIperf([]byte(`{"end":{"sum_sent":{"retransmits":7},"sum_received":{"bits_per_second":9.5e9}}}`))
+	if err != nil || gbps != 9.5 || retrans != 7 {
+		t.Errorf("got %v, %v, %v; want 9.5, 7, nil", gbps, retrans, err)
+	}
+	if _, _, err := parseIperf([]byte(`{"error":"unable to connect to server"}`)); err == nil {
+		t.Error("got no error for an iperf3 error")
+	}
+}
+
+func TestQuantileMedian(t *testing.T) {
+	v := []float64{5, 1, 4, 2, 3}
+	if got := quantile(v, 0.5); got != 3 {
+		t.Errorf("quantile 0.5: got %v, want 3", got)
+	}
+	if got := quantile(v, 0.99); got != 5 {
+		t.Errorf("quantile 0.99: got %v, want 5", got)
+	}
+	if got := median([]float64{4, 1, 3, 2}); got != 2.5 {
+		t.Errorf("median: got %v, want 2.5", got)
+	}
+}
+
+func TestCheckGSO(t *testing.T) {
+	st := func(mode string, segs int) stackStatus {
+		var s stackStatus
+		s.GSO.Mode, s.GSO.MaxSegs = mode, segs
+		return s
+	}
+	for _, tc := range []struct {
+		cfg string
+		st  stackStatus
+		ok  bool
+	}{
+		{"usernet-hardware", st("hardware", 64), true},
+		{"usernet-hardware", st("software", 64), false},
+		{"usernet-auto-nooffload", st("software", 64), true},
+		{"usernet-auto-nooffload", st("hardware", 64), false},
+		{"usernet-segs2", st("hardware", 2), true},
+		{"usernet-segs2", st("hardware", 64), false},
+	} {
+		if err := checkGSO(configByName(tc.cfg), tc.st); (err == nil) != tc.ok {
+			t.Errorf("%s with %+v: got %v, want ok=%v", tc.cfg, tc.st.GSO, err, tc.ok)
+		}
+	}
+}
+
+func TestConflistKnobs(t *testing.T) {
+	raw, err := configByName("usernet-auto-nooffload").conflist("/i", "/s", "/l", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		Plugins []map[string]any `json:"plugins"`
+	}
+	if err := json.Unmarshal(raw, &got); err != nil {
+		t.Fatal(err)
+	}
+	p := got.Plugins[0]
+	if p["type"] != "cni-usernet" || p["gso"] != "auto" || p["podLinkOffloadsOff"] != true || p["stateDir"] != "/s" {
+		t.Errorf("got %v, want type cni-usernet, gso auto, podLinkOffloadsOff true, stateDir /s", p)
+	}
+	if _, ok := p["gsoMaxSegs"]; ok {
+		t.Errorf("got gsoMaxSegs in %v, want it only for the segs2 configuration", p)
+	}
+}

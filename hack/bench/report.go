@@ -1,0 +1,341 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"time"
+)
+
+// metric describes one column of the report.
+type metric struct {
+	Key, Label, Unit string
+	HigherBetter     bool
+	Group            string // table it is shown in
+	StackOnly        bool   // only a cni-usernet configuration has it
+}
+
+var metrics = []metric{
+	{"tcp_n2p_gbps", "TCP node→pod", "Gbit/s", true, "Bulk TCP (iperf3, one stream)", false},
+	{"tcp_p2n_gbps", "TCP pod→node", "Gbit/s", true, "Bulk TCP (iperf3, one stream)", false},
+	{"tcp_n2p_retrans", "retransmits node→pod", "", false, "Bulk TCP (iperf3, one stream)", false},
+	{"tcp_p2n_retrans", "retransmits pod→node", "", false, "Bulk TCP (iperf3, one stream)", false},
+	{"redis_set_krps", "redis SET", "k rps", true, "Requests", false},
+	{"redis_get_krps", "redis GET", "k rps", true, "Requests", false},
+	{"redis_set_p50_ms", "SET p50", "ms", false, "Requests", false},
+	{"redis_get_p50_ms", "GET p50", "ms", false, "Requests", false},
+	{"nginx_rps", "nginx 10 MiB", "req/s", true, "Requests", false},
+	{"nginx_mbs", "nginx 10 MiB", "MB/s", true, "Requests", false},
+	{"rr_p50_us", "TCP_RR p50", "µs", false, "Latency and cost", false},
+	{"rr_p99_us", "TCP_RR p99", "µs", false, "Latency and cost", false},
+	{"cpu_n2p", "all CPUs, node→pod", "cores per Gbit/s", false, "Latency and cost", false},
+	{"cpu_p2n", "all CPUs, pod→node", "cores per Gbit/s", false, "Latency and cost", false},
+	{"stack_cpu_n2p", "stack, node→pod", "cores per Gbit/s", false, "Latency and cost", true},
+	{"stack_cpu_p2n", "stack, pod→node", "cores per Gbit/s", false, "Latency and cost", true},
+	{"rss_mib", "idle stack RSS", "MiB", false, "Latency and cost", true},
+}
+
+var addMetrics = []metric{
+	{"add_p50_ms", "ADD p50", "ms", false, "", false},
+	{"add_p99_ms", "ADD p99", "ms", false, "", false},
+	{"del_p50_ms", "DEL p50", "ms", false, "", false},
+}
+
+// cell summarises one metric of one configuration over the rounds.
+type cell struct {
+	Median float64  `json:"median"`
+	Min    float64  `json:"min"`
+	Max    float64  `json:"max"`
+	N      int      `json:"n"`
+	Ratio  *float64 `json:"ratio,omitempty"` // median / baseline median
+}
+
+func median(s []float64) float64 {
+	s = slices.Clone(s)
+	slices.Sort(s)
+	n := len(s)
+	if n%2 == 1 {
+		return s[n/2]
+	}
+	return (s[n/2-1] + s[n/2]) / 2
+}
+
+// cells computes every cell; ratios for the add-* rows are to add-ptp.
+func (b *bench) cells() map[string]map[string]*cell {
+	vals := map[string]map[string][]float64{}
+	for _, s := range b.samples {
+		if vals[s.Config] == nil {
+			vals[s.Config] = map[string][]float64{}
+		}
+		vals[s.Config][s.Metric] = append(vals[s.Config][s.Metric], s.Value)
+	}
+	out := map[string]map[string]*cell{}
+	for cfg, ms := range vals {
+		out[cfg] = map[string]*cell{}
+		for m, v := range ms {
+			out[cfg][m] = &cell{Median: median(v), Min: slices.Min(v), Max: slices.Max(v), N: len(v)}
+		}
+	}
+	for cfg, ms := range out {
+		base := baseline
+		if strings.HasPrefix(cfg, "add-") {
+			base = "add-ptp"
+		}
+		for m, c := range ms {
+			if bc := out[base][m]; bc != nil && bc.Median != 0 {
+				r := c.Median / bc.Median
+				c.Ratio = &r
+			}
+		}
+	}
+	return out
+}
+
+// problems lists the cells of configurations that ran but produced no
+// number, with the last error seen for them, and the stacks that did not
+// take the GSO setting asked for.
+func (b *bench) problems() []string {
+	cells := b.cells()
+	lastErr := func(cfg, m string) string {
+		for i := len(b.failures) - 1; i >= 0; i-- {
+			if f := b.failures[i]; f.Config == cfg {
+				return f.Workload + ": " + firstLine(f.Error)
+			}
+		}
+		return "no error recorded"
+	}
+	var out []string
+	for _, f := range b.failures {
+		if f.Workload == "gso-check" {
+			out = append(out, fmt.Sprintf("%s gso-check (%s)", f.Config, f.Error))
+		}
+	}
+	for _, c := range b.selected() {
+		if _, skip := b.skipped[c.Name]; skip {
+			continue
+		}
+		for _, m := range metrics {
+			if (!m.StackOnly || c.usernet()) && cells[c.Name][m.Key] == nil {
+				out = append(out, fmt.Sprintf("%s %s (%s)", c.Name, m.Key, lastErr(c.Name, m.Key)))
+			}
+		}
+	}
+	for _, ac := range addConfigs {
+		if slices.ContainsFunc(b.atts, func(a *attachment) bool { return a.Config == ac.Of }) && cells[ac.Name]["add_p99_ms"] == nil {
+			out = append(out, fmt.Sprintf("%s add_p99_ms (%s)", ac.Name, lastErr(ac.Name, "")))
+		}
+	}
+	return out
+}
+
+func firstLine(s string) string {
+	l, _, _ := strings.Cut(s, "\n")
+	return l
+}
+
+func fmtNum(v float64) string {
+	switch a := max(v, -v); {
+	case a == 0:
+		return "0"
+	case a >= 100:
+		return fmt.Sprintf("%.0f", v)
+	case a >= 10:
+		return fmt.Sprintf("%.1f", v)
+	case a >= 1:
+		return fmt.Sprintf("%.2f", v)
+	default:
+		return fmt.Sprintf("%.3f", v)
+	}
+}
+
+func (c *cell) String() string {
+	s := fmtNum(c.Median)
+	if c.N > 1 {
+		s += fmt.Sprintf(" (%s–%s)", fmtNum(c.Min), fmtNum(c.Max))
+	}
+	if c.Ratio != nil {
+		s += fmt.Sprintf(" ×%.2f", *c.Ratio)
+	}
+	return s
+}
+
+// target is a goal from the issue, shown against the measured number.
+type target struct {
+	What, Goal string
+	Value      func(map[string]map[string]*cell) (float64, bool)
+	Met        func(float64) bool
+}
+
+func ratioOf(cfg, m string) func(map[string]map[string]*cell) (float64, bool) {
+	return func(cs map[string]map[string]*cell) (float64, bool) {
+		if c := cs[cfg][m]; c != nil && c.Ratio != nil {
+			return *c.Ratio, true
+		}
+		return 0, false
+	}
+}
+
+func medianOf(cfg, m string) func(map[string]map[string]*cell) (float64, bool) {
+	return func(cs map[string]map[string]*cell) (float64, bool) {
+		if c := cs[cfg][m]; c != nil {
+			return c.Median, true
+		}
+		return 0, false
+	}
+}
+
+var targets = []target{
+	{"bulk TCP node→pod, hardware GSO", "≥ 0.60 × kernel", ratioOf("usernet-hardware", "tcp_n2p_gbps"), func(v float64) bool { return v >= 0.6 }},
+	{"bulk TCP pod→node, hardware GSO", "≥ 0.60 × kernel", ratioOf("usernet-hardware", "tcp_p2n_gbps"), func(v float64) bool { return v >= 0.6 }},
+	{"software GSO vs off, pod→node", "≥ 1.8 ×", func(cs map[string]map[string]*cell) (float64, bool) {
+		sw, off := cs["usernet-software"]["tcp_p2n_gbps"], cs["usernet-off"]["tcp_p2n_gbps"]
+		if sw == nil || off == nil || off.Median == 0 {
+			return 0, false
+		}
+		return sw.Median / off.Median, true
+	}, func(v float64) bool { return v >= 1.8 }},
+	{"redis SET, hardware GSO", "≥ 0.80 × kernel", ratioOf("usernet-hardware", "redis_set_krps"), func(v float64) bool { return v >= 0.8 }},
+	{"redis GET, hardware GSO", "≥ 0.80 × kernel", ratioOf("usernet-hardware", "redis_get_krps"), func(v float64) bool { return v >= 0.8 }},
+	{"nginx 10 MiB req/s, hardware GSO", "≥ 0.60 × kernel", ratioOf("usernet-hardware", "nginx_rps"), func(v float64) bool { return v >= 0.6 }},
+	{"cni-usernet ADD p99", "≤ 200 ms", medianOf("add-cni-usernet", "add_p99_ms"), func(v float64) bool { return v <= 200 }},
+	{"idle stack RSS, hardware GSO", "≤ 20 MiB", medianOf("usernet-hardware", "rss_mib"), func(v float64) bool { return v <= 20 }},
+}
+
+func (b *bench) writeReport() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	cells := b.cells()
+	host, _ := os.Hostname()
+	kernel, _ := os.ReadFile("/proc/sys/kernel/osrelease")
+	meta := map[string]any{
+		"started": b.started.UTC().Format(time.RFC3339), "finished": time.Now().UTC().Format(time.RFC3339),
+		"host": host, "kernel": strings.TrimSpace(string(kernel)), "cpus": runtime.NumCPU(),
+		"options": b.o, "args": os.Args[1:],
+	}
+
+	var cfgs []map[string]string
+	for _, c := range b.selected() {
+		status := "ran"
+		if why, ok := b.skipped[c.Name]; ok {
+			status = "skipped: " + why
+		}
+		cfgs = append(cfgs, map[string]string{"name": c.Name, "desc": c.Desc, "status": status})
+	}
+	if err := writeJSON(filepath.Join(b.o.Out, "samples.json"), map[string]any{
+		"meta": meta, "configs": cfgs, "attachments": b.atts, "samples": b.samples, "failures": b.failures,
+	}); err != nil {
+		return err
+	}
+	if err := writeJSON(filepath.Join(b.o.Out, "summary.json"), map[string]any{
+		"baseline": baseline, "configs": cfgs, "metrics": metrics, "cells": cells,
+	}); err != nil {
+		return err
+	}
+
+	var w strings.Builder
+	fmt.Fprintf(&w, "# cni-usernet benchmark\n\n")
+	fmt.Fprintf(&w, "%s, kernel %s, %d CPUs; %d round(s), configurations interleaved; iperf3 %s per direction, redis-benchmark -n %d, ab -n %d -c 5 (10 MiB), TCP_RR %s, ADD of %d pods %d at a time.\n\n",
+		b.started.UTC().Format("2006-01-02 15:04 UTC"), meta["kernel"], runtime.NumCPU(), b.o.Rounds, b.o.IperfTime, b.o.RedisN, b.o.NginxN, b.o.RRTime, b.o.AddPods, b.o.AddParallel)
+	fmt.Fprintf(&w, "Cells: median (min–max over rounds) ×ratio to the `%s` row (ADD rows: to `add-ptp`). For ratios of µs, ms, retransmits, cores and MiB, lower is better.\n", baseline)
+
+	groups := []string{}
+	for _, m := range metrics {
+		if !slices.Contains(groups, m.Group) {
+			groups = append(groups, m.Group)
+		}
+	}
+	for _, g := range groups {
+		var ms []metric
+		for _, m := range metrics {
+			if m.Group == g {
+				ms = append(ms, m)
+			}
+		}
+		fmt.Fprintf(&w, "\n## %s\n\n", g)
+		b.table(&w, cells, ms, b.selected())
+	}
+
+	fmt.Fprintf(&w, "\n## CNI ADD/DEL latency (%d pods, %d concurrent)\n\n", b.o.AddPods, b.o.AddParallel)
+	var addRows []*config
+	for _, ac := range addConfigs {
+		addRows = append(addRows, &config{Name: ac.Name})
+	}
+	b.table(&w, cells, addMetrics, addRows)
+
+	fmt.Fprintf(&w, "\n## Targets (goals, not assertions)\n\n| target | goal | measured | |\n|---|---|---|---|\n")
+	for _, t := range targets {
+		v, ok := t.Value(cells)
+		switch {
+		case !ok:
+			fmt.Fprintf(&w, "| %s | %s | — | not measured |\n", t.What, t.Goal)
+		case t.Met(v):
+			fmt.Fprintf(&w, "| %s | %s | %s | met |\n", t.What, t.Goal, fmtNum(v))
+		default:
+			fmt.Fprintf(&w, "| %s | %s | %s | **not met** |\n", t.What, t.Goal, fmtNum(v))
+		}
+	}
+
+	fmt.Fprintf(&w, "\n## Configurations\n\n| configuration | what | status | pod IP | host veth | GSO reported by the stack |\n|---|---|---|---|---|---|\n")
+	for _, c := range cfgs {
+		ip, veth, gso := "", "", ""
+		for _, a := range b.atts {
+			if a.Config == c["name"] {
+				ip, veth = a.IP, a.HostVeth
+				var st stackStatus
+				if json.Unmarshal(a.Status, &st) == nil && st.GSO.Mode != "" {
+					gso = fmt.Sprintf("%s, maxSize %d, maxSegs %d", st.GSO.Mode, st.GSO.MaxSize, st.GSO.MaxSegs)
+				}
+			}
+		}
+		fmt.Fprintf(&w, "| %s | %s | %s | %s | %s | %s |\n", c["name"], c["desc"], c["status"], ip, veth, gso)
+	}
+	if len(b.failures) > 0 {
+		fmt.Fprintf(&w, "\n## Failures\n\n| round | configuration | workload | error |\n|---|---|---|---|\n")
+		for _, f := range b.failures {
+			fmt.Fprintf(&w, "| %d | %s | %s | %s |\n", f.Round, f.Config, f.Workload, strings.ReplaceAll(tail(firstLine(f.Error), 300), "|", "\\|"))
+		}
+	}
+	return os.WriteFile(filepath.Join(b.o.Out, "table.md"), []byte(w.String()), 0o644)
+}
+
+func (b *bench) table(w *strings.Builder, cells map[string]map[string]*cell, ms []metric, rows []*config) {
+	fmt.Fprintf(w, "| configuration |")
+	for _, m := range ms {
+		if m.Unit != "" {
+			fmt.Fprintf(w, " %s (%s) |", m.Label, m.Unit)
+		} else {
+			fmt.Fprintf(w, " %s |", m.Label)
+		}
+	}
+	fmt.Fprintf(w, "\n|---|%s\n", strings.Repeat("---|", len(ms)))
+	for _, c := range rows {
+		if _, ok := b.skipped[c.Name]; ok { // the reason is in the Configurations table
+			fmt.Fprintf(w, "| %s | skipped |%s\n", c.Name, strings.Repeat(" |", len(ms)-1))
+			continue
+		}
+		fmt.Fprintf(w, "| %s |", c.Name)
+		for _, m := range ms {
+			switch cl := cells[c.Name][m.Key]; {
+			case cl != nil:
+				fmt.Fprintf(w, " %s |", cl)
+			case m.StackOnly && !c.usernet():
+				fmt.Fprintf(w, " n/a |")
+			default:
+				fmt.Fprintf(w, " — |")
+			}
+		}
+		fmt.Fprintln(w)
+	}
+}
+
+func writeJSON(path string, v any) error {
+	raw, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(raw, '\n'), 0o644)
+}

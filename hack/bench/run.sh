@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Benchmark cni-usernet against the kernel veth (ptp) on this machine.
+#
+#   hack/bench/run.sh [--quick] [--out DIR] [--rounds N] [--only a,b] [--list] [other flags of hack/bench]
+#
+# Needs root. Everything runs in network namespaces named ub-* that the
+# benchmark creates and removes; the root namespace is not touched. Builds
+# ptp, host-local, cni-usernet (optional: its configurations are skipped when
+# it does not build) and the benchmark into a temp dir, runs it, and draws
+# ratios.png. Results: DIR (default results/<UTC timestamp>)/table.md,
+# samples.json, summary.json, ratios.png, logs/.
+set -euo pipefail
+
+cd "$(dirname "$0")/../.."
+
+out=""
+args=()
+while (($#)); do
+	case "$1" in
+	--out) out="$2"; shift 2 ;;
+	--out=*) out="${1#--out=}"; shift ;;
+	*) args+=("$1"); shift ;;
+	esac
+done
+out="${out:-results/$(date -u +%Y%m%dT%H%M%SZ)}"
+mkdir -p "$out"
+out="$(cd "$out" && pwd)"
+
+if [[ $EUID -ne 0 ]]; then
+	echo "run.sh: must run as root (creates network namespaces)" >&2
+	exit 2
+fi
+
+# Tools from Debian; installed only when missing.
+need=()
+for t in iperf3:iperf3 redis-server:redis-server redis-benchmark:redis-tools nginx:nginx-light \
+	ab:apache2-utils ethtool:ethtool ss:iproute2 ip:iproute2; do
+	command -v "${t%%:*}" >/dev/null || need+=("${t#*:}")
+done
+/usr/bin/python3 -c 'import matplotlib' 2>/dev/null || need+=(python3-matplotlib)
+if ((${#need[@]})); then
+	echo "run.sh: installing ${need[*]}" >&2
+	apt-get install -y --no-install-recommends "${need[@]}" >&2
+fi
+
+bin="$(mktemp -d /tmp/ub-bench-bin.XXXXXX)"
+trap 'rm -rf "$bin"' EXIT
+
+echo "run.sh: building plugins into $bin" >&2
+go build -o "$bin" \
+	github.com/containernetworking/plugins/plugins/main/ptp \
+	github.com/containernetworking/plugins/plugins/ipam/host-local
+if ! go build -o "$bin/cni-usernet" ./cmd/cni-usernet >"$out/build-cni-usernet.log" 2>&1; then
+	echo "run.sh: cni-usernet does not build, its configurations are skipped: $(head -c 300 "$out/build-cni-usernet.log")" >&2
+	rm -f "$bin/cni-usernet"
+fi
+go build -o "$bin/ub-bench" ./hack/bench
+
+rc=0
+"$bin/ub-bench" --bin "$bin" --out "$out" ${args[@]+"${args[@]}"} || rc=$?
+
+if [[ -f "$out/summary.json" ]]; then
+	/usr/bin/python3 hack/bench/plot.py "$out" || echo "run.sh: plotting failed (numbers are in table.md)" >&2
+fi
+exit "$rc"

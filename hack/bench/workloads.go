@@ -1,0 +1,429 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/csv"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Ports of the servers in the pod.
+const (
+	iperfPort = 5201
+	redisPort = 6379
+	nginxPort = 8080
+	rrPort    = 7777
+)
+
+// runWorkloads runs every workload once against pod a. A workload that fails
+// records a failure for its cell and the next one runs.
+func (b *bench) runWorkloads(ctx context.Context, r int, a *attachment) {
+	if a.cfg.usernet() {
+		if err := b.idleStack(ctx, r, a); err != nil {
+			b.fail(r, a.Config, "stack", err)
+		}
+	}
+	for _, w := range []struct {
+		name string
+		run  func(context.Context, int, *attachment) error
+	}{
+		{"iperf3", b.iperf},
+		{"redis", b.redis},
+		{"nginx", b.nginx},
+		{"tcp_rr", b.tcpRR},
+	} {
+		if ctx.Err() != nil {
+			return
+		}
+		if err := w.run(ctx, r, a); err != nil {
+			b.fail(r, a.Config, w.name, err)
+		}
+	}
+}
+
+// serve starts a server in the pod and waits until it listens.
+func (b *bench) serve(ctx context.Context, r int, a *attachment, name string, port int, argv ...string) (*proc, error) {
+	p, err := b.start(a.NS, fmt.Sprintf("r%d-%s-%s", r, a.Config, name), argv...)
+	if err != nil {
+		return nil, err
+	}
+	if err := b.waitListen(ctx, p, a.NS, port); err != nil {
+		b.stop(p)
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	return p, nil
+}
+
+// idleStack refreshes the stack PID (it may have been restarted) and records
+// its resident memory while no workload runs.
+func (b *bench) idleStack(ctx context.Context, r int, a *attachment) error {
+	st, err := b.stackStatus(ctx, a)
+	if err != nil {
+		return err
+	}
+	a.Status = st.raw
+	if st.PID != a.StackPID {
+		logf("  %s: stack pid %d (was %d)", a.Config, st.PID, a.StackPID)
+		a.StackPID = st.PID
+	}
+	rss, err := vmRSS(a.StackPID)
+	if err != nil {
+		return err
+	}
+	b.record(r, a.Config, "rss_mib", rss)
+	logf("  idle stack RSS %.1f MiB", rss)
+	return nil
+}
+
+// iperf runs one stream each way. "n2p" is the node sending to the pod,
+// "p2n" (-R) the pod sending, where the pod's stack segments.
+func (b *bench) iperf(ctx context.Context, r int, a *attachment) error {
+	srv, err := b.serve(ctx, r, a, "iperf3", iperfPort, "iperf3", "-s", "-p", strconv.Itoa(iperfPort))
+	if err != nil {
+		return err
+	}
+	defer b.stop(srv)
+	secs := strconv.Itoa(int(b.o.IperfTime.Seconds()))
+	for _, dir := range []string{"n2p", "p2n"} {
+		argv := []string{"iperf3", "-c", a.IP, "-p", strconv.Itoa(iperfPort), "-t", secs, "-J"}
+		if dir == "p2n" {
+			argv = append(argv, "-R")
+		}
+		sys0, stack0 := systemCPU(), processCPU(a.StackPID)
+		t0 := time.Now()
+		out, err := b.output(ctx, b.o.IperfTime+30*time.Second, nodeNS, argv...)
+		wall := time.Since(t0).Seconds()
+		sysCores, stackCores := (systemCPU()-sys0)/wall, (processCPU(a.StackPID)-stack0)/wall
+		gbps, retrans, perr := parseIperf(out)
+		if perr != nil { // iperf3 -J reports its own errors in the JSON
+			return fmt.Errorf("%s: %w", dir, perr)
+		}
+		if err != nil {
+			return fmt.Errorf("%s: %w", dir, err)
+		}
+		b.record(r, a.Config, "tcp_"+dir+"_gbps", gbps)
+		b.record(r, a.Config, "tcp_"+dir+"_retrans", retrans)
+		if gbps > 0 {
+			b.record(r, a.Config, "cpu_"+dir, sysCores/gbps)
+			if a.StackPID > 0 {
+				b.record(r, a.Config, "stack_cpu_"+dir, stackCores/gbps)
+			}
+		}
+		logf("  iperf3 %s %.2f Gbit/s, %.0f retransmits, %.2f cores busy (stack: %.2f)", dir, gbps, retrans, sysCores, stackCores)
+	}
+	return nil
+}
+
+func parseIperf(out []byte) (gbps, retrans float64, err error) {
+	var res struct {
+		Error string `json:"error"`
+		End   struct {
+			SumSent struct {
+				Retransmits float64 `json:"retransmits"`
+			} `json:"sum_sent"`
+			SumReceived struct {
+				BitsPerSecond float64 `json:"bits_per_second"`
+			} `json:"sum_received"`
+		} `json:"end"`
+	}
+	if err := json.Unmarshal(out, &res); err != nil {
+		return 0, 0, fmt.Errorf("parsing iperf3 output: %w", err)
+	}
+	if res.Error != "" {
+		return 0, 0, fmt.Errorf("iperf3: %s", res.Error)
+	}
+	if res.End.SumReceived.BitsPerSecond <= 0 {
+		return 0, 0, fmt.Errorf("iperf3 reported no throughput")
+	}
+	return res.End.SumReceived.BitsPerSecond / 1e9, res.End.SumSent.Retransmits, nil
+}
+
+func (b *bench) redis(ctx context.Context, r int, a *attachment) error {
+	srv, err := b.serve(ctx, r, a, "redis", redisPort, "redis-server", "--port", strconv.Itoa(redisPort),
+		"--bind", "0.0.0.0", "--protected-mode", "no", "--save", "", "--appendonly", "no", "--dir", b.tmp)
+	if err != nil {
+		return err
+	}
+	defer b.stop(srv)
+	out, err := b.output(ctx, 5*time.Minute, nodeNS, "redis-benchmark", "-h", a.IP, "-p", strconv.Itoa(redisPort),
+		"-n", strconv.Itoa(b.o.RedisN), "-t", "set,get", "--csv")
+	if err != nil {
+		return err
+	}
+	res, err := parseRedis(out)
+	if err != nil {
+		return err
+	}
+	for _, t := range []string{"set", "get"} {
+		b.record(r, a.Config, "redis_"+t+"_krps", res[t][0]/1000)
+		b.record(r, a.Config, "redis_"+t+"_p50_ms", res[t][1])
+	}
+	logf("  redis SET %.0f GET %.0f rps, p50 %.3f / %.3f ms", res["set"][0], res["get"][0], res["set"][1], res["get"][1])
+	return nil
+}
+
+// parseRedis reads redis-benchmark --csv: test → {rps, p50 ms}.
+func parseRedis(out []byte) (map[string][2]float64, error) {
+	rows, err := csv.NewReader(strings.NewReader(string(out))).ReadAll()
+	if err != nil {
+		return nil, fmt.Errorf("parsing redis-benchmark output: %w", err)
+	}
+	if len(rows) < 1 {
+		return nil, fmt.Errorf("redis-benchmark printed nothing")
+	}
+	col := func(name string) int { return slices.Index(rows[0], name) }
+	rpsCol, p50Col := col("rps"), col("p50_latency_ms")
+	if rpsCol < 0 || p50Col < 0 {
+		return nil, fmt.Errorf("redis-benchmark CSV header %q lacks rps or p50_latency_ms", rows[0])
+	}
+	res := map[string][2]float64{}
+	for _, row := range rows[1:] {
+		rps, err1 := strconv.ParseFloat(row[rpsCol], 64)
+		p50, err2 := strconv.ParseFloat(row[p50Col], 64)
+		if err1 != nil || err2 != nil || rps <= 0 {
+			return nil, fmt.Errorf("bad redis-benchmark row %q", row)
+		}
+		res[strings.ToLower(row[0])] = [2]float64{rps, p50}
+	}
+	if _, ok := res["set"]; !ok {
+		return nil, fmt.Errorf("redis-benchmark reported no SET")
+	}
+	if _, ok := res["get"]; !ok {
+		return nil, fmt.Errorf("redis-benchmark reported no GET")
+	}
+	return res, nil
+}
+
+const nginxConf = `daemon off;
+master_process on;
+worker_processes auto;
+user root;
+pid %[1]s/nginx.pid;
+error_log %[1]s/error.log warn;
+events { worker_connections 256; }
+http {
+    access_log off;
+    sendfile on;
+    client_body_temp_path %[1]s/body;
+    proxy_temp_path %[1]s/proxy;
+    fastcgi_temp_path %[1]s/fastcgi;
+    default_type application/octet-stream;
+    server {
+        listen %[2]d;
+        root %[3]s;
+    }
+}
+`
+
+func (b *bench) nginx(ctx context.Context, r int, a *attachment) error {
+	dir := filepath.Join(b.tmp, "nginx-"+a.Config)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	conf := filepath.Join(dir, "nginx.conf")
+	if err := os.WriteFile(conf, fmt.Appendf(nil, nginxConf, dir, nginxPort, filepath.Join(b.tmp, "www")), 0o644); err != nil {
+		return err
+	}
+	srv, err := b.serve(ctx, r, a, "nginx", nginxPort, "nginx", "-e", filepath.Join(dir, "error.log"), "-p", dir, "-c", conf)
+	if err != nil {
+		return err
+	}
+	defer b.stop(srv)
+	// -t first: it implies -n 50000, which the -n after it overrides; the
+	// time limit only bounds a pathologically slow configuration.
+	limit := 300
+	if b.o.Quick {
+		limit = 60
+	}
+	out, err := b.output(ctx, time.Duration(limit+60)*time.Second, nodeNS, "ab", "-q", "-t", strconv.Itoa(limit),
+		"-n", strconv.Itoa(b.o.NginxN), "-c", "5", "-s", "30", fmt.Sprintf("http://%s:%d/10m.bin", a.IP, nginxPort))
+	if err != nil {
+		return err
+	}
+	res, err := parseAB(out)
+	if err != nil {
+		return err
+	}
+	if res.failed > 0 || res.complete == 0 {
+		return fmt.Errorf("ab: %v of %v requests failed", res.failed, res.complete)
+	}
+	if res.length != 10<<20 {
+		return fmt.Errorf("ab: document length %v, want %d", res.length, 10<<20)
+	}
+	b.record(r, a.Config, "nginx_rps", res.rps)
+	b.record(r, a.Config, "nginx_mbs", res.kbps*1024/1e6)
+	logf("  nginx 10 MiB: %.1f req/s, %.0f MB/s (%v requests)", res.rps, res.kbps*1024/1e6, res.complete)
+	return nil
+}
+
+type abResult struct{ rps, kbps, complete, failed, length float64 }
+
+var abLine = regexp.MustCompile(`^(Requests per second|Transfer rate|Complete requests|Failed requests|Document Length):\s+([0-9.]+)`)
+
+func parseAB(out []byte) (abResult, error) {
+	var res abResult
+	seen := 0
+	sc := bufio.NewScanner(strings.NewReader(string(out)))
+	for sc.Scan() {
+		m := abLine.FindStringSubmatch(sc.Text())
+		if m == nil {
+			continue
+		}
+		v, err := strconv.ParseFloat(m[2], 64)
+		if err != nil {
+			return res, err
+		}
+		seen++
+		switch m[1] {
+		case "Requests per second":
+			res.rps = v
+		case "Transfer rate":
+			res.kbps = v
+		case "Complete requests":
+			res.complete = v
+		case "Failed requests":
+			res.failed = v
+		case "Document Length":
+			res.length = v
+		}
+	}
+	if seen < 5 {
+		return res, fmt.Errorf("unexpected ab output: %s", tail(string(out), 400))
+	}
+	return res, nil
+}
+
+func (b *bench) tcpRR(ctx context.Context, r int, a *attachment) error {
+	srv, err := b.serve(ctx, r, a, "rr", rrPort, b.self, "rr-server", "-listen", fmt.Sprintf(":%d", rrPort))
+	if err != nil {
+		return err
+	}
+	defer b.stop(srv)
+	out, err := b.output(ctx, b.o.RRTime+time.Minute, nodeNS, b.self, "rr-client",
+		"-addr", net.JoinHostPort(a.IP, strconv.Itoa(rrPort)), "-time", b.o.RRTime.String())
+	if err != nil {
+		return err
+	}
+	var res rrResult
+	if err := json.Unmarshal(out, &res); err != nil {
+		return fmt.Errorf("parsing rr-client output %q: %w", out, err)
+	}
+	b.record(r, a.Config, "rr_p50_us", res.P50US)
+	b.record(r, a.Config, "rr_p99_us", res.P99US)
+	logf("  TCP_RR p50 %.1f µs, p99 %.1f µs (%d round trips)", res.P50US, res.P99US, res.N)
+	return nil
+}
+
+// addLatency attaches and detaches AddPods pods with the configuration of a.
+func (b *bench) addLatency(ctx context.Context, r int, name string, a *attachment) error {
+	const prefix = nsPrefix + "add-"
+	var made []string
+	defer func() {
+		for _, ns := range made {
+			b.delNS(context.Background(), ns)
+			b.mu.Lock()
+			b.namespaces = slices.DeleteFunc(b.namespaces, func(s string) bool { return s == ns })
+			b.mu.Unlock()
+		}
+	}()
+	for i := range b.o.AddPods {
+		ns := fmt.Sprintf("%s%d", prefix, i)
+		if err := b.addNS(ctx, ns); err != nil {
+			return err
+		}
+		made = append(made, ns)
+	}
+	out, err := b.output(ctx, 10*time.Minute, nodeNS, b.cniArgs("addbench", a.ConfPath, "--netns-prefix", "/run/netns/"+prefix,
+		"--n", strconv.Itoa(b.o.AddPods), "--parallel", strconv.Itoa(b.o.AddParallel))...)
+	if err != nil {
+		return err
+	}
+	var res addBenchResult
+	if err := json.Unmarshal(out, &res); err != nil {
+		return fmt.Errorf("parsing addbench output %q: %w", out, err)
+	}
+	for _, ms := range res.AddMS {
+		b.record(r, name, "add_ms", ms)
+	}
+	if len(res.Errors) > 0 {
+		return fmt.Errorf("%d of %d ADD/DEL failed, first: %s", len(res.Errors), 2*b.o.AddPods, res.Errors[0])
+	}
+	b.record(r, name, "add_p50_ms", quantile(res.AddMS, 0.50))
+	b.record(r, name, "add_p99_ms", quantile(res.AddMS, 0.99))
+	b.record(r, name, "del_p50_ms", quantile(res.DelMS, 0.50))
+	logf("  ADD p50 %.1f ms, p99 %.1f ms; DEL p50 %.1f ms", quantile(res.AddMS, 0.5), quantile(res.AddMS, 0.99), quantile(res.DelMS, 0.5))
+	return nil
+}
+
+// quantile returns the q-quantile (nearest rank) of vs, or 0 if empty.
+func quantile(vs []float64, q float64) float64 {
+	if len(vs) == 0 {
+		return 0
+	}
+	s := slices.Clone(vs)
+	slices.Sort(s)
+	return s[int(q*float64(len(s)-1)+0.5)]
+}
+
+// USER_HZ: the unit of /proc CPU times, 100 on every Linux ABI Go supports.
+const userHZ = 100
+
+// systemCPU returns the CPU seconds all CPUs spent not idle since boot.
+func systemCPU() float64 {
+	raw, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0
+	}
+	line, _, _ := strings.Cut(string(raw), "\n")
+	f := strings.Fields(line) // cpu user nice system idle iowait irq softirq steal ...
+	var busy float64
+	for i, v := range f[1:] {
+		n, _ := strconv.ParseFloat(v, 64)
+		if i != 3 && i != 4 && i < 8 { // skip idle and iowait; guest is already in user
+			busy += n
+		}
+	}
+	return busy / userHZ
+}
+
+// processCPU returns utime+stime of pid in seconds, 0 if pid ≤ 0 or gone.
+func processCPU(pid int) float64 {
+	if pid <= 0 {
+		return 0
+	}
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	i := strings.LastIndexByte(string(raw), ')')
+	f := strings.Fields(string(raw[i+1:])) // f[0] is field 3 (state)
+	if len(f) < 13 {
+		return 0
+	}
+	ut, _ := strconv.ParseFloat(f[11], 64)
+	st, _ := strconv.ParseFloat(f[12], 64)
+	return (ut + st) / userHZ
+}
+
+func vmRSS(pid int) (float64, error) {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, l := range strings.Split(string(raw), "\n") {
+		if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
+			kb, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)
+			return kb / 1024, err
+		}
+	}
+	return 0, fmt.Errorf("no VmRSS for pid %d", pid)
+}
