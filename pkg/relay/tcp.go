@@ -78,6 +78,11 @@ func (r *Relay) forwardTCP(req *tcp.ForwarderRequest, to Leg, timeout time.Durat
 	}
 	req.Complete(false)
 	r.stats.TCPTotal.Add(1)
+	// The applications at both ends already chose when to send; a relay
+	// that waits for more data (Nagle) only adds a round trip to every
+	// request/response exchange.
+	inEP.SocketOptions().SetDelayOption(false)
+	outEP.SocketOptions().SetDelayOption(false)
 	in := &tcpConn{TCPConn: gonet.NewTCPConn(&inWQ, inEP), ep: inEP}
 	out := &tcpConn{TCPConn: gonet.NewTCPConn(outWQ, outEP), ep: outEP}
 	go r.splice(in, out)
