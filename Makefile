@@ -32,9 +32,9 @@ test-root:
 # Every fuzz target for a short fixed time.
 FUZZTIME ?= 10s
 fuzz:
-	$(GO) test -run '^$$' -fuzz '^FuzzSplit$$' -fuzztime $(FUZZTIME) ./pkg/gso
-	$(GO) test -run '^$$' -fuzz '^FuzzParseEchoRequest$$' -fuzztime $(FUZZTIME) ./pkg/relay
-	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./pkg/netconf
+	$(GO) test -run '^$$' -fuzz '^FuzzSplit$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 2s ./pkg/gso
+	$(GO) test -run '^$$' -fuzz '^FuzzParseEchoRequest$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 2s ./pkg/relay
+	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 2s ./pkg/netconf
 
 bench:
 	hack/bench/run.sh

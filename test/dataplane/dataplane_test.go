@@ -38,6 +38,11 @@ func newPod(t *testing.T, extra map[string]any) (*nettest.Env, *nettest.Pod) {
 
 func stackStatus(t *testing.T, env *nettest.Env, pod *nettest.Pod) podstack.Status {
 	t.Helper()
+	return stackStatusB(t, env, pod)
+}
+
+func stackStatusB(t testing.TB, env *nettest.Env, pod *nettest.Pod) podstack.Status {
+	t.Helper()
 	att, err := state.Store{Dir: env.Dir + "/state"}.Load(pod.ID, "eth0")
 	if err != nil {
 		t.Fatalf("loading state of %s: %v", pod.ID, err)
