@@ -5,15 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"testing"
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/cni-usernet/cni-usernet/test/nettest"
 )
 
 const (
@@ -24,25 +24,11 @@ const (
 )
 
 // newTestNS returns a throwaway network namespace that t.Cleanup removes,
-// together with every link in it.
+// skipping the test when not root.
 func newTestNS(t *testing.T) ns.NetNS {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to create network namespaces")
-	}
-	netns, err := testutils.NewNS()
-	if err != nil {
-		t.Fatalf("creating test netns: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := netns.Close(); err != nil {
-			t.Errorf("closing test netns: %v", err)
-		}
-		if err := testutils.UnmountNS(netns); err != nil {
-			t.Errorf("unmounting test netns: %v", err)
-		}
-	})
-	return netns
+	nettest.RequireRoot(t)
+	return nettest.NewNS(t)
 }
 
 // vethPair joins two throwaway namespaces with a veth pair, linkA in a with

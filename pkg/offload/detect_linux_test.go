@@ -3,35 +3,21 @@ package offload
 import (
 	"errors"
 	"fmt"
-	"os"
 	"os/exec"
 	"testing"
 
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/vishvananda/netlink"
+
+	"github.com/cni-usernet/cni-usernet/test/nettest"
 )
 
 // newTestNS returns a throwaway network namespace that t.Cleanup removes,
-// with every link created in it.
+// skipping the test when not root.
 func newTestNS(t *testing.T) ns.NetNS {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to create network namespaces")
-	}
-	netns, err := testutils.NewNS()
-	if err != nil {
-		t.Fatalf("creating test netns: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := netns.Close(); err != nil {
-			t.Errorf("closing test netns: %v", err)
-		}
-		if err := testutils.UnmountNS(netns); err != nil {
-			t.Errorf("unmounting test netns: %v", err)
-		}
-	})
-	return netns
+	nettest.RequireRoot(t)
+	return nettest.NewNS(t)
 }
 
 func TestDetectVeth(t *testing.T) {
