@@ -98,10 +98,7 @@ func printTable(out io.Writer, rows []attachmentStatus) {
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "CONTAINER\tIF\tPOD\tIPS\tPID\tHEALTHY\tGSO\tGSO_MAX_SIZE\tGSO_MAX_SEGS\tGSO_BATCHES\tTX/RX PKTS\tTCP RELAYS")
 	for _, r := range rows {
-		id := r.ContainerID
-		if len(id) > 12 {
-			id = id[:12]
-		}
+		id := shortID(r.ContainerID)
 		var ips []string
 		for _, ip := range r.IPs {
 			if p, err := netip.ParsePrefix(ip); err == nil {
@@ -127,4 +124,16 @@ func printTable(out io.Writer, rows []attachmentStatus) {
 			r.PID, healthy, r.GSO.Mode, r.GSO.MaxSize, r.GSO.MaxSegs, batches, pkts, relays)
 	}
 	tw.Flush()
+	for _, r := range rows {
+		if r.GSO.Reason != "" {
+			fmt.Fprintf(out, "%s/%s gso: %s\n", shortID(r.ContainerID), r.IfName, r.GSO.Reason)
+		}
+	}
+}
+
+func shortID(id string) string {
+	if len(id) > 12 {
+		return id[:12]
+	}
+	return id
 }
