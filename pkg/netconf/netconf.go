@@ -53,6 +53,11 @@ type NetConf struct {
 	// TUNName and TUNMTU configure the applications' device.
 	TUNName string `json:"tunName,omitempty"`
 	TUNMTU  uint32 `json:"tunMTU,omitempty"`
+	// WireQueueLen and AppQueueLen: packets queued in front of the pod
+	// link and the TUN, drained by goroutines of their own. Zero: 1024;
+	// -1: none.
+	WireQueueLen int `json:"wireQueueLen,omitempty"`
+	AppQueueLen  int `json:"appQueueLen,omitempty"`
 	// MaxTCP, MaxUDP and UDPIdle bound the relay.
 	MaxTCP  int    `json:"maxTCP,omitempty"`
 	MaxUDP  int    `json:"maxUDP,omitempty"`
@@ -122,6 +127,9 @@ func (c *NetConf) validate() error {
 	}
 	if c.MaxTCP < 0 || c.MaxUDP < 0 {
 		return fmt.Errorf(`"maxTCP" and "maxUDP" must not be negative`)
+	}
+	if c.WireQueueLen < -1 || c.AppQueueLen < -1 {
+		return fmt.Errorf(`"wireQueueLen" and "appQueueLen" take a length, 0 for the default or -1 for none`)
 	}
 	var err error
 	if c.udpIdle, err = parseDuration("udpIdle", c.UDPIdle, 0); err != nil {

@@ -154,6 +154,8 @@ func (inv *invocation) writeStackConfig(p paths, mode any) error {
 		GSOMaxSegs:          conf.GSOMaxSegs,
 		GRO:                 conf.GRO,
 		NoRXChecksumOffload: conf.RXChecksumOffload != nil && !*conf.RXChecksumOffload,
+		WireQueueLen:        conf.WireQueueLen,
+		AppQueueLen:         conf.AppQueueLen,
 		MaxTCP:              conf.MaxTCP,
 		MaxUDP:              conf.MaxUDP,
 		UDPIdle:             udpIdle,

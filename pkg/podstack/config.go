@@ -34,6 +34,12 @@ type Config struct {
 	GRO bool `json:"gro,omitempty"`
 	// NoRXChecksumOffload makes the wire leg verify every checksum.
 	NoRXChecksumOffload bool `json:"noRxChecksumOffload,omitempty"`
+	// WireQueueLen and AppQueueLen size the FIFO queues in front of the
+	// legs' links (Options.WireQueueLen). Zero: DefaultQueueLen; -1: none.
+	// GSO mode off never queues the wire leg: it is defined as one packet
+	// per system call, the baseline the other modes are measured against.
+	WireQueueLen int `json:"wireQueueLen,omitempty"`
+	AppQueueLen  int `json:"appQueueLen,omitempty"`
 	// MaxTCP, MaxUDP and UDPIdle bound the relay (see relay.Options).
 	MaxTCP  int      `json:"maxTCP,omitempty"`
 	MaxUDP  int      `json:"maxUDP,omitempty"`
@@ -67,6 +73,12 @@ func (d *Duration) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
+// DefaultQueueLen is the default depth of the legs' FIFO queues. Measured
+// (README "Queues"): queues on both legs raised one-stream TCP by 10-20 %
+// in hardware and software mode; 1024 packets hold a 4 MiB window of
+// full-size frames without drops.
+const DefaultQueueLen = 1024
+
 // DefaultTUNName is the app leg's device in the pod.
 const DefaultTUNName = "usernet0"
 
@@ -92,6 +104,16 @@ func (c *Config) Validate() error {
 	}
 	if c.GSO == "" {
 		c.GSO = offload.ModeAuto
+	}
+	for _, q := range []*int{&c.WireQueueLen, &c.AppQueueLen} {
+		switch {
+		case *q == 0:
+			*q = DefaultQueueLen
+		case *q == -1:
+			*q = 0
+		case *q < -1:
+			return fmt.Errorf("queue length %d: want a positive length, 0 for the default or -1 for none", *q)
+		}
 	}
 	if _, err := offload.ParseMode(string(c.GSO)); err != nil {
 		return err

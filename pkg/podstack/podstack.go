@@ -13,6 +13,7 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/relay"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/link/fdbased"
+	"gvisor.dev/gvisor/pkg/tcpip/link/qdisc/fifo"
 	"gvisor.dev/gvisor/pkg/tcpip/network/arp"
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv6"
@@ -45,6 +46,14 @@ type Options struct {
 	// frames with partial checksums (CHECKSUM_PARTIAL): verifying them would
 	// drop good packets. runsc defaults to the same.
 	RXChecksumOffload bool
+	// WireQueueLen, when non-zero, puts a FIFO queue of that many packets
+	// between netstack and the wire link, drained by its own goroutine:
+	// TCP processing and the send system calls (in which the kernel also
+	// delivers to the veth's peer) then run on different cores, and the
+	// queue hands the link batches. Zero: send in the caller's goroutine.
+	WireQueueLen int
+	// AppQueueLen is WireQueueLen for the TUN.
+	AppQueueLen int
 	// TCPBufferBytes is the largest send and receive buffer of a netstack
 	// TCP endpoint (auto-tuned up to it). Zero: 4 MiB, enough for the
 	// bandwidth-delay product of 10 Gbit/s at 3 ms.
@@ -196,7 +205,12 @@ func (s *Stack) attachWire() error {
 	}
 	// Created disabled and enabled once configured, so that no packet
 	// meets a half-configured NIC.
-	if err := s.Wire.CreateNICWithOptions(wireNIC, newCountingLink(ep, &s.WireStats), stack.NICOptions{Name: o.Spec.IfName, Disabled: true}); err != nil {
+	link := newCountingLink(ep, &s.WireStats)
+	nicOpts := stack.NICOptions{Name: o.Spec.IfName, Disabled: true}
+	if o.WireQueueLen > 0 {
+		nicOpts.QDisc = fifo.New(link, 1, o.WireQueueLen)
+	}
+	if err := s.Wire.CreateNICWithOptions(wireNIC, link, nicOpts); err != nil {
 		return fmt.Errorf("creating NIC: %s", err)
 	}
 	if err := configureWire(s.Wire, o.Spec); err != nil {
@@ -273,7 +287,11 @@ func (s *Stack) attachApp() error {
 	}
 	link := newCountingLink(ep, &s.AppStats)
 	link.intercept = s.interceptEcho
-	if err := s.App.CreateNICWithOptions(appNIC, link, stack.NICOptions{Name: "app", Disabled: true}); err != nil {
+	nicOpts := stack.NICOptions{Name: "app", Disabled: true}
+	if o.AppQueueLen > 0 {
+		nicOpts.QDisc = fifo.New(link, 1, o.AppQueueLen)
+	}
+	if err := s.App.CreateNICWithOptions(appNIC, link, nicOpts); err != nil {
 		return fmt.Errorf("creating NIC: %s", err)
 	}
 	// Promiscuous: the app leg accepts packets for every destination (it is

@@ -86,6 +86,10 @@ func Start(cfg Config, log *slog.Logger) (*Daemon, error) {
 		unix.Close(tunFD)
 		return nil, err
 	}
+	wireQueue := cfg.WireQueueLen
+	if d.gso.Mode == offload.ModeOff {
+		wireQueue = 0
+	}
 	d.stack, err = Build(Options{
 		Spec:              spec,
 		LinkFD:            linkFD,
@@ -94,6 +98,8 @@ func Start(cfg Config, log *slog.Logger) (*Daemon, error) {
 		GSO:               d.gso,
 		GRO:               cfg.GRO,
 		RXChecksumOffload: !cfg.NoRXChecksumOffload,
+		WireQueueLen:      wireQueue,
+		AppQueueLen:       cfg.AppQueueLen,
 		Relay: relay.Options{
 			MaxTCP:  cfg.MaxTCP,
 			MaxUDP:  cfg.MaxUDP,
