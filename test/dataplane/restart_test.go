@@ -1,0 +1,67 @@
+package dataplane
+
+import (
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cni-usernet/cni-usernet/pkg/launch"
+	"github.com/cni-usernet/cni-usernet/pkg/state"
+	"github.com/cni-usernet/cni-usernet/test/nettest"
+)
+
+// TestStackRestartsFromSpec kills a pod's stack and starts a new one with
+// the same configuration, as a supervisor would: the kernel no longer holds
+// the pod's addresses, so the new stack must come back from its spec, and
+// the pod serves again.
+func TestStackRestartsFromSpec(t *testing.T) {
+	env, pod := newPod(t, nil)
+	serveRemoteAddr(t, nettest.Listen(t, pod.NS, "tcp", ":8080"))
+	if got := getPeer(t, env.Node, pod.IP(4), 8080); got != pod.Gateway(4) {
+		t.Fatalf("before restart: pod saw %s, want %s", got, pod.Gateway(4))
+	}
+	store := state.Store{Dir: filepath.Join(env.Dir, "state")}
+	att, err := store.Load(pod.ID, "eth0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := launch.Process{PID: att.StackPID, StartTime: att.StackStartTime}
+	if err := syscall.Kill(old.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); launch.Alive(old); {
+		if time.Now().After(deadline) {
+			t.Fatal("killed stack still alive")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if _, err := nettest.Dial(env.Node, "tcp", nettest.HostPort(pod.IP(4), 8080), 500*time.Millisecond); err == nil {
+		t.Fatal("pod still reachable with its stack dead")
+	}
+
+	proc, err := launch.Start(launch.Options{
+		Binary:       filepath.Join(env.BinDir, "cni-usernet"),
+		Args:         []string{"stack", "--config", att.ConfigPath},
+		Netns:        pod.NS.Path(),
+		LogPath:      att.LogPath,
+		ReadyTimeout: 20 * time.Second,
+	})
+	if err != nil {
+		t.Fatalf("restarting the stack: %v", err)
+	}
+	// DEL must stop the new stack, not look for the dead one.
+	att.StackPID, att.StackStartTime = proc.PID, proc.StartTime
+	if err := store.Save(att); err != nil {
+		t.Fatal(err)
+	}
+	for _, fam := range []int{4, 6} {
+		if got := getPeer(t, env.Node, pod.IP(fam), 8080); got != pod.Gateway(fam) {
+			t.Errorf("after restart, IPv%d: pod saw %s, want %s", fam, got, pod.Gateway(fam))
+		}
+	}
+	serveRemoteAddr(t, nettest.Listen(t, env.Node, "tcp", ":8081"))
+	if got := getPeer(t, pod.NS, pod.Gateway(4), 8081); got != pod.IP(4) {
+		t.Errorf("after restart, pod→node: node saw %s, want %s", got, pod.IP(4))
+	}
+}
