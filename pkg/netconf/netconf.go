@@ -52,7 +52,11 @@ type NetConf struct {
 	RXChecksumOffload *bool `json:"rxChecksumOffload,omitempty"`
 	// TUNName and TUNMTU configure the applications' device.
 	TUNName string `json:"tunName,omitempty"`
-	TUNMTU  uint32 `json:"tunMTU,omitempty"`
+	// TUNOffload: nil or true gives the TUN a virtio-net header with TSO
+	// and checksum offload, so neither the pod's kernel nor the stack
+	// checksums what stays in the pod; false uses a plain TUN.
+	TUNOffload *bool  `json:"tunOffload,omitempty"`
+	TUNMTU     uint32 `json:"tunMTU,omitempty"`
 	// WireQueueLen and AppQueueLen: packets queued in front of the pod
 	// link and the TUN, drained by goroutines of their own. Zero: 1024;
 	// -1: none.

@@ -150,6 +150,7 @@ func (inv *invocation) writeStackConfig(p paths, mode any) error {
 		ControlSocket:       p.socket,
 		TUNName:             conf.TUNName,
 		TUNMTU:              conf.TUNMTU,
+		TUNOffload:          conf.TUNOffload == nil || *conf.TUNOffload,
 		GSOMaxSize:          conf.GSOMaxSize,
 		GSOMaxSegs:          conf.GSOMaxSegs,
 		GRO:                 conf.GRO,

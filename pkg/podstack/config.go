@@ -24,6 +24,9 @@ type Config struct {
 	TUNName string `json:"tunName,omitempty"`
 	// TUNMTU is the app leg's MTU. Zero: DefaultTUNMTU.
 	TUNMTU uint32 `json:"tunMTU,omitempty"`
+	// TUNOffload opens the TUN with a virtio-net header, TSO and checksum
+	// offload (see tunLink).
+	TUNOffload bool `json:"tunOffload,omitempty"`
 	// GSO is the requested mode. Zero: auto.
 	GSO offload.Mode `json:"gso,omitempty"`
 	// GSOMaxSize and GSOMaxSegs, when set, lower the limits detected on the

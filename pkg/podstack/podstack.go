@@ -36,6 +36,9 @@ type Options struct {
 	TUNFD int
 	// TUNMTU is the TUN device's MTU. Zero: DefaultTUNMTU.
 	TUNMTU uint32
+	// TUNOffload says TUNFD was opened with a virtio-net header and
+	// offloads (podnet.OpenTUN); the app leg then uses tunLink.
+	TUNOffload bool
 	// GSO is the resolved segmentation mode of the wire leg. Required.
 	GSO offload.Decision
 	// GRO turns on netstack's generic receive offload on the wire leg:
@@ -133,7 +136,11 @@ func Build(o Options) (*Stack, error) {
 		s.Close()
 		return nil, err
 	}
-	s.pinger = relay.NewPinger(relay.Leg{Stack: s.Wire, NIC: wireNIC}, o.TUNFD, s.Relay.Stats())
+	hdrLen := 0
+	if o.TUNOffload {
+		hdrLen = vnetHdrLen
+	}
+	s.pinger = relay.NewPinger(relay.Leg{Stack: s.Wire, NIC: wireNIC}, o.TUNFD, hdrLen, s.Relay.Stats())
 	if err := s.attachWire(); err != nil {
 		s.Close()
 		return nil, fmt.Errorf("building the wire leg on %s: %w", o.Spec.IfName, err)
@@ -275,15 +282,21 @@ func configureWire(ns *stack.Stack, spec *podnet.Spec) error {
 
 func (s *Stack) attachApp() error {
 	o := s.opts
-	ep, err := fdbased.New(&fdbased.Options{
-		FDs: []int{o.TUNFD},
-		MTU: o.TUNMTU,
-		// Packets from the TUN were checksummed by the pod's own kernel a
-		// moment ago; verifying them again is pure cost.
-		RXChecksumOffload: true,
-	})
-	if err != nil {
-		return fmt.Errorf("creating the TUN endpoint: %w", err)
+	var ep stack.LinkEndpoint
+	if o.TUNOffload {
+		ep = newTUNLink(o.TUNFD, o.TUNMTU)
+	} else {
+		var err error
+		ep, err = fdbased.New(&fdbased.Options{
+			FDs: []int{o.TUNFD},
+			MTU: o.TUNMTU,
+			// Packets from the TUN were checksummed by the pod's own kernel a
+			// moment ago; verifying them again is pure cost.
+			RXChecksumOffload: true,
+		})
+		if err != nil {
+			return fmt.Errorf("creating the TUN endpoint: %w", err)
+		}
 	}
 	link := newCountingLink(ep, &s.AppStats)
 	link.intercept = s.interceptEcho

@@ -73,7 +73,7 @@ func Start(cfg Config, log *slog.Logger) (*Daemon, error) {
 	if err := podnet.Strip(cfg.IfName); err != nil {
 		return nil, fmt.Errorf("taking addresses and routes off %s: %w", cfg.IfName, err)
 	}
-	tunFD, err := podnet.OpenTUN(cfg.TUNName)
+	tunFD, err := podnet.OpenTUN(cfg.TUNName, cfg.TUNOffload)
 	if err != nil {
 		return nil, err
 	}
@@ -95,6 +95,7 @@ func Start(cfg Config, log *slog.Logger) (*Daemon, error) {
 		LinkFD:            linkFD,
 		TUNFD:             tunFD,
 		TUNMTU:            cfg.TUNMTU,
+		TUNOffload:        cfg.TUNOffload,
 		GSO:               d.gso,
 		GRO:               cfg.GRO,
 		RXChecksumOffload: !cfg.NoRXChecksumOffload,

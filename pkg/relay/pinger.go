@@ -30,16 +30,19 @@ const (
 type Pinger struct {
 	wire  Leg
 	tunFD int
-	stats *Stats
-	queue chan echo
-	done  chan struct{}
-	once  sync.Once
-	wg    sync.WaitGroup
+	// tunHdr precedes every packet written to the TUN: a zero virtio-net
+	// header when the TUN carries one, else nothing.
+	tunHdr []byte
+	stats  *Stats
+	queue  chan echo
+	done   chan struct{}
+	once   sync.Once
+	wg     sync.WaitGroup
 }
 
 // NewPinger starts the relay workers.
-func NewPinger(wire Leg, tunFD int, stats *Stats) *Pinger {
-	p := &Pinger{wire: wire, tunFD: tunFD, stats: stats, queue: make(chan echo, pingQueue), done: make(chan struct{})}
+func NewPinger(wire Leg, tunFD int, tunHdrLen int, stats *Stats) *Pinger {
+	p := &Pinger{wire: wire, tunFD: tunFD, tunHdr: make([]byte, tunHdrLen), stats: stats, queue: make(chan echo, pingQueue), done: make(chan struct{})}
 	for range pingWorkers {
 		p.wg.Add(1)
 		go p.work()
@@ -144,7 +147,7 @@ func (p *Pinger) relay(e echo) bool {
 			if len(reply) < 8 || binary.BigEndian.Uint16(reply[6:8]) != e.seq {
 				continue
 			}
-			_, werr := unix.Write(p.tunFD, buildEchoReply(e, reply[8:]))
+			_, werr := unix.Write(p.tunFD, append(bytes.Clone(p.tunHdr), buildEchoReply(e, reply[8:])...))
 			return werr == nil
 		}
 		if _, wouldBlock := err.(*tcpip.ErrWouldBlock); !wouldBlock {
