@@ -201,7 +201,12 @@ func (inv *invocation) attachVeth(netns ns.NetNS, att *state.Attachment, u *undo
 	}
 	r, err := ipam.ExecAdd(conf.IPAM.Type, args.StdinData)
 	if err != nil {
-		return nil, cniError(types.ErrInternal, fmt.Errorf("IPAM %s: %w", conf.IPAM.Type, err))
+		// Keep the IPAM plugin's own code, and say which plugin failed.
+		var te *types.Error
+		if errors.As(err, &te) {
+			return nil, types.NewError(te.Code, fmt.Sprintf("IPAM %s: %s", conf.IPAM.Type, te.Msg), te.Details)
+		}
+		return nil, errorf(types.ErrInternal, "IPAM %s: %v", conf.IPAM.Type, err)
 	}
 	u.add(func() { ipam.ExecDel(conf.IPAM.Type, args.StdinData) })
 	att.IPAMType, att.IPAMConf = conf.IPAM.Type, args.StdinData

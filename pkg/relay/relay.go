@@ -73,17 +73,17 @@ func (o *Options) setDefaults() {
 
 // Stats are the relay's counters, read concurrently by the control socket.
 type Stats struct {
-	TCPActive      atomic.Int64 `json:"tcpActive"`
-	TCPTotal       atomic.Int64 `json:"tcpTotal"`
-	TCPRefused     atomic.Int64 `json:"tcpRefused"`
-	TCPLimitHit    atomic.Int64 `json:"tcpLimitHit"`
-	TCPResets      atomic.Int64 `json:"tcpResets"`
-	UDPActive      atomic.Int64 `json:"udpActive"`
-	UDPTotal       atomic.Int64 `json:"udpTotal"`
-	UDPLimitHit    atomic.Int64 `json:"udpLimitHit"`
-	UDPDropped     atomic.Int64 `json:"udpDropped"`
-	ICMPEchoes     atomic.Int64 `json:"icmpEchoes"`
-	ICMPEchoFailed atomic.Int64 `json:"icmpEchoFailed"`
+	TCPActive      atomic.Int64
+	TCPTotal       atomic.Int64
+	TCPRefused     atomic.Int64
+	TCPLimitHit    atomic.Int64
+	TCPResets      atomic.Int64
+	UDPActive      atomic.Int64
+	UDPTotal       atomic.Int64
+	UDPLimitHit    atomic.Int64
+	UDPDropped     atomic.Int64
+	ICMPEchoes     atomic.Int64
+	ICMPEchoFailed atomic.Int64
 }
 
 // Snapshot is a plain copy of Stats for JSON.
