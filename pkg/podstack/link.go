@@ -65,11 +65,17 @@ func newCountingLink(child stack.LinkEndpoint, stats *LinkStats) *countingLink {
 
 // WritePackets counts before handing the batch on.
 func (l *countingLink) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error) {
+	// Summed first: one atomic add per batch, not per packet.
+	var bytes, batches uint64
 	for _, pkt := range pkts.AsSlice() {
-		l.stats.TxBytes.Add(uint64(pkt.Size()))
+		bytes += uint64(pkt.Size())
 		if pkt.GSOOptions.Type != stack.GSONone && pkt.Data().Size() > int(pkt.GSOOptions.MSS) {
-			l.stats.TxGSOBatches.Add(1)
+			batches++
 		}
+	}
+	l.stats.TxBytes.Add(bytes)
+	if batches > 0 {
+		l.stats.TxGSOBatches.Add(batches)
 	}
 	n, err := l.Endpoint.WritePackets(pkts)
 	l.stats.TxPackets.Add(uint64(n))
