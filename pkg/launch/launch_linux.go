@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -240,4 +241,34 @@ func stackEnv() []string {
 		env = append(env, "GORACE="+v)
 	}
 	return env
+}
+
+// Find returns the live processes whose arguments after the program name
+// are exactly args: the stack of one attachment, found by its config path
+// when the state that recorded its PID is lost.
+func Find(args ...string) []Process {
+	var out []Process
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if err != nil || len(b) == 0 {
+			continue
+		}
+		argv := strings.Split(strings.TrimSuffix(string(b), "\x00"), "\x00")
+		if len(argv) != len(args)+1 || !slices.Equal(argv[1:], args) {
+			continue
+		}
+		st, err := StartTime(pid)
+		if err != nil {
+			continue
+		}
+		if p := (Process{PID: pid, StartTime: st}); Alive(p) {
+			out = append(out, p)
+		}
+	}
+	return out
 }

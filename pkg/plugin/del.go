@@ -108,8 +108,17 @@ func (td *teardown) fromState(att *state.Attachment) {
 
 func (td *teardown) run() error {
 	var errs []error
-	if err := launch.Stop(td.proc, stopGrace); err != nil {
-		errs = append(errs, fmt.Errorf("stopping stack: %w", err))
+	p := td.inv.pathsFor(td.containerID, td.ifName)
+	procs := []launch.Process{td.proc}
+	if td.proc.PID == 0 {
+		// No state: the stack, if it runs, is the process started with
+		// this attachment's config path.
+		procs = launch.Find("stack", "--config", p.config)
+	}
+	for _, proc := range procs {
+		if err := launch.Stop(proc, stopGrace); err != nil {
+			errs = append(errs, fmt.Errorf("stopping stack: %w", err))
+		}
 	}
 	if err := td.cleanNetns(); err != nil {
 		errs = append(errs, err)
@@ -124,7 +133,6 @@ func (td *teardown) run() error {
 			}
 		}
 	}
-	p := td.inv.pathsFor(td.containerID, td.ifName)
 	for _, path := range []string{p.stackDir, p.socket, p.log} {
 		if err := os.RemoveAll(path); err != nil {
 			errs = append(errs, err)

@@ -692,3 +692,23 @@ func TestDelWithoutStateWithPrevResult(t *testing.T) {
 	env.AssertNoLeaks(t)
 	assertNSClean(t, pod.NS)
 }
+
+// TestDelWithLostStateStopsStack: the state file is gone but the stack
+// still runs; DEL finds it by its config path and stops it.
+func TestDelWithLostStateStopsStack(t *testing.T) {
+	env := nettest.NewEnv(t)
+	conf := env.Conf(latest, nil)
+	pod := env.NewPod(conf)
+	att := loadState(t, env, pod.ID)
+	if err := (state.Store{Dir: filepath.Join(env.Dir, "state")}).Delete(pod.ID, "eth0"); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Del(conf, pod.ID, pod.NS); err != nil {
+		t.Fatalf("DEL: %v", err)
+	}
+	if launch.Alive(launch.Process{PID: att.StackPID, StartTime: att.StackStartTime}) {
+		t.Errorf("stack %d still running after DEL without state", att.StackPID)
+	}
+	env.AssertNoLeaks(t)
+	assertNSClean(t, pod.NS)
+}
