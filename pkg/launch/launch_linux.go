@@ -140,23 +140,30 @@ func readLine(f *os.File, timeout time.Duration) (string, error) {
 
 // StartTime reads the kernel's start time of pid (clock ticks since boot).
 func StartTime(pid int) (uint64, error) {
+	_, st, err := procStat(pid)
+	return st, err
+}
+
+// procStat reads the state (field 3) and start time (field 22) of pid.
+func procStat(pid int) (state byte, startTime uint64, err error) {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	// The command name (field 2) may hold spaces and parentheses; fields
 	// after the last ')' are plain.
 	s := string(b)
 	i := strings.LastIndexByte(s, ')')
 	if i < 0 {
-		return 0, fmt.Errorf("malformed /proc/%d/stat", pid)
+		return 0, 0, fmt.Errorf("malformed /proc/%d/stat", pid)
 	}
 	fields := strings.Fields(s[i+1:])
 	// fields[0] is field 3 (state); starttime is field 22.
-	if len(fields) < 20 {
-		return 0, fmt.Errorf("malformed /proc/%d/stat", pid)
+	if len(fields) < 20 || len(fields[0]) != 1 {
+		return 0, 0, fmt.Errorf("malformed /proc/%d/stat", pid)
 	}
-	return strconv.ParseUint(fields[19], 10, 64)
+	startTime, err = strconv.ParseUint(fields[19], 10, 64)
+	return fields[0][0], startTime, err
 }
 
 // Alive reports whether p is still the same running process (a zombie
@@ -165,17 +172,8 @@ func Alive(p Process) bool {
 	if p.PID <= 0 {
 		return false
 	}
-	st, err := StartTime(p.PID)
-	if err != nil || st != p.StartTime {
-		return false
-	}
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(p.PID) + "/stat")
-	if err != nil {
-		return false
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	return i >= 0 && i+2 < len(s) && s[i+2] != 'Z'
+	state, st, err := procStat(p.PID)
+	return err == nil && st == p.StartTime && state != 'Z'
 }
 
 // Stop sends SIGTERM to p, waits up to grace for it to exit, then sends

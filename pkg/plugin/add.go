@@ -17,6 +17,7 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/atomicfile"
 	"github.com/cni-usernet/cni-usernet/pkg/control"
 	"github.com/cni-usernet/cni-usernet/pkg/launch"
+	"github.com/cni-usernet/cni-usernet/pkg/offload"
 	"github.com/cni-usernet/cni-usernet/pkg/podstack"
 	"github.com/cni-usernet/cni-usernet/pkg/state"
 )
@@ -141,11 +142,12 @@ func (inv *invocation) add() (_ *current.Result, err error) {
 	return result, nil
 }
 
-func (inv *invocation) writeStackConfig(p paths, mode any) error {
+func (inv *invocation) writeStackConfig(p paths, mode offload.Mode) error {
 	conf := inv.conf
 	udpIdle := podstack.Duration(conf.UDPIdleDuration())
 	sc := podstack.Config{
 		IfName:              inv.args.IfName,
+		GSO:                 mode,
 		SpecPath:            p.spec,
 		ControlSocket:       p.socket,
 		TUNName:             conf.TUNName,
@@ -162,8 +164,6 @@ func (inv *invocation) writeStackConfig(p paths, mode any) error {
 		UDPIdle:             udpIdle,
 		PodLinkOffloadsOff:  conf.PodLinkOffloadsOff,
 	}
-	m, _, _ := conf.GSOMode()
-	sc.GSO = m
 	if err := os.MkdirAll(p.stackDir, 0o700); err != nil {
 		return fmt.Errorf("creating %s: %w", p.stackDir, err)
 	}

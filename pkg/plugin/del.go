@@ -89,7 +89,6 @@ type teardown struct {
 	ifName      string
 	netns       string
 	chained     bool
-	tunName     string
 	proc        launch.Process
 	ipamType    string
 	ipamConf    []byte
@@ -162,10 +161,7 @@ func (td *teardown) cleanNetns() error {
 		return fmt.Errorf("opening netns %s: %w", td.netns, err)
 	}
 	defer netns.Close()
-	tun := td.tunName
-	if tun == "" {
-		tun = td.inv.conf.TUNName
-	}
+	tun := td.inv.conf.TUNName
 	return netns.Do(func(ns.NetNS) error {
 		if err := podnet.DeleteTUN(tun); err != nil {
 			return err

@@ -15,6 +15,8 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
+
+	"github.com/cni-usernet/cni-usernet/pkg/launch"
 )
 
 // Pod is a namespace attached through a plugin.
@@ -181,15 +183,12 @@ func (e *Env) StackPIDs() []int {
 		if err != nil || !strings.Contains(string(b), e.Dir) || !strings.Contains(string(b), "stack") {
 			continue
 		}
-		stat, err := os.ReadFile(filepath.Join(filepath.Dir(f), "stat"))
-		if err != nil {
-			continue
-		}
-		if i := strings.LastIndexByte(string(stat), ')'); i > 0 && i+2 < len(stat) && stat[i+2] == 'Z' {
-			continue
-		}
 		var pid int
 		fmt.Sscanf(filepath.Base(filepath.Dir(f)), "%d", &pid)
+		st, err := launch.StartTime(pid)
+		if err != nil || !launch.Alive(launch.Process{PID: pid, StartTime: st}) {
+			continue
+		}
 		pids = append(pids, pid)
 	}
 	return pids
