@@ -1,0 +1,279 @@
+#!/bin/bash
+# up.sh — build (once) and start a real single-node Kubernetes cluster on this
+# machine: etcd + kube-apiserver + kube-controller-manager + kube-scheduler +
+# kubelet + kube-proxy on containerd/runc, CNI from /opt/cni/bin and /etc/cni/net.d.
+# Everything comes from Debian packages and the Go module proxy; no image pulls.
+#
+# Origin: the k8s-lab recipe (../shared/k8s-lab/setup.sh of this project's
+# workspace), copied nearly verbatim so that CI needs nothing outside the
+# repository. Changes: no default CNI unless asked (the node stays NotReady
+# until cni-usernet's DaemonSet installs), kubectl built too, and what it adds
+# to /opt/cni/bin and /etc/cni/net.d is recorded so that down.sh removes it.
+#
+# Idempotent: each step is skipped when its result is already there / running.
+# Usage: hack/k8s/up.sh                   build what is missing, start everything
+#        K8S_LAB_DEFAULT_CNI=1 hack/k8s/up.sh   also install a fallback ptp conflist
+#                                                 (and smoke-test a pod on it)
+# Afterwards:  export KUBECONFIG=/var/lib/k8s-lab/admin.kubeconfig PATH=/opt/k8s-lab/bin:$PATH
+# Stop with hack/k8s/down.sh (restores the machine; built binaries stay in /opt/k8s-lab).
+set -euo pipefail
+
+LAB=$(cd "$(dirname "$0")" && pwd)
+. "$LAB/lib/common.sh"
+
+t0=$(date +%s)
+log "k8s-lab setup: Kubernetes $K8S_VERSION, node $NODE ($NODE_IP), pods $POD_CIDR"
+
+# ---------------------------------------------------------------- packages
+need_pkgs=()
+for p in containerd runc etcd-server containernetworking-plugins iptables conntrack socat openssl busybox-static gcc libc6-dev ethtool; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || need_pkgs+=("$p")
+done
+if [ ${#need_pkgs[@]} -gt 0 ]; then
+  log "apt-get install ${need_pkgs[*]}"
+  apt-get update -q >/dev/null
+  # Do not let package scripts start etcd/containerd services: we run our own.
+  made_policy=0
+  if [ ! -e /usr/sbin/policy-rc.d ]; then printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d; chmod +x /usr/sbin/policy-rc.d; made_policy=1; fi
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${need_pkgs[@]}" >"$LOGDIR/apt.log" 2>&1 \
+    || { [ $made_policy = 1 ] && rm -f /usr/sbin/policy-rc.d; die "apt-get failed, see $LOGDIR/apt.log"; }
+  [ $made_policy = 1 ] && rm -f /usr/sbin/policy-rc.d
+fi
+# Debian's etcd package may have started its own etcd (only where a service manager runs).
+if pgrep -x etcd >/dev/null && ! pid_alive etcd; then
+  die "an etcd not started by k8s-lab is running (pid $(pgrep -x etcd | head -1)); stop it first"
+fi
+
+# ---------------------------------------------------------------- binaries
+"$LAB/lib/build.sh"
+
+# ---------------------------------------------------------------- images
+"$LAB/images/build-images.sh"
+
+# ---------------------------------------------------------------- host network
+# NODE_IP lives on lo: a node address that is not loopback (the apiserver refuses
+# 127/8 as the kubernetes Service endpoint) and never leaves this machine.
+ip -4 addr show dev lo | grep -q " $NODE_IP/32" || ip addr add "$NODE_IP/32" dev lo
+save_sysctls
+sysctl -qw net.ipv4.ip_forward=1 net.bridge.bridge-nf-call-iptables=1
+# Guard: pod-network traffic may only go to the pod network (or this host, which
+# is INPUT, not FORWARD): nothing a pod sends is forwarded off this machine.
+if ! iptables -w -S K8S-LAB-GUARD >/dev/null 2>&1; then iptables -w -N K8S-LAB-GUARD; fi
+iptables -w -C FORWARD -j K8S-LAB-GUARD 2>/dev/null || iptables -w -I FORWARD 1 -j K8S-LAB-GUARD
+iptables -w -F K8S-LAB-GUARD
+iptables -w -A K8S-LAB-GUARD -s "$POD_NET" ! -d "$POD_NET" -j DROP
+
+# ---------------------------------------------------------------- PKI + kubeconfigs
+"$LAB/lib/pki.sh" "$PKI" "$NODE" "$NODE_IP" "$SVC_IP"
+for u in admin kubelet kube-controller-manager kube-scheduler kube-proxy; do
+  write_kubeconfig "$u" "$STATE/$u.kubeconfig"
+done
+
+# ---------------------------------------------------------------- CNI
+# Snapshot the CNI directories once, before the first change, so that down.sh
+# can put them back as they were (files added since are removed, changed ones
+# reported): the Debian plugins copied below, and anything an installer under
+# test leaves behind.
+if [ ! -f "$STATE/cni-before" ]; then
+  {
+    for d in /opt/cni /opt/cni/bin /etc/cni /etc/cni/net.d /var/lib/cni \
+             /var/lib/cni-usernet /run/cni-usernet /var/log/cni-usernet; do
+      [ -e "$d" ] || echo "absent $d"
+    done
+    find /opt/cni/bin /etc/cni/net.d -type f -exec sha256sum {} + 2>/dev/null | sed 's/^/file /'
+  } >"$STATE/cni-before.tmp"
+  mv "$STATE/cni-before.tmp" "$STATE/cni-before"
+fi
+mkdir -p /opt/cni/bin /etc/cni/net.d
+for f in /usr/lib/cni/*; do
+  [ -e "/opt/cni/bin/$(basename "$f")" ] || cp -a "$f" /opt/cni/bin/
+done
+if [ "${K8S_LAB_DEFAULT_CNI:-0}" = 1 ]; then
+  # Fallback network (lowest priority name): veth point-to-point + host-local IPAM.
+  cat >/etc/cni/net.d/99-k8s-lab-ptp.conflist <<EOF
+{
+  "cniVersion": "0.4.0",
+  "name": "k8s-lab",
+  "plugins": [
+    {
+      "type": "ptp",
+      "ipMasq": false,
+      "mtu": 1500,
+      "ipam": {
+        "type": "host-local",
+        "ranges": [[{ "subnet": "$POD_CIDR" }]],
+        "routes": [{ "dst": "0.0.0.0/0" }],
+        "dataDir": "/var/lib/cni/networks"
+      }
+    },
+    { "type": "portmap", "capabilities": { "portMappings": true } }
+  ]
+}
+EOF
+fi
+
+# ---------------------------------------------------------------- containerd
+mkdir -p "$ETC"
+cat >"$ETC/containerd.toml" <<EOF
+version = 2
+root = "/var/lib/containerd"
+state = "/run/containerd"
+[grpc]
+  address = "/run/containerd/containerd.sock"
+[plugins."io.containerd.grpc.v1.cri"]
+  # This VM's root lacks CAP_SYS_RESOURCE, so runc may not lower oom_score_adj
+  # (pause asks for -998: "can't get final child's PID from pipe: EOF").
+  # Only allow raising it, as rootless setups do.
+  restrict_oom_score_adj = true
+  sandbox_image = "$PAUSE_IMAGE"
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/opt/cni/bin"
+    conf_dir = "/etc/cni/net.d"
+    max_conf_num = 1
+EOF
+cat >/etc/crictl.yaml <<EOF
+runtime-endpoint: unix:///run/containerd/containerd.sock
+image-endpoint: unix:///run/containerd/containerd.sock
+timeout: 30
+EOF
+start_daemon containerd /usr/bin/containerd --config "$ETC/containerd.toml"
+wait_for "containerd" 60 ctr version
+for t in "$IMGDIR"/*.tar; do
+  ref=$(tar -xOf "$t" index.json | sed -n 's/.*"io.containerd.image.name":"\([^"]*\)".*/\1/p')
+  ctr -n k8s.io images ls -q | grep -qx "$ref" || ctr -n k8s.io images import "$t" >/dev/null
+done
+log "images: $(ctr -n k8s.io images ls -q | grep -v '^sha256' | tr '\n' ' ')"
+
+# ---------------------------------------------------------------- etcd
+start_daemon etcd /usr/bin/etcd --name k8s-lab --data-dir "$STATE/etcd" \
+  --listen-client-urls http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379 \
+  --listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
+  --initial-cluster k8s-lab=http://127.0.0.1:2380 --listen-metrics-urls http://127.0.0.1:2381
+wait_for "etcd" 60 curl -fsS http://127.0.0.1:2379/health
+
+# ---------------------------------------------------------------- control plane
+start_daemon kube-apiserver "$BIN/kube-apiserver" \
+  --etcd-servers=http://127.0.0.1:2379 \
+  --bind-address="$NODE_IP" --advertise-address="$NODE_IP" --secure-port=6443 \
+  --tls-cert-file="$PKI/apiserver.crt" --tls-private-key-file="$PKI/apiserver.key" \
+  --client-ca-file="$PKI/ca.crt" \
+  --kubelet-client-certificate="$PKI/apiserver-kubelet-client.crt" \
+  --kubelet-client-key="$PKI/apiserver-kubelet-client.key" \
+  --kubelet-preferred-address-types=InternalIP \
+  --service-account-issuer=https://kubernetes.default.svc.cluster.local \
+  --service-account-key-file="$PKI/sa.pub" --service-account-signing-key-file="$PKI/sa.key" \
+  --service-cluster-ip-range="$SVC_CIDR" \
+  --authorization-mode=Node,RBAC --enable-admission-plugins=NodeRestriction \
+  --allow-privileged=true --profiling=false --v=1
+wait_for "kube-apiserver /readyz" 120 kubectl --kubeconfig "$STATE/admin.kubeconfig" get --raw /readyz
+ta=$(date +%s)
+
+start_daemon kube-controller-manager "$BIN/kube-controller-manager" \
+  --kubeconfig="$STATE/kube-controller-manager.kubeconfig" \
+  --authentication-kubeconfig="$STATE/kube-controller-manager.kubeconfig" \
+  --authorization-kubeconfig="$STATE/kube-controller-manager.kubeconfig" \
+  --bind-address=127.0.0.1 --leader-elect=false \
+  --root-ca-file="$PKI/ca.crt" --service-account-private-key-file="$PKI/sa.key" \
+  --use-service-account-credentials=true \
+  --cluster-signing-cert-file="$PKI/ca.crt" --cluster-signing-key-file="$PKI/ca.key" \
+  --allocate-node-cidrs=true --cluster-cidr="$POD_NET" --node-cidr-mask-size=24 \
+  --service-cluster-ip-range="$SVC_CIDR" --v=1
+start_daemon kube-scheduler "$BIN/kube-scheduler" \
+  --kubeconfig="$STATE/kube-scheduler.kubeconfig" \
+  --authentication-kubeconfig="$STATE/kube-scheduler.kubeconfig" \
+  --authorization-kubeconfig="$STATE/kube-scheduler.kubeconfig" \
+  --bind-address=127.0.0.1 --leader-elect=false --v=1
+
+# ---------------------------------------------------------------- kubelet
+cat >"$ETC/kubelet.yaml" <<EOF
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: $NODE_IP
+port: 10250
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: true}
+  x509: {clientCAFile: $PKI/ca.crt}
+authorization: {mode: Webhook}
+tlsCertFile: $PKI/kubelet-serving.crt
+tlsPrivateKeyFile: $PKI/kubelet-serving.key
+cgroupDriver: cgroupfs
+failCgroupV1: false
+failSwapOn: false
+oomScoreAdj: 0   # -999 (default) needs CAP_SYS_RESOURCE, which this VM's root lacks
+containerRuntimeEndpoint: unix:///run/containerd/containerd.sock
+clusterDomain: cluster.local
+clusterDNS: [$DNS_IP]
+resolvConf: $ETC/resolv.conf
+maxPods: 110
+serializeImagePulls: false
+imageGCHighThresholdPercent: 100
+evictionHard: {memory.available: "100Mi", nodefs.available: "1%", imagefs.available: "1%"}
+EOF
+# Pods get a resolver inside the cluster range only (no DNS traffic leaves the machine).
+echo "nameserver $DNS_IP" >"$ETC/resolv.conf"
+mkdir -p /var/lib/kubelet
+start_daemon kubelet "$BIN/kubelet" \
+  --config="$ETC/kubelet.yaml" --kubeconfig="$STATE/kubelet.kubeconfig" \
+  --hostname-override="$NODE" --node-ip="$NODE_IP" \
+  --pod-infra-container-image="$PAUSE_IMAGE" --v=1
+
+# ---------------------------------------------------------------- kube-proxy
+if [ -x "$BIN/kube-proxy" ]; then
+  cat >"$ETC/kube-proxy.yaml" <<EOF
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection: {kubeconfig: $STATE/kube-proxy.kubeconfig}
+mode: iptables
+clusterCIDR: $POD_NET
+hostnameOverride: $NODE
+bindAddress: $NODE_IP
+healthzBindAddress: 127.0.0.1:10256
+metricsBindAddress: 127.0.0.1:10249
+nodePortAddresses: ["$NODE_IP/32"]
+iptables: {localhostNodePorts: false}
+conntrack: {maxPerCore: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}   # leave host conntrack sysctls alone
+oomScoreAdj: 0
+EOF
+  start_daemon kube-proxy "$BIN/kube-proxy" --config="$ETC/kube-proxy.yaml" --v=1
+fi
+
+export KUBECONFIG="$STATE/admin.kubeconfig"
+if ls /etc/cni/net.d/*.conf* >/dev/null 2>&1; then
+  wait_for "node $NODE Ready" 180 sh -c "kubectl get node $NODE -o jsonpath='{.status.conditions[?(@.type==\"Ready\")].status}' 2>/dev/null | grep -qx True"
+else
+  # No CNI config yet: the node registers but stays NotReady until a CNI
+  # installer (e.g. a DaemonSet with hostNetwork) writes one.
+  wait_for "node $NODE registered" 180 kubectl get node "$NODE"
+  log "no CNI config in /etc/cni/net.d: node stays NotReady until a CNI plugin is installed"
+  K8S_LAB_SKIP_SMOKE=1
+fi
+wait_for "default service account" 60 kubectl -n default get serviceaccount default
+tr=$(date +%s)
+log "cluster up: apiserver ready after $((ta - t0))s, node up after $((tr - t0))s (whole script so far)"
+kubectl get nodes -o wide
+
+# ---------------------------------------------------------------- smoke test
+# (only on the fallback network: a smoke pod must not be the first pod of the
+# plugin under test)
+if [ "${K8S_LAB_SKIP_SMOKE:-0}" != 1 ] && [ "${K8S_LAB_DEFAULT_CNI:-0}" = 1 ]; then
+  kubectl delete pod k8s-lab-smoke --ignore-not-found --wait=true >/dev/null
+  kubectl run k8s-lab-smoke --image="$BUSYBOX_IMAGE" --image-pull-policy=Never --restart=Never \
+    --command -- sh -c 'ip -4 addr show eth0; ip route; sleep 3600' >/dev/null
+  kubectl wait --for=condition=Ready pod/k8s-lab-smoke --timeout=120s >/dev/null
+  ip=$(kubectl get pod k8s-lab-smoke -o jsonpath='{.status.podIP}')
+  log "smoke pod Ready with IP $ip"
+  kubectl exec k8s-lab-smoke -- ping -c1 -W2 "$NODE_IP" >/dev/null && log "pod -> node $NODE_IP ping ok"
+  busybox ping -c1 -W2 "$ip" >/dev/null && log "node -> pod $ip ping ok"
+  kubectl delete pod k8s-lab-smoke --wait=false >/dev/null
+fi
+log "done in $(( $(date +%s) - t0 ))s.  export KUBECONFIG=$STATE/admin.kubeconfig"
