@@ -15,6 +15,7 @@ const usage = `usage:
   cni-usernet stack --config FILE     run a pod's stack (started by the plugin)
   cni-usernet status [--json] [--state-dir DIR]
                                       every attachment on the node with its stack's health and GSO decision
+  cni-usernet agent [flags]           the node agent (DaemonSet): install, supervise stacks, reconcile
   cni-usernet version
 `
 
@@ -29,6 +30,8 @@ func main() {
 		err = runStack(os.Args[2:])
 	case "status":
 		err = runStatus(os.Args[2:], os.Stdout)
+	case "agent":
+		err = runAgent(os.Args[2:])
 	case "version", "--version":
 		fmt.Println("cni-usernet", plugin.Version)
 	case "help", "-h", "--help":

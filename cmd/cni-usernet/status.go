@@ -19,15 +19,17 @@ import (
 
 // attachmentStatus is one row of `cni-usernet status`.
 type attachmentStatus struct {
-	ContainerID string           `json:"containerID"`
-	IfName      string           `json:"ifName"`
-	Pod         string           `json:"pod,omitempty"`
-	IPs         []string         `json:"ips"`
-	PID         int              `json:"pid"`
-	Healthy     bool             `json:"healthy"`
-	Problem     string           `json:"problem,omitempty"`
-	GSO         gsoStatus        `json:"gso"`
-	Stats       *podstack.Status `json:"stats,omitempty"`
+	ContainerID string   `json:"containerID"`
+	IfName      string   `json:"ifName"`
+	Pod         string   `json:"pod,omitempty"`
+	IPs         []string `json:"ips"`
+	PID         int      `json:"pid"`
+	Healthy     bool     `json:"healthy"`
+	Problem     string   `json:"problem,omitempty"`
+	// Restarts is how often the node agent restarted the stack.
+	Restarts int              `json:"restarts"`
+	GSO      gsoStatus        `json:"gso"`
+	Stats    *podstack.Status `json:"stats,omitempty"`
 }
 
 type gsoStatus struct {
@@ -75,8 +77,18 @@ func statusOf(a *state.Attachment) attachmentStatus {
 	if s.IPs == nil {
 		s.IPs = []string{}
 	}
+	if sv := a.Supervision; sv != nil {
+		s.Restarts = sv.Restarts
+		if sv.Unhealthy != "" {
+			s.Problem = sv.Unhealthy
+			return s
+		}
+	}
 	if !launch.Alive(launch.Process{PID: a.StackPID, StartTime: a.StackStartTime}) {
 		s.Problem = fmt.Sprintf("stack process %d is not running", a.StackPID)
+		if sv := a.Supervision; sv != nil && !sv.NextRestart.IsZero() {
+			s.Problem += fmt.Sprintf(" (exited: %s; restart at %s)", sv.LastReason, sv.NextRestart.Format(time.RFC3339))
+		}
 		return s
 	}
 	if err := control.Health(a.ControlSocket, time.Second); err != nil {

@@ -36,12 +36,25 @@ type Options struct {
 	// CgroupPath, when set, is the cgroup (relative to the hierarchy roots)
 	// the process joins: the pod's, so the stack is charged to the pod.
 	CgroupPath string
+	// Cgroups, when set, are /proc/PID/cgroup lines to put the process in
+	// (see Cgroups), looked up under CgroupRoot (default /sys/fs/cgroup).
+	// Failing to join them is logged by the caller through Process.Warning,
+	// not fatal: a stack restarted in the wrong cgroup beats no stack.
+	Cgroups    []string
+	CgroupRoot string
+	// MountNS, when set, is a mount namespace (e.g. /proc/1/ns/mnt) the
+	// process is started in: a supervisor in a container restarts stacks in
+	// the host's, so that Binary and every path mean what they meant to the
+	// plugin that started the stack first.
+	MountNS string
 }
 
 // Process identifies a started stack: PID plus the kernel's start time.
 type Process struct {
 	PID       int
 	StartTime uint64
+	// Warning reports a non-fatal problem of the start (cgroups).
+	Warning error `json:"-"`
 }
 
 // ReadyFD is the descriptor number on which the stack reports readiness:
@@ -89,7 +102,11 @@ func Start(o Options) (Process, error) {
 	defer netns.Close()
 	// A child inherits the network namespace of the thread that forks it;
 	// ns.Do runs this on a locked thread switched into the pod's namespace.
-	err = netns.Do(func(ns.NetNS) error { return cmd.Start() })
+	if o.MountNS != "" {
+		err = startInMountNS(cmd, netns, o.MountNS)
+	} else {
+		err = netns.Do(func(ns.NetNS) error { return cmd.Start() })
+	}
 	wr.Close()
 	if err != nil {
 		return Process{}, fmt.Errorf("starting stack: %w", err)
@@ -103,6 +120,14 @@ func Start(o Options) (Process, error) {
 		if err := joinCgroup(cmd.Process.Pid, o.CgroupPath); err != nil {
 			return fail(err)
 		}
+	}
+	var warning error
+	if len(o.Cgroups) > 0 {
+		root := o.CgroupRoot
+		if root == "" {
+			root = "/sys/fs/cgroup"
+		}
+		warning = joinRecorded(cmd.Process.Pid, root, o.Cgroups)
 	}
 	line, err := readLine(rd, o.ReadyTimeout)
 	if err != nil {
@@ -118,7 +143,7 @@ func Start(o Options) (Process, error) {
 	if err != nil {
 		return fail(err)
 	}
-	p := Process{PID: cmd.Process.Pid, StartTime: st}
+	p := Process{PID: cmd.Process.Pid, StartTime: st, Warning: warning}
 	// The stack outlives us; the runtime's init (or subreaper) reaps it.
 	cmd.Process.Release()
 	return p, nil
@@ -266,6 +291,43 @@ func Find(args ...string) []Process {
 		}
 		if p := (Process{PID: pid, StartTime: st}); Alive(p) {
 			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// Stack is a running stack process found by its config path.
+type Stack struct {
+	Process
+	ConfigPath string
+}
+
+// FindStacks returns the live stack processes ("<bin> stack --config
+// PATH") whose config path lies under dir: the node agent finds stacks
+// whose state was lost this way.
+func FindStacks(dir string) []Stack {
+	dir = filepath.Clean(dir) + "/"
+	var out []Stack
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if err != nil || len(b) == 0 {
+			continue
+		}
+		argv := strings.Split(strings.TrimSuffix(string(b), "\x00"), "\x00")
+		if len(argv) != 4 || argv[1] != "stack" || argv[2] != "--config" || !strings.HasPrefix(argv[3], dir) {
+			continue
+		}
+		st, err := StartTime(pid)
+		if err != nil {
+			continue
+		}
+		if p := (Process{PID: pid, StartTime: st}); Alive(p) {
+			out = append(out, Stack{Process: p, ConfigPath: argv[3]})
 		}
 	}
 	return out

@@ -40,7 +40,13 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 		return err
 	}
 	defer inv.close()
+	lock, err := inv.store.Lock(args.ContainerID, args.IfName, lockTimeout)
+	if err != nil {
+		return cniError(types.ErrTryAgainLater, err)
+	}
 	result, err := inv.add()
+	// A failed ADD leaves no attachment, so nothing to keep a lock for.
+	lock.Unlock(err != nil)
 	if err != nil {
 		inv.log.Error("ADD failed", "err", err)
 		return err
@@ -126,6 +132,12 @@ func (inv *invocation) add() (_ *current.Result, err error) {
 	}
 	u.add(func() { launch.Stop(proc, stopGrace) })
 	att.StackPID, att.StackStartTime = proc.PID, proc.StartTime
+	if att.StackBinary, err = os.Executable(); err != nil {
+		return nil, cniError(types.ErrInternal, fmt.Errorf("finding own executable: %w", err))
+	}
+	if att.StackCgroups, err = launch.Cgroups(proc.PID); err != nil {
+		return nil, cniError(types.ErrInternal, err)
+	}
 
 	var st podstack.Status
 	if err := control.Status(p.socket, 5*time.Second, &st); err != nil {

@@ -28,6 +28,11 @@ func cmdCheck(args *skel.CmdArgs) error {
 		return err
 	}
 	defer inv.close()
+	lock, err := inv.store.Lock(args.ContainerID, args.IfName, lockTimeout)
+	if err != nil {
+		return cniError(types.ErrTryAgainLater, err)
+	}
+	defer lock.Unlock(false)
 	if err := inv.check(); err != nil {
 		inv.log.Error("CHECK failed", "err", err)
 		return cniError(types.ErrInternal, err)
@@ -43,6 +48,9 @@ func (inv *invocation) check() error {
 	}
 	if err != nil {
 		return err
+	}
+	if sv := att.Supervision; sv != nil && sv.Unhealthy != "" {
+		return fmt.Errorf("stack of %s is unhealthy: %s", args.ContainerID, sv.Unhealthy)
 	}
 	proc := launch.Process{PID: att.StackPID, StartTime: att.StackStartTime}
 	if !launch.Alive(proc) {

@@ -29,6 +29,10 @@ func cmdDel(args *skel.CmdArgs) error {
 		return err
 	}
 	defer inv.close()
+	lock, err := inv.store.Lock(args.ContainerID, args.IfName, lockTimeout)
+	if err != nil {
+		return cniError(types.ErrTryAgainLater, err)
+	}
 	att, err := inv.store.Load(args.ContainerID, args.IfName)
 	switch {
 	case errors.Is(err, state.ErrNotFound):
@@ -52,9 +56,11 @@ func cmdDel(args *skel.CmdArgs) error {
 		td.fromState(att)
 	}
 	if err := td.run(); err != nil {
+		lock.Unlock(false)
 		inv.log.Error("DEL failed", "err", err)
 		return cniError(types.ErrInternal, err)
 	}
+	lock.Unlock(true)
 	inv.log.Info("DEL done")
 	return nil
 }
@@ -92,6 +98,8 @@ type teardown struct {
 	proc        launch.Process
 	ipamType    string
 	ipamConf    []byte
+	// cniPath finds the IPAM plugin; empty: CNI_PATH.
+	cniPath string
 }
 
 func (td *teardown) fromState(att *state.Attachment) {
@@ -179,7 +187,11 @@ func (td *teardown) cleanNetns() error {
 // releaseLease runs the IPAM plugin's DEL with the attachment's own
 // identity (GC runs it for attachments other than the one in CNI_*).
 func (td *teardown) releaseLease() error {
-	path, err := invoke.FindInPath(td.ipamType, filepath.SplitList(os.Getenv("CNI_PATH")))
+	cniPath := td.cniPath
+	if cniPath == "" {
+		cniPath = os.Getenv("CNI_PATH")
+	}
+	path, err := invoke.FindInPath(td.ipamType, filepath.SplitList(cniPath))
 	if err != nil {
 		return fmt.Errorf("finding IPAM plugin %s: %w", td.ipamType, err)
 	}
@@ -188,7 +200,7 @@ func (td *teardown) releaseLease() error {
 		ContainerID: td.containerID,
 		NetNS:       td.netns,
 		IfName:      td.ifName,
-		Path:        os.Getenv("CNI_PATH"),
+		Path:        cniPath,
 	}
 	if err := invoke.ExecPluginWithoutResult(context.Background(), path, td.ipamConf, args, nil); err != nil {
 		return fmt.Errorf("releasing lease with %s: %w", td.ipamType, err)

@@ -31,9 +31,16 @@ func cmdGC(args *skel.CmdArgs) error {
 		if att.Network != inv.conf.Name || valid[[2]string{att.ContainerID, att.IfName}] {
 			continue
 		}
+		lock, err := inv.store.Lock(att.ContainerID, att.IfName, lockTimeout)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
 		td := teardown{inv: inv, containerID: att.ContainerID, ifName: att.IfName, netns: att.Netns}
 		td.fromState(att)
-		if err := td.run(); err != nil {
+		err = td.run()
+		lock.Unlock(err == nil)
+		if err != nil {
 			errs = append(errs, fmt.Errorf("collecting %s/%s: %w", att.ContainerID, att.IfName, err))
 			continue
 		}

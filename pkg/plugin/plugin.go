@@ -106,6 +106,10 @@ func hostVethName(containerID, ifName string) string {
 // stopGrace is how long a stack gets to close its connections on SIGTERM.
 const stopGrace = 5 * time.Second
 
+// lockTimeout bounds the wait for an attachment another verb or the node
+// agent is working on (the agent holds it for at most one stack start).
+const lockTimeout = 30 * time.Second
+
 // cniError keeps a *types.Error as it is and wraps anything else with code.
 func cniError(code uint, err error) error {
 	var te *types.Error

@@ -53,6 +53,32 @@ type Attachment struct {
 	ControlSocket  string           `json:"controlSocket"`
 	LogPath        string           `json:"logPath"`
 	GSO            offload.Decision `json:"gso"`
+	// StackBinary is the executable the stack was started from, and
+	// StackCgroups its /proc/PID/cgroup lines at start: a supervisor
+	// restarts the stack from the same binary into the same cgroups (the
+	// pod's, or the runtime's), never into its own.
+	StackBinary  string   `json:"stackBinary,omitempty"`
+	StackCgroups []string `json:"stackCgroups,omitempty"`
+	// Supervision is written by the node agent when it restarts the stack.
+	Supervision *Supervision `json:"supervision,omitempty"`
+}
+
+// Supervision is the node agent's record of the stack's crashes.
+type Supervision struct {
+	// Restarts counts restarts since ADD; Crashes counts consecutive quick
+	// deaths (a stack that ran long enough resets it).
+	Restarts int `json:"restarts"`
+	Crashes  int `json:"crashes"`
+	// LastExit is when the agent saw the stack gone, LastReason what it
+	// knows of why (the last line of the stack's log).
+	LastExit   time.Time `json:"lastExit,omitzero"`
+	LastReason string    `json:"lastReason,omitempty"`
+	// NextRestart is when the agent will try again while backing off.
+	NextRestart time.Time `json:"nextRestart,omitzero"`
+	// Unhealthy, when set, says why the attachment is reported unhealthy
+	// (CHECK fails with it, status shows it): a crash loop, or a restart
+	// that fails.
+	Unhealthy string `json:"unhealthy,omitempty"`
 }
 
 // Store is a directory of attachment files.

@@ -1,0 +1,209 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/cni-usernet/cni-usernet/pkg/agent"
+	"github.com/cni-usernet/cni-usernet/pkg/atomicfile"
+	"github.com/cni-usernet/cni-usernet/pkg/launch"
+	"github.com/cni-usernet/cni-usernet/pkg/netconf"
+	"github.com/cni-usernet/cni-usernet/pkg/state"
+)
+
+// agentFlags are the node agent's settings (the DaemonSet's arguments).
+type agentFlags struct {
+	nodeName          string
+	install           bool
+	cniBinDir         string
+	cniConfDir        string
+	hostPrefix        string
+	mode              string
+	subnets           string
+	mtu               int
+	kubeconfigOut     string
+	apiServer         string
+	uninstallOnDelete bool
+	daemonSet         string
+	stateDir          string
+	runDir            string
+	cniPath           string
+	cgroupRoot        string
+	mountNS           string
+	reconcile         time.Duration
+	backoff           time.Duration
+	stableAfter       time.Duration
+	crashLoop         int
+	probe             bool
+}
+
+func parseAgentFlags(args []string) (*agentFlags, error) {
+	f := &agentFlags{}
+	fs := flag.NewFlagSet("agent", flag.ContinueOnError)
+	fs.StringVar(&f.nodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name (for its pod CIDR and Events)")
+	fs.BoolVar(&f.install, "install", true, "install the plugin binary and the CNI configuration (false: supervise only)")
+	fs.StringVar(&f.cniBinDir, "cni-bin-dir", "/host/opt/cni/bin", "the node's CNI binary directory, as the agent sees it")
+	fs.StringVar(&f.cniConfDir, "cni-conf-dir", "/host/etc/cni/net.d", "the node's CNI configuration directory, as the agent sees it")
+	fs.StringVar(&f.hostPrefix, "host-prefix", "/host", "where the node's root is mounted in the agent: stripped from paths written into the configuration")
+	fs.StringVar(&f.mode, "mode", "standalone", "standalone (own conflist, sorted first) or chain (insert into the node's first conflist)")
+	fs.StringVar(&f.subnets, "subnet", "", "pod subnets for host-local, comma separated (default: the node's spec.podCIDRs)")
+	fs.IntVar(&f.mtu, "mtu", 1500, "MTU of the pods' links")
+	fs.StringVar(&f.kubeconfigOut, "kubeconfig-out", "", "write a kubeconfig for the plugin here (its token kept fresh); empty: none")
+	fs.StringVar(&f.apiServer, "api-server", "", "API server URL written into the plugin's kubeconfig (default: the in-cluster service address)")
+	fs.BoolVar(&f.uninstallOnDelete, "uninstall-on-delete", true, "when stopped because its DaemonSet was deleted, restore the node's CNI files")
+	fs.StringVar(&f.daemonSet, "daemonset", "cni-usernet", "this agent's DaemonSet (in the pod's namespace), to tell deletion from a restart")
+	fs.StringVar(&f.stateDir, "state-dir", netconf.DefaultStateDir, "attachment state directory")
+	fs.StringVar(&f.runDir, "run-dir", netconf.DefaultRunDir, "runtime directory (the agent's ready file)")
+	fs.StringVar(&f.cniPath, "cni-path", "", "where IPAM plugins are found when an attachment is reclaimed (default: --cni-bin-dir)")
+	fs.StringVar(&f.cgroupRoot, "cgroup-root", "/sys/fs/cgroup", "the node's cgroup mount, as the agent sees it")
+	fs.StringVar(&f.mountNS, "mount-ns", "/proc/1/ns/mnt", "mount namespace restarted stacks run in (the node's)")
+	fs.DurationVar(&f.reconcile, "reconcile-interval", 30*time.Second, "how often the node is reconciled with the state directory")
+	fs.DurationVar(&f.backoff, "restart-backoff", time.Second, "delay before the second quick restart of a stack, doubling up to 60s")
+	fs.DurationVar(&f.stableAfter, "stable-after", 60*time.Second, "how long a stack must run for its crashes to be forgotten")
+	fs.IntVar(&f.crashLoop, "crash-loop-after", 5, "consecutive quick exits after which a stack is reported unhealthy")
+	fs.BoolVar(&f.probe, "probe", false, "exit 0 when the running agent is ready (readiness probe), 1 otherwise")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if f.cniPath == "" {
+		f.cniPath = f.cniBinDir
+	}
+	if f.mode != "standalone" && f.mode != "chain" {
+		return nil, fmt.Errorf("--mode %q: want standalone or chain", f.mode)
+	}
+	return f, nil
+}
+
+func (f *agentFlags) readyFile() string { return filepath.Join(f.runDir, "agent.ready") }
+
+// runAgent is the node agent: it installs the plugin, keeps every pod's
+// stack running and the node reconciled, and writes the CNI configuration
+// last, once all that works — until then the node stays NotReady, which is
+// the truth.
+func runAgent(args []string) error {
+	f, err := parseAgentFlags(args)
+	if err != nil {
+		return err
+	}
+	if f.probe {
+		return probeAgent(f.readyFile())
+	}
+	log := slog.New(slog.NewJSONHandler(os.Stderr, nil)).With("component", "agent")
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	os.Remove(f.readyFile())
+
+	var inst *nodeInstall
+	if f.install {
+		if inst, err = prepareInstall(ctx, f, log); err != nil {
+			return err
+		}
+	}
+	mountNS, stackBinary := restartNamespace(f.mountNS, log)
+	sup := agent.New(agent.Config{
+		Store:             state.Store{Dir: f.stateDir},
+		CNIPath:           f.cniPath,
+		MountNS:           mountNS,
+		StackBinary:       stackBinary,
+		Backoff:           f.backoff,
+		StableAfter:       f.stableAfter,
+		CrashLoop:         f.crashLoop,
+		CgroupRoot:        f.cgroupRoot,
+		ReconcileInterval: f.reconcile,
+		Log:               log,
+	})
+	ready := make(chan struct{})
+	done := make(chan error, 1)
+	go func() { done <- sup.Run(ctx, func() { close(ready) }) }()
+	select {
+	case <-ready:
+	case err := <-done:
+		return err
+	}
+	if inst != nil {
+		if err := inst.writeConfig(ctx); err != nil {
+			stop()
+			<-done
+			return err
+		}
+		go inst.keep(ctx)
+	}
+	if err := markReady(f.readyFile()); err != nil {
+		log.Error("writing ready file", "err", err)
+	}
+	log.Info("agent ready", "node", f.nodeName, "stateDir", f.stateDir)
+	err = <-done
+	os.Remove(f.readyFile())
+	if inst != nil {
+		inst.shutdown(log)
+	}
+	log.Info("agent stopped; stacks keep running")
+	return err
+}
+
+// markReady records this agent process as ready. The probe checks the
+// process too, so a file left by a killed agent does not count.
+func markReady(path string) error {
+	pid := os.Getpid()
+	st, err := launch.StartTime(pid)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return err
+	}
+	return atomicfile.Write(path, []byte(fmt.Sprintf("%d %d\n", pid, st)), 0o600)
+}
+
+func probeAgent(path string) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("agent not ready: %w", err)
+	}
+	fields := strings.Fields(string(b))
+	if len(fields) != 2 {
+		return errors.New("agent not ready: malformed ready file")
+	}
+	pid, _ := strconv.Atoi(fields[0])
+	st, _ := strconv.ParseUint(fields[1], 10, 64)
+	if !launch.Alive(launch.Process{PID: pid, StartTime: st}) {
+		return fmt.Errorf("agent not ready: process %d is gone", pid)
+	}
+	return nil
+}
+
+// restartNamespace decides where restarted stacks run. The node's mount
+// namespace when the agent can enter it (a privileged DaemonSet with
+// hostPID): recorded paths then mean what they meant to the plugin. When
+// /proc/1 is out of reach, the agent's own namespace, with its own
+// executable as the stack binary (the recorded one is a node path).
+func restartNamespace(path string, log *slog.Logger) (mountNS, stackBinary string) {
+	if path == "" {
+		return "", ""
+	}
+	self, err1 := os.Stat("/proc/self/ns/mnt")
+	target, err2 := os.Stat(path)
+	if err1 == nil && err2 == nil {
+		if os.SameFile(self, target) {
+			return "", ""
+		}
+		return path, ""
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		exe = ""
+	}
+	log.Warn("cannot enter the node's mount namespace; restarted stacks run in the agent's, from its own binary",
+		"mountNS", path, "err", errors.Join(err1, err2), "binary", exe)
+	return "", exe
+}

@@ -1,0 +1,256 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/cni-usernet/cni-usernet/pkg/install"
+	"github.com/cni-usernet/cni-usernet/pkg/kube"
+	"github.com/cni-usernet/cni-usernet/pkg/netconf"
+)
+
+// nodeInstall is the agent's side of the node's CNI files.
+type nodeInstall struct {
+	f    *agentFlags
+	opts install.Options
+	kube *kube.Client // nil outside a cluster
+	kcfg kube.Config
+	log  *slog.Logger
+}
+
+// prepareInstall installs the binary and renders the configuration; the
+// configuration itself is written by writeConfig, once the agent is ready.
+func prepareInstall(ctx context.Context, f *agentFlags, log *slog.Logger) (*nodeInstall, error) {
+	n := &nodeInstall{f: f, log: log}
+	if os.Getenv("KUBERNETES_SERVICE_HOST") != "" {
+		cfg, err := kube.InClusterConfig()
+		if err != nil {
+			return nil, fmt.Errorf("reading the service account: %w", err)
+		}
+		c, err := kube.New(cfg)
+		if err != nil {
+			return nil, fmt.Errorf("connecting to the API server: %w", err)
+		}
+		n.kube, n.kcfg = c, cfg
+	}
+	if f.kubeconfigOut != "" {
+		if n.kube == nil {
+			return nil, fmt.Errorf("--kubeconfig-out needs the agent to run in a cluster (no service account)")
+		}
+		if err := n.writeKubeconfig(); err != nil {
+			return nil, err
+		}
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("finding own executable: %w", err)
+	}
+	n.opts = install.Options{
+		Source:     self,
+		BinDir:     f.cniBinDir,
+		ConfDir:    f.cniConfDir,
+		Name:       "cni-usernet",
+		Mode:       install.Mode(f.mode),
+		RecordPath: f.stateDir + "/install.json",
+	}
+	plugin, err := n.pluginConf(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if f.mode == "chain" {
+		n.opts.Plugin = plugin
+	} else {
+		if n.opts.Conflist, err = n.conflist(ctx, plugin); err != nil {
+			return nil, err
+		}
+	}
+	changed, err := install.InstallBinary(n.opts)
+	if err != nil {
+		return nil, fmt.Errorf("installing the plugin binary: %w", err)
+	}
+	log.Info("plugin binary installed", "dir", f.cniBinDir, "changed", changed)
+	return n, nil
+}
+
+// hostPath is where a path the agent sees lies on the node.
+func (n *nodeInstall) hostPath(p string) string {
+	if n.f.hostPrefix != "" && strings.HasPrefix(p, n.f.hostPrefix+"/") {
+		return strings.TrimPrefix(p, n.f.hostPrefix)
+	}
+	return p
+}
+
+// pluginConf is the cni-usernet plugin object, standalone or chained.
+func (n *nodeInstall) pluginConf(ctx context.Context) ([]byte, error) {
+	p := map[string]any{
+		"type":         "cni-usernet",
+		"gso":          "auto",
+		"capabilities": map[string]bool{"io.kubernetes.cri.pod-annotations": true},
+	}
+	if n.f.kubeconfigOut != "" {
+		p["kubeconfig"] = n.hostPath(n.f.kubeconfigOut)
+	}
+	if n.f.stateDir != netconf.DefaultStateDir {
+		p["stateDir"] = n.f.stateDir
+	}
+	if n.f.mode == "standalone" {
+		subnets, err := n.podSubnets(ctx)
+		if err != nil {
+			return nil, err
+		}
+		var ranges []any
+		var routes []any
+		for _, s := range subnets {
+			ranges = append(ranges, []any{map[string]string{"subnet": s}})
+			if strings.Contains(s, ":") {
+				routes = append(routes, map[string]string{"dst": "::/0"})
+			} else {
+				routes = append(routes, map[string]string{"dst": "0.0.0.0/0"})
+			}
+		}
+		p["mtu"] = n.f.mtu
+		p["ipam"] = map[string]any{"type": "host-local", "ranges": ranges, "routes": routes}
+	}
+	return json.Marshal(p)
+}
+
+func (n *nodeInstall) conflist(ctx context.Context, plugin []byte) ([]byte, error) {
+	return json.MarshalIndent(map[string]any{
+		// 1.0.0: the newest version containerd 1.6's libcni accepts.
+		"cniVersion": "1.0.0",
+		"name":       "cni-usernet",
+		"plugins":    []json.RawMessage{plugin},
+	}, "", "  ")
+}
+
+// podSubnets are --subnet, or the node's pod CIDRs from the API server.
+func (n *nodeInstall) podSubnets(ctx context.Context) ([]string, error) {
+	if n.f.subnets != "" {
+		return strings.Split(n.f.subnets, ","), nil
+	}
+	if n.kube == nil || n.f.nodeName == "" {
+		return nil, fmt.Errorf("no pod subnet: pass --subnet, or run in a cluster with --node-name")
+	}
+	// The controller manager may not have allocated the node's CIDR yet.
+	for {
+		cidrs, err := n.kube.NodePodCIDRs(ctx, n.f.nodeName)
+		if err == nil && len(cidrs) > 0 {
+			return cidrs, nil
+		}
+		n.log.Warn("waiting for the node's pod CIDR", "node", n.f.nodeName, "err", err)
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("reading pod CIDRs of node %s: %w", n.f.nodeName, ctx.Err())
+		case <-time.After(2 * time.Second):
+		}
+	}
+}
+
+func (n *nodeInstall) writeKubeconfig() error {
+	// The plugin acts with the agent's own (rotating) token: kubelet
+	// refreshes the file at 80 % of its lifetime and keep() copies it on.
+	token, err := os.ReadFile(n.kcfg.TokenFile)
+	if err != nil {
+		return fmt.Errorf("reading the service account token: %w", err)
+	}
+	server := n.kcfg.Server
+	if n.f.apiServer != "" {
+		server = n.f.apiServer
+	}
+	changed, err := kube.WriteKubeconfig(n.f.kubeconfigOut, server, n.kcfg.CAPEM, strings.TrimSpace(string(token)))
+	if err != nil {
+		return fmt.Errorf("writing the plugin's kubeconfig: %w", err)
+	}
+	if changed {
+		n.log.Info("plugin kubeconfig written", "path", n.f.kubeconfigOut)
+	}
+	return nil
+}
+
+// writeConfig writes the CNI configuration, retrying in chain mode until
+// the node's own network plugin has written its configuration.
+func (n *nodeInstall) writeConfig(ctx context.Context) error {
+	for {
+		path, changed, err := install.InstallConfig(n.opts)
+		if err == nil {
+			n.log.Info("CNI configuration installed", "path", path, "changed", changed)
+			return nil
+		}
+		if n.f.mode != "chain" {
+			return fmt.Errorf("installing the CNI configuration: %w", err)
+		}
+		n.log.Warn("cannot chain yet", "err", err)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(2 * time.Second):
+		}
+	}
+}
+
+// keep re-applies the configuration (another installer may rewrite the
+// conflist we chained into) and keeps the plugin's token fresh.
+func (n *nodeInstall) keep(ctx context.Context) {
+	t := time.NewTicker(10 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if path, changed, err := install.InstallConfig(n.opts); err != nil {
+			n.log.Error("re-installing the CNI configuration", "err", err)
+		} else if changed {
+			n.log.Info("CNI configuration restored", "path", path)
+		}
+		if n.f.kubeconfigOut != "" {
+			if err := n.writeKubeconfig(); err != nil {
+				n.log.Error("refreshing the plugin's kubeconfig", "err", err)
+			}
+		}
+	}
+}
+
+// shutdown uninstalls when the agent stops because its DaemonSet is gone
+// (kubectl delete), and leaves everything for a restart or an upgrade.
+func (n *nodeInstall) shutdown(log *slog.Logger) {
+	if !n.f.uninstallOnDelete || n.kube == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	ns, err := kube.InClusterNamespace()
+	if err != nil {
+		log.Error("cannot tell deletion from restart; leaving the CNI files", "err", err)
+		return
+	}
+	exists, err := n.kube.DaemonSetExists(ctx, ns, n.f.daemonSet)
+	if errors.Is(err, kube.ErrUnauthorized) || errors.Is(err, kube.ErrForbidden) {
+		// `kubectl delete -f` of the manifest removes our service account
+		// or its role too: nobody revokes those for a mere restart.
+		exists, err = false, nil
+	}
+	if err != nil {
+		log.Error("cannot tell deletion from restart; leaving the CNI files", "err", err)
+		return
+	}
+	if exists {
+		log.Info("DaemonSet still exists (restart or upgrade): CNI files stay")
+		return
+	}
+	if err := install.Uninstall(n.opts); err != nil {
+		log.Error("uninstalling", "err", err)
+		return
+	}
+	if n.f.kubeconfigOut != "" {
+		os.Remove(n.f.kubeconfigOut)
+	}
+	log.Info("DaemonSet deleted: CNI files restored")
+}
