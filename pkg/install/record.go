@@ -1,0 +1,141 @@
+package install
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+
+	"github.com/cni-usernet/cni-usernet/pkg/atomicfile"
+)
+
+// recordVersion is bumped when the record's meaning changes; an older
+// binary refuses a newer record rather than misreading it.
+const recordVersion = 1
+
+// record is what RecordPath holds: the state of every file before our
+// first change to it, and what we wrote since. It is saved before each
+// change it describes, so it may describe a change that never happened
+// (a crash in between); Uninstall tells the two apart by content.
+type record struct {
+	Version int `json:"version"`
+	// Mode of the configuration entries; empty until InstallConfig.
+	Mode Mode `json:"mode,omitempty"`
+	// BinDir and ConfDir as the installer saw them; file entries are
+	// relative to them so that Uninstall can run with another view of
+	// the same directories (the host's instead of a container's).
+	BinDir  string `json:"binDir,omitempty"`
+	ConfDir string `json:"confDir,omitempty"`
+	// Binary is nil until InstallBinary first changed the binary.
+	Binary *binaryRecord `json:"binary,omitempty"`
+	// Files are the configuration files we changed, created or removed,
+	// in the order we first touched them.
+	Files []*fileRecord `json:"files,omitempty"`
+}
+
+type binaryRecord struct {
+	// Existed: a binary was at BinDir/Name before our first change; a
+	// copy of it is in Backup (a file name in the record's directory)
+	// with its Meta.
+	Existed bool     `json:"existed"`
+	Backup  string   `json:"backup,omitempty"`
+	Meta    fileMeta `json:"meta"`
+}
+
+type fileRecord struct {
+	// Name is the file's name in ConfDir.
+	Name string `json:"name"`
+	// Existed: a file was there before our first change; Data and Meta
+	// are its bytes, mode and owner.
+	Existed bool     `json:"existed"`
+	Data    []byte   `json:"data,omitempty"`
+	Meta    fileMeta `json:"meta"`
+	// StripOnly: the file already held our plugin when we captured it
+	// (someone rewrote it with our entry kept), so Data cannot be put
+	// back: Uninstall removes our entry instead.
+	StripOnly bool `json:"stripOnly,omitempty"`
+	// Removed: we deleted the file (a single-plugin .conf that we turned
+	// into a .conflist); Uninstall puts it back.
+	Removed bool `json:"removed,omitempty"`
+	// Written are the SHA-256 sums of everything we wrote there. A file
+	// whose content is one of them is ours to undo; any other content
+	// was written by someone else after us.
+	Written []string `json:"written,omitempty"`
+}
+
+func (f *fileRecord) wrote(data []byte) bool {
+	return slices.Contains(f.Written, sum(data))
+}
+
+func (f *fileRecord) addWritten(data []byte) {
+	if s := sum(data); !slices.Contains(f.Written, s) {
+		f.Written = append(f.Written, s)
+	}
+}
+
+func (r *record) file(name string) *fileRecord {
+	for _, f := range r.Files {
+		if f.Name == name {
+			return f
+		}
+	}
+	return nil
+}
+
+func (r *record) empty() bool {
+	return r.Binary == nil && len(r.Files) == 0
+}
+
+// loadRecord reads the record; no file is an empty record.
+func loadRecord(path string) (*record, error) {
+	data, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return &record{Version: recordVersion}, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading install record: %w", err)
+	}
+	var r record
+	if err := json.Unmarshal(data, &r); err != nil {
+		return nil, fmt.Errorf("parsing install record %s: %w", path, err)
+	}
+	if r.Version != recordVersion {
+		return nil, fmt.Errorf("install record %s has version %d, this binary understands %d", path, r.Version, recordVersion)
+	}
+	return &r, nil
+}
+
+// save writes the record atomically and makes the rename durable before
+// the change it describes is made.
+func (r *record) save(path string) error {
+	data, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encoding install record: %w", err)
+	}
+	if err := atomicfile.Write(path, append(data, '\n'), 0o600); err != nil {
+		return fmt.Errorf("saving install record: %w", err)
+	}
+	return syncDir(filepath.Dir(path))
+}
+
+// backupPath is where the copy of a binary we replaced is kept.
+func backupPath(recordPath, name string) string {
+	return recordPath + "." + name + ".orig"
+}
+
+// crashAfterRecord, when set by a test, runs after the record is saved and
+// before the change it describes; an error stops there, as a crash would.
+var crashAfterRecord func() error
+
+func (r *record) saveBeforeChange(path string) error {
+	if err := r.save(path); err != nil {
+		return err
+	}
+	if crashAfterRecord != nil {
+		return crashAfterRecord()
+	}
+	return nil
+}
