@@ -44,3 +44,21 @@ bench-quick:
 
 clean:
 	rm -rf bin results
+
+# A real single-node Kubernetes on this machine (hack/k8s, ~11 min the first
+# time: it builds Kubernetes), cni-usernet's image, and the end-to-end test
+# against that cluster (test/e2e, README "Install on Kubernetes").
+.PHONY: image cluster-up cluster-down e2e
+
+image:
+	hack/image.sh
+
+cluster-up:
+	hack/k8s/up.sh
+
+cluster-down:
+	hack/k8s/down.sh --purge
+
+# Cluster up if needed, image, test/e2e, cluster down even on failure.
+e2e:
+	hack/k8s/e2e.sh
