@@ -86,6 +86,14 @@ for f in /var/lib/cni-usernet/*.json; do
   log "removing leftover attachment state $f"
   rm -f "$f"
 done
+# ... and stacks whose state file was lost: "<bin> stack --config
+# /var/lib/cni-usernet/stacks/<key>/config.json" (the plugin's layout).
+for c in /proc/[0-9]*/cmdline; do
+  tr '\0' ' ' <"$c" 2>/dev/null | grep -qE '^[^ ]+ stack --config /var/lib/cni-usernet/stacks/' || continue
+  pid=${c#/proc/}; pid=${pid%/cmdline}
+  log "stopping leftover cni-usernet stack $pid (no state)"
+  kill -KILL "$pid" 2>/dev/null || true
+done
 
 # 5. mounts, network namespaces, interfaces left behind by pods.
 # (kubelet also bind-mounts /var/lib/kubelet onto itself to make it rshared)
@@ -97,7 +105,7 @@ for ns in $(ls /run/netns 2>/dev/null | grep '^cni-'); do
 done
 for l in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | cut -d@ -f1); do
   case "$l" in
-    veth* | cu*)
+    veth* | usn*)
       # only veths that carry our pod gateway addresses
       if ip -4 addr show dev "$l" 2>/dev/null | grep -q ' inet 10\.244\.'; then
         ip link del "$l" 2>/dev/null && log "removed leftover $l"

@@ -1,0 +1,45 @@
+#!/bin/bash
+# e2e.sh — what `make e2e` runs: bring up the single-node cluster (unless one
+# is running), build the image, run test/e2e against the cluster, and tear
+# the cluster down again, also when something failed (E2E_KEEP_CLUSTER=1
+# keeps it, for iterating). Exits non-zero when anything failed.
+set -uo pipefail
+LAB=$(cd "$(dirname "$0")" && pwd)
+REPO=$(cd "$LAB/../.." && pwd)
+. "$LAB/lib/common.sh"
+cd "$REPO"
+
+rc=0
+teardown() {
+  if [ "${E2E_KEEP_CLUSTER:-0}" = 1 ]; then
+    log "E2E_KEEP_CLUSTER=1: the cluster stays up (hack/k8s/down.sh --purge removes it)"
+  else
+    "$LAB/down.sh" --purge || rc=1
+  fi
+  exit $rc
+}
+trap teardown EXIT
+
+# What a CI log needs to tell why a run failed; printed before the teardown
+# removes the logs.
+dump_logs() {
+  log "---- diagnostics"
+  kubectl get nodes,pods -A -o wide 2>&1 | sed 's/^/  /'
+  kubectl get events -A --sort-by=.lastTimestamp 2>&1 | tail -40 | sed 's/^/  /'
+  kubectl -n kube-system logs -l app.kubernetes.io/name=cni-usernet --tail=80 --prefix 2>&1 | sed 's/^/  /'
+  for f in /var/log/cni-usernet/*.log; do
+    [ -f "$f" ] && { echo "  == $f"; tail -20 "$f" | sed 's/^/  /'; }
+  done
+  for d in kubelet containerd; do
+    echo "  == $LOGDIR/$d.log"; grep -iE 'error|fail' "$LOGDIR/$d.log" 2>/dev/null | tail -25 | sed 's/^/  /'
+  done
+}
+
+if pid_alive kube-apiserver && pid_alive kubelet; then
+  log "cluster already running"
+else
+  "$LAB/up.sh" || { rc=1; log "cluster did not come up"; exit; }
+fi
+export KUBECONFIG=$STATE/admin.kubeconfig CNI_USERNET_E2E=1
+hack/image.sh || { rc=1; exit; }
+go test -count=1 -v -timeout 30m ./test/e2e ${E2E_RUN:+-run "$E2E_RUN"} || { rc=1; dump_logs; }

@@ -1,0 +1,519 @@
+// Package e2e runs cni-usernet on a real single-node Kubernetes cluster
+// (hack/k8s) the way users install it: the README's "Install on Kubernetes"
+// commands, then pods, Services, GSO annotations, a DaemonSet restart, pod
+// deletion and the README's uninstall, checked from kubectl and from the
+// node. `make e2e` brings the cluster up, runs it and tears it down.
+//
+// The node is this machine (the cluster's node address lives on lo) and
+// every address the test talks to is a pod's or a Service's; the cluster's
+// guard rule drops anything a pod sends outside the pod range.
+package e2e
+
+import (
+	"bufio"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// The annotation that chooses a pod's GSO mode, and the reason of the Event
+// the plugin posts with its decision.
+const (
+	gsoAnnotation  = "cni-usernet.io/gso"
+	gsoEventReason = "GSOMode"
+)
+
+func TestKubernetes(t *testing.T) {
+	if os.Getenv("CNI_USERNET_E2E") != "1" || os.Getenv("KUBECONFIG") == "" {
+		t.Skip("needs a real cluster: set CNI_USERNET_E2E=1 and KUBECONFIG (`make e2e` brings one up and does)")
+	}
+	if os.Geteuid() != 0 {
+		t.Fatal("CNI_USERNET_E2E=1 needs root: the test inspects the node (processes, links, /var/lib/cni)")
+	}
+	repo, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	suffix := make([]byte, 3)
+	rand.Read(suffix)
+	ns := "cu-e2e-" + hex.EncodeToString(suffix)
+	manifest := filepath.Join(repo, "manifests", "cni-usernet.yaml")
+
+	// Leave the cluster as we found it also when a step fails: pods first
+	// (their DEL needs the plugin installed), then the plugin.
+	t.Cleanup(func() {
+		if _, err := kubectl("get", "ns", ns); err == nil {
+			if _, err := kubectl("delete", "ns", ns, "--wait=true", "--timeout=90s"); err != nil {
+				t.Logf("cleanup: %v", err)
+			}
+		}
+		if _, err := kubectl("-n", "kube-system", "get", "ds", "cni-usernet"); err == nil {
+			if _, err := kubectl("delete", "-f", manifest, "--wait=true", "--timeout=90s"); err != nil {
+				t.Logf("cleanup: %v", err)
+			}
+			waitAgentGone(t)
+		}
+	})
+
+	step := func(name string, f func(t *testing.T)) {
+		if !t.Run(name, f) {
+			t.FailNow()
+		}
+	}
+
+	before := snapshot(t, cniConfDir, cniBinDir)
+	var network string
+
+	step("NodeNotReadyBeforeInstall", func(t *testing.T) {
+		if _, err := kubectl("-n", "kube-system", "get", "ds", "cni-usernet"); err == nil {
+			t.Fatal("a cni-usernet DaemonSet is already installed (left over from an earlier run?)")
+		}
+		if ok, why := nodeReady(t); ok {
+			t.Fatalf("node is Ready before cni-usernet is installed (%s); the cluster must start without a CNI", why)
+		} else {
+			t.Logf("node NotReady: %s", why)
+		}
+	})
+
+	step("InstallFromREADME", func(t *testing.T) {
+		runREADME(t, repo, "e2e-install", 8*time.Minute)
+		eventually(t, 2*time.Minute, "node Ready", func() error {
+			if ok, why := nodeReady(t); !ok {
+				return fmt.Errorf("node NotReady: %s", why)
+			}
+			return nil
+		})
+		file, name, typ, err := installedConflist()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if typ != "cni-usernet" {
+			t.Fatalf("containerd uses %s, whose first plugin is %q, not cni-usernet", file, typ)
+		}
+		network = name
+		t.Logf("node Ready; containerd uses %s (network %q)", file, network)
+		if _, err := os.Stat(installed); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	step("PodImage", func(t *testing.T) { buildPodImage(t, repo) })
+
+	// One pod per GSO mode, and one without the annotation; all serve.
+	pods := map[string]string{"srv": "hardware", "cli": "software", "off": "off", "plain": ""}
+	podIP := map[string]string{}
+	var svcIP string
+	step("PodsAndService", func(t *testing.T) {
+		var m strings.Builder
+		fmt.Fprintf(&m, "apiVersion: v1\nkind: Namespace\nmetadata: {name: %s}\n", ns)
+		for name, mode := range pods {
+			m.WriteString(podManifest(ns, name, mode))
+		}
+		fmt.Fprintf(&m, `---
+apiVersion: v1
+kind: Service
+metadata: {name: srv, namespace: %s}
+spec:
+  selector: {app: srv}
+  ports:
+  - {name: http, protocol: TCP, port: 80, targetPort: 8080}
+  - {name: dns, protocol: UDP, port: 53, targetPort: 53}
+`, ns)
+		apply(t, m.String())
+		mustKubectl(t, "-n", ns, "wait", "--for=condition=Ready", "pod", "--all", "--timeout=3m")
+		for name := range pods {
+			p := getPod(t, ns, name)
+			podIP[name] = p.Status.PodIP
+		}
+		svcIP = strings.TrimSpace(mustKubectl(t, "-n", ns, "get", "svc", "srv", "-o", "jsonpath={.spec.clusterIP}"))
+		// kube-proxy programs the Service once the endpoints are ready.
+		eventually(t, time.Minute, "Service endpoints", func() error {
+			out, err := kubectl("-n", ns, "get", "endpointslices", "-l", "kubernetes.io/service-name=srv",
+				"-o", "jsonpath={.items[*].endpoints[*].addresses[*]}")
+			if err != nil {
+				return err
+			}
+			if strings.TrimSpace(out) != podIP["srv"] {
+				return fmt.Errorf("endpoints %q, want %s", out, podIP["srv"])
+			}
+			return nil
+		})
+		t.Logf("pods %v, Service srv %s", podIP, svcIP)
+	})
+
+	step("UserspaceStacks", func(t *testing.T) {
+		st := nodeStatus(t)
+		for name := range pods {
+			row, ok := st[ns+"/"+name]
+			if !ok {
+				t.Errorf("%s: not in cni-usernet status", name)
+				continue
+			}
+			if !row.Healthy {
+				t.Errorf("%s: unhealthy: %s", name, row.Problem)
+			}
+			if !stackAlive(row.PID) {
+				t.Errorf("%s: stack process %d is not running", name, row.PID)
+			}
+			if !containsIP(row.IPs, podIP[name]) {
+				t.Errorf("%s: status IPs %v, pod IP %s", name, row.IPs, podIP[name])
+			}
+			// The pod's own view: eth0 carries no kernel address (the stack
+			// owns it), the applications' TUN carries the pod IP.
+			eth0 := mustKubectl(t, "-n", ns, "exec", name, "--", "ip", "-o", "addr", "show", "dev", "eth0")
+			if strings.Contains(eth0, " inet") {
+				t.Errorf("%s: eth0 has kernel addresses:\n%s", name, eth0)
+			}
+			tun := mustKubectl(t, "-n", ns, "exec", name, "--", "ip", "-o", "addr", "show", "dev", "usernet0")
+			if !strings.Contains(tun, " "+podIP[name]+"/") {
+				t.Errorf("%s: usernet0 lacks the pod IP %s:\n%s", name, podIP[name], tun)
+			}
+		}
+		if err := readNodeState(t, network).consistent(); err != nil {
+			t.Error(err)
+		}
+	})
+
+	step("GSOModeByAnnotation", func(t *testing.T) {
+		st := nodeStatus(t)
+		for name, want := range pods {
+			row := st[ns+"/"+name]
+			got := row.GSO.Mode
+			if want == "" {
+				// No annotation: the default, auto, picks one of these.
+				if got != "hardware" && got != "software" {
+					t.Errorf("%s (no annotation): status gso.mode %q", name, got)
+				}
+			} else if got != want {
+				t.Errorf("%s (annotated %s): status gso.mode %q (%s)", name, want, got, row.GSO.Reason)
+			}
+			mode := got
+			eventually(t, 30*time.Second, name+": GSO Event", func() error {
+				evs, err := podEvents(ns, name)
+				if err != nil {
+					return err
+				}
+				for _, e := range evs {
+					if e.Reason == gsoEventReason && strings.Contains(e.Message, mode) {
+						t.Logf("%s: event %s %s: %s", name, e.Type, e.Reason, e.Message)
+						return nil
+					}
+				}
+				return fmt.Errorf("no %s event naming %q:%s", gsoEventReason, mode, formatEvents(evs))
+			})
+		}
+	})
+
+	step("Traffic", func(t *testing.T) {
+		srv := podIP["srv"]
+		// pod -> pod, from each mode, with the client's address preserved.
+		for _, c := range []string{"cli", "off", "plain"} {
+			out := podExec(t, ns, c, "wget", "-qO-", "-T", "10", "http://"+net.JoinHostPort(srv, "8080")+"/")
+			wantHTTP(t, c+" -> srv pod", out, "srv", podIP[c])
+		}
+		out := podExec(t, ns, "srv", "wget", "-qO-", "-T", "10", "http://"+net.JoinHostPort(podIP["off"], "8080")+"/")
+		wantHTTP(t, "srv -> off pod", out, "off", srv)
+		// pod -> Service ClusterIP, through kube-proxy's DNAT.
+		out = podExec(t, ns, "cli", "wget", "-qO-", "-T", "10", "http://"+svcIP+"/")
+		wantHTTP(t, "cli -> Service", out, "srv", "")
+		// hairpin: the Service's only backend reaching itself through it.
+		out = podExec(t, ns, "srv", "wget", "-qO-", "-T", "10", "http://"+svcIP+"/")
+		wantHTTP(t, "srv -> own Service (hairpin)", out, "srv", "")
+		// DNS-shaped UDP from a pod to a Service.
+		out = podExec(t, ns, "off", "nslookup", "e2e.test.", svcIP)
+		if !strings.Contains(out, "198.51.100.53") {
+			t.Errorf("off -> Service DNS: no answer in:\n%s", out)
+		}
+		// node -> every pod, HTTP and UDP.
+		for name := range pods {
+			body, err := httpGet("http://" + net.JoinHostPort(podIP[name], "8080") + "/")
+			if err != nil {
+				t.Errorf("node -> %s HTTP: %v", name, err)
+			} else {
+				wantHTTP(t, "node -> "+name+" HTTP", body, name, "")
+			}
+			if reply, err := udpEcho(net.JoinHostPort(podIP[name], "9090"), "hello-"+name); err != nil {
+				t.Errorf("node -> %s UDP: %v", name, err)
+			} else if !strings.Contains(reply, "pod="+name+" ") || !strings.HasSuffix(reply, "data=hello-"+name) {
+				t.Errorf("node -> %s UDP: reply %q", name, reply)
+			}
+		}
+	})
+
+	step("BadAnnotation", func(t *testing.T) {
+		apply(t, podManifest(ns, "bad", "turbo"))
+		eventually(t, 2*time.Minute, "bad annotation's error in the pod's events", func() error {
+			evs, err := podEvents(ns, "bad")
+			if err != nil {
+				return err
+			}
+			for _, e := range evs {
+				if e.Type == "Warning" && strings.Contains(e.Message, gsoAnnotation) && strings.Contains(e.Message, "turbo") {
+					t.Logf("bad: event %s %s: %s", e.Type, e.Reason, e.Message)
+					return nil
+				}
+			}
+			return fmt.Errorf("no Warning naming %s and turbo:%s", gsoAnnotation, formatEvents(evs))
+		})
+		if p := getPod(t, ns, "bad"); p.Status.Phase != "Pending" || p.Status.PodIP != "" {
+			t.Errorf("bad: phase %s, IP %q; want Pending without an IP", p.Status.Phase, p.Status.PodIP)
+		}
+		// Nothing of the failed ADDs stays: no attachment for the pod, and
+		// every stack, veth and lease on the node belongs to a good pod.
+		s := readNodeState(t, network)
+		if a := s.attachmentOf(ns, "bad"); a != nil {
+			t.Errorf("bad: attachment state left: %+v", a)
+		}
+		if err := s.consistent(); err != nil {
+			t.Error(err)
+		}
+		if len(s.atts) != len(pods) {
+			t.Errorf("%d attachments on the node, want %d (one per running pod)", len(s.atts), len(pods))
+		}
+		mustKubectl(t, "-n", ns, "delete", "pod", "bad", "--wait=true")
+	})
+
+	step("RolloutRestartKeepsConnections", func(t *testing.T) {
+		conn, err := net.DialTimeout("tcp", net.JoinHostPort(podIP["srv"], "9000"), 10*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		r := bufio.NewReader(conn)
+		echo(t, conn, r, "before the restart")
+		stacksBefore := map[string]int{}
+		for name := range pods {
+			stacksBefore[name] = nodeStatus(t)[ns+"/"+name].PID
+		}
+		agentBefore := agentPods(t)
+		mustKubectl(t, "-n", "kube-system", "rollout", "restart", "ds/cni-usernet")
+		mustKubectl(t, "-n", "kube-system", "rollout", "status", "ds/cni-usernet", "--timeout=3m")
+		eventually(t, time.Minute, "old agent pod gone", func() error {
+			now := agentPods(t)
+			for _, p := range now {
+				for _, o := range agentBefore {
+					if p == o {
+						return fmt.Errorf("agent pods %v, before %v", now, agentBefore)
+					}
+				}
+			}
+			return nil
+		})
+		echo(t, conn, r, "after the restart")
+		st := nodeStatus(t)
+		for name, pid := range stacksBefore {
+			if st[ns+"/"+name].PID != pid {
+				t.Errorf("%s: stack PID %d before the restart, %d after", name, pid, st[ns+"/"+name].PID)
+			}
+		}
+		// The new agent serves new pods too.
+		apply(t, podManifest(ns, "late", "software"))
+		mustKubectl(t, "-n", ns, "wait", "--for=condition=Ready", "pod/late", "--timeout=2m")
+		pods["late"] = "software"
+		podIP["late"] = getPod(t, ns, "late").Status.PodIP
+		body, err := httpGet("http://" + net.JoinHostPort(podIP["late"], "8080") + "/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantHTTP(t, "node -> late", body, "late", "")
+	})
+
+	step("DeletingPodsRemovesEverything", func(t *testing.T) {
+		s := readNodeState(t, network)
+		type left struct {
+			pid        int
+			veth, file string
+			ips        []string
+		}
+		var mine []left
+		for name := range pods {
+			a := s.attachmentOf(ns, name)
+			if a == nil {
+				t.Fatalf("%s: no attachment state", name)
+			}
+			var ips []string
+			for _, ip := range a.IPs {
+				ips = append(ips, strings.SplitN(ip, "/", 2)[0])
+			}
+			mine = append(mine, left{a.StackPID, a.HostVeth, filepath.Join(stateDir, stateKeyFile(a.ContainerID, a.IfName)), ips})
+		}
+		mustKubectl(t, "delete", "ns", ns, "--wait=true", "--timeout=2m")
+		eventually(t, time.Minute, "stacks, veths, state and leases of the deleted pods gone", func() error {
+			for _, l := range mine {
+				if stackAlive(l.pid) {
+					return fmt.Errorf("stack %d still runs", l.pid)
+				}
+				if _, err := net.InterfaceByName(l.veth); err == nil {
+					return fmt.Errorf("veth %s still exists", l.veth)
+				}
+				if _, err := os.Stat(l.file); err == nil {
+					return fmt.Errorf("state %s still exists", l.file)
+				}
+				for _, ip := range l.ips {
+					if _, err := os.Stat(filepath.Join(leaseRoot, network, ip)); err == nil {
+						return fmt.Errorf("lease of %s still held", ip)
+					}
+				}
+			}
+			s := readNodeState(t, network)
+			if len(s.atts) != 0 || len(s.stacks) != 0 || len(s.veths) != 0 || len(s.leases) != 0 {
+				return fmt.Errorf("left on the node: %d attachments, stacks %v, veths %v, leases %v",
+					len(s.atts), s.stacks, s.veths, s.leases)
+			}
+			return nil
+		})
+	})
+
+	step("UninstallFromREADME", func(t *testing.T) {
+		runREADME(t, repo, "e2e-uninstall", 3*time.Minute)
+		waitAgentGone(t)
+		var diff []string
+		eventually(t, time.Minute, "/etc/cni/net.d and /opt/cni/bin as before the install", func() error {
+			diff = diffSnapshots(before, snapshot(t, cniConfDir, cniBinDir))
+			if diff != nil {
+				return fmt.Errorf("\n  %s", strings.Join(diff, "\n  "))
+			}
+			return nil
+		})
+		eventually(t, 2*time.Minute, "node NotReady again", func() error {
+			if ok, _ := nodeReady(t); ok {
+				return fmt.Errorf("node still Ready")
+			}
+			return nil
+		})
+	})
+}
+
+// podManifest is a test pod running podtool, with the GSO annotation when
+// mode is not empty.
+func podManifest(ns, name, mode string) string {
+	ann := ""
+	if mode != "" {
+		ann = fmt.Sprintf("\n  annotations: {%s: %q}", gsoAnnotation, mode)
+	}
+	return fmt.Sprintf(`---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: %s
+  namespace: %s
+  labels: {app: %s}%s
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: podtool
+    image: %s
+    imagePullPolicy: Never
+    args: [serve]
+    env:
+    - name: POD_NAME
+      valueFrom: {fieldRef: {fieldPath: metadata.name}}
+`, name, ns, name, ann, podImage)
+}
+
+func podExec(t *testing.T, ns, name string, argv ...string) string {
+	t.Helper()
+	out, err := kubectl(append([]string{"-n", ns, "exec", name, "--"}, argv...)...)
+	if err != nil {
+		t.Errorf("in pod %s: %v", name, err)
+	}
+	return out
+}
+
+// wantHTTP checks a podtool HTTP answer: which pod answered and, when
+// client is set, the source address it saw.
+func wantHTTP(t *testing.T, what, body, pod, client string) {
+	t.Helper()
+	if !strings.HasPrefix(body, "pod="+pod+" ") {
+		t.Errorf("%s: answer %q, want one from pod %s", what, body, pod)
+		return
+	}
+	if client != "" && !strings.Contains(body, "client="+net.JoinHostPort(client, "")) {
+		t.Errorf("%s: answer %q, want the client address %s", what, body, client)
+	}
+}
+
+func httpGet(url string) (string, error) {
+	c := http.Client{Timeout: 10 * time.Second}
+	resp, err := c.Get(url)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return string(b), err
+}
+
+func udpEcho(addr, msg string) (string, error) {
+	c, err := net.Dial("udp", addr)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	buf := make([]byte, 2048)
+	// UDP may lose the first datagram while neighbours resolve: retry.
+	for i := 0; i < 5; i++ {
+		if _, err := c.Write([]byte(msg)); err != nil {
+			return "", err
+		}
+		c.SetReadDeadline(time.Now().Add(2 * time.Second))
+		n, err := c.Read(buf)
+		if err == nil {
+			return string(buf[:n]), nil
+		}
+		if ne, ok := err.(net.Error); !ok || !ne.Timeout() {
+			return "", err
+		}
+	}
+	return "", fmt.Errorf("no UDP answer from %s", addr)
+}
+
+func echo(t *testing.T, c net.Conn, r *bufio.Reader, line string) {
+	t.Helper()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(c, line+"\n"); err != nil {
+		t.Fatalf("long-lived connection, sending %q: %v", line, err)
+	}
+	got, err := r.ReadString('\n')
+	if err != nil {
+		t.Fatalf("long-lived connection, reading the echo of %q: %v", line, err)
+	}
+	if strings.TrimSuffix(got, "\n") != line {
+		t.Fatalf("long-lived connection: echo %q, want %q", got, line)
+	}
+}
+
+func containsIP(cidrs []string, ip string) bool {
+	for _, c := range cidrs {
+		if strings.SplitN(c, "/", 2)[0] == ip {
+			return true
+		}
+	}
+	return false
+}
+
+// agentPods lists the names of the DaemonSet's pods.
+func agentPods(t *testing.T) []string {
+	t.Helper()
+	out := mustKubectl(t, "-n", "kube-system", "get", "pods", "-l", "app.kubernetes.io/name=cni-usernet",
+		"-o", "jsonpath={range .items[*]}{.metadata.name}{\"\\n\"}{end}")
+	return strings.Fields(out)
+}
+
+func waitAgentGone(t *testing.T) {
+	t.Helper()
+	eventually(t, 2*time.Minute, "cni-usernet agent pods gone", func() error {
+		if p := agentPods(t); len(p) > 0 {
+			return fmt.Errorf("still running: %v", p)
+		}
+		return nil
+	})
+}

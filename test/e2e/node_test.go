@@ -1,0 +1,217 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cni-usernet/cni-usernet/pkg/state"
+)
+
+// What the DaemonSet installs on the node, at the paths the manifest gives.
+const (
+	cniConfDir  = "/etc/cni/net.d"
+	cniBinDir   = "/opt/cni/bin"
+	installed   = cniBinDir + "/cni-usernet"
+	stateDir    = "/var/lib/cni-usernet"
+	stacksDir   = stateDir + "/stacks/"
+	leaseRoot   = "/var/lib/cni/networks"
+	hostVethPfx = "usn"
+)
+
+// statusRow is one attachment of `cni-usernet status --json`.
+type statusRow struct {
+	ContainerID string   `json:"containerID"`
+	Pod         string   `json:"pod"`
+	IPs         []string `json:"ips"`
+	PID         int      `json:"pid"`
+	Healthy     bool     `json:"healthy"`
+	Problem     string   `json:"problem"`
+	GSO         struct {
+		Mode   string `json:"mode"`
+		Reason string `json:"reason"`
+	} `json:"gso"`
+}
+
+// nodeStatus runs the installed plugin's status command, as an operator
+// on the node would, and indexes its rows by "namespace/pod".
+func nodeStatus(t *testing.T) map[string]statusRow {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	out, err := run(ctx, "", installed, "status", "--json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Lines after the JSON array name unreadable state files.
+	dec := json.NewDecoder(strings.NewReader(out))
+	var rows []statusRow
+	if err := dec.Decode(&rows); err != nil {
+		t.Fatalf("decoding status --json: %v\n%s", err, out)
+	}
+	if rest := strings.TrimSpace(out[dec.InputOffset():]); rest != "" {
+		t.Errorf("status reports: %s", rest)
+	}
+	m := map[string]statusRow{}
+	for _, r := range rows {
+		m[r.Pod] = r
+	}
+	return m
+}
+
+// nodeState is what cni-usernet has on the node: attachment state files,
+// stack processes, node-side veths and host-local leases.
+type nodeState struct {
+	atts   []*state.Attachment
+	stacks []int    // PIDs of "<bin> stack --config /var/lib/cni-usernet/stacks/..."
+	veths  []string // links named like the plugin's node-side veths
+	leases []string // IPs leased by host-local in the network's directory
+}
+
+func readNodeState(t *testing.T, network string) nodeState {
+	t.Helper()
+	var s nodeState
+	atts, errs := state.Store{Dir: stateDir}.List()
+	for _, e := range errs {
+		t.Errorf("state: %v", e)
+	}
+	s.atts = atts
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, c := range procs {
+		b, err := os.ReadFile(c)
+		if err != nil {
+			continue
+		}
+		argv := strings.Split(strings.TrimSuffix(string(b), "\x00"), "\x00")
+		if len(argv) == 4 && argv[1] == "stack" && argv[2] == "--config" && strings.HasPrefix(argv[3], stacksDir) {
+			var pid int
+			fmt.Sscanf(strings.TrimPrefix(c, "/proc/"), "%d", &pid)
+			s.stacks = append(s.stacks, pid)
+		}
+	}
+	ifs, err := net.Interfaces()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, i := range ifs {
+		if strings.HasPrefix(i.Name, hostVethPfx) {
+			s.veths = append(s.veths, i.Name)
+		}
+	}
+	entries, _ := os.ReadDir(filepath.Join(leaseRoot, network))
+	for _, e := range entries {
+		if _, err := netip.ParseAddr(e.Name()); err == nil {
+			s.leases = append(s.leases, e.Name())
+		}
+	}
+	sort.Ints(s.stacks)
+	sort.Strings(s.veths)
+	sort.Strings(s.leases)
+	return s
+}
+
+// consistent says what does not match between the state files and what
+// exists: every stack, veth and lease belongs to an attachment, and every
+// attachment has them.
+func (s nodeState) consistent() error {
+	var pids []int
+	var veths, ips []string
+	for _, a := range s.atts {
+		pids = append(pids, a.StackPID)
+		if a.HostVeth != "" {
+			veths = append(veths, a.HostVeth)
+		}
+		for _, ip := range a.IPs {
+			if p, err := netip.ParsePrefix(ip); err == nil {
+				ip = p.Addr().String()
+			}
+			ips = append(ips, ip)
+		}
+	}
+	sort.Ints(pids)
+	sort.Strings(veths)
+	sort.Strings(ips)
+	var probs []string
+	if !slices.Equal(pids, s.stacks) {
+		probs = append(probs, fmt.Sprintf("stack processes %v, state files say %v", s.stacks, pids))
+	}
+	if !slices.Equal(veths, s.veths) {
+		probs = append(probs, fmt.Sprintf("node-side veths %v, state files say %v", s.veths, veths))
+	}
+	if !slices.Equal(ips, s.leases) {
+		probs = append(probs, fmt.Sprintf("host-local leases %v, state files say %v", s.leases, ips))
+	}
+	if probs != nil {
+		return fmt.Errorf("%s", strings.Join(probs, "; "))
+	}
+	return nil
+}
+
+func (s nodeState) attachmentOf(ns, name string) *state.Attachment {
+	for _, a := range s.atts {
+		if a.PodNS == ns && a.PodName == name {
+			return a
+		}
+	}
+	return nil
+}
+
+// installedConflist returns the network name and first plugin type of the
+// file containerd uses: the lexically first .conf/.conflist/.json in
+// /etc/cni/net.d.
+func installedConflist() (file, network, firstType string, err error) {
+	entries, err := os.ReadDir(cniConfDir)
+	if err != nil {
+		return "", "", "", err
+	}
+	for _, e := range entries {
+		ext := filepath.Ext(e.Name())
+		if e.IsDir() || (ext != ".conf" && ext != ".conflist" && ext != ".json") {
+			continue
+		}
+		file = filepath.Join(cniConfDir, e.Name())
+		break
+	}
+	if file == "" {
+		return "", "", "", fmt.Errorf("no CNI configuration in %s", cniConfDir)
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return "", "", "", err
+	}
+	var c struct {
+		Name    string `json:"name"`
+		Type    string `json:"type"`
+		Plugins []struct {
+			Type string `json:"type"`
+		} `json:"plugins"`
+	}
+	if err := json.Unmarshal(b, &c); err != nil {
+		return "", "", "", fmt.Errorf("%s: %w", file, err)
+	}
+	firstType = c.Type
+	if len(c.Plugins) > 0 {
+		firstType = c.Plugins[0].Type
+	}
+	return file, c.Name, firstType, nil
+}
+
+// stackAlive says whether pid still runs as a cni-usernet stack.
+func stackAlive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	return err == nil && strings.Contains(string(b), "\x00stack\x00--config\x00"+stacksDir)
+}
+
+// stateKeyFile is the name of an attachment's state file.
+func stateKeyFile(containerID, ifName string) string {
+	return state.Key(containerID, ifName) + ".json"
+}

@@ -1,0 +1,145 @@
+// Command podtool is the e2e test's pod server: one static binary in the test
+// image beside busybox (whose nc has no UDP and which has no DNS server).
+//
+//	podtool serve    HTTP on :8080, UDP echo on :9090, DNS on :53/udp, TCP echo on :9000
+//
+// Every answer names the pod (POD_NAME) and the peer address it saw, so the
+// test can tell which pod answered and that the relay kept the client's
+// address.
+package main
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"os"
+)
+
+// DNSAnswer is the IPv4 address every A query is answered with (TEST-NET-2:
+// data only, nothing connects to it).
+var DNSAnswer = net.IPv4(198, 51, 100, 53).To4()
+
+func main() {
+	if len(os.Args) != 2 || os.Args[1] != "serve" {
+		fmt.Fprintln(os.Stderr, "usage: podtool serve")
+		os.Exit(2)
+	}
+	name := os.Getenv("POD_NAME")
+	if name == "" {
+		name, _ = os.Hostname()
+	}
+	errc := make(chan error, 4)
+	go func() { errc <- serveHTTP(name) }()
+	go func() { errc <- serveUDPEcho(name) }()
+	go func() { errc <- serveDNS() }()
+	go func() { errc <- serveTCPEcho() }()
+	log.Printf("podtool %s serving", name)
+	log.Fatal(<-errc)
+}
+
+func serveHTTP(name string) error {
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "pod=%s client=%s\n", name, r.RemoteAddr)
+	})
+	return fmt.Errorf("http: %w", http.ListenAndServe(":8080", h))
+}
+
+func serveUDPEcho(name string) error {
+	c, err := net.ListenPacket("udp", ":9090")
+	if err != nil {
+		return fmt.Errorf("udp echo: %w", err)
+	}
+	buf := make([]byte, 65535)
+	for {
+		n, from, err := c.ReadFrom(buf)
+		if err != nil {
+			return fmt.Errorf("udp echo: %w", err)
+		}
+		reply := fmt.Sprintf("pod=%s client=%s data=%s", name, from, buf[:n])
+		if _, err := c.WriteTo([]byte(reply), from); err != nil {
+			log.Printf("udp echo reply to %s: %v", from, err)
+		}
+	}
+}
+
+func serveTCPEcho() error {
+	l, err := net.Listen("tcp", ":9000")
+	if err != nil {
+		return fmt.Errorf("tcp echo: %w", err)
+	}
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			return fmt.Errorf("tcp echo: %w", err)
+		}
+		go func() {
+			defer c.Close()
+			io.Copy(c, c)
+		}()
+	}
+}
+
+// serveDNS answers every A query with DNSAnswer and every other query with
+// no records: enough for busybox nslookup, and DNS-shaped traffic (a query
+// from an ephemeral port to port 53, an answer back) through a Service.
+func serveDNS() error {
+	c, err := net.ListenPacket("udp", ":53")
+	if err != nil {
+		return fmt.Errorf("dns: %w", err)
+	}
+	buf := make([]byte, 1500)
+	for {
+		n, from, err := c.ReadFrom(buf)
+		if err != nil {
+			return fmt.Errorf("dns: %w", err)
+		}
+		reply, err := dnsReply(buf[:n])
+		if err != nil {
+			log.Printf("dns query from %s: %v", from, err)
+			continue
+		}
+		if _, err := c.WriteTo(reply, from); err != nil {
+			log.Printf("dns reply to %s: %v", from, err)
+		}
+	}
+}
+
+func dnsReply(q []byte) ([]byte, error) {
+	if len(q) < 12 || binary.BigEndian.Uint16(q[4:6]) != 1 {
+		return nil, errors.New("not a query with one question")
+	}
+	// The question: labels up to the zero byte, then type and class.
+	i := 12
+	for i < len(q) && q[i] != 0 {
+		if q[i]&0xc0 != 0 {
+			return nil, errors.New("compressed name in a question")
+		}
+		i += int(q[i]) + 1
+	}
+	if i+5 > len(q) {
+		return nil, errors.New("truncated question")
+	}
+	qend := i + 5
+	qtype := binary.BigEndian.Uint16(q[i+1 : i+3])
+	r := make([]byte, 0, qend+16)
+	r = append(r, q[0:2]...)         // ID
+	r = append(r, 0x80|q[2]&1, 0x80) // response, recursion desired (as asked) and available
+	r = binary.BigEndian.AppendUint16(r, 1)
+	ancount := uint16(0)
+	if qtype == 1 {
+		ancount = 1
+	}
+	r = binary.BigEndian.AppendUint16(r, ancount)
+	r = append(r, 0, 0, 0, 0) // NSCOUNT, ARCOUNT
+	r = append(r, q[12:qend]...)
+	if ancount == 1 {
+		r = append(r, 0xc0, 12)                     // name: pointer to the question's
+		r = append(r, 0, 1, 0, 1, 0, 0, 0, 5, 0, 4) // A, IN, TTL 5, 4 bytes
+		r = append(r, DNSAnswer...)
+	}
+	return r, nil
+}
