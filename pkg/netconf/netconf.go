@@ -76,6 +76,12 @@ type NetConf struct {
 	RunDir   string `json:"runDir,omitempty"`
 	// ReadyTimeout bounds the wait for the stack to come up. Zero: 10s.
 	ReadyTimeout string `json:"readyTimeout,omitempty"`
+	// Kubeconfig, when set, lets the plugin read a pod's annotations from
+	// the API server (when the runtime does not pass them) and post the
+	// GSO decision as an Event on the pod. The node agent writes it.
+	Kubeconfig string `json:"kubeconfig,omitempty"`
+	// NodeName names the node in Events. Zero: the host name.
+	NodeName string `json:"nodeName,omitempty"`
 
 	RuntimeConfig struct {
 		PodAnnotations map[string]string `json:"io.kubernetes.cri.pod-annotations,omitempty"`

@@ -16,6 +16,7 @@ import (
 
 	"github.com/cni-usernet/cni-usernet/pkg/atomicfile"
 	"github.com/cni-usernet/cni-usernet/pkg/control"
+	"github.com/cni-usernet/cni-usernet/pkg/kube"
 	"github.com/cni-usernet/cni-usernet/pkg/launch"
 	"github.com/cni-usernet/cni-usernet/pkg/offload"
 	"github.com/cni-usernet/cni-usernet/pkg/podstack"
@@ -57,8 +58,12 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 
 func (inv *invocation) add() (_ *current.Result, err error) {
 	args, conf := inv.args, inv.conf
+	if err := inv.loadAnnotations(); err != nil {
+		return nil, err
+	}
 	mode, modeSource, err := conf.GSOMode()
 	if err != nil {
+		inv.event(kube.EventWarning, "InvalidGSOAnnotation", err.Error()+"; the pod gets no network until the annotation is fixed")
 		return nil, errorf(types.ErrInvalidNetworkConfig, "%v", err)
 	}
 	if _, err := inv.store.Load(args.ContainerID, args.IfName); err == nil {
@@ -151,6 +156,8 @@ func (inv *invocation) add() (_ *current.Result, err error) {
 		return nil, cniError(types.ErrIOFailure, err)
 	}
 	inv.log.Info("stack started", "pid", proc.PID, "gso", st.GSO.Mode, "reason", st.GSO.Reason, "source", modeSource)
+	inv.event(kube.EventNormal, "GSOMode", fmt.Sprintf("GSO %s (requested %s by %s): %s; stack pid %d",
+		st.GSO.Mode, mode, modeSource, st.GSO.Reason, proc.PID))
 	return result, nil
 }
 

@@ -15,6 +15,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/cni/pkg/version"
 
+	"github.com/cni-usernet/cni-usernet/pkg/kube"
 	"github.com/cni-usernet/cni-usernet/pkg/netconf"
 	"github.com/cni-usernet/cni-usernet/pkg/state"
 )
@@ -51,6 +52,7 @@ type invocation struct {
 	log   *slog.Logger
 	pod   k8sArgs
 	close func()
+	kube  *kube.Client // see kubeClient
 }
 
 func start(args *skel.CmdArgs) (*invocation, error) {

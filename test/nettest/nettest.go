@@ -107,6 +107,9 @@ type Env struct {
 	BinDir  string
 	Subnet  string // IPv4 pod subnet
 	Subnet6 string // IPv6 pod subnet, "" for IPv4 only
+	// PodArgs are appended to the CNI_ARGS every call passes (e.g.
+	// ";K8S_POD_UID=...").
+	PodArgs string
 	mu      sync.Mutex
 	counter int
 }
@@ -188,7 +191,7 @@ func (e *Env) ExecNetns(plugin, command string, conf []byte, containerID, netnsP
 		NetNS:         netnsPath,
 		IfName:        ifName,
 		Path:          e.BinDir,
-		PluginArgsStr: "IgnoreUnknown=1;K8S_POD_NAMESPACE=test;K8S_POD_NAME=" + containerID,
+		PluginArgsStr: "IgnoreUnknown=1;K8S_POD_NAMESPACE=test;K8S_POD_NAME=" + containerID + e.PodArgs,
 	}
 	var out []byte
 	err := e.Node.Do(func(ns.NetNS) error {
