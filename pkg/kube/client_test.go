@@ -1,0 +1,580 @@
+package kube
+
+import (
+	"context"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+	"unicode/utf8"
+)
+
+// newServer starts a TLS API server stand-in and returns a Config that
+// trusts it, with token "tok".
+func newServer(t *testing.T, h http.HandlerFunc) (*httptest.Server, Config) {
+	t.Helper()
+	srv := httptest.NewUnstartedServer(h)
+	// Handshakes our tests fail on purpose would be logged as noise.
+	srv.Config.ErrorLog = log.New(io.Discard, "", 0)
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	return srv, Config{Server: srv.URL, CAPEM: serverCA(srv), Token: "tok"}
+}
+
+func serverCA(srv *httptest.Server) []byte {
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw})
+}
+
+func newClient(t *testing.T, cfg Config) *Client {
+	t.Helper()
+	c, err := New(cfg)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	return c
+}
+
+func ctxTimeout(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func writeStatus(w http.ResponseWriter, code int, reason, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	json.NewEncoder(w).Encode(map[string]any{
+		"kind": "Status", "apiVersion": "v1", "status": "Failure",
+		"reason": reason, "message": msg, "code": code,
+	})
+}
+
+func TestPodAnnotations(t *testing.T) {
+	var got *http.Request
+	_, cfg := newServer(t, func(w http.ResponseWriter, r *http.Request) {
+		got = r.Clone(context.Background())
+		if r.URL.Path != "/api/v1/namespaces/team-a/pods/web-0" {
+			http.NotFound(w, r)
+			return
+		}
+		fmt.Fprint(w, `{"kind":"PartialObjectMetadata","apiVersion":"meta.k8s.io/v1",
+			"metadata":{"name":"web-0","namespace":"team-a","uid":"0b7c-uid",
+			"annotations":{"cni-usernet.io/gso":"software","other":"x"}}}`)
+	})
+	c := newClient(t, cfg)
+	ann, uid, err := c.PodAnnotations(ctxTimeout(t, 2*time.Second), "team-a", "web-0")
+	if err != nil {
+		t.Fatalf("PodAnnotations: %v", err)
+	}
+	want := map[string]string{"cni-usernet.io/gso": "software", "other": "x"}
+	if !reflect.DeepEqual(ann, want) {
+		t.Errorf("annotations: got %v, want %v", ann, want)
+	}
+	if uid != "0b7c-uid" {
+		t.Errorf("uid: got %q, want %q", uid, "0b7c-uid")
+	}
+	if got.Method != http.MethodGet {
+		t.Errorf("method: got %s, want GET", got.Method)
+	}
+	if a := got.Header.Get("Authorization"); a != "Bearer tok" {
+		t.Errorf("Authorization: got %q, want %q", a, "Bearer tok")
+	}
+	if a := got.Header.Get("Accept"); !strings.HasPrefix(a, "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,") || !strings.HasSuffix(a, ",application/json") {
+		t.Errorf("Accept: got %q, want metadata only with a plain JSON fallback", a)
+	}
+	if ua := got.Header.Get("User-Agent"); ua != DefaultUserAgent {
+		t.Errorf("User-Agent: got %q, want %q", ua, DefaultUserAgent)
+	}
+}
+
+func TestPodAnnotationsNone(t *testing.T) {
+	_, cfg := newServer(t, func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, `{"metadata":{"name":"p","namespace":"n","uid":"u1"}}`)
+	})
+	ann, uid, err := newClient(t, cfg).PodAnnotations(ctxTimeout(t, 2*time.Second), "n", "p")
+	if err != nil {
+		t.Fatalf("PodAnnotations: %v", err)
+	}
+	if ann == nil || len(ann) != 0 || uid != "u1" {
+		t.Errorf("got %v, %q, want an empty non-nil map and u1", ann, uid)
+	}
+}
+
+func TestEmptyNamesSendNothing(t *testing.T) {
+	var calls int
+	_, cfg := newServer(t, func(w http.ResponseWriter, r *http.Request) { calls++ })
+	c := newClient(t, cfg)
+	ctx := ctxTimeout(t, 2*time.Second)
+	if _, _, err := c.PodAnnotations(ctx, "", "p"); err == nil {
+		t.Error("PodAnnotations with empty namespace: got nil error")
+	}
+	if _, err := c.NodePodCIDRs(ctx, ""); err == nil {
+		t.Error("NodePodCIDRs with empty node: got nil error")
+	}
+	if _, err := c.DaemonSetExists(ctx, "ns", ""); err == nil {
+		t.Error("DaemonSetExists with empty name: got nil error")
+	}
+	if calls != 0 {
+		t.Errorf("requests sent: got %d, want 0", calls)
+	}
+}
+
+const forbiddenMsg = `pods "web-0" is forbidden: User "system:serviceaccount:kube-system:cni-usernet" cannot get resource "pods" in API group "" in the namespace "team-a"`
+
+func TestErrorMapping(t *testing.T) {
+	sentinels := []error{ErrNotFound, ErrUnauthorized, ErrForbidden, ErrUnreachable}
+	for _, tc := range []struct {
+		name     string
+		reply    func(w http.ResponseWriter)
+		want     error // the one sentinel errors.Is must match
+		contains []string
+	}{
+		{"404", func(w http.ResponseWriter) {
+			writeStatus(w, 404, "NotFound", `pods "web-0" not found`)
+		}, ErrNotFound, []string{"get pods team-a/web-0", `pods "web-0" not found`}},
+		{"403", func(w http.ResponseWriter) {
+			writeStatus(w, 403, "Forbidden", forbiddenMsg)
+		}, ErrForbidden, []string{forbiddenMsg, `grant verb "get" on resource "pods" in API group "" in namespace "team-a"`}},
+		{"401", func(w http.ResponseWriter) {
+			writeStatus(w, 401, "Unauthorized", "Unauthorized")
+		}, ErrUnauthorized, []string{"token or client certificate was not accepted"}},
+		{"503", func(w http.ResponseWriter) {
+			writeStatus(w, 503, "ServiceUnavailable", "etcd is starting")
+		}, ErrUnreachable, []string{"503", "etcd is starting"}},
+		{"429", func(w http.ResponseWriter) {
+			writeStatus(w, 429, "TooManyRequests", "too many requests, please try again later")
+		}, ErrUnreachable, []string{"Too Many Requests"}},
+		{"502 from a proxy", func(w http.ResponseWriter) {
+			w.WriteHeader(502)
+			fmt.Fprint(w, "<html>Bad Gateway</html>")
+		}, ErrUnreachable, []string{"<html>Bad Gateway</html>"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, cfg := newServer(t, func(w http.ResponseWriter, r *http.Request) { tc.reply(w) })
+			_, _, err := newClient(t, cfg).PodAnnotations(ctxTimeout(t, 2*time.Second), "team-a", "web-0")
+			if err == nil {
+				t.Fatal("got nil error")
+			}
+			for _, s := range sentinels {
+				if got, want := errors.Is(err, s), s == tc.want; got != want {
+					t.Errorf("errors.Is(err, %v): got %v, want %v (err: %v)", s, got, want, err)
+				}
+			}
+			for _, s := range tc.contains {
+				if !strings.Contains(err.Error(), s) {
+					t.Errorf("error %q does not contain %q", err, s)
+				}
+			}
+			var apiErr *APIError
+			if !errors.As(err, &apiErr) || apiErr.Resource != "pods" || apiErr.Verb != "get" {
+				t.Errorf("errors.As APIError: got %+v, want one for get pods", apiErr)
+			}
+		})
+	}
+}
+
+func TestServerDownIsUnreachableQuickly(t *testing.T) {
+	srv := httptest.NewTLSServer(http.NotFoundHandler())
+	cfg := Config{Server: srv.URL, CAPEM: serverCA(srv), Token: "tok"}
+	srv.Close() // nothing listens on the port any more
+	c := newClient(t, cfg)
+	start := time.Now()
+	_, _, err := c.PodAnnotations(ctxTimeout(t, 2*time.Second), "n", "p")
+	if !errors.Is(err, ErrUnreachable) {
+		t.Fatalf("got %v, want ErrUnreachable", err)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("took %v, want well under the 2 s budget for a refused connection", d)
+	}
+}
+
+// A server that accepts connections and never answers must cost no more
+// than the caller's deadline, and count as unreachable.
+func TestSilentServerIsUnreachableAtDeadline(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var conns []net.Conn
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	srv := httptest.NewTLSServer(http.NotFoundHandler()) // only for a CA
+	t.Cleanup(srv.Close)
+	c := newClient(t, Config{Server: "https://" + ln.Addr().String(), CAPEM: serverCA(srv), Token: "tok"})
+	start := time.Now()
+	_, _, err = c.PodAnnotations(ctxTimeout(t, 300*time.Millisecond), "n", "p")
+	if !errors.Is(err, ErrUnreachable) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("got %v, want ErrUnreachable and DeadlineExceeded", err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Errorf("took %v, want about the 300 ms deadline", d)
+	}
+}
+
+func TestWrongCAIsNotUnreachable(t *testing.T) {
+	_, cfg := newServer(t, func(w http.ResponseWriter, r *http.Request) {})
+	// httptest servers share one certificate, so use a CA of our own.
+	ca := newTestCA(t)
+	cfg.CAPEM = ca.certPEM
+	_, _, err := newClient(t, cfg).PodAnnotations(ctxTimeout(t, 2*time.Second), "n", "p")
+	if err == nil || errors.Is(err, ErrUnreachable) {
+		t.Fatalf("got %v, want a certificate error that is not ErrUnreachable", err)
+	}
+	if !strings.Contains(err.Error(), "verifying the API server's certificate") {
+		t.Errorf("error %q does not say the certificate failed", err)
+	}
+}
+
+func TestEventBody(t *testing.T) {
+	var body map[string]any
+	var path, method, ctype string
+	_, cfg := newServer(t, func(w http.ResponseWriter, r *http.Request) {
+		path, method, ctype = r.URL.Path, r.Method, r.Header.Get("Content-Type")
+		b, _ := io.ReadAll(r.Body)
+		if err := json.Unmarshal(b, &body); err != nil {
+			t.Errorf("event body is not JSON: %v", err)
+		}
+		w.WriteHeader(http.StatusCreated)
+		w.Write(b)
+	})
+	at := time.Date(2026, 3, 4, 5, 6, 7, 890, time.FixedZone("x", 3600))
+	err := newClient(t, cfg).Event(ctxTimeout(t, 2*time.Second), Event{
+		Namespace: "team-a", PodName: "web-0", PodUID: "0b7c-uid",
+		Type: EventNormal, Reason: "GSOMode",
+		Message: "GSO mode software: link has no offload (gso_max_size 0)",
+		Action:  "AddNetwork", Node: "node-1", Time: at,
+	})
+	if err != nil {
+		t.Fatalf("Event: %v", err)
+	}
+	if method != http.MethodPost || path != "/api/v1/namespaces/team-a/events" || ctype != "application/json" {
+		t.Errorf("request: got %s %s (%s), want POST /api/v1/namespaces/team-a/events (application/json)", method, path, ctype)
+	}
+	want := map[string]any{
+		"apiVersion": "v1",
+		"kind":       "Event",
+		"metadata":   map[string]any{"name": fmt.Sprintf("web-0.%x", at.UnixNano()), "namespace": "team-a"},
+		"involvedObject": map[string]any{
+			"apiVersion": "v1", "kind": "Pod", "namespace": "team-a", "name": "web-0", "uid": "0b7c-uid",
+		},
+		"type":               "Normal",
+		"reason":             "GSOMode",
+		"message":            "GSO mode software: link has no offload (gso_max_size 0)",
+		"action":             "AddNetwork",
+		"count":              float64(1),
+		"firstTimestamp":     "2026-03-04T04:06:07Z",
+		"lastTimestamp":      "2026-03-04T04:06:07Z",
+		"source":             map[string]any{"component": "cni-usernet", "host": "node-1"},
+		"reportingComponent": "cni-usernet",
+		"reportingInstance":  "node-1",
+	}
+	if !reflect.DeepEqual(body, want) {
+		gb, _ := json.MarshalIndent(body, "", " ")
+		wb, _ := json.MarshalIndent(want, "", " ")
+		t.Errorf("event body:\ngot  %s\nwant %s", gb, wb)
+	}
+}
+
+func TestEventLongMessageAndValidation(t *testing.T) {
+	var msg string
+	_, cfg := newServer(t, func(w http.ResponseWriter, r *http.Request) {
+		var e struct{ Message string }
+		json.NewDecoder(r.Body).Decode(&e)
+		msg = e.Message
+		w.WriteHeader(http.StatusCreated)
+	})
+	c := newClient(t, cfg)
+	ctx := ctxTimeout(t, 2*time.Second)
+	ok := Event{Namespace: "n", PodName: "p", PodUID: "u", Type: EventWarning, Reason: "BadAnnotation", Node: "node-1"}
+	long := ok
+	long.Message = "annotation cni-usernet.io/gso: value " + strings.Repeat("é", 2000)
+	if err := c.Event(ctx, long); err != nil {
+		t.Fatalf("Event: %v", err)
+	}
+	if len(msg) > maxMessage || !utf8.ValidString(msg) || !strings.HasSuffix(msg, "...") {
+		t.Errorf("long message: got %d bytes (valid UTF-8 %v), want at most %d, valid, ending in ...", len(msg), utf8.ValidString(msg), maxMessage)
+	}
+	for name, mut := range map[string]func(*Event){
+		"no uid":      func(e *Event) { e.PodUID = "" },
+		"bad type":    func(e *Event) { e.Type = "Error" },
+		"no reason":   func(e *Event) { e.Reason = "" },
+		"long reason": func(e *Event) { e.Reason = strings.Repeat("R", 129) },
+		"no node":     func(e *Event) { e.Node = "" },
+	} {
+		e := ok
+		mut(&e)
+		if err := c.Event(ctx, e); err == nil {
+			t.Errorf("%s: got nil error", name)
+		}
+	}
+}
+
+func TestEventName(t *testing.T) {
+	at := time.Unix(1700000000, 5)
+	if got, want := eventName("web-0", at), fmt.Sprintf("web-0.%x", at.UnixNano()); got != want {
+		t.Errorf("got %q, want %q", got, want)
+	}
+	long := strings.Repeat("a", 230) + "-" + strings.Repeat("b", 22)
+	got := eventName(long, at)
+	if len(got) > 253 || strings.Contains(got, "-.") {
+		t.Errorf("long pod name: got %q (%d bytes), want at most 253 bytes, a valid subdomain", got, len(got))
+	}
+}
+
+func TestNodePodCIDRs(t *testing.T) {
+	for _, tc := range []struct {
+		name, spec string
+		want       []string
+	}{
+		{"dual stack", `{"podCIDR":"10.244.1.0/24","podCIDRs":["10.244.1.0/24","fd00:10:244:1::/64"]}`, []string{"10.244.1.0/24", "fd00:10:244:1::/64"}},
+		{"podCIDR only", `{"podCIDR":"10.244.2.0/24"}`, []string{"10.244.2.0/24"}},
+		{"none", `{}`, []string{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, cfg := newServer(t, func(w http.ResponseWriter, r *http.Request) {
+				if r.URL.Path != "/api/v1/nodes/node-1" {
+					http.NotFound(w, r)
+					return
+				}
+				fmt.Fprintf(w, `{"kind":"Node","metadata":{"name":"node-1"},"spec":%s}`, tc.spec)
+			})
+			got, err := newClient(t, cfg).NodePodCIDRs(ctxTimeout(t, 2*time.Second), "node-1")
+			if err != nil {
+				t.Fatalf("NodePodCIDRs: %v", err)
+			}
+			if !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("got %#v, want %#v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestDaemonSetExists(t *testing.T) {
+	_, cfg := newServer(t, func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/apis/apps/v1/namespaces/kube-system/daemonsets/cni-usernet":
+			fmt.Fprint(w, `{"metadata":{"name":"cni-usernet","namespace":"kube-system","uid":"d1"}}`)
+		case "/apis/apps/v1/namespaces/kube-system/daemonsets/secret":
+			writeStatus(w, 403, "Forbidden", "no")
+		default:
+			writeStatus(w, 404, "NotFound", "not found")
+		}
+	})
+	c := newClient(t, cfg)
+	ctx := ctxTimeout(t, 2*time.Second)
+	if ok, err := c.DaemonSetExists(ctx, "kube-system", "cni-usernet"); !ok || err != nil {
+		t.Errorf("existing: got %v, %v, want true, nil", ok, err)
+	}
+	if ok, err := c.DaemonSetExists(ctx, "kube-system", "gone"); ok || err != nil {
+		t.Errorf("missing: got %v, %v, want false, nil", ok, err)
+	}
+	ok, err := c.DaemonSetExists(ctx, "kube-system", "secret")
+	if ok || !errors.Is(err, ErrForbidden) || !strings.Contains(err.Error(), `API group "apps"`) {
+		t.Errorf("forbidden: got %v, %v, want false and a forbidden error naming group apps", ok, err)
+	}
+}
+
+// tokenServer accepts only the tokens in valid and records what it got.
+type tokenServer struct {
+	mu    sync.Mutex
+	valid map[string]bool
+	seen  []string
+}
+
+func (s *tokenServer) handle(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	tok := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
+	s.seen = append(s.seen, tok)
+	if !s.valid[tok] {
+		writeStatus(w, 401, "Unauthorized", "Unauthorized")
+		return
+	}
+	fmt.Fprint(w, `{"metadata":{"name":"p","namespace":"n","uid":"u"}}`)
+}
+
+func (s *tokenServer) setValid(toks ...string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.valid = map[string]bool{}
+	for _, t := range toks {
+		s.valid[t] = true
+	}
+}
+
+func (s *tokenServer) seenTokens() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.seen...)
+}
+
+func writeFileAtomic(t *testing.T, path, data string) {
+	t.Helper()
+	tmp := path + ".new"
+	if err := os.WriteFile(tmp, []byte(data), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestTokenFileRotation(t *testing.T) {
+	ts := &tokenServer{}
+	ts.setValid("token-one")
+	_, cfg := newServer(t, ts.handle)
+	file := filepath.Join(t.TempDir(), "token")
+	writeFileAtomic(t, file, "token-one\n")
+	cfg.Token, cfg.TokenFile = "", file
+	c := newClient(t, cfg)
+	ctx := ctxTimeout(t, 5*time.Second)
+	if _, _, err := c.PodAnnotations(ctx, "n", "p"); err != nil {
+		t.Fatalf("with the first token: %v", err)
+	}
+	// kubelet swaps in a new file; the old token stops working.
+	writeFileAtomic(t, file, "token-two\n")
+	ts.setValid("token-two")
+	if _, _, err := c.PodAnnotations(ctx, "n", "p"); err != nil {
+		t.Fatalf("after rotation: %v", err)
+	}
+	if got, want := ts.seenTokens(), []string{"token-one", "token-two"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("tokens sent: got %v, want %v", got, want)
+	}
+}
+
+// A token replaced in place, with the same size and modification time,
+// is invisible to the stat check; the 401 it earns must make the client
+// read the file again and retry once.
+func TestTokenRereadOn401(t *testing.T) {
+	ts := &tokenServer{}
+	ts.setValid("token-AAA")
+	_, cfg := newServer(t, ts.handle)
+	file := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(file, []byte("token-AAA"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Token, cfg.TokenFile = "", file
+	c := newClient(t, cfg)
+	ctx := ctxTimeout(t, 5*time.Second)
+	if _, _, err := c.PodAnnotations(ctx, "n", "p"); err != nil {
+		t.Fatalf("first request: %v", err)
+	}
+	fi, err := os.Stat(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(file, []byte("token-BBB"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chtimes(file, fi.ModTime(), fi.ModTime()); err != nil {
+		t.Fatal(err)
+	}
+	ts.setValid("token-BBB")
+	if _, _, err := c.PodAnnotations(ctx, "n", "p"); err != nil {
+		t.Fatalf("after in-place rotation: %v", err)
+	}
+	if got, want := ts.seenTokens(), []string{"token-AAA", "token-AAA", "token-BBB"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("tokens sent: got %v, want %v", got, want)
+	}
+	// A token that is simply wrong is not retried in a loop.
+	ts.setValid()
+	if _, _, err := c.PodAnnotations(ctx, "n", "p"); !errors.Is(err, ErrUnauthorized) {
+		t.Errorf("revoked token: got %v, want ErrUnauthorized", err)
+	}
+	if n := len(ts.seenTokens()); n != 4 {
+		t.Errorf("requests after revocation: got %d in all, want 4 (no retry when the file did not change)", n)
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	ca := newTestCA(t)
+	for name, cfg := range map[string]Config{
+		"no server":          {},
+		"http":               {Server: "http://10.96.0.1", Token: "t"},
+		"no host":            {Server: "https://"},
+		"token and file":     {Server: "https://a", Token: "t", TokenFile: "/f"},
+		"cert without key":   {Server: "https://a", CertPEM: ca.certPEM},
+		"CA that is not PEM": {Server: "https://a", CAPEM: []byte("not a certificate")},
+	} {
+		if err := cfg.Validate(); err == nil {
+			t.Errorf("%s: got nil error", name)
+		}
+	}
+	if err := (Config{Server: "https://10.96.0.1:443", CAPEM: ca.certPEM, Token: "t"}).Validate(); err != nil {
+		t.Errorf("good config: %v", err)
+	}
+	if _, err := New(Config{Server: "https://a", TokenFile: filepath.Join(t.TempDir(), "missing")}); err == nil {
+		t.Error("missing token file: got nil error from New")
+	}
+}
+
+func TestServerPathPrefix(t *testing.T) {
+	var path string
+	srv, cfg := newServer(t, func(w http.ResponseWriter, r *http.Request) {
+		path = r.URL.Path
+		fmt.Fprint(w, `{"metadata":{"uid":"u"}}`)
+	})
+	cfg.Server = srv.URL + "/k8s/"
+	if _, _, err := newClient(t, cfg).PodAnnotations(ctxTimeout(t, 2*time.Second), "n", "p"); err != nil {
+		t.Fatal(err)
+	}
+	if want := "/k8s/api/v1/namespaces/n/pods/p"; path != want {
+		t.Errorf("path: got %q, want %q", path, want)
+	}
+}
+
+func TestInClusterConfig(t *testing.T) {
+	dir := t.TempDir()
+	ca := newTestCA(t)
+	if err := os.WriteFile(filepath.Join(dir, "ca.crt"), ca.certPEM, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "token"), []byte("sa-token"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{"KUBERNETES_SERVICE_HOST": "fd00:96::1", "KUBERNETES_SERVICE_PORT": "443"}
+	cfg, err := inClusterConfig(dir, func(k string) string { return env[k] })
+	if err != nil {
+		t.Fatalf("inClusterConfig: %v", err)
+	}
+	if cfg.Server != "https://[fd00:96::1]:443" || cfg.TokenFile != filepath.Join(dir, "token") || string(cfg.CAPEM) != string(ca.certPEM) {
+		t.Errorf("got %+v, want server https://[fd00:96::1]:443, the token file and the CA", cfg)
+	}
+	if _, err := New(cfg); err != nil {
+		t.Errorf("New from in-cluster config: %v", err)
+	}
+	delete(env, "KUBERNETES_SERVICE_PORT")
+	if _, err := inClusterConfig(dir, func(k string) string { return env[k] }); err == nil {
+		t.Error("without KUBERNETES_SERVICE_PORT: got nil error")
+	}
+}

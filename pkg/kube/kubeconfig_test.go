@@ -1,0 +1,437 @@
+package kube
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/base64"
+	"encoding/json"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+type testCA struct {
+	cert    *x509.Certificate
+	key     *ecdsa.PrivateKey
+	certPEM []byte
+}
+
+func newTestCA(t *testing.T) *testCA {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(1),
+		Subject:               pkix.Name{CommonName: "test-ca"},
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().Add(time.Hour),
+		IsCA:                  true,
+		BasicConstraintsValid: true,
+		KeyUsage:              x509.KeyUsageCertSign,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, _ := x509.ParseCertificate(der)
+	return &testCA{cert: cert, key: key, certPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
+}
+
+// issue returns a certificate and key signed by the CA, in PEM.
+func (ca *testCA) issue(t *testing.T, cn string, usage x509.ExtKeyUsage, ips ...net.IP) (certPEM, keyPEM []byte) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(time.Now().UnixNano()),
+		Subject:      pkix.Name{CommonName: cn},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{usage},
+		IPAddresses:  ips,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kder, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder})
+}
+
+func writeFile(t *testing.T, path string, data []byte) {
+	t.Helper()
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestWriteKubeconfig(t *testing.T) {
+	ts := &tokenServer{}
+	ts.setValid("tok-1", "tok-2")
+	srv, _ := newServer(t, ts.handle)
+	ca := serverCA(srv)
+	dir := filepath.Join(t.TempDir(), "net.d", "cni-usernet.d")
+	path := filepath.Join(dir, "kubeconfig")
+
+	changed, err := WriteKubeconfig(path, srv.URL, ca, "tok-1")
+	if err != nil || !changed {
+		t.Fatalf("first write: got %v, %v, want true, nil", changed, err)
+	}
+	assertMode(t, path, 0o600)
+	assertMode(t, dir, 0o700|os.ModeDir)
+
+	// The plugin's side: load it and make a request with it.
+	c, err := LoadKubeconfig(path)
+	if err != nil {
+		t.Fatalf("LoadKubeconfig: %v", err)
+	}
+	if _, _, err := c.PodAnnotations(ctxTimeout(t, 2*time.Second), "n", "p"); err != nil {
+		t.Fatalf("request with the written kubeconfig: %v", err)
+	}
+
+	if changed, err := WriteKubeconfig(path, srv.URL, ca, "tok-1"); err != nil || changed {
+		t.Errorf("same content again: got %v, %v, want false, nil", changed, err)
+	}
+	if changed, err := WriteKubeconfig(path, srv.URL, ca, "tok-2"); err != nil || !changed {
+		t.Errorf("new token: got %v, %v, want true, nil", changed, err)
+	}
+	assertMode(t, path, 0o600)
+	cfg, err := ReadKubeconfig(path)
+	if err != nil || cfg.Token != "tok-2" || cfg.Server != srv.URL || string(cfg.CAPEM) != string(ca) {
+		t.Errorf("read back: got %+v, %v, want token tok-2, the server and the CA", cfg, err)
+	}
+
+	// Someone loosened the mode: the same content is fixed, not skipped.
+	if err := os.Chmod(path, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if changed, err := WriteKubeconfig(path, srv.URL, ca, "tok-2"); err != nil || !changed {
+		t.Errorf("same content, mode 0644: got %v, %v, want true, nil", changed, err)
+	}
+	assertMode(t, path, 0o600)
+
+	// No stray temporary files next to it.
+	entries, _ := os.ReadDir(dir)
+	if len(entries) != 1 {
+		t.Errorf("files in %s: got %d, want only the kubeconfig", dir, len(entries))
+	}
+
+	// kubectl must be able to read it too: it is JSON with the usual keys.
+	var raw map[string]any
+	data, _ := os.ReadFile(path)
+	if err := json.Unmarshal(data, &raw); err != nil || raw["current-context"] != "cni-usernet" || raw["kind"] != "Config" {
+		t.Errorf("written file: got %s, want a JSON kubeconfig with current-context cni-usernet", data)
+	}
+}
+
+func TestWriteKubeconfigRefusesUnusable(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "kubeconfig")
+	ca := newTestCA(t)
+	for name, args := range map[string]struct {
+		server, token string
+		ca            []byte
+	}{
+		"empty token": {"https://10.96.0.1:443", "", ca.certPEM},
+		"plain http":  {"http://10.96.0.1", "t", ca.certPEM},
+		"bad CA":      {"https://10.96.0.1:443", "t", []byte("junk")},
+	} {
+		if _, err := WriteKubeconfig(path, args.server, args.ca, args.token); err == nil {
+			t.Errorf("%s: got nil error", name)
+		}
+	}
+	if _, err := os.Stat(path); !os.IsNotExist(err) {
+		t.Errorf("a refused kubeconfig was written: stat %v", err)
+	}
+}
+
+func assertMode(t *testing.T, path string, want os.FileMode) {
+	t.Helper()
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := fi.Mode() & (os.ModePerm | os.ModeDir); got != want {
+		t.Errorf("mode of %s: got %v, want %v", path, got, want)
+	}
+}
+
+// The lab cluster's admin kubeconfig: YAML, CA and client certificate in
+// files, a flow mapping for the context.
+func TestLoadKubeconfigYAMLClientCert(t *testing.T) {
+	ca := newTestCA(t)
+	srvCert, srvKey := ca.issue(t, "kube-apiserver", x509.ExtKeyUsageServerAuth, net.ParseIP("127.0.0.1"))
+	cliCert, cliKey := ca.issue(t, "admin", x509.ExtKeyUsageClientAuth)
+	pair, err := tls.X509KeyPair(srvCert, srvKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(ca.cert)
+	var user string
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		user = r.TLS.PeerCertificates[0].Subject.CommonName
+		fmt.Fprint(w, `{"metadata":{"name":"p","namespace":"n","uid":"u","annotations":{"a":"b"}}}`)
+	}))
+	srv.TLS = &tls.Config{Certificates: []tls.Certificate{pair}, ClientCAs: pool, ClientAuth: tls.RequireAndVerifyClientCert}
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+
+	dir := t.TempDir()
+	pki := filepath.Join(dir, "pki")
+	if err := os.Mkdir(pki, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(pki, "ca.crt"), ca.certPEM)
+	writeFile(t, filepath.Join(pki, "admin.crt"), cliCert)
+	writeFile(t, filepath.Join(pki, "admin.key"), cliKey)
+	// Absolute CA path, relative client paths (relative to the file).
+	kc := fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters:
+- name: k8s-lab
+  cluster:
+    server: %s
+    certificate-authority: %s
+users:
+- name: admin
+  user:
+    client-certificate: pki/admin.crt
+    client-key: pki/admin.key
+contexts:
+- name: k8s-lab
+  context: {cluster: k8s-lab, user: admin}
+current-context: k8s-lab
+`, srv.URL, filepath.Join(pki, "ca.crt"))
+	path := filepath.Join(dir, "admin.kubeconfig")
+	writeFile(t, path, []byte(kc))
+
+	c, err := LoadKubeconfig(path)
+	if err != nil {
+		t.Fatalf("LoadKubeconfig: %v", err)
+	}
+	ann, _, err := c.PodAnnotations(ctxTimeout(t, 2*time.Second), "n", "p")
+	if err != nil {
+		t.Fatalf("PodAnnotations: %v", err)
+	}
+	if user != "admin" || ann["a"] != "b" {
+		t.Errorf("got client %q and annotations %v, want admin and a=b", user, ann)
+	}
+}
+
+// What `kubectl config view --raw` prints: inline data, several contexts,
+// empty flow collections, quoted strings, comments.
+func TestReadKubeconfigKubectlStyle(t *testing.T) {
+	ca := newTestCA(t)
+	cert, key := ca.issue(t, "dev", x509.ExtKeyUsageClientAuth)
+	b64 := func(b []byte) string { return base64.StdEncoding.EncodeToString(b) }
+	kc := `# written by kubectl
+---
+apiVersion: v1
+clusters:
+- cluster:
+    certificate-authority-data: ` + b64(ca.certPEM) + `
+    server: https://10.242.0.1:6443
+    tls-server-name: "kubernetes.default.svc"
+  name: lab
+- cluster:
+    server: https://other.example:6443
+  name: other
+contexts:
+- context:
+    cluster: other
+    user: other
+  name: other
+- context:
+    cluster: lab
+    namespace: kube-system
+    user: dev
+  name: 'dev@lab'
+current-context: "dev@lab"   # the one we use
+kind: Config
+preferences: {}
+users:
+- name: other
+  user:
+    token: not-this-one
+- name: dev
+  user:
+    client-certificate-data: ` + b64(cert) + `
+    client-key-data: ` + b64(key) + `
+`
+	path := filepath.Join(t.TempDir(), "config")
+	writeFile(t, path, []byte(kc))
+	cfg, err := ReadKubeconfig(path)
+	if err != nil {
+		t.Fatalf("ReadKubeconfig: %v", err)
+	}
+	want := Config{
+		Server: "https://10.242.0.1:6443", TLSServerName: "kubernetes.default.svc",
+		CAPEM: ca.certPEM, CertPEM: cert, KeyPEM: key,
+	}
+	if !reflect.DeepEqual(cfg, want) {
+		t.Errorf("got %+v\nwant %+v", cfg, want)
+	}
+	if _, err := New(cfg); err != nil {
+		t.Errorf("New: %v", err)
+	}
+}
+
+func TestReadKubeconfigTokenFile(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "tok"), []byte("from-file"))
+	kc := `{"clusters":[{"name":"c","cluster":{"server":"https://a:6443"}}],
+"users":[{"name":"u","user":{"tokenFile":"tok"}}],
+"contexts":[{"name":"x","context":{"cluster":"c","user":"u"}}]}`
+	path := filepath.Join(dir, "kc.json")
+	writeFile(t, path, []byte(kc))
+	cfg, err := ReadKubeconfig(path)
+	if err != nil {
+		t.Fatalf("ReadKubeconfig: %v", err)
+	}
+	if cfg.TokenFile != filepath.Join(dir, "tok") || cfg.Token != "" {
+		t.Errorf("got %+v, want the token file resolved next to the kubeconfig (the only context used)", cfg)
+	}
+}
+
+func TestReadKubeconfigRefuses(t *testing.T) {
+	base := func(cluster, user string) string {
+		return `apiVersion: v1
+clusters:
+- name: c
+  cluster:
+    server: https://a:6443
+` + cluster + `
+users:
+- name: u
+  user:
+` + user + `
+contexts:
+- name: x
+  context: {cluster: c, user: u}
+- name: y
+  context: {cluster: c, user: u}
+current-context: x
+`
+	}
+	for _, tc := range []struct{ name, kc, want string }{
+		{"exec plugin", base("", "    exec:\n      command: aws\n"), "exec credential plugins"},
+		{"auth provider", base("", "    auth-provider:\n      name: oidc\n"), "auth-provider"},
+		{"basic auth", base("", "    username: a\n    password: b\n"), "basic authentication"},
+		{"insecure", base("    insecure-skip-tls-verify: true", "    token: t\n"), "insecure-skip-tls-verify"},
+		{"missing context", strings.Replace(base("", "    token: t\n"), "current-context: x", "current-context: z", 1), `context "z" not found`},
+		{"no current context", strings.Replace(base("", "    token: t\n"), "current-context: x", "", 1), "no current-context"},
+		{"missing CA file", base("    certificate-authority: /nonexistent/ca.crt", "    token: t\n"), "certificate-authority"},
+		{"block scalar", base("", "    token: |\n      abc\n"), "block scalars"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "kc")
+			writeFile(t, path, []byte(tc.kc))
+			_, err := ReadKubeconfig(path)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("got %v, want an error mentioning %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestParseYAML(t *testing.T) {
+	for _, tc := range []struct {
+		name, in string
+		want     any
+	}{
+		{"empty", "# nothing\n", nil},
+		{"mapping", "a: b\nc: 'it''s'\nd: \"x\\ty\\u00e9\"\n", map[string]any{"a": "b", "c": "it's", "d": "x\ty\u00e9"}},
+		{"scalars", "n: null\nt: true\nf: False\ns: ~\nnum: 0600\nurl: https://h:6443/p?q=1#frag", map[string]any{
+			"n": nil, "t": true, "f": false, "s": nil, "num": "0600", "url": "https://h:6443/p?q=1#frag"}},
+		{"comments", "a: b # c\n# d\ne: 'f # g' # h\ni: j#k\n", map[string]any{"a": "b", "e": "f # g", "i": "j#k"}},
+		{"nested", "a:\n  b:\n    c: d\n  e: f\ng: h\n", map[string]any{
+			"a": map[string]any{"b": map[string]any{"c": "d"}, "e": "f"}, "g": "h"}},
+		{"sequence at key indent", "l:\n- a\n- b: c\n  d: e\n-\n  - f\n- - g\nz: 1\n", map[string]any{
+			"l": []any{"a", map[string]any{"b": "c", "d": "e"}, []any{"f"}, []any{"g"}}, "z": "1"}},
+		{"sequence indented", "l:\n  - a\n  - b\n", map[string]any{"l": []any{"a", "b"}}},
+		{"empty values", "a:\nb: {}\nc: []\nd: ''\n", map[string]any{"a": nil, "b": map[string]any{}, "c": []any{}, "d": ""}},
+		{"flow", `x: {a: b, "c": [1, 'two', {d: https://e:1}], f: , g}`, map[string]any{"x": map[string]any{
+			"a": "b", "c": []any{"1", "two", map[string]any{"d": "https://e:1"}}, "f": nil, "g": nil}}},
+		{"document markers", "%YAML 1.2\n---\na: b\n...\nignored: x\n", map[string]any{"a": "b"}},
+		{"crlf and bom", "\uFEFFa: b\r\nc:\r\n  d: e\r\n", map[string]any{"a": "b", "c": map[string]any{"d": "e"}}},
+		{"top-level sequence", "- a\n- b\n", []any{"a", "b"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := parseYAML([]byte(tc.in))
+			if err != nil {
+				t.Fatalf("parseYAML: %v", err)
+			}
+			if !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("got %#v\nwant %#v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestParseYAMLErrors(t *testing.T) {
+	for _, tc := range []struct{ name, in, want string }{
+		{"block scalar", "a: |\n  x\n", "line 1: block scalars"},
+		{"anchor", "a: &x b\n", "anchors"},
+		{"alias in flow", "a: [*x]\n", "anchors"},
+		{"tag", "a: !!str b\n", "tags"},
+		{"tab indent", "a:\n\tb: c\n", "line 2: tab"},
+		{"bad indent", "a:\n    b: c\n  d: e\n", "line 3: unexpected indentation"},
+		{"multi-line plain", "a:\n  b\n  c\n", "line 3: continued scalar"},
+		{"multi-line flow", "a: {b: c,\n  d: e}\n", "unterminated flow mapping"},
+		{"unterminated quote", "a: 'b\n", "line 1: unterminated"},
+		{"duplicate key", "a: b\na: c\n", "line 2: key \"a\" repeated"},
+		{"two documents", "a: b\n---\nc: d\n", "line 2: more than one document"},
+		{"item in mapping", "a: b\n- c\n", "line 2: sequence item where a key was expected"},
+		{"complex key", "? a\n: b\n", "complex keys"},
+		{"junk after flow", "a: {b: c} d\n", "after a flow collection"},
+		{"bad escape", `a: "\q"`, "unsupported escape"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := parseYAML([]byte(tc.in))
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("got %v, want an error containing %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func FuzzParseYAML(f *testing.F) {
+	for _, s := range []string{
+		"a: b\n", "l:\n- a\n- b: c\n  d: e\n", "x: {a: [b, 'c', \"d\"]}\n",
+		"- - a\n  - b\n-\n  c: d\n", "a: 'x # y' # z\n", "\"k\": \"\\u00e9\\x41\"\n",
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, in []byte) {
+		v, err := parseYAML(in)
+		if err != nil {
+			return
+		}
+		// Whatever parses must go through the JSON step kubeconfigs use.
+		if _, err := json.Marshal(v); err != nil {
+			t.Fatalf("parsed %q into %#v that JSON cannot encode: %v", in, v, err)
+		}
+	})
+}
