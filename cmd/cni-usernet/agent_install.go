@@ -96,6 +96,9 @@ func (n *nodeInstall) pluginConf(ctx context.Context) ([]byte, error) {
 	if n.f.kubeconfigOut != "" {
 		p["kubeconfig"] = n.hostPath(n.f.kubeconfigOut)
 	}
+	if n.f.nodeName != "" {
+		p["nodeName"] = n.f.nodeName
+	}
 	if n.f.stateDir != netconf.DefaultStateDir {
 		p["stateDir"] = n.f.stateDir
 	}

@@ -16,6 +16,8 @@ const usage = `usage:
   cni-usernet status [--json] [--state-dir DIR]
                                       every attachment on the node with its stack's health and GSO decision
   cni-usernet agent [flags]           the node agent (DaemonSet): install, supervise stacks, reconcile
+  cni-usernet install|uninstall [flags]
+                                      install the plugin and its CNI configuration by hand / restore the node
   cni-usernet version
 `
 
@@ -32,6 +34,10 @@ func main() {
 		err = runStatus(os.Args[2:], os.Stdout)
 	case "agent":
 		err = runAgent(os.Args[2:])
+	case "install":
+		err = installCommand(os.Args[2:])
+	case "uninstall":
+		err = uninstallCommand(os.Args[2:])
 	case "version", "--version":
 		fmt.Println("cni-usernet", plugin.Version)
 	case "help", "-h", "--help":
