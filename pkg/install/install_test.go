@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -715,6 +716,22 @@ func TestUninstallAfterExternalRewrite(t *testing.T) {
 			t.Errorf("mode: got %v, want the edited file's 0640", fi.Mode())
 		}
 	})
+	t.Run("converted conf comes back, no run since", func(t *testing.T) {
+		n := newNode(t)
+		n.put("10-flannel.conf")
+		o := n.opts(Chain)
+		mustInstall(t, o)
+		newConf := bytes.Replace(testdata(t, "10-flannel.conf"), []byte(`"hairpinMode": true`), []byte(`"hairpinMode": false`), 1)
+		n.write("10-flannel.conf", newConf, 0o640)
+		var logs bytes.Buffer
+		o.Log = slog.New(slog.NewTextHandler(&logs, nil))
+		mustUninstall(t, o)
+		want := map[string]fileState{"10-flannel.conf": {data: string(newConf), mode: 0o640, uid: uint32(os.Geteuid()), gid: uint32(os.Getegid())}}
+		sameSnapshot(t, "after uninstall", snapshot(t, n.confDir), want)
+		if strings.Contains(logs.String(), "WARN") {
+			t.Errorf("warnings for an ordinary case:\n%s", logs.String())
+		}
+	})
 	t.Run("converted conf comes back", func(t *testing.T) {
 		// flannel's init container writes its .conf again on restart.
 		n := newNode(t)
@@ -1050,4 +1067,29 @@ func TestChainRewrittenWithOurEntry(t *testing.T) {
 	if !sameJSON(got, calicoRewrite(t)) {
 		t.Errorf("got\n%s\nwant the rewrite without our entry", got)
 	}
+}
+
+// TestChainFollowsTheFirstFile: another network plugin's file now sorts
+// first; the next run chains into it too, and uninstall restores both.
+func TestChainFollowsTheFirstFile(t *testing.T) {
+	n := newNode(t)
+	n.put("10-calico.conflist")
+	o := n.opts(Chain)
+	mustInstall(t, o)
+	n.put("05-cilium.conflist")
+	before := map[string]fileState{}
+	for name, s := range snapshot(t, n.confDir) {
+		before[name] = s
+	}
+	before["10-calico.conflist"] = fileState{data: string(testdata(t, "10-calico.conflist")), mode: 0o644, uid: uint32(os.Geteuid()), gid: uint32(os.Getegid())}
+
+	name, changed := mustInstall(t, o)
+	if name != "05-cilium.conflist" || !changed {
+		t.Fatalf("got %s changed=%v, want 05-cilium.conflist changed", name, changed)
+	}
+	if got := pluginTypes(t, n.read(name)); !slices.Equal(got, []string{"cilium-cni", "cni-usernet"}) {
+		t.Errorf("plugins: got %v", got)
+	}
+	mustUninstall(t, o)
+	sameSnapshot(t, "after uninstall", snapshot(t, n.confDir), before)
 }

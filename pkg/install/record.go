@@ -42,7 +42,7 @@ type binaryRecord struct {
 	// with its Meta.
 	Existed bool     `json:"existed"`
 	Backup  string   `json:"backup,omitempty"`
-	Meta    fileMeta `json:"meta"`
+	Meta    fileMeta `json:"meta,omitzero"`
 }
 
 type fileRecord struct {
@@ -52,7 +52,7 @@ type fileRecord struct {
 	// are its bytes, mode and owner.
 	Existed bool     `json:"existed"`
 	Data    []byte   `json:"data,omitempty"`
-	Meta    fileMeta `json:"meta"`
+	Meta    fileMeta `json:"meta,omitzero"`
 	// StripOnly: the file already held our plugin when we captured it
 	// (someone rewrote it with our entry kept), so Data cannot be put
 	// back: Uninstall removes our entry instead.

@@ -90,6 +90,10 @@ func restoreFile(o *Options, path string, f *fileRecord) error {
 	case f.wrote(cur) && !f.Existed:
 		log.Info("removing the configuration we created")
 		return removeFile(path)
+	case f.Removed && !f.wrote(cur):
+		// Written again by its owner since we removed it (flannel's init
+		// container recreating its .conf): theirs, as it is.
+		return nil
 	case f.Existed && !f.StripOnly && bytes.Equal(cur, f.Data):
 		// Already as before: the change was never made, or a previous
 		// Uninstall got this far.
