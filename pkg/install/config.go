@@ -108,13 +108,12 @@ func planStandalone(o *Options, rec *record, files []string) (string, []step, er
 	ours := map[string]bool{}
 	var others []string
 	for _, f := range files {
-		data, _, ok, err := readFile(f)
-		if err != nil {
-			return "", nil, err
-		}
-		if e := rec.file(filepath.Base(f)); ok && e != nil && e.wrote(data) {
-			ours[f] = true
-			continue
+		if e := rec.file(filepath.Base(f)); e != nil {
+			// Not ours when unreadable or a link: we never write links.
+			if data, _, ok, err := readFile(f); err == nil && ok && e.wrote(data) {
+				ours[f] = true
+				continue
+			}
 		}
 		others = append(others, f)
 	}

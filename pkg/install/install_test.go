@@ -309,13 +309,27 @@ func TestStandaloneSortsFirst(t *testing.T) {
 		want   string
 	}{
 		{"behind ours", []string{"10-calico.conflist", "87-podman-bridge.conflist", "99-loopback.conf"}, "05-cni-usernet.conflist"},
+		{"others are links", []string{"10-calico.conflist@", "99-loopback.conf"}, "05-cni-usernet.conflist"},
 		// "05-ci" sorts before "05-cn": Cilium's own name would win.
 		{"cilium first", []string{"05-cilium.conflist", "10-calico.conflist"}, "00-cni-usernet.conflist"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			n := newNode(t)
-			n.put(tt.others...)
+			for i, other := range tt.others {
+				if link, ok := strings.CutSuffix(other, "@"); ok {
+					// As some distributions ship them: a link to a file
+					// elsewhere.
+					real := filepath.Join(t.TempDir(), link)
+					os.WriteFile(real, testdata(t, link), 0o644)
+					if err := os.Symlink(real, filepath.Join(n.confDir, link)); err != nil {
+						t.Fatal(err)
+					}
+					tt.others[i] = link
+					continue
+				}
+				n.put(other)
+			}
 			before := snapshot(t, n.confDir)
 			o := n.opts(Standalone)
 			name, changed := mustInstall(t, o)
