@@ -91,8 +91,8 @@ func (c Config) Validate() error {
 	}
 	// A bearer token in clear text would be readable by anyone on the
 	// path, so plain http is refused rather than offered as an option.
-	if u.Scheme != "https" || u.Host == "" {
-		return fmt.Errorf("API server URL %q: want https://host[:port]", c.Server)
+	if u.Scheme != "https" || u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
+		return fmt.Errorf("API server URL %q: want https://host[:port][/path]", c.Server)
 	}
 	if c.Token != "" && c.TokenFile != "" {
 		return errors.New("both a token and a token file given")
@@ -124,6 +124,7 @@ func New(cfg Config) (*Client, error) {
 	}
 	base, _ := url.Parse(cfg.Server) // Validate parsed it already.
 	base.Path = strings.TrimSuffix(base.Path, "/")
+	base.RawPath = strings.TrimSuffix(base.RawPath, "/")
 
 	tlsConf := &tls.Config{
 		MinVersion: tls.VersionTLS12,
@@ -240,14 +241,13 @@ func (c *Client) do(ctx context.Context, r request, out any) error {
 }
 
 func (c *Client) send(ctx context.Context, r request, fresh bool) (*http.Response, error) {
-	u := *c.base
-	u.Path = c.base.Path + r.path
-	u.RawPath = ""
+	// Both parts are already escaped: objectPath escapes each name.
+	target := c.base.String() + r.path
 	var body io.Reader
 	if r.body != nil {
 		body = bytes.NewReader(r.body)
 	}
-	req, err := http.NewRequestWithContext(ctx, r.method, u.String(), body)
+	req, err := http.NewRequestWithContext(ctx, r.method, target, body)
 	if err != nil {
 		return nil, fmt.Errorf("%s: building the request: %w", r, err)
 	}

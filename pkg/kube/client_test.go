@@ -522,6 +522,8 @@ func TestConfigValidate(t *testing.T) {
 		"no server":          {},
 		"http":               {Server: "http://10.96.0.1", Token: "t"},
 		"no host":            {Server: "https://"},
+		"query":              {Server: "https://a/?x=1"},
+		"user info":          {Server: "https://u:p@a/"},
 		"token and file":     {Server: "https://a", Token: "t", TokenFile: "/f"},
 		"cert without key":   {Server: "https://a", CertPEM: ca.certPEM},
 		"CA that is not PEM": {Server: "https://a", CAPEM: []byte("not a certificate")},
