@@ -58,6 +58,7 @@ func prepareInstall(ctx context.Context, f *agentFlags, log *slog.Logger) (*node
 		Name:       "cni-usernet",
 		Mode:       install.Mode(f.mode),
 		RecordPath: f.stateDir + "/install.json",
+		Log:        log,
 	}
 	plugin, err := n.pluginConf(ctx)
 	if err != nil {
@@ -185,7 +186,7 @@ func (n *nodeInstall) writeConfig(ctx context.Context) error {
 			n.log.Info("CNI configuration installed", "path", path, "changed", changed)
 			return nil
 		}
-		if n.f.mode != "chain" {
+		if !errors.Is(err, install.ErrNothingToChain) {
 			return fmt.Errorf("installing the CNI configuration: %w", err)
 		}
 		n.log.Warn("cannot chain yet", "err", err)

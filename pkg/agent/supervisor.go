@@ -226,7 +226,7 @@ func (s *Supervisor) clearCrashes(containerID, ifName string, proc launch.Proces
 	if err != nil {
 		return false
 	}
-	defer lock.Unlock(false)
+	defer lock.Release()
 	att, err := s.cfg.Store.Load(containerID, ifName)
 	if err != nil || att.StackPID != proc.PID || att.Supervision == nil {
 		return true
@@ -252,18 +252,18 @@ func (s *Supervisor) handleExit(ctx context.Context, containerID, ifName string,
 	}
 	att, err := s.cfg.Store.Load(containerID, ifName)
 	if err != nil {
-		lock.Unlock(false)
+		lock.Release()
 		return false // DEL removed it (and stopped the stack)
 	}
 	if att.StackPID != proc.PID || att.StackStartTime != proc.StartTime {
-		lock.Unlock(false)
+		lock.Release()
 		return true // restarted by someone else meanwhile: watch the new one
 	}
 	if gone, err := netnsGone(att.Netns); err != nil {
 		log.Error("checking netns", "netns", att.Netns, "err", err)
 	} else if gone {
 		err := plugin.Reclaim(s.cfg.Store, att, s.cfg.CNIPath, log)
-		lock.Unlock(err == nil)
+		lock.Release()
 		if err != nil {
 			log.Error("reclaiming attachment of a deleted netns", "err", err)
 			return sleep(ctx, s.cfg.ScanInterval)
@@ -292,7 +292,7 @@ func (s *Supervisor) handleExit(ctx context.Context, containerID, ifName string,
 	if err := s.cfg.Store.Save(att); err != nil {
 		log.Error("saving state", "err", err)
 	}
-	lock.Unlock(false)
+	lock.Release()
 	log.Warn("stack exited", "pid", proc.PID, "crashes", sv.Crashes, "restartIn", delay, "reason", sv.LastReason)
 
 	if !sleep(ctx, delay) {
@@ -318,7 +318,7 @@ func (s *Supervisor) restart(containerID, ifName string, dead launch.Process, lo
 	if err != nil {
 		return true // busy: the next pass sees whatever the holder did
 	}
-	defer lock.Unlock(false)
+	defer lock.Release()
 	att, err := s.cfg.Store.Load(containerID, ifName)
 	if err != nil {
 		return false
@@ -467,11 +467,11 @@ func (s *Supervisor) Reconcile() {
 		}
 		att, err := s.cfg.Store.Load(att.ContainerID, att.IfName)
 		if err != nil {
-			lock.Unlock(false)
+			lock.Release()
 			continue
 		}
 		err = plugin.Reclaim(s.cfg.Store, att, s.cfg.CNIPath, log)
-		lock.Unlock(err == nil)
+		lock.Release()
 		if err != nil {
 			log.Error("reclaiming attachment of a deleted netns", "containerID", att.ContainerID, "err", err)
 			continue
@@ -510,7 +510,7 @@ func (s *Supervisor) orphan(key string, f func()) {
 		return
 	}
 	// No attachment, so no lock file to keep.
-	defer lock.Unlock(true)
+	defer lock.Release()
 	if _, err := os.Stat(filepath.Join(s.cfg.Store.Dir, key+".json")); err == nil {
 		return
 	}

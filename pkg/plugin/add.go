@@ -47,7 +47,7 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 	}
 	result, err := inv.add()
 	// A failed ADD leaves no attachment, so nothing to keep a lock for.
-	lock.Unlock(err != nil)
+	lock.Release()
 	if err != nil {
 		inv.log.Error("ADD failed", "err", err)
 		return err

@@ -32,7 +32,7 @@ func cmdCheck(args *skel.CmdArgs) error {
 	if err != nil {
 		return cniError(types.ErrTryAgainLater, err)
 	}
-	defer lock.Unlock(false)
+	defer lock.Release()
 	if err := inv.check(); err != nil {
 		inv.log.Error("CHECK failed", "err", err)
 		return cniError(types.ErrInternal, err)

@@ -56,11 +56,11 @@ func cmdDel(args *skel.CmdArgs) error {
 		td.fromState(att)
 	}
 	if err := td.run(); err != nil {
-		lock.Unlock(false)
+		lock.Release()
 		inv.log.Error("DEL failed", "err", err)
 		return cniError(types.ErrInternal, err)
 	}
-	lock.Unlock(true)
+	lock.Release()
 	inv.log.Info("DEL done")
 	return nil
 }

@@ -39,7 +39,7 @@ func cmdGC(args *skel.CmdArgs) error {
 		td := teardown{inv: inv, containerID: att.ContainerID, ifName: att.IfName, netns: att.Netns}
 		td.fromState(att)
 		err = td.run()
-		lock.Unlock(err == nil)
+		lock.Release()
 		if err != nil {
 			errs = append(errs, fmt.Errorf("collecting %s/%s: %w", att.ContainerID, att.IfName, err))
 			continue

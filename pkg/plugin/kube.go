@@ -49,7 +49,11 @@ func (inv *invocation) loadAnnotations() error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), apiTimeout)
 	defer cancel()
-	ann, _, err := c.PodAnnotations(ctx, ns, name)
+	ann, uid, err := c.PodAnnotations(ctx, ns, name)
+	if want := string(inv.pod.K8S_POD_UID); err == nil && want != "" && uid != want {
+		// The name belongs to another incarnation of the pod.
+		return errorf(types.ErrTryAgainLater, "pod %s/%s on the API server has UID %s, the runtime's has %s", ns, name, uid, want)
+	}
 	switch {
 	case err == nil:
 		if ann == nil {

@@ -48,7 +48,7 @@ func newFakeAPI(t *testing.T, node ns.NetNS) *fakeAPI {
 				return
 			}
 			json.NewEncoder(w).Encode(map[string]any{"kind": "Pod", "apiVersion": "v1",
-				"metadata": map[string]any{"name": name, "namespace": "test", "uid": "uid-" + name, "annotations": ann}})
+				"metadata": map[string]any{"name": name, "namespace": "test", "uid": "uid-x", "annotations": ann}})
 		case r.Method == "POST" && r.URL.Path == "/api/v1/namespaces/test/events":
 			b, _ := io.ReadAll(r.Body)
 			var ev map[string]any

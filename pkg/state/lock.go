@@ -16,8 +16,9 @@ import (
 // the stack, leaving a stack nobody knows about; two ADDs for the same
 // attachment could both build one.
 type Lock struct {
-	f    *os.File
-	path string
+	f     *os.File
+	path  string
+	state string // the attachment's state file
 }
 
 // lockPoll is how often a waiting Lock retries: flock has no timeout.
@@ -48,7 +49,7 @@ func (s Store) LockKey(key string, timeout time.Duration) (*Lock, error) {
 			// opened it (Unlock with remove); a lock on an unlinked file
 			// excludes nobody, so start again on the current file.
 			if same(f, path) {
-				return &Lock{f: f, path: path}, nil
+				return &Lock{f: f, path: path, state: filepath.Join(s.Dir, key+suffix)}, nil
 			}
 			f.Close()
 			continue
@@ -83,4 +84,15 @@ func (l *Lock) Unlock(remove bool) {
 		os.Remove(l.path)
 	}
 	l.f.Close()
+}
+
+// Release releases the lock and removes its file when the attachment has
+// no state (it was deleted, or never completed): lock files live exactly
+// as long as their attachments.
+func (l *Lock) Release() {
+	if l == nil {
+		return
+	}
+	_, err := os.Stat(l.state)
+	l.Unlock(errors.Is(err, os.ErrNotExist))
 }
