@@ -5,12 +5,9 @@ package netconf
 import (
 	"encoding/json"
 	"fmt"
-	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/cni-usernet/cni-usernet/pkg/offload"
-	"github.com/cni-usernet/cni-usernet/pkg/podstack"
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/cni/pkg/version"
 )
@@ -93,87 +90,23 @@ type NetConf struct {
 	readyTimeout time.Duration
 }
 
-// Parse decodes and validates a configuration from stdin bytes.
+// Parse decodes and validates a configuration from stdin bytes. Every
+// error names the key, the value it got and what the key accepts.
 func Parse(data []byte) (*NetConf, error) {
 	var c NetConf
 	if err := json.Unmarshal(data, &c); err != nil {
-		return nil, fmt.Errorf("parsing network configuration: %w", err)
+		return nil, fmt.Errorf("parsing network configuration: %w", decodeError(data, err))
 	}
-	if err := c.validate(); err != nil {
+	if err := c.validate(data); err != nil {
 		return nil, fmt.Errorf("network configuration: %w", err)
 	}
 	if err := version.ParsePrevResult(&c.PluginConf); err != nil {
 		return nil, fmt.Errorf("parsing prevResult: %w", err)
 	}
+	if err := c.validateIPv6MTU(data); err != nil {
+		return nil, fmt.Errorf("network configuration: %w", err)
+	}
 	return &c, nil
-}
-
-func (c *NetConf) validate() error {
-	if c.MTU == 0 {
-		c.MTU = 1500
-	}
-	if c.MTU < 576 || c.MTU > 65535 {
-		return fmt.Errorf(`"mtu" %d outside 576..65535`, c.MTU)
-	}
-	if c.GSO == "" {
-		c.GSO = string(offload.ModeAuto)
-	}
-	if _, err := offload.ParseMode(c.GSO); err != nil {
-		return fmt.Errorf(`"gso": %w`, err)
-	}
-	if c.TUNName == "" {
-		c.TUNName = podstack.DefaultTUNName
-	}
-	if len(c.TUNName) > 15 {
-		return fmt.Errorf(`"tunName" %q longer than 15 bytes`, c.TUNName)
-	}
-	// The kernel's dev_valid_name: the stack would fail on it only after
-	// ADD had leased addresses and made the veth.
-	if c.TUNName == "." || c.TUNName == ".." || strings.ContainsAny(c.TUNName, "/: \t\n\v\f\r") {
-		return fmt.Errorf(`"tunName" %q is not an interface name (no "/", ":" or white space; not "." or "..")`, c.TUNName)
-	}
-	if c.TUNMTU != 0 && (c.TUNMTU < 1280 || c.TUNMTU > 65535) {
-		return fmt.Errorf(`"tunMTU" %d outside 1280..65535`, c.TUNMTU)
-	}
-	if c.MaxTCP < 0 || c.MaxUDP < 0 {
-		return fmt.Errorf(`"maxTCP" and "maxUDP" must not be negative`)
-	}
-	if c.WireQueueLen < -1 || c.AppQueueLen < -1 {
-		return fmt.Errorf(`"wireQueueLen" and "appQueueLen" take a length, 0 for the default or -1 for none`)
-	}
-	var err error
-	if c.udpIdle, err = parseDuration("udpIdle", c.UDPIdle, 0); err != nil {
-		return err
-	}
-	if c.readyTimeout, err = parseDuration("readyTimeout", c.ReadyTimeout, DefaultReadyTimeout); err != nil {
-		return err
-	}
-	for key, dir := range map[string]*string{"stateDir": &c.StateDir, "logDir": &c.LogDir, "runDir": &c.RunDir} {
-		if *dir != "" && !filepath.IsAbs(*dir) {
-			return fmt.Errorf("%q must be an absolute path, got %q", key, *dir)
-		}
-	}
-	if c.StateDir == "" {
-		c.StateDir = DefaultStateDir
-	}
-	if c.LogDir == "" {
-		c.LogDir = DefaultLogDir
-	}
-	if c.RunDir == "" {
-		c.RunDir = DefaultRunDir
-	}
-	return nil
-}
-
-func parseDuration(key, s string, def time.Duration) (time.Duration, error) {
-	if s == "" {
-		return def, nil
-	}
-	d, err := time.ParseDuration(s)
-	if err != nil || d <= 0 {
-		return 0, fmt.Errorf("%q: %q is not a positive duration like \"30s\"", key, s)
-	}
-	return d, nil
 }
 
 // UDPIdleDuration is UDPIdle parsed (zero: the relay's default).

@@ -271,6 +271,19 @@ func FuzzParse(f *testing.F) {
 				t.Errorf("%s: got %q, want an absolute path", name, dir)
 			}
 		}
+		if c.Name == "" {
+			t.Errorf("Name: got empty, want the network's name")
+		}
+		if !netconf.ValidIfName(c.TUNName) || c.TUNName == "lo" || strings.Contains(c.TUNName, "%") {
+			t.Errorf("TUNName: got %q, want a literal interface name", c.TUNName)
+		}
+		if c.WireQueueLen < -1 || c.AppQueueLen < -1 || c.WireQueueLen > 65536 || c.AppQueueLen > 65536 {
+			t.Errorf("queue lengths: got %d, %d, want -1..65536", c.WireQueueLen, c.AppQueueLen)
+		}
+		// The control socket, runDir/<16 hex>.sock, must fit in sun_path.
+		if n := len(filepath.Join(c.RunDir, strings.Repeat("k", 16)+".sock")); n > 107 {
+			t.Errorf("RunDir %q: control socket path of %d bytes, want at most 107", c.RunDir, n)
+		}
 		if c.Chained() != (c.PrevResult != nil) {
 			t.Errorf("Chained: got %v with PrevResult %v", c.Chained(), c.PrevResult)
 		}

@@ -10,7 +10,9 @@ package offload
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // Mode says how the userspace stack segments TCP bursts larger than the MTU.
@@ -51,7 +53,32 @@ func ParseMode(s string) (Mode, error) {
 	if s == "" {
 		return "", fmt.Errorf("gso mode is empty, want one of %s", modeList())
 	}
-	return "", fmt.Errorf("unknown gso mode %q, want one of %s", s, modeList())
+	return "", fmt.Errorf("unknown gso mode %s, want one of %s", quoteShort(s), modeList())
+}
+
+// maxQuoted bounds how much of a bad value an error repeats, counted in
+// bytes of the quoted form: annotations come from users, and the error
+// lands in pod Events and logs.
+const maxQuoted = 66
+
+// quoteShort quotes s (control bytes and invalid UTF-8 escaped, so an
+// error never breaks a log line), cut on a character boundary so that the
+// quoted form stays within maxQuoted bytes.
+func quoteShort(s string) string {
+	q := strconv.Quote(s)
+	if len(q) <= maxQuoted {
+		return q
+	}
+	cut := min(len(s), maxQuoted-2)
+	for {
+		for cut > 0 && cut < len(s) && !utf8.RuneStart(s[cut]) {
+			cut--
+		}
+		if q = strconv.Quote(s[:cut]); len(q) <= maxQuoted {
+			return fmt.Sprintf("%s...(%d bytes)", q, len(s))
+		}
+		cut--
+	}
 }
 
 func modeList() string {
