@@ -80,7 +80,9 @@ if [ ! -f "$STATE/cni-before" ]; then
              /var/lib/cni-usernet /run/cni-usernet /var/log/cni-usernet; do
       [ -e "$d" ] || echo "absent $d"
     done
-    find /opt/cni/bin /etc/cni/net.d -type f -exec sha256sum {} + 2>/dev/null | sed 's/^/file /'
+    for d in /opt/cni/bin /etc/cni/net.d; do
+      [ -d "$d" ] && find "$d" -type f -exec sha256sum {} + | sed 's/^/file /'
+    done
   } >"$STATE/cni-before.tmp"
   mv "$STATE/cni-before.tmp" "$STATE/cni-before"
 fi
