@@ -65,6 +65,9 @@ type Options struct {
 	Relay relay.Options
 }
 
+// defaultTCPBufferBytes is Options.TCPBufferBytes's default.
+const defaultTCPBufferBytes = 4 << 20
+
 // softwareGSOMaxSize is the largest packet software GSO takes from TCP:
 // the IP length field's limit.
 const softwareGSOMaxSize = 65535
@@ -117,7 +120,7 @@ func Build(o Options) (*Stack, error) {
 		o.TUNMTU = DefaultTUNMTU
 	}
 	if o.TCPBufferBytes == 0 {
-		o.TCPBufferBytes = 4 << 20
+		o.TCPBufferBytes = defaultTCPBufferBytes
 	}
 	s := &Stack{opts: o}
 	// Protocol handlers must be in place before a NIC delivers its first
@@ -159,6 +162,11 @@ func newStack(withARP bool, bufMax int) (*stack.Stack, error) {
 			// The kernel did duplicate address detection before the
 			// addresses were handed over.
 			DADConfigs: stack.DADConfigurations{DupAddrDetectTransmits: 0},
+			// Addresses and routes come from the spec only. netstack's
+			// defaults would let any frame on the link that looks like a
+			// router advertisement add routers, prefixes and SLAAC
+			// addresses (zero values: all off).
+			NDPConfigs: ipv6.NDPConfigurations{HandleRAs: ipv6.HandlingRAsDisabled},
 		}),
 	}
 	if withARP {
@@ -199,6 +207,14 @@ func (s *Stack) attachWire() error {
 		PacketDispatchMode: fdbased.RecvMMsg,
 		RXChecksumOffload:  o.RXChecksumOffload,
 		GRO:                o.GRO,
+		// One processor: fdbased then delivers each received batch in the
+		// reading goroutine. With more, it hands packets to per-processor
+		// queues that have no bound: a flood the stack cannot keep up with
+		// piles up there (measured: 600 MB RSS, and an established
+		// connection's segments stuck for tens of seconds behind the
+		// backlog) instead of in the socket's receive buffer, where the
+		// kernel drops the excess.
+		ProcessorsPerChannel: 1,
 	}
 	if o.GSO.Mode == offload.ModeHardware {
 		fo.GSOMaxSize = o.GSO.Link.MaxBurst(o.Spec.MTU)
@@ -293,6 +309,8 @@ func (s *Stack) attachApp() error {
 			// Packets from the TUN were checksummed by the pod's own kernel a
 			// moment ago; verifying them again is pure cost.
 			RXChecksumOffload: true,
+			// Inline delivery, as on the wire leg (see attachWire).
+			ProcessorsPerChannel: 1,
 		})
 		if err != nil {
 			return fmt.Errorf("creating the TUN endpoint: %w", err)

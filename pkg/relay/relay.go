@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/header"
 	"gvisor.dev/gvisor/pkg/tcpip/stack"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/udp"
@@ -26,12 +27,39 @@ type Options struct {
 	// MaxTCP caps concurrently relayed TCP connections; a SYN beyond it gets
 	// a RST and counts in Stats.TCPLimitHit. Zero: 16384.
 	MaxTCP int
-	// MaxUDP caps concurrent UDP flows; a datagram that would open one more
-	// is dropped and counted. Zero: 4096.
+	// MaxPendingInbound caps connections from the network that are not yet
+	// established (the application being dialled, or the peer's final ACK
+	// awaited); a SYN beyond it evicts the oldest (Stats.TCPPendingEvicted),
+	// and beyond an eighth of it, handshakes complete before the application
+	// is dialled (Stats.TCPHandshakeFirst). Zero: 1024.
+	MaxPendingInbound int
+	// InboundHandshakeTimeout is how long a connection from the network may
+	// take to send the final ACK of its handshake once the application
+	// accepted it; then both are dropped (Stats.TCPHandshakeTimeouts).
+	// netstack alone would wait about two minutes. Zero: 20 s, time for
+	// four SYN-ACK retransmissions (1, 3, 7, 15 s).
+	InboundHandshakeTimeout time.Duration
+	// MaxUDP caps concurrent UDP flows. A datagram from the network that
+	// would open one more evicts the oldest flow from the network that has
+	// never carried a reply (Stats.UDPEvicted), as conntrack's early drop
+	// does; when there is none, the datagram is dropped
+	// (Stats.UDPLimitHit). Zero: 4096.
 	MaxUDP int
+	// MaxUDPUnreplied caps the flows from the network that have not carried
+	// a reply yet; beyond it the oldest is evicted. Each holds an app-leg
+	// endpoint bound to the sender's (possibly spoofed) address, and
+	// netstack's address lookup on the app leg scans all such addresses
+	// whenever it meets a new one, so this cap is what keeps a flood from
+	// many sources cheap per packet. An evicted flow that is answered after
+	// all is recreated by the answer, in the other direction. Zero: 256.
+	MaxUDPUnreplied int
 	// UDPIdle is how long a UDP flow lives without traffic either way. Zero:
 	// 60 s, between Linux conntrack's 30 s unreplied and 120 s stream.
 	UDPIdle time.Duration
+	// UDPUnrepliedIdle is UDPIdle for a flow that has carried datagrams one
+	// way only. Zero: 30 s (conntrack's unreplied UDP timeout), or UDPIdle
+	// if that is shorter.
+	UDPUnrepliedIdle time.Duration
 	// InboundDialTimeout bounds dialling the application for a connection
 	// from the network. The application is in the same kernel, so a
 	// listening socket answers at once. Zero: 10 s.
@@ -47,16 +75,37 @@ type Options struct {
 	Logger *slog.Logger
 }
 
+// Defaults of the limits a memory bound is computed from
+// (podstack.Config.MemoryBound).
+const (
+	DefaultMaxUDP            = 4096
+	DefaultMaxUDPUnreplied   = 256
+	DefaultMaxPendingInbound = 1024
+)
+
 func (o *Options) setDefaults() {
 	if o.MaxTCP == 0 {
 		o.MaxTCP = 16384
 	}
 	if o.MaxUDP == 0 {
-		o.MaxUDP = 4096
+		o.MaxUDP = DefaultMaxUDP
+	}
+	if o.MaxPendingInbound == 0 {
+		o.MaxPendingInbound = DefaultMaxPendingInbound
+	}
+	if o.InboundHandshakeTimeout == 0 {
+		o.InboundHandshakeTimeout = 20 * time.Second
+	}
+	if o.MaxUDPUnreplied == 0 {
+		o.MaxUDPUnreplied = DefaultMaxUDPUnreplied
 	}
 	if o.UDPIdle == 0 {
 		o.UDPIdle = 60 * time.Second
 	}
+	if o.UDPUnrepliedIdle == 0 {
+		o.UDPUnrepliedIdle = 30 * time.Second
+	}
+	o.UDPUnrepliedIdle = min(o.UDPUnrepliedIdle, o.UDPIdle)
 	if o.InboundDialTimeout == 0 {
 		o.InboundDialTimeout = 10 * time.Second
 	}
@@ -73,32 +122,46 @@ func (o *Options) setDefaults() {
 
 // Stats are the relay's counters, read concurrently by the control socket.
 type Stats struct {
-	TCPActive      atomic.Int64
-	TCPTotal       atomic.Int64
-	TCPRefused     atomic.Int64
-	TCPLimitHit    atomic.Int64
-	TCPResets      atomic.Int64
-	UDPActive      atomic.Int64
-	UDPTotal       atomic.Int64
-	UDPLimitHit    atomic.Int64
-	UDPDropped     atomic.Int64
-	ICMPEchoes     atomic.Int64
-	ICMPEchoFailed atomic.Int64
+	TCPActive   atomic.Int64
+	TCPTotal    atomic.Int64
+	TCPRefused  atomic.Int64
+	TCPLimitHit atomic.Int64
+	TCPResets   atomic.Int64
+	// TCPSyns counts SYNs from the network offered to the relay, and
+	// TCPPending the inbound connections not yet established.
+	TCPSyns              atomic.Int64
+	TCPPending           atomic.Int64
+	TCPPendingEvicted    atomic.Int64
+	TCPHandshakeFirst    atomic.Int64
+	TCPHandshakeTimeouts atomic.Int64
+	UDPActive            atomic.Int64
+	UDPTotal             atomic.Int64
+	UDPLimitHit          atomic.Int64
+	UDPEvicted           atomic.Int64
+	UDPDropped           atomic.Int64
+	ICMPEchoes           atomic.Int64
+	ICMPEchoFailed       atomic.Int64
 }
 
 // Snapshot is a plain copy of Stats for JSON.
 type Snapshot struct {
-	TCPActive      int64 `json:"tcpActive"`
-	TCPTotal       int64 `json:"tcpTotal"`
-	TCPRefused     int64 `json:"tcpRefused"`
-	TCPLimitHit    int64 `json:"tcpLimitHit"`
-	TCPResets      int64 `json:"tcpResets"`
-	UDPActive      int64 `json:"udpActive"`
-	UDPTotal       int64 `json:"udpTotal"`
-	UDPLimitHit    int64 `json:"udpLimitHit"`
-	UDPDropped     int64 `json:"udpDropped"`
-	ICMPEchoes     int64 `json:"icmpEchoes"`
-	ICMPEchoFailed int64 `json:"icmpEchoFailed"`
+	TCPActive            int64 `json:"tcpActive"`
+	TCPTotal             int64 `json:"tcpTotal"`
+	TCPRefused           int64 `json:"tcpRefused"`
+	TCPLimitHit          int64 `json:"tcpLimitHit"`
+	TCPResets            int64 `json:"tcpResets"`
+	TCPSyns              int64 `json:"tcpSyns"`
+	TCPPending           int64 `json:"tcpPending"`
+	TCPPendingEvicted    int64 `json:"tcpPendingEvicted"`
+	TCPHandshakeFirst    int64 `json:"tcpHandshakeFirst"`
+	TCPHandshakeTimeouts int64 `json:"tcpHandshakeTimeouts"`
+	UDPActive            int64 `json:"udpActive"`
+	UDPTotal             int64 `json:"udpTotal"`
+	UDPLimitHit          int64 `json:"udpLimitHit"`
+	UDPEvicted           int64 `json:"udpEvicted"`
+	UDPDropped           int64 `json:"udpDropped"`
+	ICMPEchoes           int64 `json:"icmpEchoes"`
+	ICMPEchoFailed       int64 `json:"icmpEchoFailed"`
 }
 
 // Snapshot reads every counter.
@@ -106,8 +169,11 @@ func (s *Stats) Snapshot() Snapshot {
 	return Snapshot{
 		TCPActive: s.TCPActive.Load(), TCPTotal: s.TCPTotal.Load(), TCPRefused: s.TCPRefused.Load(),
 		TCPLimitHit: s.TCPLimitHit.Load(), TCPResets: s.TCPResets.Load(),
+		TCPSyns: s.TCPSyns.Load(), TCPPending: s.TCPPending.Load(), TCPPendingEvicted: s.TCPPendingEvicted.Load(),
+		TCPHandshakeFirst: s.TCPHandshakeFirst.Load(), TCPHandshakeTimeouts: s.TCPHandshakeTimeouts.Load(),
 		UDPActive: s.UDPActive.Load(), UDPTotal: s.UDPTotal.Load(), UDPLimitHit: s.UDPLimitHit.Load(),
-		UDPDropped: s.UDPDropped.Load(), ICMPEchoes: s.ICMPEchoes.Load(), ICMPEchoFailed: s.ICMPEchoFailed.Load(),
+		UDPEvicted: s.UDPEvicted.Load(), UDPDropped: s.UDPDropped.Load(),
+		ICMPEchoes: s.ICMPEchoes.Load(), ICMPEchoFailed: s.ICMPEchoFailed.Load(),
 	}
 }
 
@@ -118,12 +184,15 @@ type Relay struct {
 	opts      Options
 	stats     Stats
 	closing   atomic.Bool
-	conns     connSet // live relayed connections, closed on shutdown
+	conns     connSet    // live relayed connections, closed on shutdown
+	pending   pendingSet // inbound connections not yet established
+	udp       udpTable   // live UDP flows
 }
 
-// maxInFlight bounds half-open connections per forwarder: the SYNs whose
-// other-leg dial is still in progress. Beyond it a SYN is dropped and the
-// peer retransmits, which is what a kernel's full SYN queue does too.
+// maxInFlight bounds half-open outbound connections: the applications'
+// SYNs whose wire-leg dial is still in progress. Beyond it a SYN is dropped
+// and the application retransmits, which is what a kernel's full SYN queue
+// does too. Inbound, the bound is Options.MaxPendingInbound.
 const maxInFlight = 1024
 
 // New installs the relay's forwarders on both legs.
@@ -131,17 +200,30 @@ func New(wire, app Leg, opts Options) (*Relay, error) {
 	opts.setDefaults()
 	r := &Relay{wire: wire, app: app, opts: opts}
 	r.conns.init()
+	r.pending.max = opts.MaxPendingInbound
+	r.udp.init(opts.MaxUDP, opts.MaxUDPUnreplied)
 	if wire.Stack == nil || app.Stack == nil {
 		return nil, fmt.Errorf("relay needs both stacks")
 	}
-	// Inbound: from the network to the application.
-	wire.Stack.SetTransportProtocolHandler(tcp.ProtocolNumber,
-		tcp.NewForwarder(wire.Stack, 0, maxInFlight, func(req *tcp.ForwarderRequest) {
-			r.forwardTCP(req, app, opts.InboundDialTimeout)
-		}).HandlePacket)
+	// Inbound: from the network to the application. The forwarder's own
+	// limit leaves room for evicted requests that are still unwinding; the
+	// pending set is the bound that matters.
+	inbound := tcp.NewForwarder(wire.Stack, 0, 2*opts.MaxPendingInbound, func(req *tcp.ForwarderRequest) {
+		r.stats.TCPPending.Add(1)
+		defer r.stats.TCPPending.Add(-1)
+		r.forwardInbound(req)
+	})
+	wire.Stack.SetTransportProtocolHandler(tcp.ProtocolNumber, func(id stack.TransportEndpointID, pkt *stack.PacketBuffer) bool {
+		if h := header.TCP(pkt.TransportHeader().Slice()); len(h) >= header.TCPMinimumSize {
+			if f := h.Flags(); f.Contains(header.TCPFlagSyn) && !f.Contains(header.TCPFlagAck) {
+				r.stats.TCPSyns.Add(1)
+			}
+		}
+		return inbound.HandlePacket(id, pkt)
+	})
 	wire.Stack.SetTransportProtocolHandler(udp.ProtocolNumber,
 		udp.NewForwarder(wire.Stack, func(req *udp.ForwarderRequest) bool {
-			return r.forwardUDP(req, app)
+			return r.forwardUDP(req, app, true)
 		}).HandlePacket)
 	// Outbound: from the application to the network.
 	app.Stack.SetTransportProtocolHandler(tcp.ProtocolNumber,
@@ -150,7 +232,7 @@ func New(wire, app Leg, opts Options) (*Relay, error) {
 		}).HandlePacket)
 	app.Stack.SetTransportProtocolHandler(udp.ProtocolNumber,
 		udp.NewForwarder(app.Stack, func(req *udp.ForwarderRequest) bool {
-			return r.forwardUDP(req, wire)
+			return r.forwardUDP(req, wire, false)
 		}).HandlePacket)
 	return r, nil
 }
