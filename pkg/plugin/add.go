@@ -66,14 +66,18 @@ func (inv *invocation) add() (_ *current.Result, err error) {
 		inv.event(kube.EventWarning, "InvalidGSOAnnotation", err.Error()+"; the pod gets no network until the annotation is fixed")
 		return nil, errorf(types.ErrInvalidNetworkConfig, "%v", err)
 	}
+	// The stack would refuse it only after the lease and the veth.
+	if conf.TUNName == args.IfName {
+		return nil, errorf(types.ErrInvalidNetworkConfig, `"tunName" %q is CNI_IFNAME, the pod interface's name: the applications' TUN needs a name of its own`, conf.TUNName)
+	}
 	if _, err := inv.store.Load(args.ContainerID, args.IfName); err == nil {
 		return nil, errorf(types.ErrInternal, "container %s interface %s is already attached; DEL it before adding it again", args.ContainerID, args.IfName)
 	} else if !errors.Is(err, state.ErrNotFound) {
-		return nil, cniError(types.ErrIOFailure, err)
+		return nil, errUnreadableState(err, args.ContainerID, args.IfName)
 	}
-	netns, err := ns.GetNS(args.Netns)
+	netns, err := openNetNS(args.Netns)
 	if err != nil {
-		return nil, errorf(types.ErrInvalidNetNS, "opening netns %q: %v", args.Netns, err)
+		return nil, err
 	}
 	defer netns.Close()
 
@@ -107,17 +111,17 @@ func (inv *invocation) add() (_ *current.Result, err error) {
 	// A spec left by an earlier failed ADD describes a link that no longer
 	// exists; the stack must collect afresh.
 	if err := os.RemoveAll(p.stackDir); err != nil {
-		return nil, cniError(types.ErrIOFailure, fmt.Errorf("clearing %s: %w", p.stackDir, err))
+		return nil, errStateDir(conf.StateDir, fmt.Errorf("clearing %s: %w", p.stackDir, err))
 	}
 	u.add(func() { os.RemoveAll(p.stackDir); os.Remove(p.socket) })
 	if err := inv.writeStackConfig(p, mode); err != nil {
-		return nil, cniError(types.ErrIOFailure, err)
+		return nil, errStateDir(conf.StateDir, fmt.Errorf("writing the stack's configuration: %w", err))
 	}
 	att.ConfigPath, att.SpecPath, att.ControlSocket, att.LogPath = p.config, p.spec, p.socket, p.log
 	// Saved before the stack starts, so that a plugin killed mid-ADD leaves
 	// a record DEL and GC can undo.
 	if err := inv.store.Save(att); err != nil {
-		return nil, cniError(types.ErrIOFailure, err)
+		return nil, errStateDir(conf.StateDir, err)
 	}
 	u.add(func() { inv.store.Delete(args.ContainerID, args.IfName) })
 
@@ -153,7 +157,7 @@ func (inv *invocation) add() (_ *current.Result, err error) {
 		return nil, cniError(types.ErrInternal, err)
 	}
 	if err := inv.store.Save(att); err != nil {
-		return nil, cniError(types.ErrIOFailure, err)
+		return nil, errStateDir(conf.StateDir, err)
 	}
 	inv.log.Info("stack started", "pid", proc.PID, "gso", st.GSO.Mode, "reason", st.GSO.Reason, "source", modeSource)
 	inv.event(kube.EventNormal, "GSOMode", fmt.Sprintf("GSO %s (requested %s by %s): %s; stack pid %d",
@@ -217,6 +221,13 @@ func (inv *invocation) attachVeth(netns ns.NetNS, att *state.Attachment, u *undo
 	conf, args := inv.conf, inv.args
 	if conf.IPAM.Type == "" {
 		return nil, errorf(types.ErrInvalidNetworkConfig, `no "ipam" section and no prevResult: cni-usernet needs one or the other`)
+	}
+	// Checked before the lease is taken; setupVeth would fail too, but
+	// with a message that does not say what is there or what to do.
+	if desc, err := linkInTheWay(netns, args.IfName); err != nil {
+		return nil, cniError(types.ErrInternal, err)
+	} else if desc != "" {
+		return nil, errLinkInTheWay(args.IfName, args.Netns, desc)
 	}
 	r, err := ipam.ExecAdd(conf.IPAM.Type, args.StdinData)
 	if err != nil {

@@ -47,7 +47,7 @@ func (inv *invocation) check() error {
 		return fmt.Errorf("no attachment for container %s interface %s", args.ContainerID, args.IfName)
 	}
 	if err != nil {
-		return err
+		return errUnreadableState(err, args.ContainerID, args.IfName)
 	}
 	if sv := att.Supervision; sv != nil && sv.Unhealthy != "" {
 		return fmt.Errorf("stack of %s is unhealthy: %s", args.ContainerID, sv.Unhealthy)

@@ -13,6 +13,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
 
 	"github.com/cni-usernet/cni-usernet/pkg/ingressdrop"
 	"github.com/cni-usernet/cni-usernet/pkg/launch"
@@ -169,7 +170,16 @@ func (td *teardown) cleanNetns() error {
 		return fmt.Errorf("opening netns %s: %w", td.netns, err)
 	}
 	defer netns.Close()
+	if !isNetNS(netns) {
+		return nil // another kind of namespace: nothing of ours can be in it
+	}
 	tun := td.inv.conf.TUNName
+	// The pod's link is ours only as the peer of this attachment's veth:
+	// a DEL after an ADD that found CNI_IFNAME taken must leave it.
+	host := 0
+	if !td.chained {
+		host = hostIndex(td.containerID, td.ifName)
+	}
 	return netns.Do(func(ns.NetNS) error {
 		if err := podnet.DeleteTUN(tun); err != nil {
 			return err
@@ -177,7 +187,7 @@ func (td *teardown) cleanNetns() error {
 		if err := ingressdrop.Remove(td.ifName); err != nil {
 			return err
 		}
-		if !td.chained {
+		if l, err := netlink.LinkByName(td.ifName); err == nil && isPeerOf(l, host) {
 			return delLink(td.ifName)
 		}
 		return nil
