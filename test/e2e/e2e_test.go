@@ -63,11 +63,14 @@ func TestKubernetes(t *testing.T) {
 		}
 	})
 
+	// A failed step stops the test; a failed check lets the next ones run
+	// (they need only the pods and the installation, which steps set up).
 	step := func(name string, f func(t *testing.T)) {
 		if !t.Run(name, f) {
 			t.FailNow()
 		}
 	}
+	check := func(name string, f func(t *testing.T)) { t.Run(name, f) }
 
 	before := snapshot(t, cniConfDir, cniBinDir)
 	var network string
@@ -149,7 +152,7 @@ spec:
 		t.Logf("pods %v, Service srv %s", podIP, svcIP)
 	})
 
-	step("UserspaceStacks", func(t *testing.T) {
+	check("UserspaceStacks", func(t *testing.T) {
 		st := nodeStatus(t)
 		for name := range pods {
 			row, ok := st[ns+"/"+name]
@@ -182,7 +185,7 @@ spec:
 		}
 	})
 
-	step("GSOModeByAnnotation", func(t *testing.T) {
+	check("GSOModeByAnnotation", func(t *testing.T) {
 		st := nodeStatus(t)
 		for name, want := range pods {
 			row := st[ns+"/"+name]
@@ -202,33 +205,33 @@ spec:
 					return err
 				}
 				for _, e := range evs {
-					if e.Reason == gsoEventReason && strings.Contains(e.Message, mode) {
+					if e.Reason == gsoEventReason && strings.HasPrefix(e.Message, "GSO "+mode+" ") {
 						t.Logf("%s: event %s %s: %s", name, e.Type, e.Reason, e.Message)
 						return nil
 					}
 				}
-				return fmt.Errorf("no %s event naming %q:%s", gsoEventReason, mode, formatEvents(evs))
+				return fmt.Errorf("no %s event saying \"GSO %s\":%s", gsoEventReason, mode, formatEvents(evs))
 			})
 		}
 	})
 
-	step("Traffic", func(t *testing.T) {
+	check("Traffic", func(t *testing.T) {
 		srv := podIP["srv"]
 		// pod -> pod, from each mode, with the client's address preserved.
 		for _, c := range []string{"cli", "off", "plain"} {
-			out := podExec(t, ns, c, "wget", "-qO-", "-T", "10", "http://"+net.JoinHostPort(srv, "8080")+"/")
+			out := podExec(t, ns, c, "timeout", "15", "wget", "-qO-", "http://"+net.JoinHostPort(srv, "8080")+"/")
 			wantHTTP(t, c+" -> srv pod", out, "srv", podIP[c])
 		}
-		out := podExec(t, ns, "srv", "wget", "-qO-", "-T", "10", "http://"+net.JoinHostPort(podIP["off"], "8080")+"/")
+		out := podExec(t, ns, "srv", "timeout", "15", "wget", "-qO-", "http://"+net.JoinHostPort(podIP["off"], "8080")+"/")
 		wantHTTP(t, "srv -> off pod", out, "off", srv)
 		// pod -> Service ClusterIP, through kube-proxy's DNAT.
-		out = podExec(t, ns, "cli", "wget", "-qO-", "-T", "10", "http://"+svcIP+"/")
+		out = podExec(t, ns, "cli", "timeout", "15", "wget", "-qO-", "http://"+svcIP+"/")
 		wantHTTP(t, "cli -> Service", out, "srv", "")
 		// hairpin: the Service's only backend reaching itself through it.
-		out = podExec(t, ns, "srv", "wget", "-qO-", "-T", "10", "http://"+svcIP+"/")
+		out = podExec(t, ns, "srv", "timeout", "15", "wget", "-qO-", "http://"+svcIP+"/")
 		wantHTTP(t, "srv -> own Service (hairpin)", out, "srv", "")
 		// DNS-shaped UDP from a pod to a Service.
-		out = podExec(t, ns, "off", "nslookup", "e2e.test.", svcIP)
+		out = podExec(t, ns, "off", "timeout", "15", "nslookup", "e2e.test.", svcIP)
 		if !strings.Contains(out, "198.51.100.53") {
 			t.Errorf("off -> Service DNS: no answer in:\n%s", out)
 		}
@@ -248,7 +251,7 @@ spec:
 		}
 	})
 
-	step("BadAnnotation", func(t *testing.T) {
+	check("BadAnnotation", func(t *testing.T) {
 		apply(t, podManifest(ns, "bad", "turbo"))
 		eventually(t, 2*time.Minute, "bad annotation's error in the pod's events", func() error {
 			evs, err := podEvents(ns, "bad")
@@ -281,7 +284,7 @@ spec:
 		mustKubectl(t, "-n", ns, "delete", "pod", "bad", "--wait=true")
 	})
 
-	step("RolloutRestartKeepsConnections", func(t *testing.T) {
+	check("RolloutRestartKeepsConnections", func(t *testing.T) {
 		conn, err := net.DialTimeout("tcp", net.JoinHostPort(podIP["srv"], "9000"), 10*time.Second)
 		if err != nil {
 			t.Fatal(err)
@@ -326,7 +329,7 @@ spec:
 		wantHTTP(t, "node -> late", body, "late", "")
 	})
 
-	step("DeletingPodsRemovesEverything", func(t *testing.T) {
+	check("DeletingPodsRemovesEverything", func(t *testing.T) {
 		s := readNodeState(t, network)
 		type left struct {
 			pid        int
@@ -372,7 +375,7 @@ spec:
 		})
 	})
 
-	step("UninstallFromREADME", func(t *testing.T) {
+	check("UninstallFromREADME", func(t *testing.T) {
 		runREADME(t, repo, "e2e-uninstall", 3*time.Minute)
 		waitAgentGone(t)
 		var diff []string
@@ -403,9 +406,9 @@ func podManifest(ns, name, mode string) string {
 apiVersion: v1
 kind: Pod
 metadata:
-  name: %s
-  namespace: %s
-  labels: {app: %s}%s
+  name: %q
+  namespace: %q
+  labels: {app: %q}%s
 spec:
   terminationGracePeriodSeconds: 1
   containers:
