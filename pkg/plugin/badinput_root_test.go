@@ -38,7 +38,8 @@ func wantCode(t *testing.T, te *types.Error, code uint) {
 
 // TestAddBadConflistKeys runs keys of every kind the table test in
 // pkg/netconf covers through the plugin binary: wrong JSON types, values
-// out of range, and checks that need the CNI arguments. Each is code 7,
+// out of range, and checks that need the CNI arguments. Each is code 7
+// (code 1 for a version the plugin does not speak, from skel),
 // names the key and the value, and leaves nothing; none starts a stack.
 func TestAddBadConflistKeys(t *testing.T) {
 	env := nettest.NewEnv(t)
@@ -47,31 +48,38 @@ func TestAddBadConflistKeys(t *testing.T) {
 		name  string
 		extra map[string]any
 		parts []string
+		code  uint // zero: types.ErrInvalidNetworkConfig
 	}{
-		{"gsoMaxSize wrong type", map[string]any{"gsoMaxSize": -1}, []string{`"gsoMaxSize": got -1 (a number)`, "590..65536"}},
-		{"gsoMaxSegs too large", map[string]any{"gsoMaxSegs": 70000}, []string{`"gsoMaxSegs": got 70000`, "1..65535"}},
-		{"rxChecksumOffload wrong type", map[string]any{"rxChecksumOffload": "no"}, []string{`"rxChecksumOffload": got "no" (a string)`, "true or false"}},
-		{"tunMTU too large", map[string]any{"tunMTU": 70000}, []string{`"tunMTU": got 70000`, "1280..65535"}},
-		{"tunName with percent", map[string]any{"tunName": "tun%d"}, []string{`"tunName": got "tun%d"`, `"%"`}},
-		{"tunName is CNI_IFNAME", map[string]any{"tunName": "eth0"}, []string{`"tunName"`, `"eth0"`, "CNI_IFNAME"}},
-		{"wireQueueLen below -1", map[string]any{"wireQueueLen": -2}, []string{`"wireQueueLen": got -2`, "-1 for no queue"}},
-		{"maxUDP negative", map[string]any{"maxUDP": -1}, []string{`"maxUDP": got -1`, "non-negative"}},
-		{"readyTimeout zero", map[string]any{"readyTimeout": "0s"}, []string{`"readyTimeout": got "0s"`, "positive duration"}},
+		{"gsoMaxSize wrong type", map[string]any{"gsoMaxSize": -1}, []string{`"gsoMaxSize": got -1 (a number)`, "590..65536"}, 0},
+		{"gsoMaxSegs too large", map[string]any{"gsoMaxSegs": 70000}, []string{`"gsoMaxSegs": got 70000`, "1..65535"}, 0},
+		{"rxChecksumOffload wrong type", map[string]any{"rxChecksumOffload": "no"}, []string{`"rxChecksumOffload": got "no" (a string)`, "true or false"}, 0},
+		{"tunMTU too large", map[string]any{"tunMTU": 70000}, []string{`"tunMTU": got 70000`, "1280..65535"}, 0},
+		{"tunName with percent", map[string]any{"tunName": "tun%d"}, []string{`"tunName": got "tun%d"`, `"%"`}, 0},
+		{"tunName is CNI_IFNAME", map[string]any{"tunName": "eth0"}, []string{`"tunName"`, `"eth0"`, "CNI_IFNAME"}, 0},
+		{"wireQueueLen below -1", map[string]any{"wireQueueLen": -2}, []string{`"wireQueueLen": got -2`, "-1 for no queue"}, 0},
+		{"maxUDP negative", map[string]any{"maxUDP": -1}, []string{`"maxUDP": got -1`, "non-negative"}, 0},
+		{"readyTimeout zero", map[string]any{"readyTimeout": "0s"}, []string{`"readyTimeout": got "0s"`, "positive duration"}, 0},
 		{"runDir too long for the socket", map[string]any{"runDir": longRunDir},
-			[]string{`"runDir": got "` + longRunDir + `", 86 bytes long`, "at most 85 bytes", "control socket"}},
-		{"logDir relative", map[string]any{"logDir": "log"}, []string{`"logDir": got "log"`, "absolute path"}},
-		{"kubeconfig relative", map[string]any{"kubeconfig": "kubeconfig"}, []string{`"kubeconfig": got "kubeconfig"`, "absolute path"}},
-		{"nodeName upper case", map[string]any{"nodeName": "Node1"}, []string{`"nodeName": got "Node1"`, "Kubernetes node name"}},
-		{"ipam wrong type", map[string]any{"ipam": "host-local"}, []string{`"ipam": got "host-local" (a string)`, `{"type": "host-local", ...}`}},
-		{"ipam type is a path", map[string]any{"ipam": map[string]any{"type": "../host-local"}}, []string{`"ipam"`, `"../host-local"`, "naming the IPAM plugin"}},
-		{"mtu too small for IPv6", map[string]any{"mtu": 1000}, []string{`"mtu": got 1000`, "1280..65535", "IPv6", env.Subnet6}},
-		{"runtimeConfig wrong type", map[string]any{"runtimeConfig": []any{"x"}}, []string{`"runtimeConfig": got ["x"] (an array)`}},
+			[]string{`"runDir": got "` + longRunDir + `", 86 bytes long`, "at most 85 bytes", "control socket"}, 0},
+		{"logDir relative", map[string]any{"logDir": "log"}, []string{`"logDir": got "log"`, "absolute path"}, 0},
+		{"kubeconfig relative", map[string]any{"kubeconfig": "kubeconfig"}, []string{`"kubeconfig": got "kubeconfig"`, "absolute path"}, 0},
+		{"nodeName upper case", map[string]any{"nodeName": "Node1"}, []string{`"nodeName": got "Node1"`, "Kubernetes node name"}, 0},
+		{"ipam wrong type", map[string]any{"ipam": "host-local"}, []string{`"ipam": got "host-local" (a string)`, `{"type": "host-local", ...}`}, 0},
+		{"ipam type is a path", map[string]any{"ipam": map[string]any{"type": "../host-local"}}, []string{`"ipam"`, `"../host-local"`, "naming the IPAM plugin"}, 0},
+		{"mtu too small for IPv6", map[string]any{"mtu": 1000}, []string{`"mtu": got 1000`, "1280..65535", "IPv6", env.Subnet6}, 0},
+		{"runtimeConfig wrong type", map[string]any{"runtimeConfig": []any{"x"}}, []string{`"runtimeConfig": got ["x"] (an array)`}, 0},
 		// skel refuses it before Parse; Parse refuses it for other callers.
-		{"name missing", map[string]any{"name": nil}, []string{"missing network name"}},
+		{"name missing", map[string]any{"name": nil}, []string{"missing network name"}, 0},
+		{"no ipam and no prevResult", map[string]any{"ipam": nil}, []string{`no "ipam" section and no prevResult`}, 0},
+		{"cniVersion unknown", map[string]any{"cniVersion": "9.9.9"}, []string{"incompatible CNI versions"}, types.ErrIncompatibleCNIVersion},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			te := addFails(t, env, env.Conf(latest, c.extra), "badkey")
-			wantCode(t, te, types.ErrInvalidNetworkConfig)
+			code := c.code
+			if code == 0 {
+				code = types.ErrInvalidNetworkConfig
+			}
+			wantCode(t, te, code)
 			wantMessage(t, te.Msg, c.parts...)
 		})
 	}
@@ -366,6 +374,33 @@ func TestAddOverUnreadableState(t *testing.T) {
 	if _, err := env.Add(conf, id, pod); err != nil {
 		t.Fatalf("ADD after DEL: %v", err)
 	}
+	if err := env.Del(conf, id, pod); err != nil {
+		t.Fatalf("DEL: %v", err)
+	}
+	env.AssertNoLeaks(t)
+}
+
+// TestStateFileNotReadable puts a directory where the state file belongs:
+// reading it is an I/O error (code 5), not a decoding one, and DEL still
+// removes it.
+func TestStateFileNotReadable(t *testing.T) {
+	env := nettest.NewEnv(t)
+	conf := env.Conf(latest, nil)
+	const id = "statedir"
+	pod := nettest.NewNS(t)
+	path := statePath(env, id)
+	if err := os.MkdirAll(path, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	_, err := env.Exec("cni-usernet", "ADD", conf, id, pod, "eth0")
+	if err == nil {
+		env.Del(conf, id, pod)
+		t.Fatal("ADD with a directory for a state file: got success, want an error")
+	}
+	te := cniErr(t, err)
+	wantCode(t, te, types.ErrIOFailure)
+	wantMessage(t, te.Msg, path, "is a directory", "run DEL")
+	assertNSClean(t, pod)
 	if err := env.Del(conf, id, pod); err != nil {
 		t.Fatalf("DEL: %v", err)
 	}
