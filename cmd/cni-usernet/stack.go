@@ -11,6 +11,7 @@ import (
 
 	"github.com/cni-usernet/cni-usernet/pkg/launch"
 	"github.com/cni-usernet/cni-usernet/pkg/podstack"
+	"github.com/cni-usernet/cni-usernet/pkg/sandbox"
 )
 
 // runStack is the pod's stack process. It reports readiness on
@@ -41,16 +42,36 @@ func runStack(argv []string) error {
 		return err
 	}
 	log = log.With("ifName", cfg.IfName)
+	sandboxMode, err := sandbox.ModeFromEnv()
+	if err != nil {
+		report("error: " + err.Error())
+		return err
+	}
 	d, err := podstack.Start(*cfg, log)
 	if err != nil {
 		log.Error("stack failed to start", "err", err)
 		report("error: " + err.Error())
 		return err
 	}
+	// Signal handling is set up before the sandbox, like everything else
+	// the stack will use while serving.
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	// Every descriptor is open now; from here the process can only use
+	// them. A stack that cannot sandbox itself does not serve.
+	sb, err := sandbox.Apply(sandboxMode)
+	if err != nil {
+		err = fmt.Errorf("sandboxing the stack: %w", err)
+		log.Error("stack failed to start", "err", err)
+		report("error: " + err.Error())
+		return err
+	}
+	log.Info("stack sandboxed", "sandbox", sb)
 	log.Info("stack ready")
 	report("ok")
 	d.Run(ctx)
+	// The shutdown path runs under the filter too; the tests look for this
+	// line to know it completed.
+	log.Info("stack stopped")
 	return nil
 }
