@@ -149,6 +149,16 @@ if [ -f "$STATE/sysctl.orig" ]; then
   log "restored sysctls"
 fi
 
+if [ -f "$STATE/netns-mount" ]; then
+  # Only while nothing else (another user's `ip netns`) has namespaces there.
+  if [ -z "$(ls -A /run/netns 2>/dev/null)" ] && umount /run/netns 2>/dev/null; then
+    log "unmounted /run/netns"
+  else
+    log "left the /run/netns bind mount: namespaces in use there"
+  fi
+  rm -f "$STATE/netns-mount"
+fi
+
 # 7. the CNI directories as up.sh found them: files added since are removed,
 #    changed ones reported (never overwritten: we do not know the old bytes).
 if [ -f "$STATE/cni-before" ]; then

@@ -63,6 +63,19 @@ iptables -w -C FORWARD -j K8S-LAB-GUARD 2>/dev/null || iptables -w -I FORWARD 1 
 iptables -w -F K8S-LAB-GUARD
 iptables -w -A K8S-LAB-GUARD -s "$POD_NET" ! -d "$POD_NET" -j DROP
 
+# Pods' network namespaces (/run/netns) must be on a shared mount for a
+# DaemonSet to mount them with HostToContainer propagation (cni-usernet's
+# agent does); systemd hosts have / shared, this machine kind may not. Do what
+# `ip netns add` does: bind /run/netns onto itself and make it shared.
+mkdir -p /run/netns
+if ! grep -qE '^[0-9]+ [0-9]+ [^ ]+ [^ ]+ /run/netns [^-]* shared:' /proc/self/mountinfo; then
+  if ! grep -qE '^[0-9]+ [0-9]+ [^ ]+ [^ ]+ /run/netns ' /proc/self/mountinfo; then
+    mount --bind /run/netns /run/netns
+    echo mounted >"$STATE/netns-mount"
+  fi
+  mount --make-shared /run/netns
+fi
+
 # ---------------------------------------------------------------- PKI + kubeconfigs
 "$LAB/lib/pki.sh" "$PKI" "$NODE" "$NODE_IP" "$SVC_IP"
 for u in admin kubelet kube-controller-manager kube-scheduler kube-proxy; do
