@@ -35,6 +35,9 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzSplit$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 2s ./pkg/gso
 	$(GO) test -run '^$$' -fuzz '^FuzzParseEchoRequest$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 2s ./pkg/relay
 	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 2s ./pkg/netconf
+	$(GO) test -run '^$$' -fuzz '^FuzzGSOAnnotation$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 2s ./pkg/netconf
+	$(GO) test -run '^$$' -fuzz '^FuzzWireFrames$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 2s ./pkg/podstack
+	$(GO) test -run '^$$' -fuzz '^FuzzParseYAML$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 2s ./pkg/kube
 
 bench:
 	hack/bench/run.sh

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"net/netip"
 	"strings"
 	"text/tabwriter"
@@ -60,8 +61,14 @@ func runStatus(argv []string, out io.Writer) error {
 	} else {
 		printTable(out, rows)
 	}
+	// With --json, stdout stays one JSON document; the unreadable files
+	// go to stderr.
+	errOut := out
+	if *asJSON {
+		errOut = os.Stderr
+	}
 	for _, e := range errs {
-		fmt.Fprintln(out, "unreadable:", e)
+		fmt.Fprintln(errOut, "unreadable:", e)
 	}
 	return nil
 }

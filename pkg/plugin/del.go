@@ -25,7 +25,7 @@ import (
 // netns, veth, lease) counts as done, so DEL may be repeated and may come
 // for a pod this plugin never set up.
 func cmdDel(args *skel.CmdArgs) error {
-	inv, err := start(args)
+	inv, err := startForDelete(args)
 	if err != nil {
 		return err
 	}

@@ -60,12 +60,32 @@ func start(args *skel.CmdArgs) (*invocation, error) {
 	if err != nil {
 		return nil, types.NewError(types.ErrInvalidNetworkConfig, err.Error(), "")
 	}
+	return startWith(args, conf), nil
+}
+
+// startForDelete is start for DEL: a configuration this version refuses
+// (it may predate a rule) still deletes its pods, with what can be read.
+func startForDelete(args *skel.CmdArgs) (*invocation, error) {
+	conf, err := netconf.Parse(args.StdinData)
+	if err == nil {
+		return startWith(args, conf), nil
+	}
+	lenient, lerr := netconf.ParseForDelete(args.StdinData)
+	if lerr != nil {
+		return nil, types.NewError(types.ErrInvalidNetworkConfig, err.Error(), "")
+	}
+	inv := startWith(args, lenient)
+	inv.log.Warn("configuration refused; deleting with what can be read from it", "err", err)
+	return inv, nil
+}
+
+func startWith(args *skel.CmdArgs, conf *netconf.NetConf) *invocation {
 	inv := &invocation{args: args, conf: conf, store: state.Store{Dir: conf.StateDir}}
 	_ = types.LoadArgs(args.Args, &inv.pod)
 	inv.log, inv.close = openLog(conf.LogDir, slog.Group("cni",
 		"cmd", os.Getenv("CNI_COMMAND"), "containerID", args.ContainerID, "netns", args.Netns,
 		"ifName", args.IfName, "pod", string(inv.pod.K8S_POD_NAMESPACE)+"/"+string(inv.pod.K8S_POD_NAME)))
-	return inv, nil
+	return inv
 }
 
 // openLog opens the per-node plugin log. Logs never go to stdout, which
