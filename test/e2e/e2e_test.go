@@ -20,6 +20,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -292,6 +293,26 @@ spec:
 		defer conn.Close()
 		r := bufio.NewReader(conn)
 		echo(t, conn, r, "before the restart")
+		// A stack the agent restarted is the agent's child: it must outlive
+		// the agent's container too (the agent moves it out of its cgroup).
+		killed := nodeStatus(t)[ns+"/cli"].PID
+		if err := syscall.Kill(killed, syscall.SIGKILL); err != nil {
+			t.Fatalf("killing cli's stack %d: %v", killed, err)
+		}
+		eventually(t, time.Minute, "agent restarts cli's killed stack", func() error {
+			row := nodeStatus(t)[ns+"/cli"]
+			if row.PID == killed || !row.Healthy || !stackAlive(row.PID) {
+				return fmt.Errorf("cli: stack pid %d, healthy %v: %s", row.PID, row.Healthy, row.Problem)
+			}
+			return nil
+		})
+		eventually(t, 30*time.Second, "node -> cli after its stack's restart", func() error {
+			body, err := httpGet("http://" + net.JoinHostPort(podIP["cli"], "8080") + "/")
+			if err == nil && !strings.HasPrefix(body, "pod=cli ") {
+				err = fmt.Errorf("answer %q", body)
+			}
+			return err
+		})
 		stacksBefore := map[string]int{}
 		for name := range pods {
 			stacksBefore[name] = nodeStatus(t)[ns+"/"+name].PID
@@ -317,12 +338,18 @@ spec:
 				t.Errorf("%s: stack PID %d before the restart, %d after", name, pid, st[ns+"/"+name].PID)
 			}
 		}
+		body, err := httpGet("http://" + net.JoinHostPort(podIP["cli"], "8080") + "/")
+		if err != nil {
+			t.Errorf("node -> cli (stack restarted by the old agent) after the rollout: %v", err)
+		} else {
+			wantHTTP(t, "node -> cli after the rollout", body, "cli", "")
+		}
 		// The new agent serves new pods too.
 		apply(t, podManifest(ns, "late", "software"))
 		mustKubectl(t, "-n", ns, "wait", "--for=condition=Ready", "pod/late", "--timeout=2m")
 		pods["late"] = "software"
 		podIP["late"] = getPod(t, ns, "late").Status.PodIP
-		body, err := httpGet("http://" + net.JoinHostPort(podIP["late"], "8080") + "/")
+		body, err = httpGet("http://" + net.JoinHostPort(podIP["late"], "8080") + "/")
 		if err != nil {
 			t.Fatal(err)
 		}
