@@ -107,6 +107,31 @@ func TestKubernetes(t *testing.T) {
 		if _, err := os.Stat(installed); err != nil {
 			t.Fatal(err)
 		}
+		// Least privilege: what the agent and the plugin use, nothing more.
+		sa := "--as=system:serviceaccount:kube-system:cni-usernet"
+		for _, c := range []struct {
+			verb, resource string
+			ns             string
+			want           string
+		}{
+			{"get", "pods", "default", "yes"},
+			{"create", "events", "default", "yes"},
+			{"get", "nodes", "", "yes"},
+			{"get", "daemonsets.apps/cni-usernet", "kube-system", "yes"},
+			{"list", "pods", "default", "no"},
+			{"get", "secrets", "kube-system", "no"},
+			{"get", "daemonsets.apps/other", "kube-system", "no"},
+			{"update", "nodes", "", "no"},
+		} {
+			args := []string{"auth", "can-i", c.verb, c.resource, sa}
+			if c.ns != "" {
+				args = append(args, "-n", c.ns)
+			}
+			out, _ := kubectl(args...) // exit status 1 means "no"
+			if got := strings.TrimSpace(out); got != c.want {
+				t.Errorf("service account may %s %s in %q: %q, want %q", c.verb, c.resource, c.ns, got, c.want)
+			}
+		}
 	})
 
 	step("PodImage", func(t *testing.T) { buildPodImage(t, repo) })
