@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -57,7 +58,9 @@ func prepareInstall(ctx context.Context, f *agentFlags, log *slog.Logger) (*node
 		ConfDir:    f.cniConfDir,
 		Name:       "cni-usernet",
 		Mode:       install.Mode(f.mode),
-		RecordPath: f.stateDir + "/install.json",
+		// A directory of its own: the state directory's top level is
+		// one file per attachment.
+		RecordPath: filepath.Join(f.stateDir, "install", "install.json"),
 		Log:        log,
 	}
 	plugin, err := n.pluginConf(ctx)
@@ -255,6 +258,8 @@ func (n *nodeInstall) shutdown(log *slog.Logger) {
 	}
 	if n.f.kubeconfigOut != "" {
 		os.Remove(n.f.kubeconfigOut)
+		// WriteKubeconfig made the directory; leave no trace of it.
+		os.Remove(filepath.Dir(n.f.kubeconfigOut))
 	}
 	log.Info("DaemonSet deleted: CNI files restored")
 }

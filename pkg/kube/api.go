@@ -108,9 +108,10 @@ func (c *Client) NodePodCIDRs(ctx context.Context, node string) ([]string, error
 	return []string{}, nil
 }
 
-// DaemonSetExists says whether a DaemonSet exists (RBAC: get
-// daemonsets.apps). The agent uses it to tell an uninstall (its DaemonSet
-// deleted) from a restart or an upgrade.
+// DaemonSetExists says whether a DaemonSet exists and is not being
+// deleted (RBAC: get daemonsets.apps). The agent uses it to tell an
+// uninstall (its DaemonSet deleted, or marked for a foreground deletion)
+// from a restart or an upgrade.
 func (c *Client) DaemonSetExists(ctx context.Context, namespace, name string) (bool, error) {
 	if err := needNames("get daemonsets.apps", namespace, name); err != nil {
 		return false, err
@@ -121,10 +122,15 @@ func (c *Client) DaemonSetExists(ctx context.Context, namespace, name string) (b
 		path:   objectPath("/apis/apps/v1", namespace, "daemonsets", name),
 		accept: metadataOnly,
 	}
-	err := c.do(ctx, r, nil)
+	var obj struct {
+		Metadata struct {
+			DeletionTimestamp *string `json:"deletionTimestamp"`
+		} `json:"metadata"`
+	}
+	err := c.do(ctx, r, &obj)
 	switch {
 	case err == nil:
-		return true, nil
+		return obj.Metadata.DeletionTimestamp == nil, nil
 	case errors.Is(err, ErrNotFound):
 		return false, nil
 	}

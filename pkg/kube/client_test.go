@@ -384,6 +384,8 @@ func TestDaemonSetExists(t *testing.T) {
 		switch r.URL.Path {
 		case "/apis/apps/v1/namespaces/kube-system/daemonsets/cni-usernet":
 			fmt.Fprint(w, `{"metadata":{"name":"cni-usernet","namespace":"kube-system","uid":"d1"}}`)
+		case "/apis/apps/v1/namespaces/kube-system/daemonsets/deleting":
+			fmt.Fprint(w, `{"metadata":{"name":"deleting","uid":"d2","deletionTimestamp":"2026-11-30T07:00:00Z"}}`)
 		case "/apis/apps/v1/namespaces/kube-system/daemonsets/secret":
 			writeStatus(w, 403, "Forbidden", "no")
 		default:
@@ -394,6 +396,9 @@ func TestDaemonSetExists(t *testing.T) {
 	ctx := ctxTimeout(t, 2*time.Second)
 	if ok, err := c.DaemonSetExists(ctx, "kube-system", "cni-usernet"); !ok || err != nil {
 		t.Errorf("existing: got %v, %v, want true, nil", ok, err)
+	}
+	if ok, err := c.DaemonSetExists(ctx, "kube-system", "deleting"); ok || err != nil {
+		t.Errorf("foreground deletion in progress: got %v, %v, want false, nil", ok, err)
 	}
 	if ok, err := c.DaemonSetExists(ctx, "kube-system", "gone"); ok || err != nil {
 		t.Errorf("missing: got %v, %v, want false, nil", ok, err)
