@@ -149,6 +149,9 @@ func (s Store) read(p string) (*Attachment, error) {
 	if a.Version != Version {
 		return nil, fmt.Errorf("state file %s has version %d, this cni-usernet reads %d", p, a.Version, Version)
 	}
+	if a.ContainerID == "" || a.IfName == "" {
+		return nil, fmt.Errorf("state file %s names no container and interface: not an attachment", p)
+	}
 	return &a, nil
 }
 
