@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 
 	"gvisor.dev/gvisor/pkg/seccomp"
 )
@@ -91,11 +92,7 @@ func openFDs() ([]string, error) {
 }
 
 func fdNum(s string) int {
-	for i := range s {
-		if s[i] == '=' {
-			n, _ := strconv.Atoi(s[:i])
-			return n
-		}
-	}
-	return 0
+	n, _, _ := strings.Cut(s, "=")
+	i, _ := strconv.Atoi(n)
+	return i
 }
