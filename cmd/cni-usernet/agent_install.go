@@ -53,11 +53,11 @@ func prepareInstall(ctx context.Context, f *agentFlags, log *slog.Logger) (*node
 		return nil, fmt.Errorf("finding own executable: %w", err)
 	}
 	n.opts = install.Options{
-		Source:     self,
-		BinDir:     f.cniBinDir,
-		ConfDir:    f.cniConfDir,
-		Name:       "cni-usernet",
-		Mode:       install.Mode(f.mode),
+		Source:  self,
+		BinDir:  f.cniBinDir,
+		ConfDir: f.cniConfDir,
+		Name:    "cni-usernet",
+		Mode:    install.Mode(f.mode),
 		// A directory of its own: the state directory's top level is
 		// one file per attachment.
 		RecordPath: filepath.Join(f.stateDir, "install", "install.json"),

@@ -260,8 +260,12 @@ func exited(fd int, p Process, wait time.Duration) bool {
 // printing it to a log nobody reads.
 func stackEnv() []string {
 	env := []string{"PATH=" + os.Getenv("PATH")}
-	if v, ok := os.LookupEnv("GORACE"); ok {
-		env = append(env, "GORACE="+v)
+	// CNI_USERNET_SANDBOX=off|log reaches the stack for debugging
+	// (docs/reliability/sandbox.md).
+	for _, k := range []string{"GORACE", "CNI_USERNET_SANDBOX"} {
+		if v, ok := os.LookupEnv(k); ok {
+			env = append(env, k+"="+v)
+		}
 	}
 	return env
 }

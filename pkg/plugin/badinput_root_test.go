@@ -83,13 +83,18 @@ func TestAddBadConflistKeys(t *testing.T) {
 			wantMessage(t, te.Msg, c.parts...)
 		})
 	}
-	// The same configuration errors fail DEL too (it cannot know which
-	// state directory to look in), but never with a crash or a partial
-	// teardown: a DEL of a pod never added with a bad key changes nothing.
-	if _, err := env.Exec("cni-usernet", "DEL", env.Conf(latest, map[string]any{"mtu": "big"}), "badkey", nettest.NewNS(t), "eth0"); err == nil {
-		t.Error("DEL with a bad conflist: got success, want code 7")
+	// DEL takes what it can read from a configuration Parse refuses (the
+	// pod may have been added before a rule existed, see
+	// TestDelWithConfigNowRefused): a DEL of a pod never added succeeds
+	// and changes nothing. JSON that is no object still fails (code 6,
+	// from the CNI library before the plugin runs).
+	if _, err := env.Exec("cni-usernet", "DEL", env.Conf(latest, map[string]any{"mtu": "big"}), "badkey", nettest.NewNS(t), "eth0"); err != nil {
+		t.Errorf("DEL with a refused conflist of a pod never added: %v", err)
+	}
+	if _, err := env.Exec("cni-usernet", "DEL", []byte(`["not an object"]`), "badkey", nettest.NewNS(t), "eth0"); err == nil {
+		t.Error("DEL with a conflist that is not a JSON object: got success, want code 6")
 	} else {
-		wantCode(t, cniErr(t, err), types.ErrInvalidNetworkConfig)
+		wantCode(t, cniErr(t, err), types.ErrDecodingFailure)
 	}
 	env.AssertNoLeaks(t)
 }
