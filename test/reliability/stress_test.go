@@ -131,7 +131,7 @@ func TestStressAddDelWithTraffic(t *testing.T) {
 	}
 	// Lost pods are the reconciler's (every second here).
 	var leaks []string
-	for end := time.Now().Add(15 * time.Second); time.Now().Before(end); time.Sleep(200 * time.Millisecond) {
+	for end := time.Now().Add(30 * time.Second); time.Now().Before(end); time.Sleep(200 * time.Millisecond) {
 		leaks = env.Leaks()
 		locks, _ := filepath.Glob(filepath.Join(env.Dir, "state", "locks", "*"))
 		for _, l := range locks {
