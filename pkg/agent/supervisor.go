@@ -445,8 +445,9 @@ func sleep(ctx context.Context, d time.Duration) bool {
 }
 
 // Reconcile compares the node with the state directory once: attachments
-// whose netns is gone are reclaimed; stacks and stack directories that no
-// attachment records (a plugin killed mid-DEL, state lost) are removed.
+// whose netns is gone are reclaimed; stack directories that neither an
+// attachment nor a running stack uses are removed; stacks no attachment
+// records are reported, not stopped.
 func (s *Supervisor) Reconcile() {
 	log := s.cfg.Log
 	atts, errs := s.cfg.Store.List()
@@ -479,24 +480,26 @@ func (s *Supervisor) Reconcile() {
 		log.Info("reclaimed attachment: its netns is gone", "containerID", att.ContainerID, "ifName", att.IfName, "netns", att.Netns)
 	}
 	stacksDir := filepath.Join(s.cfg.Store.Dir, "stacks")
+	running := make(map[string]bool)
 	for _, st := range launch.FindStacks(stacksDir) {
 		key := filepath.Base(filepath.Dir(st.ConfigPath))
+		running[key] = true
 		if known[key] {
 			continue
 		}
-		s.orphan(key, func() {
-			launch.Stop(st.Process, 5*time.Second)
-			log.Info("stopped a stack no attachment records", "pid", st.PID, "config", st.ConfigPath)
-		})
+		// Its state is lost, but it may well serve a live pod: stopping
+		// it on a guess would take that pod's network down with nobody to
+		// notice. DEL still finds it by its config path.
+		log.Warn("a stack runs that no attachment records (state lost?); left running", "pid", st.PID, "config", st.ConfigPath)
 	}
 	entries, _ := os.ReadDir(stacksDir)
 	for _, e := range entries {
-		if known[e.Name()] {
+		if known[e.Name()] || running[e.Name()] {
 			continue
 		}
 		s.orphan(e.Name(), func() {
 			os.RemoveAll(filepath.Join(stacksDir, e.Name()))
-			log.Info("removed a stack directory no attachment records", "key", e.Name())
+			log.Info("removed a stack directory no attachment or process uses", "key", e.Name())
 		})
 	}
 }

@@ -275,28 +275,11 @@ func stackEnv() []string {
 // when the state that recorded its PID is lost.
 func Find(args ...string) []Process {
 	var out []Process
-	entries, _ := os.ReadDir("/proc")
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
-		if err != nil || len(b) == 0 {
-			continue
-		}
-		argv := strings.Split(strings.TrimSuffix(string(b), "\x00"), "\x00")
-		if len(argv) != len(args)+1 || !slices.Equal(argv[1:], args) {
-			continue
-		}
-		st, err := StartTime(pid)
-		if err != nil {
-			continue
-		}
-		if p := (Process{PID: pid, StartTime: st}); Alive(p) {
+	eachProcess(func(p Process, argv []string) {
+		if len(argv) == len(args)+1 && slices.Equal(argv[1:], args) {
 			out = append(out, p)
 		}
-	}
+	})
 	return out
 }
 
@@ -312,6 +295,16 @@ type Stack struct {
 func FindStacks(dir string) []Stack {
 	dir = filepath.Clean(dir) + "/"
 	var out []Stack
+	eachProcess(func(p Process, argv []string) {
+		if len(argv) == 4 && argv[1] == "stack" && argv[2] == "--config" && strings.HasPrefix(argv[3], dir) {
+			out = append(out, Stack{Process: p, ConfigPath: argv[3]})
+		}
+	})
+	return out
+}
+
+// eachProcess calls f with every live process and its arguments.
+func eachProcess(f func(p Process, argv []string)) {
 	entries, _ := os.ReadDir("/proc")
 	for _, e := range entries {
 		pid, err := strconv.Atoi(e.Name())
@@ -322,17 +315,12 @@ func FindStacks(dir string) []Stack {
 		if err != nil || len(b) == 0 {
 			continue
 		}
-		argv := strings.Split(strings.TrimSuffix(string(b), "\x00"), "\x00")
-		if len(argv) != 4 || argv[1] != "stack" || argv[2] != "--config" || !strings.HasPrefix(argv[3], dir) {
-			continue
-		}
 		st, err := StartTime(pid)
 		if err != nil {
 			continue
 		}
 		if p := (Process{PID: pid, StartTime: st}); Alive(p) {
-			out = append(out, Stack{Process: p, ConfigPath: argv[3]})
+			f(p, strings.Split(strings.TrimSuffix(string(b), "\x00"), "\x00"))
 		}
 	}
-	return out
 }

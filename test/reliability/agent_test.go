@@ -458,3 +458,46 @@ func TestCrashLoopBacksOffAndIsReported(t *testing.T) {
 func hostVeth(containerID string) string {
 	return "usn" + state.Key(containerID, "eth0")[:12]
 }
+
+// TestReconcileLeftovers: a stack directory nobody uses (a plugin killed
+// mid-ADD long ago) is removed; a stack whose state file was lost keeps
+// serving its pod (the agent cannot know the pod is gone), and the
+// runtime's DEL, which finds it by its config path, still removes all.
+func TestReconcileLeftovers(t *testing.T) {
+	env, pod := newEnvPod(t, nil)
+	stale := filepath.Join(env.Dir, "state", "stacks", "00000000deadbeef")
+	if err := os.MkdirAll(stale, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(stale, "config.json"), []byte("{}"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	stack := stackOf(t, env, pod)
+	stateFile := filepath.Join(env.Dir, "state", state.Key(pod.ID, "eth0")+".json")
+	if err := os.Remove(stateFile); err != nil {
+		t.Fatal(err)
+	}
+	startAgent(t, env)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		if _, err := os.Stat(stale); os.IsNotExist(err) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("unused stack directory not removed")
+		}
+	}
+	time.Sleep(1500 * time.Millisecond) // another reconcile pass
+	if !launch.Alive(stack) {
+		t.Fatal("the agent stopped a stack whose state was lost")
+	}
+	echoServer(t, env.Node, 7000)
+	if err := roundTrip(pod.NS, nettest.HostPort(pod.Gateway(4), 7000)); err != nil {
+		t.Fatalf("pod without state file lost its network: %v", err)
+	}
+	if err := env.Del(pod.Conf, pod.ID, pod.NS); err != nil {
+		t.Fatal(err)
+	}
+	if launch.Alive(stack) {
+		t.Fatal("DEL without state left the stack running")
+	}
+}
