@@ -24,10 +24,11 @@ lint:
 
 # Everything under the race detector (the stack processes the tests start
 # are race-built too and halt on a race), with short transfers; then the
-# full-size transfers without it.
+# root suites at full size without it, one package at a time: the hostile
+# and stress tests load both cores and must not starve each other.
 test-root:
 	GORACE=halt_on_error=1 $(GO) test -race -short -count=1 -timeout 20m ./...
-	$(GO) test -count=1 -timeout 20m ./test/...
+	$(GO) test -p 1 -count=1 -timeout 20m ./test/...
 
 # Every fuzz target for a short fixed time.
 FUZZTIME ?= 10s

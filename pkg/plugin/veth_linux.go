@@ -11,6 +11,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ipam"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // setupVeth creates the veth and configures it like ptp: the pod gets its
@@ -103,7 +104,9 @@ func setupVeth(netns ns.NetNS, ifName, hostName string, mtu int, result *current
 
 // delLink deletes a link in the current namespace; already gone is success.
 func delLink(name string) error {
-	if err := ip.DelLinkByName(name); err != nil && !errors.Is(err, ip.ErrLinkNotFound) {
+	// ENODEV: the kernel removed it between lookup and delete (a veth dies
+	// with its peer's namespace, asynchronously).
+	if err := ip.DelLinkByName(name); err != nil && !errors.Is(err, ip.ErrLinkNotFound) && !errors.Is(err, unix.ENODEV) {
 		return fmt.Errorf("deleting %s: %w", name, err)
 	}
 	return nil

@@ -22,6 +22,7 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/containernetworking/plugins/pkg/testutils"
+	"golang.org/x/sys/unix"
 
 	"github.com/cni-usernet/cni-usernet/pkg/launch"
 	"github.com/cni-usernet/cni-usernet/pkg/state"
@@ -362,8 +363,7 @@ func TestReconcileReclaimsDeletedNetns(t *testing.T) {
 	// The stack holds the namespace open; killing it and unmounting the
 	// namespace is what a node reboot or a runtime crash leaves.
 	syscall.Kill(stack.PID, syscall.SIGKILL)
-	podNS.Close()
-	testutils.UnmountNS(podNS)
+	loseNetns(t, podNS)
 	lostVeth := hostVeth("lost-pod")
 	deadline := time.Now().Add(15 * time.Second)
 	for {
@@ -499,5 +499,21 @@ func TestReconcileLeftovers(t *testing.T) {
 	}
 	if launch.Alive(stack) {
 		t.Fatal("DEL without state left the stack running")
+	}
+}
+
+// loseNetns deletes a pod's namespace behind the plugin's back, the way a
+// runtime does: a lazy unmount (an agent may hold the namespace open at
+// that moment, which would make a plain unmount fail with EBUSY) and the
+// bind-mount file removed.
+func loseNetns(t testing.TB, n ns.NetNS) {
+	t.Helper()
+	path := n.Path()
+	n.Close()
+	if err := unix.Unmount(path, unix.MNT_DETACH); err != nil {
+		t.Errorf("unmounting %s: %v", path, err)
+	}
+	if err := os.Remove(path); err != nil {
+		t.Errorf("removing %s: %v", path, err)
 	}
 }

@@ -103,8 +103,7 @@ func TestStressAddDelWithTraffic(t *testing.T) {
 					if att != nil {
 						syscall.Kill(att.StackPID, syscall.SIGKILL)
 					}
-					podNS.Close()
-					testutils.UnmountNS(podNS)
+					loseNetns(t, podNS)
 					lost.Add(1)
 					cycles.Add(1)
 					continue
