@@ -14,7 +14,9 @@ import (
 // configurations use.
 const installName = "cni-usernet"
 
-const installRecordDefault = "/var/lib/cni-usernet/install.json"
+// Its own directory: the state directory's top level is one file per
+// attachment (the agent uses the same path).
+const installRecordDefault = "/var/lib/cni-usernet/install/install.json"
 
 // installCommand is `cni-usernet install`: the binary first, the
 // configuration last, so that no runtime reads a configuration naming a
