@@ -4,27 +4,11 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/cni-usernet/cni-usernet/test/nettest"
 )
-
-// stackCPU reads the stack process's user+system CPU time.
-func stackCPU(pid int) time.Duration {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0
-	}
-	s := string(b)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
-	ut, _ := strconv.ParseInt(f[11], 10, 64)
-	st, _ := strconv.ParseInt(f[12], 10, 64)
-	return time.Duration(ut+st) * (time.Second / 100) // USER_HZ
-}
 
 // BenchmarkBulk moves b.N MiB through a pod's stack in each direction and
 // GSO mode, reporting throughput and the stack's CPU per GB, so that a
@@ -59,7 +43,7 @@ func BenchmarkBulk(b *testing.B) {
 				block := make([]byte, 1<<20)
 				b.SetBytes(int64(len(block)))
 				b.ReportAllocs()
-				cpu0 := stackCPU(st.PID)
+				cpu0 := nettest.StackCPU(st.PID)
 				start := time.Now()
 				for b.Loop() {
 					if _, err := c.Write(block); err != nil {
@@ -70,7 +54,7 @@ func BenchmarkBulk(b *testing.B) {
 				c.(*net.TCPConn).CloseWrite()
 				bytes := float64(b.N) * float64(len(block))
 				b.ReportMetric(bytes*8/elapsed.Seconds()/1e9, "Gbit/s")
-				b.ReportMetric((stackCPU(st.PID)-cpu0).Seconds()/(bytes/1e9), "stack-cpu-s/GB")
+				b.ReportMetric((nettest.StackCPU(st.PID)-cpu0).Seconds()/(bytes/1e9), "stack-cpu-s/GB")
 			})
 		}
 	}

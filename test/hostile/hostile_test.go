@@ -74,7 +74,7 @@ func TestHostileTraffic(t *testing.T) {
 	fd, f := floodSocket(t, env, podA, attA)
 	before := status(t, attA)
 
-	cpu0 := stackCPU(attA.StackPID)
+	cpu0 := nettest.StackCPU(attA.StackPID)
 	rss := sampleRSS(attA.StackPID, 50*time.Millisecond)
 	defer rss.stop()
 
@@ -163,7 +163,7 @@ func TestHostileTraffic(t *testing.T) {
 
 	after := status(t, attA)
 	peak := rss.stop()
-	t.Logf("stack CPU during the test: %s", stackCPU(attA.StackPID)-cpu0)
+	t.Logf("stack CPU during the test: %s", nettest.StackCPU(attA.StackPID)-cpu0)
 	checkCounters(t, before, after, fr.c)
 	bound := rssBound(t, attA)
 	t.Logf("stack RSS: peak %.1f MiB, bound %.1f MiB", mib(peak), mib(bound))
@@ -504,17 +504,4 @@ func transfer(srvNS, cliNS ns.NetNS, srvAddr netip.Addr, port int, n, rate int64
 		return fmt.Errorf("hash mismatch: sent %x, received %x", sum[:8], remote.sum[:8])
 	}
 	return nil
-}
-
-// stackCPU reads the stack process's user+system CPU time.
-func stackCPU(pid int) time.Duration {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0
-	}
-	s := string(b)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
-	ut, _ := strconv.ParseInt(f[11], 10, 64)
-	st, _ := strconv.ParseInt(f[12], 10, 64)
-	return time.Duration(ut+st) * (time.Second / 100) // USER_HZ
 }
