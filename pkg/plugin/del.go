@@ -184,6 +184,9 @@ func (td *teardown) cleanNetns() error {
 		if err := podnet.DeleteTUN(tun); err != nil {
 			return err
 		}
+		if err := podnet.RemoveDivert(); err != nil {
+			return err
+		}
 		if err := ingressdrop.Remove(td.ifName); err != nil {
 			return err
 		}

@@ -10,49 +10,36 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// OpenTUN creates (or re-attaches to) the persistent TUN device name and
-// returns its file descriptor in non-blocking mode. The device is
-// persistent so that the pod's kernel addresses and routes on it survive a
-// crash of the stack: a restarted stack re-attaches and the applications'
-// sockets never see the pod IP vanish.
-//
-// With offload, the device carries a virtio-net header on every packet and
-// accepts TSO bursts with partial checksums both ways (IFF_VNET_HDR,
-// TUNSETOFFLOAD with checksum, TSO4 and TSO6), and the fd is non-blocking.
-func OpenTUN(name string, offload bool) (int, error) {
+// OpenTUN creates (or re-attaches to) the persistent TUN device name. The
+// device is persistent so that the pod's kernel addresses and routes on it
+// survive a crash of the stack: a restarted stack re-attaches and the
+// applications' sockets never see the pod IP vanish. Only what the divert
+// rules leave in it crosses it (podnet.Divert), so it carries no offload.
+func OpenTUN(name string) (*os.File, error) {
 	fd, err := unix.Open("/dev/net/tun", unix.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return -1, fmt.Errorf("opening /dev/net/tun: %w", err)
+		return nil, fmt.Errorf("opening /dev/net/tun: %w", err)
 	}
 	ifr, err := unix.NewIfreq(name)
 	if err != nil {
 		unix.Close(fd)
-		return -1, fmt.Errorf("TUN name %q: %w", name, err)
+		return nil, fmt.Errorf("TUN name %q: %w", name, err)
 	}
-	flags := uint16(unix.IFF_TUN | unix.IFF_NO_PI)
-	if offload {
-		flags |= unix.IFF_VNET_HDR
-	}
-	ifr.SetUint16(flags)
+	ifr.SetUint16(unix.IFF_TUN | unix.IFF_NO_PI)
 	if err := unix.IoctlIfreq(fd, unix.TUNSETIFF, ifr); err != nil {
 		unix.Close(fd)
-		return -1, fmt.Errorf("creating TUN %s: %w", name, err)
-	}
-	if offload {
-		if err := unix.IoctlSetInt(fd, unix.TUNSETOFFLOAD, unix.TUN_F_CSUM|unix.TUN_F_TSO4|unix.TUN_F_TSO6); err != nil {
-			unix.Close(fd)
-			return -1, fmt.Errorf("enabling offloads on TUN %s: %w", name, err)
-		}
-		if err := unix.SetNonblock(fd, true); err != nil {
-			unix.Close(fd)
-			return -1, fmt.Errorf("making TUN %s non-blocking: %w", name, err)
-		}
+		return nil, fmt.Errorf("creating TUN %s: %w", name, err)
 	}
 	if err := unix.IoctlSetInt(fd, unix.TUNSETPERSIST, 1); err != nil {
 		unix.Close(fd)
-		return -1, fmt.Errorf("making TUN %s persistent: %w", name, err)
+		return nil, fmt.Errorf("making TUN %s persistent: %w", name, err)
 	}
-	return fd, nil
+	// Non-blocking, so that Go's poller serves reads and Close ends them.
+	if err := unix.SetNonblock(fd, true); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("making TUN %s non-blocking: %w", name, err)
+	}
+	return os.NewFile(uintptr(fd), name), nil
 }
 
 // DeleteTUN removes the TUN device; already gone is success.

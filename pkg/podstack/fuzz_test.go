@@ -1,9 +1,12 @@
 package podstack
 
 import (
+	"context"
 	"net"
 	"net/netip"
+	"os"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -13,6 +16,7 @@ import (
 
 	"github.com/cni-usernet/cni-usernet/pkg/offload"
 	"github.com/cni-usernet/cni-usernet/pkg/podnet"
+	"github.com/cni-usernet/cni-usernet/pkg/relay"
 )
 
 // fuzzStack is one whole pod stack (both legs, relay, pinger) whose wire
@@ -56,14 +60,14 @@ func newFuzzStack() (*fuzzStack, error) {
 		},
 	}
 	s, err := Build(Options{
-		Spec:              spec,
-		LinkFD:            wire[0],
-		TUNFD:             tun[0],
-		TUNMTU:            1500,
+		Spec:   spec,
+		LinkFD: wire[0],
+		// The test runs in the machine's own network namespace: nothing
+		// may be dialled there for the frames it makes up.
+		Pod:               relay.PodSide{TUN: os.NewFile(uintptr(tun[0]), "tun"), Dialer: refusingDialer{}},
 		GSO:               offload.Decision{Requested: offload.ModeOff, Mode: offload.ModeOff},
 		RXChecksumOffload: true,
 		WireQueueLen:      64,
-		AppQueueLen:       64,
 	})
 	if err != nil {
 		return nil, err
@@ -148,4 +152,16 @@ func FuzzWireFrames(f *testing.F) {
 			time.Sleep(100 * time.Microsecond)
 		}
 	})
+}
+
+// refusingDialer answers every connection to the applications as if
+// nothing listened, without opening a socket.
+type refusingDialer struct{}
+
+func (refusingDialer) DialTCP(context.Context, netip.AddrPort, netip.AddrPort) (*net.TCPConn, error) {
+	return nil, syscall.ECONNREFUSED
+}
+
+func (refusingDialer) DialUDP(netip.AddrPort, netip.AddrPort) (*net.UDPConn, error) {
+	return nil, syscall.ECONNREFUSED
 }

@@ -18,20 +18,16 @@ type LinkStats struct {
 	TxErrors     atomic.Uint64
 	RxPackets    atomic.Uint64
 	RxBytes      atomic.Uint64
-	// RxIntercepted counts packets taken off the path before netstack (ICMP
-	// echo requests from the applications, relayed separately).
-	RxIntercepted atomic.Uint64
 }
 
 // LinkSnapshot is a plain copy of LinkStats.
 type LinkSnapshot struct {
-	TxPackets     uint64 `json:"txPackets"`
-	TxBytes       uint64 `json:"txBytes"`
-	TxGSOBatches  uint64 `json:"txGSOBatches"`
-	TxErrors      uint64 `json:"txErrors"`
-	RxPackets     uint64 `json:"rxPackets"`
-	RxBytes       uint64 `json:"rxBytes"`
-	RxIntercepted uint64 `json:"rxIntercepted,omitempty"`
+	TxPackets    uint64 `json:"txPackets"`
+	TxBytes      uint64 `json:"txBytes"`
+	TxGSOBatches uint64 `json:"txGSOBatches"`
+	TxErrors     uint64 `json:"txErrors"`
+	RxPackets    uint64 `json:"rxPackets"`
+	RxBytes      uint64 `json:"rxBytes"`
 }
 
 // Snapshot reads every counter.
@@ -39,17 +35,13 @@ func (s *LinkStats) Snapshot() LinkSnapshot {
 	return LinkSnapshot{
 		TxPackets: s.TxPackets.Load(), TxBytes: s.TxBytes.Load(), TxGSOBatches: s.TxGSOBatches.Load(),
 		TxErrors: s.TxErrors.Load(), RxPackets: s.RxPackets.Load(), RxBytes: s.RxBytes.Load(),
-		RxIntercepted: s.RxIntercepted.Load(),
 	}
 }
 
-// countingLink wraps a link endpoint to count traffic and, on the app leg,
-// to take ICMP echo requests away from netstack (which, in promiscuous mode,
-// would otherwise answer a ping to any address itself).
+// countingLink wraps the wire leg's link endpoint to count traffic.
 type countingLink struct {
 	nested.Endpoint
-	stats     *LinkStats
-	intercept func(tcpip.NetworkProtocolNumber, *stack.PacketBuffer) bool
+	stats *LinkStats
 }
 
 var (
@@ -85,14 +77,9 @@ func (l *countingLink) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Err
 	return n, err
 }
 
-// DeliverNetworkPacket counts, offers the packet to the interceptor, and
-// passes it to netstack otherwise.
+// DeliverNetworkPacket counts and passes the packet to netstack.
 func (l *countingLink) DeliverNetworkPacket(proto tcpip.NetworkProtocolNumber, pkt *stack.PacketBuffer) {
 	l.stats.RxPackets.Add(1)
 	l.stats.RxBytes.Add(uint64(pkt.Size()))
-	if l.intercept != nil && l.intercept(proto, pkt) {
-		l.stats.RxIntercepted.Add(1)
-		return
-	}
 	l.Endpoint.DeliverNetworkPacket(proto, pkt)
 }

@@ -1,5 +1,6 @@
-// Package podstack builds the pod's two netstack instances (the wire leg on
-// the pod's interface, the app leg on the TUN) and joins them with the relay.
+// Package podstack builds the pod's stack: a netstack instance on the pod's
+// interface (the wire leg), joined by the relay to the pod's own kernel,
+// where the applications are (the pod side: kernel sockets and a TUN).
 package podstack
 
 import (
@@ -31,14 +32,9 @@ type Options struct {
 	// LinkFD is an AF_PACKET socket bound to Spec.IfName, with
 	// PACKET_VNET_HDR set exactly when GSO.Mode is hardware. Required.
 	LinkFD int
-	// TUNFD is the TUN device's fd, opened without a packet-info header.
+	// Pod is the pod kernel's side: the TUN and the relay's listeners.
 	// Required.
-	TUNFD int
-	// TUNMTU is the TUN device's MTU. Zero: DefaultTUNMTU.
-	TUNMTU uint32
-	// TUNOffload says TUNFD was opened with a virtio-net header and
-	// offloads (podnet.OpenTUN); the app leg then uses tunLink.
-	TUNOffload bool
+	Pod relay.PodSide
 	// GSO is the resolved segmentation mode of the wire leg. Required.
 	GSO offload.Decision
 	// GRO turns on netstack's generic receive offload on the wire leg:
@@ -55,8 +51,6 @@ type Options struct {
 	// delivers to the veth's peer) then run on different cores, and the
 	// queue hands the link batches. Zero: send in the caller's goroutine.
 	WireQueueLen int
-	// AppQueueLen is WireQueueLen for the TUN.
-	AppQueueLen int
 	// TCPBufferBytes is the largest send and receive buffer of a netstack
 	// TCP endpoint (auto-tuned up to it). Zero: 4 MiB, enough for the
 	// bandwidth-delay product of 10 Gbit/s at 3 ms.
@@ -72,10 +66,11 @@ const defaultTCPBufferBytes = 4 << 20
 // the IP length field's limit.
 const softwareGSOMaxSize = 65535
 
-// DefaultTUNMTU is the app leg's MTU. The TUN carries no offload metadata,
-// so the only way for the kernel to hand the stack large segments is a large
-// MTU: 65520, like pasta and slirp4netns, leaves room under the 64 KiB IP
-// limit. See README "Choosing the TUN MTU" for the measurement.
+// DefaultTUNMTU is the TUN's MTU. The applications' TCP and UDP no longer
+// cross the TUN (podnet.Divert), but the kernel derives the MSS an
+// application's SYN announces from the route's MTU, and that SYN reaches
+// the stack's listener over loopback: 65520, like pasta and slirp4netns,
+// lets the loopback connection use large segments.
 const DefaultTUNMTU = 65520
 
 // Validate reports the first problem with o.
@@ -86,7 +81,7 @@ func (o *Options) Validate() error {
 	if err := o.Spec.Validate(); err != nil {
 		return err
 	}
-	if o.LinkFD <= 0 || o.TUNFD <= 0 {
+	if o.LinkFD <= 0 || o.Pod.TUN == nil {
 		return fmt.Errorf("missing link or TUN file descriptor")
 	}
 	switch o.GSO.Mode {
@@ -99,63 +94,43 @@ func (o *Options) Validate() error {
 
 // Stack is a running pod stack.
 type Stack struct {
-	Wire, App           *stack.Stack
-	Relay               *relay.Relay
-	pinger              *relay.Pinger
-	WireStats, AppStats LinkStats
-	opts                Options
+	Wire      *stack.Stack
+	Relay     *relay.Relay
+	WireStats LinkStats
+	opts      Options
 }
 
-const (
-	wireNIC tcpip.NICID = 1
-	appNIC  tcpip.NICID = 1
-)
+const wireNIC tcpip.NICID = 1
 
 // Build creates both legs and starts relaying.
 func Build(o Options) (*Stack, error) {
 	if err := o.Validate(); err != nil {
 		return nil, fmt.Errorf("pod stack options: %w", err)
 	}
-	if o.TUNMTU == 0 {
-		o.TUNMTU = DefaultTUNMTU
-	}
 	if o.TCPBufferBytes == 0 {
 		o.TCPBufferBytes = defaultTCPBufferBytes
 	}
 	s := &Stack{opts: o}
-	// Protocol handlers must be in place before a NIC delivers its first
-	// packet (netstack does not synchronise setting them), so both stacks
-	// get the relay and the pinger before either gets its NIC.
+	// Protocol handlers must be in place before the NIC delivers its first
+	// packet (netstack does not synchronise setting them), so the relay
+	// comes before the NIC.
 	var err error
-	if s.Wire, err = newStack(true, o.TCPBufferBytes); err != nil {
+	if s.Wire, err = newStack(o.TCPBufferBytes); err != nil {
 		return nil, err
 	}
-	if s.App, err = newStack(false, o.TCPBufferBytes); err != nil {
+	s.Relay, err = relay.New(relay.Leg{Stack: s.Wire, NIC: wireNIC}, o.Pod, o.Relay)
+	if err != nil {
 		s.Wire.Destroy()
 		return nil, err
 	}
-	s.Relay, err = relay.New(relay.Leg{Stack: s.Wire, NIC: wireNIC}, relay.Leg{Stack: s.App, NIC: appNIC}, o.Relay)
-	if err != nil {
-		s.Close()
-		return nil, err
-	}
-	hdrLen := 0
-	if o.TUNOffload {
-		hdrLen = vnetHdrLen
-	}
-	s.pinger = relay.NewPinger(relay.Leg{Stack: s.Wire, NIC: wireNIC}, o.TUNFD, hdrLen, s.Relay.Stats())
 	if err := s.attachWire(); err != nil {
 		s.Close()
 		return nil, fmt.Errorf("building the wire leg on %s: %w", o.Spec.IfName, err)
 	}
-	if err := s.attachApp(); err != nil {
-		s.Close()
-		return nil, fmt.Errorf("building the app leg: %w", err)
-	}
 	return s, nil
 }
 
-func newStack(withARP bool, bufMax int) (*stack.Stack, error) {
+func newStack(bufMax int) (*stack.Stack, error) {
 	netProtos := []stack.NetworkProtocolFactory{
 		ipv4.NewProtocol,
 		ipv6.NewProtocolWithOptions(ipv6.Options{
@@ -168,9 +143,7 @@ func newStack(withARP bool, bufMax int) (*stack.Stack, error) {
 			// addresses (zero values: all off).
 			NDPConfigs: ipv6.NDPConfigurations{HandleRAs: ipv6.HandlingRAsDisabled},
 		}),
-	}
-	if withARP {
-		netProtos = append(netProtos, arp.NewProtocol)
+		arp.NewProtocol,
 	}
 	s := stack.New(stack.Options{
 		NetworkProtocols:   netProtos,
@@ -296,71 +269,13 @@ func configureWire(ns *stack.Stack, spec *podnet.Spec) error {
 	return nil
 }
 
-func (s *Stack) attachApp() error {
-	o := s.opts
-	var ep stack.LinkEndpoint
-	if o.TUNOffload {
-		ep = newTUNLink(o.TUNFD, o.TUNMTU)
-	} else {
-		var err error
-		ep, err = fdbased.New(&fdbased.Options{
-			FDs: []int{o.TUNFD},
-			MTU: o.TUNMTU,
-			// Packets from the TUN were checksummed by the pod's own kernel a
-			// moment ago; verifying them again is pure cost.
-			RXChecksumOffload: true,
-			// Inline delivery, as on the wire leg (see attachWire).
-			ProcessorsPerChannel: 1,
-		})
-		if err != nil {
-			return fmt.Errorf("creating the TUN endpoint: %w", err)
-		}
-	}
-	link := newCountingLink(ep, &s.AppStats)
-	link.intercept = s.interceptEcho
-	nicOpts := stack.NICOptions{Name: "app", Disabled: true}
-	if o.AppQueueLen > 0 {
-		nicOpts.QDisc = fifo.New(link, 1, o.AppQueueLen)
-	}
-	if err := s.App.CreateNICWithOptions(appNIC, link, nicOpts); err != nil {
-		return fmt.Errorf("creating NIC: %s", err)
-	}
-	// Promiscuous: the app leg accepts packets for every destination (it is
-	// the whole network as far as the applications are concerned).
-	// Spoofing: it may send from any source, so the relay can dial the
-	// application from the real client's address.
-	if err := s.App.SetPromiscuousMode(appNIC, true); err != nil {
-		return fmt.Errorf("promiscuous mode: %s", err)
-	}
-	if err := s.App.SetSpoofing(appNIC, true); err != nil {
-		return fmt.Errorf("spoofing: %s", err)
-	}
-	s.App.SetRouteTable([]tcpip.Route{
-		{Destination: header4Any(), NIC: appNIC},
-		{Destination: header6Any(), NIC: appNIC},
-	})
-	if err := s.App.EnableNIC(appNIC); err != nil {
-		return fmt.Errorf("enabling NIC: %s", err)
-	}
-	return nil
-}
-
-func (s *Stack) interceptEcho(proto tcpip.NetworkProtocolNumber, pkt *stack.PacketBuffer) bool {
-	return s.pinger.Intercept(proto, pkt)
-}
-
-// Close stops relaying and tears both legs down.
+// Close stops relaying and tears the wire leg down.
 func (s *Stack) Close() {
 	if s.Relay != nil {
 		s.Relay.Close()
 	}
-	if s.pinger != nil {
-		s.pinger.Close()
-	}
-	for _, st := range []*stack.Stack{s.App, s.Wire} {
-		if st != nil {
-			st.Close()
-			st.Wait()
-		}
+	if s.Wire != nil {
+		s.Wire.Close()
+		s.Wire.Wait()
 	}
 }

@@ -73,17 +73,21 @@ func Start(cfg Config, log *slog.Logger) (*Daemon, error) {
 	if err := podnet.Strip(cfg.IfName); err != nil {
 		return nil, fmt.Errorf("taking addresses and routes off %s: %w", cfg.IfName, err)
 	}
-	tunFD, err := podnet.OpenTUN(cfg.TUNName, cfg.TUNOffload)
+	tun, err := podnet.OpenTUN(cfg.TUNName)
 	if err != nil {
 		return nil, err
 	}
 	if err := podnet.ConfigureTUN(cfg.TUNName, cfg.TUNMTU, spec); err != nil {
-		unix.Close(tunFD)
+		tun.Close()
+		return nil, err
+	}
+	pod, err := openPodSide(tun, spec)
+	if err != nil {
 		return nil, err
 	}
 	linkFD, err := packetsock.Open(packetsock.Options{IfName: cfg.IfName, VnetHdr: d.gso.Mode == offload.ModeHardware})
 	if err != nil {
-		unix.Close(tunFD)
+		pod.Close()
 		return nil, err
 	}
 	wireQueue := cfg.WireQueueLen
@@ -93,14 +97,11 @@ func Start(cfg Config, log *slog.Logger) (*Daemon, error) {
 	d.stack, err = Build(Options{
 		Spec:              spec,
 		LinkFD:            linkFD,
-		TUNFD:             tunFD,
-		TUNMTU:            cfg.TUNMTU,
-		TUNOffload:        cfg.TUNOffload,
+		Pod:               pod.PodSide,
 		GSO:               d.gso,
 		GRO:               cfg.GRO,
 		RXChecksumOffload: !cfg.NoRXChecksumOffload,
 		WireQueueLen:      wireQueue,
-		AppQueueLen:       cfg.AppQueueLen,
 		Relay: relay.Options{
 			MaxTCP:  cfg.MaxTCP,
 			MaxUDP:  cfg.MaxUDP,
@@ -109,7 +110,7 @@ func Start(cfg Config, log *slog.Logger) (*Daemon, error) {
 		},
 	})
 	if err != nil {
-		unix.Close(tunFD)
+		pod.Close()
 		unix.Close(linkFD)
 		return nil, err
 	}
@@ -179,7 +180,6 @@ type Status struct {
 	Spec      *podnet.Spec     `json:"spec"`
 	GSO       offload.Decision `json:"gso"`
 	Wire      LegStatus        `json:"wire"`
-	App       LegStatus        `json:"app"`
 	Relay     relay.Snapshot   `json:"relay"`
 }
 
@@ -197,10 +197,8 @@ func (d *Daemon) Status() any {
 		PID: os.Getpid(), StartTime: d.started, IfName: d.cfg.IfName, TUNName: d.cfg.TUNName,
 		Spec: d.spec, GSO: d.gso, Relay: d.stack.Relay.Stats().Snapshot(),
 	}
-	ws, as := d.stack.Wire.Stats(), d.stack.App.Stats()
+	ws := d.stack.Wire.Stats()
 	s.Wire = LegStatus{LinkSnapshot: d.stack.WireStats.Snapshot(), TCPRetransmits: ws.TCP.Retransmits.Value(),
 		DroppedPackets: ws.DroppedPackets.Value(), TCPCurrentEstablished: ws.TCP.CurrentEstablished.Value()}
-	s.App = LegStatus{LinkSnapshot: d.stack.AppStats.Snapshot(), TCPRetransmits: as.TCP.Retransmits.Value(),
-		DroppedPackets: as.DroppedPackets.Value(), TCPCurrentEstablished: as.TCP.CurrentEstablished.Value()}
 	return s
 }

@@ -2,6 +2,7 @@ package relay
 
 import (
 	"bytes"
+	"encoding/binary"
 	"net/netip"
 	"testing"
 
@@ -83,9 +84,77 @@ func FuzzParseEchoRequest(f *testing.F) {
 		if len(e.data) > len(p) {
 			t.Fatalf("data longer than the packet")
 		}
-		if looks := looksLikeEcho(p[:min(len(p), peekLen)]); !looks {
+		if looks := looksLikeEcho(p); !looks {
 			t.Fatalf("parser accepts what the fast check rejects")
 		}
 		_ = buildEchoReply(e, e.data)
 	})
+}
+
+func TestBuildRST(t *testing.T) {
+	for _, c := range []struct{ app, remote string }{{"10.0.0.2:40000", "10.9.9.9:80"}, {"[fd99::2]:40000", "[fd99::9]:80"}} {
+		app, remote := netip.MustParseAddrPort(c.app), netip.MustParseAddrPort(c.remote)
+		rst := buildRST(buildSYNFor(app, remote))
+		k, ok := parseSYN(buildSYNFor(app, remote))
+		if !ok || k.app != app || k.remote != remote {
+			t.Fatalf("%s: parseSYN got %+v %v, want app %s remote %s", c.app, k, ok, app, remote)
+		}
+		ipLen, src, dst, ok := tcpHeaderAt(rst)
+		if !ok || src != remote.Addr() || dst != app.Addr() {
+			t.Fatalf("%s: RST from %s to %s, want from %s to %s", c.app, src, dst, remote.Addr(), app.Addr())
+		}
+		tcp := rst[ipLen:]
+		if tcp[13] != tcpFlagRST|tcpFlagACK {
+			t.Errorf("%s: flags %#x, want RST|ACK", c.app, tcp[13])
+		}
+		if got := binary.BigEndian.Uint32(tcp[8:12]); got != 1001 {
+			t.Errorf("%s: ack %d, want the SYN's sequence number + 1 (1001)", c.app, got)
+		}
+		// A correct checksum sums, with the pseudo-header, to all ones.
+		n := 4
+		if src.Is6() {
+			n = 16
+		}
+		sum := checksum.Checksum(rst[ipLen-2*n:ipLen], 0)
+		sum = checksum.Combine(sum, protoTCP)
+		sum = checksum.Combine(sum, uint16(len(tcp)))
+		if got := checksum.Checksum(tcp, sum); got != 0xffff {
+			t.Errorf("%s: TCP checksum does not verify (sum %#x)", c.app, got)
+		}
+		if src.Is4() && checksum.Checksum(rst[:20], 0) != 0xffff {
+			t.Errorf("%s: IPv4 header checksum does not verify", c.app)
+		}
+	}
+}
+
+// buildSYNFor makes a SYN from app to remote with sequence number 1000,
+// by turning a RST built for the reverse direction around.
+func buildSYNFor(app, remote netip.AddrPort) []byte {
+	probe := buildRST(rawSYN(remote, app))
+	ipLen, _, _, _ := tcpHeaderAt(probe)
+	probe[ipLen+13] = tcpFlagSYN
+	binary.BigEndian.PutUint32(probe[ipLen+4:ipLen+8], 1000)
+	return probe
+}
+
+// rawSYN is the smallest packet tcpHeaderAt and buildRST accept, from src
+// to dst.
+func rawSYN(src, dst netip.AddrPort) []byte {
+	var p []byte
+	if src.Addr().Is4() {
+		p = make([]byte, 40)
+		p[0], p[9] = 0x45, protoTCP
+		copy(p[12:16], src.Addr().AsSlice())
+		copy(p[16:20], dst.Addr().AsSlice())
+	} else {
+		p = make([]byte, 60)
+		p[0], p[6] = 0x60, protoTCP
+		copy(p[8:24], src.Addr().AsSlice())
+		copy(p[24:40], dst.Addr().AsSlice())
+	}
+	t := p[len(p)-20:]
+	binary.BigEndian.PutUint16(t[0:2], src.Port())
+	binary.BigEndian.PutUint16(t[2:4], dst.Port())
+	t[13] = tcpFlagSYN
+	return p
 }

@@ -3,14 +3,13 @@ package relay
 import (
 	"bytes"
 	"encoding/binary"
+	"io"
 	"sync"
 	"time"
 
-	"golang.org/x/sys/unix"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv6"
-	"gvisor.dev/gvisor/pkg/tcpip/stack"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/icmp"
 	"gvisor.dev/gvisor/pkg/waiter"
 )
@@ -29,20 +28,17 @@ const (
 // wire stack's ICMP endpoints and writes the replies back to the TUN.
 type Pinger struct {
 	wire  Leg
-	tunFD int
-	// tunHdr precedes every packet written to the TUN: a zero virtio-net
-	// header when the TUN carries one, else nothing.
-	tunHdr []byte
-	stats  *Stats
-	queue  chan echo
-	done   chan struct{}
-	once   sync.Once
-	wg     sync.WaitGroup
+	tun   io.Writer
+	stats *Stats
+	queue chan echo
+	done  chan struct{}
+	once  sync.Once
+	wg    sync.WaitGroup
 }
 
-// NewPinger starts the relay workers.
-func NewPinger(wire Leg, tunFD int, tunHdrLen int, stats *Stats) *Pinger {
-	p := &Pinger{wire: wire, tunFD: tunFD, tunHdr: make([]byte, tunHdrLen), stats: stats, queue: make(chan echo, pingQueue), done: make(chan struct{})}
+// newPinger starts the relay workers.
+func newPinger(wire Leg, tun io.Writer, stats *Stats) *Pinger {
+	p := &Pinger{wire: wire, tun: tun, stats: stats, queue: make(chan echo, pingQueue), done: make(chan struct{})}
 	for range pingWorkers {
 		p.wg.Add(1)
 		go p.work()
@@ -50,21 +46,13 @@ func NewPinger(wire Leg, tunFD int, tunHdrLen int, stats *Stats) *Pinger {
 	return p
 }
 
-// Intercept takes an echo request off the app leg's receive path. It
-// returns false for every other packet, which netstack then handles.
-func (p *Pinger) Intercept(proto tcpip.NetworkProtocolNumber, pkt *stack.PacketBuffer) bool {
-	if proto != ipv4.ProtocolNumber && proto != ipv6.ProtocolNumber {
+// handle takes an echo request read from the TUN. It returns false for
+// every other packet.
+func (p *Pinger) handle(b []byte) bool {
+	if !looksLikeEcho(b) {
 		return false
 	}
-	// Peek first: most packets are TCP and must not pay for a copy.
-	head, ok := pkt.Data().PullUp(min(pkt.Data().Size(), peekLen))
-	if !ok || !looksLikeEcho(head) {
-		return false
-	}
-	v := pkt.ToView()
-	b := bytes.Clone(v.AsSlice())
-	v.Release()
-	e, ok := parseEchoRequest(b)
+	e, ok := parseEchoRequest(bytes.Clone(b))
 	if !ok {
 		return false
 	}
@@ -147,7 +135,7 @@ func (p *Pinger) relay(e echo) bool {
 			if len(reply) < 8 || binary.BigEndian.Uint16(reply[6:8]) != e.seq {
 				continue
 			}
-			_, werr := unix.Write(p.tunFD, append(bytes.Clone(p.tunHdr), buildEchoReply(e, reply[8:])...))
+			_, werr := p.tun.Write(buildEchoReply(e, reply[8:]))
 			return werr == nil
 		}
 		if _, wouldBlock := err.(*tcpip.ErrWouldBlock); !wouldBlock {
@@ -162,7 +150,3 @@ func (p *Pinger) relay(e echo) bool {
 		}
 	}
 }
-
-// peekLen covers the longest IPv4 header (60 bytes) plus the ICMP type, and
-// an IPv6 header plus the ICMPv6 type.
-const peekLen = 64

@@ -1,14 +1,21 @@
-// Package relay carries connections between the pod's two netstack legs:
-// TCP streams, UDP flows and ICMP echo, with the peer's address and port
-// preserved on both sides.
+// Package relay carries connections between the pod's wire leg (a netstack
+// on the pod's interface) and the pod's own kernel, where the applications
+// are: TCP streams, UDP flows and ICMP echo, with the peer's address and
+// port preserved on both sides.
 package relay
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/cni-usernet/cni-usernet/pkg/podsock"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 	"gvisor.dev/gvisor/pkg/tcpip/stack"
@@ -16,10 +23,58 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/transport/udp"
 )
 
-// Leg is one side of the relay: a stack and the NIC to bind dials to.
+// Leg is the wire side of the relay: a stack and the NIC to bind dials to.
 type Leg struct {
 	Stack *stack.Stack
 	NIC   tcpip.NICID
+}
+
+// PodSide is the pod kernel's side of the relay: descriptors the stack
+// opened during setup (see podsock and podnet.Divert). The relay owns them
+// once New succeeds.
+type PodSide struct {
+	// TUN carries what the applications send that the divert rules leave
+	// in it: a connection's first SYN, echo requests, other protocols.
+	TUN *os.File
+	// TCPListeners receive the applications' connections once the stack
+	// wrote their SYN back into the TUN.
+	TCPListeners []*net.TCPListener
+	// UDPListeners receive the applications' datagrams to peers that have
+	// no flow yet, with their original destination.
+	UDPListeners []*net.UDPConn
+	// Dialer opens the per-connection sockets to the applications. Nil:
+	// podsock's transparent sockets.
+	Dialer Dialer
+}
+
+// Dialer opens the pod side's per-connection sockets, from a remote
+// peer's address to an application.
+type Dialer interface {
+	DialTCP(ctx context.Context, from, to netip.AddrPort) (*net.TCPConn, error)
+	DialUDP(from, to netip.AddrPort) (*net.UDPConn, error)
+}
+
+// transparentDialer is the Dialer of a real pod.
+type transparentDialer struct{}
+
+func (transparentDialer) DialTCP(ctx context.Context, from, to netip.AddrPort) (*net.TCPConn, error) {
+	return podsock.DialTCP(ctx, from, to)
+}
+
+func (transparentDialer) DialUDP(from, to netip.AddrPort) (*net.UDPConn, error) {
+	return podsock.DialUDP(from, to)
+}
+
+func (p *PodSide) close() {
+	for _, l := range p.TCPListeners {
+		l.Close()
+	}
+	for _, l := range p.UDPListeners {
+		l.Close()
+	}
+	if p.TUN != nil {
+		p.TUN.Close()
+	}
 }
 
 // Options configures a Relay. Zero values take the documented defaults.
@@ -66,8 +121,13 @@ type Options struct {
 	InboundDialTimeout time.Duration
 	// OutboundDialTimeout bounds dialling a remote for the application. Zero:
 	// 60 s (the kernel's connect gives up after about 127 s; the application
-	// retransmits its SYN meanwhile and the forwarder folds those in).
+	// retransmits its SYN meanwhile and those are folded into the dial).
 	OutboundDialTimeout time.Duration
+	// MaxOutboundPending bounds the applications' connections whose remote
+	// is still being dialled; beyond it their SYNs are dropped and the
+	// applications retransmit, as a kernel's full SYN queue makes them.
+	// Zero: 1024.
+	MaxOutboundPending int
 	// CopyBufferBytes is the buffer each relayed direction copies through.
 	// Zero: 64 KiB, one maximum-size TSO segment.
 	CopyBufferBytes int
@@ -112,6 +172,9 @@ func (o *Options) setDefaults() {
 	if o.OutboundDialTimeout == 0 {
 		o.OutboundDialTimeout = 60 * time.Second
 	}
+	if o.MaxOutboundPending == 0 {
+		o.MaxOutboundPending = 1024
+	}
 	if o.CopyBufferBytes == 0 {
 		o.CopyBufferBytes = 64 << 10
 	}
@@ -141,6 +204,12 @@ type Stats struct {
 	UDPDropped           atomic.Int64
 	ICMPEchoes           atomic.Int64
 	ICMPEchoFailed       atomic.Int64
+	// TCPOutboundDropped counts applications' SYNs dropped because
+	// MaxOutboundPending connections were being dialled.
+	TCPOutboundDropped atomic.Int64
+	// PodDropped counts packets from the applications the relay does not
+	// carry (protocols other than TCP, UDP and ICMP echo).
+	PodDropped atomic.Int64
 }
 
 // Snapshot is a plain copy of Stats for JSON.
@@ -162,6 +231,8 @@ type Snapshot struct {
 	UDPDropped           int64 `json:"udpDropped"`
 	ICMPEchoes           int64 `json:"icmpEchoes"`
 	ICMPEchoFailed       int64 `json:"icmpEchoFailed"`
+	TCPOutboundDropped   int64 `json:"tcpOutboundDropped"`
+	PodDropped           int64 `json:"podDropped"`
 }
 
 // Snapshot reads every counter.
@@ -174,37 +245,41 @@ func (s *Stats) Snapshot() Snapshot {
 		UDPActive: s.UDPActive.Load(), UDPTotal: s.UDPTotal.Load(), UDPLimitHit: s.UDPLimitHit.Load(),
 		UDPEvicted: s.UDPEvicted.Load(), UDPDropped: s.UDPDropped.Load(),
 		ICMPEchoes: s.ICMPEchoes.Load(), ICMPEchoFailed: s.ICMPEchoFailed.Load(),
+		TCPOutboundDropped: s.TCPOutboundDropped.Load(), PodDropped: s.PodDropped.Load(),
 	}
 }
 
-// Relay joins the wire leg (the pod's interface) and the app leg (the TUN
-// the applications use).
+// Relay joins the wire leg (the pod's interface) and the pod's kernel.
 type Relay struct {
-	wire, app Leg
-	opts      Options
-	stats     Stats
-	closing   atomic.Bool
-	conns     connSet    // live relayed connections, closed on shutdown
-	pending   pendingSet // inbound connections not yet established
-	udp       udpTable   // live UDP flows
+	wire     Leg
+	pod      PodSide
+	opts     Options
+	stats    Stats
+	closing  atomic.Bool
+	conns    connSet     // live relayed connections, closed on shutdown
+	pending  pendingSet  // inbound connections not yet established
+	outbound outboundSet // applications' connections being dialled
+	udp      udpTable    // live UDP flows
+	pinger   *Pinger
+	wg       sync.WaitGroup // the pod side's readers
 }
 
-// maxInFlight bounds half-open outbound connections: the applications'
-// SYNs whose wire-leg dial is still in progress. Beyond it a SYN is dropped
-// and the application retransmits, which is what a kernel's full SYN queue
-// does too. Inbound, the bound is Options.MaxPendingInbound.
-const maxInFlight = 1024
-
-// New installs the relay's forwarders on both legs.
-func New(wire, app Leg, opts Options) (*Relay, error) {
+// New installs the relay's forwarders on the wire leg and starts reading
+// the pod side.
+func New(wire Leg, pod PodSide, opts Options) (*Relay, error) {
 	opts.setDefaults()
-	r := &Relay{wire: wire, app: app, opts: opts}
+	if wire.Stack == nil || pod.TUN == nil {
+		return nil, fmt.Errorf("relay needs the wire stack and the TUN")
+	}
+	if pod.Dialer == nil {
+		pod.Dialer = transparentDialer{}
+	}
+	r := &Relay{wire: wire, pod: pod, opts: opts}
 	r.conns.init()
 	r.pending.max = opts.MaxPendingInbound
+	r.outbound.init(opts.MaxOutboundPending)
 	r.udp.init(opts.MaxUDP, opts.MaxUDPUnreplied)
-	if wire.Stack == nil || app.Stack == nil {
-		return nil, fmt.Errorf("relay needs both stacks")
-	}
+	r.pinger = newPinger(wire, pod.TUN, &r.stats)
 	// Inbound: from the network to the application. The forwarder's own
 	// limit leaves room for evicted requests that are still unwinding; the
 	// pending set is the bound that matters.
@@ -222,26 +297,31 @@ func New(wire, app Leg, opts Options) (*Relay, error) {
 		return inbound.HandlePacket(id, pkt)
 	})
 	wire.Stack.SetTransportProtocolHandler(udp.ProtocolNumber,
-		udp.NewForwarder(wire.Stack, func(req *udp.ForwarderRequest) bool {
-			return r.forwardUDP(req, app, true)
-		}).HandlePacket)
-	// Outbound: from the application to the network.
-	app.Stack.SetTransportProtocolHandler(tcp.ProtocolNumber,
-		tcp.NewForwarder(app.Stack, 0, maxInFlight, func(req *tcp.ForwarderRequest) {
-			r.forwardTCP(req, wire, opts.OutboundDialTimeout)
-		}).HandlePacket)
-	app.Stack.SetTransportProtocolHandler(udp.ProtocolNumber,
-		udp.NewForwarder(app.Stack, func(req *udp.ForwarderRequest) bool {
-			return r.forwardUDP(req, wire, false)
-		}).HandlePacket)
+		udp.NewForwarder(wire.Stack, r.forwardInboundUDP).HandlePacket)
+	// Outbound: from the applications to the network.
+	r.wg.Add(1)
+	go r.readTUN()
+	for _, l := range pod.TCPListeners {
+		r.wg.Add(1)
+		go r.acceptOutbound(l)
+	}
+	for _, l := range pod.UDPListeners {
+		r.wg.Add(1)
+		go r.readOutboundUDP(l)
+	}
 	return r, nil
 }
 
 // Stats returns the live counters.
 func (r *Relay) Stats() *Stats { return &r.stats }
 
-// Close stops accepting new relays and closes every live one.
+// Close stops accepting new relays, closes every live one and the pod
+// side's descriptors.
 func (r *Relay) Close() {
 	r.closing.Store(true)
+	r.pod.close()
+	r.wg.Wait()
+	r.pinger.Close()
+	r.outbound.closeAll()
 	r.conns.closeAll()
 }

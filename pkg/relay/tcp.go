@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
+	"net/netip"
 	"sync"
 	"time"
 
+	"github.com/cni-usernet/cni-usernet/pkg/podsock"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
@@ -23,42 +26,27 @@ func netProto(a tcpip.Address) tcpip.NetworkProtocolNumber {
 	return ipv4.ProtocolNumber
 }
 
-// forwardTCP relays the connection req announces to the other leg. It dials
-// the other leg first, from the peer's own address and port, and completes
-// the handshake only when that succeeds, so a refusal on one side is a
-// refusal on the other.
-func (r *Relay) forwardTCP(req *tcp.ForwarderRequest, to Leg, timeout time.Duration) {
-	if !r.admitTCP(req) {
-		return
-	}
-	outWQ, outEP, ok := r.dialFor(context.Background(), req, to, timeout)
-	if !ok {
-		return
-	}
-	var inWQ waiter.Queue
-	inEP, terr := req.CreateEndpoint(&inWQ)
-	if terr != nil {
-		r.stats.TCPActive.Add(-1)
-		outEP.Abort()
-		outEP.Close()
-		req.Complete(true)
-		return
-	}
-	req.Complete(false)
-	r.start(inEP, &inWQ, outEP, outWQ)
+func addrPort(a tcpip.Address, port uint16) netip.AddrPort {
+	ip, _ := netip.AddrFromSlice(a.AsSlice())
+	return netip.AddrPortFrom(ip.Unmap(), port)
 }
 
-// forwardInbound is forwardTCP for connections from the network, whose
-// sources may be spoofed. Each request is pending (see pendingSet) until
+func tcpipAddr(a netip.Addr) tcpip.Address { return tcpip.AddrFromSlice(a.AsSlice()) }
+
+// forwardInbound relays a connection from the network to the application.
+// It dials the application first, from the peer's own address and port,
+// and completes the handshake only when that succeeds, so a refusal is a
+// refusal on the wire too. Each request is pending (see pendingSet) until
 // its handshake completes, and the handshake is given up after
-// InboundHandshakeTimeout. Under pressure (see dialFirstShare) the
-// order is reversed, as Linux's SYN cookies do: the handshake completes
-// first, and only a peer that answered it gets the application dialled, so
-// a flood of spoofed SYNs never reaches the application. The price, under
+// InboundHandshakeTimeout. Under pressure (see dialFirstShare) the order
+// is reversed, as Linux's SYN cookies do: the handshake completes first,
+// and only a peer that answered it gets the application dialled, so a
+// flood of spoofed SYNs never reaches the application. The price, under
 // pressure only, is that a refused connection is reset after its handshake
 // instead of refused in answer to its SYN.
 func (r *Relay) forwardInbound(req *tcp.ForwarderRequest) {
-	if !r.admitTCP(req) {
+	if !r.admitTCP() {
+		req.Complete(true)
 		return
 	}
 	id := req.ID() // req is not to be used once completed
@@ -77,10 +65,10 @@ func (r *Relay) forwardInbound(req *tcp.ForwarderRequest) {
 			return
 		}
 		r.pending.remove(e)
-		outWQ, outEP, err := r.dial(context.Background(), id, r.app, r.opts.InboundDialTimeout)
+		app, err := r.dialApp(context.Background(), id)
 		if err != nil {
 			r.stats.TCPActive.Add(-1)
-			if _, refused := err.(*tcpip.ErrConnectionRefused); refused {
+			if podsock.Refused(err) {
 				r.stats.TCPRefused.Add(1)
 			}
 			r.opts.Logger.Debug("relaying TCP after its handshake", "from", id.RemoteAddress, "to", id.LocalAddress, "port", id.LocalPort, "err", err)
@@ -88,81 +76,55 @@ func (r *Relay) forwardInbound(req *tcp.ForwarderRequest) {
 			inEP.Close()
 			return
 		}
-		r.start(inEP, inWQ, outEP, outWQ)
+		r.start(newWireConn(inEP, inWQ), app)
 		return
 	}
-	outWQ, outEP, ok := r.dialFor(ctx, req, r.app, r.opts.InboundDialTimeout)
-	if !ok {
+	app, err := r.dialApp(ctx, id)
+	if err != nil {
+		r.stats.TCPActive.Add(-1)
+		switch {
+		case podsock.Refused(err):
+			r.stats.TCPRefused.Add(1)
+			req.Complete(true)
+		case podsock.TimedOut(err) || ctx.Err() != nil:
+			// No answer: stay silent and let the peer's own connect timeout
+			// decide, as a kernel behind a silent path would.
+			req.Complete(false)
+		default:
+			r.opts.Logger.Debug("relaying TCP", "from", id.RemoteAddress, "to", id.LocalAddress, "port", id.LocalPort, "err", err)
+			req.Complete(true)
+		}
 		return
 	}
 	inEP, inWQ, ok := r.handshake(ctx, req)
 	if !ok {
 		r.stats.TCPActive.Add(-1)
-		outEP.Abort()
-		outEP.Close()
+		podsock.Reset(app)
 		return
 	}
-	r.start(inEP, inWQ, outEP, outWQ)
+	r.start(newWireConn(inEP, inWQ), app)
 }
 
-// admitTCP counts a new relayed connection against MaxTCP, and refuses it
-// when the relay is closing or full.
-func (r *Relay) admitTCP(req *tcp.ForwarderRequest) bool {
+// dialApp connects to the application id is for, from id's remote address
+// and port.
+func (r *Relay) dialApp(ctx context.Context, id stack.TransportEndpointID) (*net.TCPConn, error) {
+	ctx, cancel := context.WithTimeout(ctx, r.opts.InboundDialTimeout)
+	defer cancel()
+	return r.pod.Dialer.DialTCP(ctx, addrPort(id.RemoteAddress, id.RemotePort), addrPort(id.LocalAddress, id.LocalPort))
+}
+
+// admitTCP counts a new relayed connection against MaxTCP. It returns
+// false when the relay is closing or full.
+func (r *Relay) admitTCP() bool {
 	if r.closing.Load() {
-		req.Complete(true)
 		return false
 	}
 	if r.stats.TCPActive.Add(1) > int64(r.opts.MaxTCP) {
 		r.stats.TCPActive.Add(-1)
 		r.stats.TCPLimitHit.Add(1)
-		req.Complete(true)
 		return false
 	}
 	return true
-}
-
-// dialFor dials the other leg for req and, when that fails, completes req
-// the way a kernel would answer: RST for a refusal, silence for no answer
-// (or a request cancelled by ctx).
-func (r *Relay) dialFor(ctx context.Context, req *tcp.ForwarderRequest, to Leg, timeout time.Duration) (*waiter.Queue, tcpip.Endpoint, bool) {
-	outWQ, outEP, err := r.dial(ctx, req.ID(), to, timeout)
-	if err == nil {
-		return outWQ, outEP, true
-	}
-	r.stats.TCPActive.Add(-1)
-	switch err.(type) {
-	case *tcpip.ErrConnectionRefused:
-		r.stats.TCPRefused.Add(1)
-		req.Complete(true)
-	case *tcpip.ErrTimeout, *tcpip.ErrAborted:
-		// No answer: stay silent and let the peer's own connect timeout
-		// decide, as a kernel behind a silent path would.
-		req.Complete(false)
-	default:
-		id := req.ID()
-		r.opts.Logger.Debug("relaying TCP", "from", id.RemoteAddress, "to", id.LocalAddress, "port", id.LocalPort, "err", err)
-		req.Complete(true)
-	}
-	return nil, nil, false
-}
-
-// dial connects to id's local end through leg to, from id's remote address
-// and port.
-func (r *Relay) dial(ctx context.Context, id stack.TransportEndpointID, to Leg, timeout time.Duration) (*waiter.Queue, tcpip.Endpoint, tcpip.Error) {
-	proto := netProto(id.LocalAddress)
-	local := tcpip.FullAddress{NIC: to.NIC, Addr: id.RemoteAddress, Port: id.RemotePort}
-	remote := tcpip.FullAddress{Addr: id.LocalAddress, Port: id.LocalPort}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	outWQ, outEP, err := dialTCP(ctx, to, local, remote, proto)
-	if _, inUse := err.(*tcpip.ErrPortInUse); inUse {
-		// The peer's port is taken on the other leg (another flow bound it);
-		// an ephemeral port keeps the connection working at the cost of the
-		// port being visible as rewritten.
-		local.Port = 0
-		outWQ, outEP, err = dialTCP(ctx, to, local, remote, proto)
-	}
-	return outWQ, outEP, err
 }
 
 // handshake completes the wire leg's handshake of req and completes req.
@@ -207,21 +169,18 @@ func (r *Relay) handshake(ctx context.Context, req *tcp.ForwarderRequest) (tcpip
 }
 
 // start relays between an established pair.
-func (r *Relay) start(inEP tcpip.Endpoint, inWQ *waiter.Queue, outEP tcpip.Endpoint, outWQ *waiter.Queue) {
+func (r *Relay) start(wire *wireConn, pod *net.TCPConn) {
 	r.stats.TCPTotal.Add(1)
 	// The applications at both ends already chose when to send; a relay
 	// that waits for more data (Nagle) only adds a round trip to every
-	// request/response exchange.
-	inEP.SocketOptions().SetDelayOption(false)
-	outEP.SocketOptions().SetDelayOption(false)
-	in := &tcpConn{TCPConn: gonet.NewTCPConn(inWQ, inEP), ep: inEP}
-	out := &tcpConn{TCPConn: gonet.NewTCPConn(outWQ, outEP), ep: outEP}
-	go r.splice(in, out)
+	// request/response exchange. Go sets TCP_NODELAY on its own sockets.
+	wire.ep.SocketOptions().SetDelayOption(false)
+	go r.splice(wire, podConn{pod})
 }
 
-// dialTCP is gonet.DialTCPWithBind keeping the endpoint and the netstack
-// error, so that the caller can tell a refusal from a timeout and can abort
-// the connection with a RST later.
+// dialTCP connects through the wire leg and keeps the endpoint and the
+// netstack error, so that the caller can tell a refusal from a timeout and
+// can abort the connection with a RST later.
 func dialTCP(ctx context.Context, leg Leg, local, remote tcpip.FullAddress, proto tcpip.NetworkProtocolNumber) (*waiter.Queue, tcpip.Endpoint, tcpip.Error) {
 	wq := new(waiter.Queue)
 	ep, err := leg.Stack.NewEndpoint(tcp.ProtocolNumber, proto, wq)
@@ -252,17 +211,35 @@ func dialTCP(ctx context.Context, leg Leg, local, remote tcpip.FullAddress, prot
 	return wq, ep, nil
 }
 
-type tcpConn struct {
+// stream is one end of a relayed TCP connection.
+type stream interface {
+	io.ReadWriter
+	CloseWrite() error
+	Close() error
+	// abort resets the connection: the peer sees a RST, as it would from
+	// a kernel whose other side was reset.
+	abort()
+}
+
+// wireConn is the wire leg's end.
+type wireConn struct {
 	*gonet.TCPConn
 	ep        tcpip.Endpoint
 	abortOnce sync.Once
 }
 
-// abort resets the connection: the peer sees a RST, as it would from a
-// kernel whose other side was reset.
-func (c *tcpConn) abort() { c.abortOnce.Do(c.ep.Abort) }
+func newWireConn(ep tcpip.Endpoint, wq *waiter.Queue) *wireConn {
+	return &wireConn{TCPConn: gonet.NewTCPConn(wq, ep), ep: ep}
+}
 
-type pair struct{ a, b *tcpConn }
+func (c *wireConn) abort() { c.abortOnce.Do(c.ep.Abort) }
+
+// podConn is the pod kernel's end.
+type podConn struct{ *net.TCPConn }
+
+func (c podConn) abort() { c.SetLinger(0); c.TCPConn.Close() }
+
+type pair struct{ a, b stream }
 
 func (p *pair) Close() error {
 	p.a.abort()
@@ -283,7 +260,7 @@ func putBuf(b []byte) { bufPool.Put(&b) }
 
 // splice copies both directions until both are done. A FIN is carried as a
 // half-close; an error (RST, or shutdown) on either side aborts both.
-func (r *Relay) splice(a, b *tcpConn) {
+func (r *Relay) splice(a, b stream) {
 	p := &pair{a, b}
 	r.conns.add(p)
 	var wg sync.WaitGroup
@@ -300,13 +277,17 @@ func (r *Relay) splice(a, b *tcpConn) {
 	r.stats.TCPActive.Add(-1)
 }
 
-// readerOnly hides the source's WriteTo, so io.CopyBuffer uses our buffer.
-type readerOnly struct{ io.Reader }
+// readerOnly and writerOnly hide WriteTo and ReadFrom, so io.CopyBuffer
+// uses our buffer instead of allocating one per call.
+type (
+	readerOnly struct{ io.Reader }
+	writerOnly struct{ io.Writer }
+)
 
-func (r *Relay) pipe(src, dst *tcpConn) {
+func (r *Relay) pipe(src, dst stream) {
 	buf := r.getBuf()
 	defer putBuf(buf)
-	_, err := io.CopyBuffer(dst.TCPConn, readerOnly{src.TCPConn}, buf)
+	_, err := io.CopyBuffer(writerOnly{dst}, readerOnly{src}, buf)
 	if err == nil {
 		// EOF: the source half-closed; pass the FIN on and keep the other
 		// direction flowing.

@@ -3,10 +3,12 @@ package relay
 import (
 	"bytes"
 	"container/list"
+	"net"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/cni-usernet/cni-usernet/pkg/podsock"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/udp"
 	"gvisor.dev/gvisor/pkg/waiter"
@@ -18,51 +20,123 @@ const maxDatagram = 65535
 
 var datagramPool = sync.Pool{New: func() any { b := make([]byte, maxDatagram); return &b }}
 
-// forwardUDP opens a flow for the datagram req announces: a connected
-// endpoint on this leg and one on the other leg bound to the sender's
-// address and port, so that both ends see their real peer.
-// Flows from the network (inbound) may be evicted until answered.
-func (r *Relay) forwardUDP(req *udp.ForwarderRequest, to Leg, inbound bool) bool {
-	if r.closing.Load() {
+// forwardInboundUDP opens a flow for a datagram from the network: the wire
+// endpoint the forwarder creates, and a pod socket bound to the sender's
+// address and port, connected to the application, so that both ends see
+// their real peer. Flows from the network may be evicted until answered.
+func (r *Relay) forwardInboundUDP(req *udp.ForwarderRequest) bool {
+	id := req.ID()
+	f, ok := r.newFlow(true)
+	if !ok {
 		return true
 	}
-	f := &udpFlow{r: r, done: make(chan struct{})}
+	pod, err := r.pod.Dialer.DialUDP(addrPort(id.RemoteAddress, id.RemotePort), addrPort(id.LocalAddress, id.LocalPort))
+	if err != nil {
+		r.dropFlow(f, "opening a pod socket for a UDP flow", err)
+		return true
+	}
+	wq := new(waiter.Queue)
+	// CreateEndpoint delivers the datagram that opened the flow into the
+	// new endpoint, so it is relayed like every later one.
+	ep, terr := req.CreateEndpoint(wq)
+	if terr != nil {
+		pod.Close()
+		r.dropFlow(f, "creating a wire endpoint for a UDP flow", nil)
+		return true
+	}
+	r.runFlow(f, udpEnd{ep, wq}, pod)
+	return true
+}
+
+// readOutboundUDP receives the applications' datagrams to peers without a
+// flow (the divert rules hand them to l with their original destination),
+// opens a flow for each new peer, and relays the datagram. Once a flow's
+// pod socket is bound, the kernel delivers the flow's datagrams to it, not
+// to l.
+func (r *Relay) readOutboundUDP(l *net.UDPConn) {
+	defer r.wg.Done()
+	buf := make([]byte, maxDatagram)
+	oob := make([]byte, podsock.OrigDstOOBSize)
+	for {
+		n, src, dst, err := podsock.ReadOrigDst(l, buf, oob)
+		if err != nil {
+			if r.closing.Load() {
+				return
+			}
+			r.opts.Logger.Debug("reading the applications' datagrams", "err", err)
+			continue
+		}
+		k := flowKey{app: src, remote: dst}
+		f := r.udp.lookup(k)
+		if f == nil {
+			if f = r.openOutboundFlow(k); f == nil {
+				continue
+			}
+		}
+		f.touch()
+		if _, werr := f.wire.ep.Write(bytes.NewReader(buf[:n]), tcpip.WriteOptions{}); werr != nil {
+			r.stats.UDPDropped.Add(1)
+		}
+	}
+}
+
+func (r *Relay) openOutboundFlow(k flowKey) *udpFlow {
+	f, ok := r.newFlow(false)
+	if !ok {
+		return nil
+	}
+	wq, ep, terr := dialUDP(r.wire, tcpip.FullAddress{NIC: r.wire.NIC, Addr: tcpipAddr(k.app.Addr()), Port: k.app.Port()},
+		tcpip.FullAddress{Addr: tcpipAddr(k.remote.Addr()), Port: k.remote.Port()}, netProto(tcpipAddr(k.remote.Addr())))
+	if terr != nil {
+		r.dropFlow(f, "opening a wire endpoint for a UDP flow", nil)
+		return nil
+	}
+	pod, err := r.pod.Dialer.DialUDP(k.remote, k.app)
+	if err != nil {
+		ep.Close()
+		r.dropFlow(f, "opening a pod socket for a UDP flow", err)
+		return nil
+	}
+	f.key = k
+	r.udp.index(f)
+	r.runFlow(f, udpEnd{ep, wq}, pod)
+	return f
+}
+
+// newFlow admits a flow against the limits.
+func (r *Relay) newFlow(inbound bool) (*udpFlow, bool) {
+	if r.closing.Load() {
+		return nil, false
+	}
+	f := &udpFlow{r: r, inbound: inbound, done: make(chan struct{})}
 	ok, evicted := r.udp.admit(f, inbound)
 	if !ok {
 		r.stats.UDPLimitHit.Add(1)
-		return true
+		return nil, false
 	}
 	if evicted != nil {
 		r.stats.UDPEvicted.Add(1)
 		evicted.Close()
 	}
 	r.stats.UDPActive.Add(1)
-	id := req.ID()
-	outWQ, outEP, err := dialUDP(to, tcpip.FullAddress{NIC: to.NIC, Addr: id.RemoteAddress, Port: id.RemotePort},
-		tcpip.FullAddress{Addr: id.LocalAddress, Port: id.LocalPort}, netProto(id.LocalAddress))
+	return f, true
+}
+
+func (r *Relay) dropFlow(f *udpFlow, what string, err error) {
+	r.udp.remove(f)
+	r.stats.UDPActive.Add(-1)
+	r.stats.UDPDropped.Add(1)
 	if err != nil {
-		r.udp.remove(f)
-		r.stats.UDPActive.Add(-1)
-		r.stats.UDPDropped.Add(1)
-		r.opts.Logger.Debug("relaying UDP", "from", id.RemoteAddress, "to", id.LocalAddress, "port", id.LocalPort, "err", err)
-		return true
+		r.opts.Logger.Debug(what, "err", err)
 	}
-	inWQ := new(waiter.Queue)
-	// CreateEndpoint delivers the datagram that opened the flow into the
-	// new endpoint, so it is relayed like every later one.
-	inEP, err := req.CreateEndpoint(inWQ)
-	if err != nil {
-		r.udp.remove(f)
-		r.stats.UDPActive.Add(-1)
-		r.stats.UDPDropped.Add(1)
-		outEP.Close()
-		return true
-	}
+}
+
+func (r *Relay) runFlow(f *udpFlow, wire udpEnd, pod *net.UDPConn) {
+	f.wire, f.pod = wire, pod
 	r.stats.UDPTotal.Add(1)
 	f.touch()
 	r.conns.add(f)
-	go f.run(udpEnd{inEP, inWQ}, udpEnd{outEP, outWQ})
-	return true
+	go f.run()
 }
 
 // udpTable counts live UDP flows against MaxUDP. Flows from the network
@@ -71,14 +145,20 @@ func (r *Relay) forwardUDP(req *udp.ForwarderRequest, to Leg, inbound bool) bool
 // flow (to many ports, from many sources) evicts its own oldest flows
 // instead of locking new ones out for the idle time; a flow that was
 // answered, or that the pod's applications opened, is never evicted.
+// The applications' flows are also indexed by their addresses, for the
+// datagrams that reach the listener before the flow's socket is bound.
 type udpTable struct {
 	max, maxUnreplied int
-	mu                sync.Mutex // guards n, unreplied and the flows' elem and counted
+	mu                sync.Mutex // guards n, unreplied, byKey and the flows' elem and counted
 	n                 int        // admitted flows not yet removed or evicted
 	unreplied         list.List  // of *udpFlow, oldest first
+	byKey             map[flowKey]*udpFlow
 }
 
-func (t *udpTable) init(max, maxUnreplied int) { t.max, t.maxUnreplied = max, maxUnreplied }
+func (t *udpTable) init(max, maxUnreplied int) {
+	t.max, t.maxUnreplied = max, maxUnreplied
+	t.byKey = make(map[flowKey]*udpFlow)
+}
 
 // admit counts f in, evicting the oldest unanswered inbound flow when
 // either limit is reached. The caller closes the evicted flow.
@@ -102,6 +182,18 @@ func (t *udpTable) admit(f *udpFlow, inbound bool) (ok bool, evicted *udpFlow) {
 	return true, evicted
 }
 
+func (t *udpTable) index(f *udpFlow) {
+	t.mu.Lock()
+	t.byKey[f.key] = f
+	t.mu.Unlock()
+}
+
+func (t *udpTable) lookup(k flowKey) *udpFlow {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.byKey[k]
+}
+
 // replied makes f immune to eviction.
 func (t *udpTable) replied(f *udpFlow) {
 	t.mu.Lock()
@@ -122,6 +214,9 @@ func (t *udpTable) remove(f *udpFlow) {
 	if f.counted {
 		t.n--
 		f.counted = false
+	}
+	if f.key.app.IsValid() && t.byKey[f.key] == f {
+		delete(t.byKey, f.key)
 	}
 	t.mu.Unlock()
 }
@@ -153,10 +248,13 @@ type udpEnd struct {
 }
 
 // udpFlow relays datagrams both ways until neither way has carried one for
-// the idle time. No buffer is held while waiting: a flow costs two
-// endpoints and two goroutines, not two 64 KiB buffers.
+// the idle time.
 type udpFlow struct {
 	r         *Relay
+	inbound   bool    // opened by a datagram from the network
+	key       flowKey // the applications' flows: their addresses
+	wire      udpEnd
+	pod       *net.UDPConn
 	last      atomic.Int64 // unix nanoseconds of the last datagram either way
 	answered  atomic.Bool  // a datagram went against the opening direction
 	done      chan struct{}
@@ -176,81 +274,122 @@ func (f *udpFlow) idle() time.Duration {
 	return f.r.opts.UDPUnrepliedIdle
 }
 
+// Close ends the flow; its goroutines finish and release it.
 func (f *udpFlow) Close() error {
-	f.closeOnce.Do(func() { close(f.done) })
+	f.closeOnce.Do(func() {
+		close(f.done)
+		// Unblocks podToWire's read.
+		f.pod.SetReadDeadline(time.Unix(1, 0))
+	})
 	return nil
 }
 
-// run relays until the flow ends; a is the end whose datagram opened it.
-func (f *udpFlow) run(a, b udpEnd) {
+// sawReply notes a datagram against the opening direction.
+func (f *udpFlow) sawReply() {
+	if !f.answered.Load() {
+		f.answered.Store(true)
+		f.r.udp.replied(f)
+	}
+}
+
+func (f *udpFlow) run() {
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		f.pump(a, b, false)
+		f.podToWire()
 	}()
-	f.pump(b, a, true)
+	f.wireToPod()
 	wg.Wait()
-	a.ep.Close()
-	b.ep.Close()
+	f.wire.ep.Close()
+	f.pod.Close()
 	f.r.conns.remove(f)
 	f.r.udp.remove(f)
 	f.r.stats.UDPActive.Add(-1)
 }
 
-func (f *udpFlow) pump(src, dst udpEnd, reply bool) {
+// podToWire relays the applications' datagrams; it also keeps the idle
+// clock, since a blocking read is where waiting is cheapest.
+func (f *udpFlow) podToWire() {
 	defer f.Close()
-	// EventErr: an ICMP port unreachable for the flow (nothing listens on
-	// the port) ends it at once, so a flood to closed ports does not hold
-	// flows for the idle time.
-	entry, readable := waiter.NewChannelEntry(waiter.ReadableEvents | waiter.EventErr)
-	src.wq.EventRegister(&entry)
-	defer src.wq.EventUnregister(&entry)
-	timer := time.NewTimer(f.idle())
-	defer timer.Stop()
+	bp := datagramPool.Get().(*[]byte)
+	defer datagramPool.Put(bp)
 	for {
-		if !f.drain(src, dst, reply) {
+		select {
+		case <-f.done:
+			return
+		default:
+		}
+		idle := f.idle()
+		since := time.Since(time.Unix(0, f.last.Load()))
+		if since >= idle {
+			return
+		}
+		f.pod.SetReadDeadline(time.Now().Add(idle - since))
+		n, err := f.pod.Read(*bp)
+		select {
+		case <-f.done:
+			return
+		default:
+		}
+		if err != nil {
+			if podsock.TimedOut(err) {
+				continue // the loop head decides whether the flow is idle
+			}
+			// ECONNREFUSED: nothing listens on the application's port
+			// (its kernel's ICMP error reached this socket), so a flood to
+			// closed ports does not hold flows for the idle time.
+			return
+		}
+		f.touch()
+		if f.inbound {
+			f.sawReply()
+		}
+		if _, werr := f.wire.ep.Write(bytes.NewReader((*bp)[:n]), tcpip.WriteOptions{}); werr != nil {
+			f.r.stats.UDPDropped.Add(1)
+		}
+	}
+}
+
+// wireToPod relays the network's datagrams.
+func (f *udpFlow) wireToPod() {
+	defer f.Close()
+	entry, readable := waiter.NewChannelEntry(waiter.ReadableEvents | waiter.EventErr)
+	f.wire.wq.EventRegister(&entry)
+	defer f.wire.wq.EventUnregister(&entry)
+	for {
+		if !f.drainWire() {
 			return
 		}
 		select {
 		case <-readable:
 		case <-f.done:
 			return
-		case <-timer.C:
-			idle := f.idle()
-			since := time.Since(time.Unix(0, f.last.Load()))
-			if since >= idle {
-				return
-			}
-			timer.Reset(idle - since)
 		}
 	}
 }
 
-// drain relays every datagram queued at src. It returns false when the
-// endpoint failed.
-func (f *udpFlow) drain(src, dst udpEnd, reply bool) bool {
+// drainWire relays every datagram queued at the wire endpoint. It returns
+// false when the endpoint failed.
+func (f *udpFlow) drainWire() bool {
 	bp := datagramPool.Get().(*[]byte)
 	defer datagramPool.Put(bp)
 	for {
 		w := tcpip.SliceWriter(*bp)
-		res, err := src.ep.Read(&w, tcpip.ReadOptions{})
+		res, err := f.wire.ep.Read(&w, tcpip.ReadOptions{})
 		if err != nil {
 			_, wouldBlock := err.(*tcpip.ErrWouldBlock)
 			return wouldBlock
 		}
 		f.touch()
-		if reply && !f.answered.Load() {
-			f.answered.Store(true)
-			f.r.udp.replied(f)
+		if !f.inbound {
+			f.sawReply()
 		}
 		if res.Count < res.Total {
 			f.r.stats.UDPDropped.Add(1) // cannot happen below 64 KiB
 			continue
 		}
-		var rd bytes.Reader
-		rd.Reset((*bp)[:res.Count])
-		if _, werr := dst.ep.Write(&rd, tcpip.WriteOptions{}); werr != nil {
+		if _, werr := f.pod.Write((*bp)[:res.Count]); werr != nil {
 			f.r.stats.UDPDropped.Add(1)
 		}
 	}

@@ -12,16 +12,32 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// dropCaps empties every capability set of every thread. The bounding set
-// goes first because dropping from it needs CAP_SETPCAP, which the last
-// step takes away; ambient is cleared explicitly although emptying
-// permitted would clear it too, so that no step relies on a side effect.
+// Kept is the one capability the serving stack keeps: CAP_NET_RAW, in the
+// permitted, effective and bounding sets. The relay's pod side opens a
+// transparent socket per connection (IP_TRANSPARENT, to talk to the
+// applications from the remote peer's address), and the kernel checks
+// CAP_NET_RAW or CAP_NET_ADMIN when the option is set. What CAP_NET_RAW
+// would otherwise open, raw and packet sockets, the seccomp filter refuses:
+// socket(2) is allowed for TCP and UDP over IPv4 and IPv6 only.
+const Kept = unix.CAP_NET_RAW
+
+// keptMask is Kept as a /proc status bit mask.
+const keptMask = uint64(1) << Kept
+
+// dropCaps empties every capability set of every thread but for Kept. The
+// bounding set goes first because dropping from it needs CAP_SETPCAP,
+// which the last step takes away; ambient is cleared explicitly although
+// emptying permitted would clear it too, so that no step relies on a side
+// effect.
 func dropCaps() error {
 	last, err := lastCap()
 	if err != nil {
 		return err
 	}
 	for c := 0; c <= last; c++ {
+		if c == Kept {
+			continue
+		}
 		if err := allThreads(unix.SYS_PRCTL, unix.PR_CAPBSET_DROP, uintptr(c), 0, 0, 0, 0); err != nil {
 			return fmt.Errorf("dropping capability %d from the bounding set: %w", c, err)
 		}
@@ -56,9 +72,11 @@ type ThreadState struct {
 	NoNewPrivs, Seccomp, SeccompCount int
 }
 
-// Unprivileged reports whether the thread holds no capability in any set.
+// Unprivileged reports whether the thread holds no capability in any set
+// but Kept, and Kept in no inheritable or ambient set (so nothing it
+// started could inherit it).
 func (s ThreadState) Unprivileged() bool {
-	return s.CapInh|s.CapPrm|s.CapEff|s.CapBnd|s.CapAmb == 0
+	return (s.CapPrm|s.CapEff|s.CapBnd)&^keptMask == 0 && s.CapInh|s.CapAmb == 0
 }
 
 // ReadThreads reads the privilege lines of every thread of pid (0: this

@@ -11,13 +11,15 @@ import (
 // and a variable that never moves is simplest to hand out as an address.
 var (
 	capsHdr  unix.CapUserHeader
-	capsNone [2]unix.CapUserData // version 3 uses two 32-bit words per set
+	capsKept [2]unix.CapUserData // version 3 uses two 32-bit words per set
 )
 
 // clearCapSets empties the effective, permitted and inheritable sets of
-// every thread.
+// every thread but for Kept in effective and permitted.
 func clearCapSets() error {
 	capsHdr = unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
-	capsNone = [2]unix.CapUserData{}
-	return allThreads(unix.SYS_CAPSET, uintptr(unsafe.Pointer(&capsHdr)), uintptr(unsafe.Pointer(&capsNone[0])), 0, 0, 0, 0)
+	capsKept = [2]unix.CapUserData{}
+	capsKept[Kept/32].Effective = 1 << (Kept % 32)
+	capsKept[Kept/32].Permitted = 1 << (Kept % 32)
+	return allThreads(unix.SYS_CAPSET, uintptr(unsafe.Pointer(&capsHdr)), uintptr(unsafe.Pointer(&capsKept[0])), 0, 0, 0, 0)
 }

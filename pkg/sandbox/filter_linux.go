@@ -77,8 +77,21 @@ func allowed(pid int) seccomp.SyscallRules {
 		unix.SYS_TIMER_SETTIME: seccomp.MatchAll{},
 		unix.SYS_TIMER_DELETE:  seccomp.MatchAll{},
 
+		// The relay's pod side: a TCP or UDP socket per connection or flow
+		// to the applications (podsock), over IPv4 or IPv6, protocol 0.
+		// Never raw, packet, netlink or unix sockets: with CAP_NET_RAW
+		// kept, the type is what stands between the stack and raw sockets.
+		unix.SYS_SOCKET: seccomp.Or{
+			inetSocket(unix.AF_INET, unix.SOCK_STREAM), inetSocket(unix.AF_INET, unix.SOCK_DGRAM),
+			inetSocket(unix.AF_INET6, unix.SOCK_STREAM), inetSocket(unix.AF_INET6, unix.SOCK_DGRAM),
+		},
+		unix.SYS_SETSOCKOPT: seccomp.MatchAll{},
+		unix.SYS_BIND:       seccomp.MatchAll{},
+		unix.SYS_CONNECT:    seccomp.MatchAll{},
+
 		// I/O on descriptors opened during setup: the AF_PACKET socket,
-		// the TUN, the control socket and its connections, the log.
+		// the TUN, the control socket and its connections, the log; and
+		// on the relay's sockets.
 		unix.SYS_READ:        seccomp.MatchAll{},
 		unix.SYS_WRITE:       seccomp.MatchAll{},
 		unix.SYS_READV:       seccomp.MatchAll{},
@@ -110,6 +123,15 @@ func allowed(pid int) seccomp.SyscallRules {
 		r[nr] = rule
 	}
 	return seccomp.MakeSyscallRules(r)
+}
+
+// inetSocket matches socket(domain, typ|SOCK_NONBLOCK|SOCK_CLOEXEC, 0).
+func inetSocket(domain, typ int) seccomp.SyscallRule {
+	return seccomp.PerArg{
+		seccomp.EqualTo(uintptr(domain)),
+		seccomp.MaskedEqual(0xffffffff&^uintptr(unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC), uintptr(typ)),
+		seccomp.EqualTo(0),
+	}
 }
 
 // program builds the filter for mode (On or Log).

@@ -3,11 +3,14 @@ package sandbox
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"github.com/cni-usernet/cni-usernet/pkg/podsock"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -162,7 +165,7 @@ func TestLogModeAllows(t *testing.T) {
 		}
 	}
 	c.finish(t)
-	c.expect(t, "log-socket-inet", "log-openat")
+	c.expect(t, "log-socket-unix", "log-openat")
 }
 
 func TestParseMode(t *testing.T) {
@@ -191,14 +194,14 @@ func TestFilterBuildsInBothModes(t *testing.T) {
 }
 
 var deniedChecks = []string{
-	"socket-inet", "socket-unix", "socket-packet", "socketpair",
+	"socket-raw", "socket-raw6", "socket-inet-sctp", "socket-unix", "socket-netlink", "socket-packet", "socketpair",
 	"openat-create", "openat-existing", "unlinkat",
 	"execve", "fork", "mmap-exec", "kill-other", "tgkill-other",
 	"prctl", "ptrace", "setns",
 }
 
 var allowedChecks = []string{
-	"accept-existing-listener", "echo", "signal-self", "new-threads",
+	"transparent-dial", "accept-existing-listener", "echo", "signal-self", "new-threads",
 	"gc", "getrandom", "cpu-profile", "sleep",
 }
 
@@ -223,6 +226,11 @@ func runChild(mode Mode, dir string) int {
 		fmt.Fprintln(os.Stderr, "dial:", err)
 		return 1
 	}
+	tcpLn, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "listen tcp:", err)
+		return 1
+	}
 	usr1 := make(chan os.Signal, 1)
 	signal.Notify(usr1, syscall.SIGUSR1)
 	// Threads that exist before Apply and stay: the drop must reach them.
@@ -234,8 +242,8 @@ func runChild(mode Mode, dir string) int {
 	}
 
 	if mode == Log {
-		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM, 0)
-		report("log-socket-inet", err)
+		fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM, 0)
+		report("log-socket-unix", err)
 		unix.Close(fd)
 		fd, err = unix.Open("/proc/self/status", unix.O_RDONLY, 0)
 		report("log-openat", err)
@@ -252,7 +260,7 @@ func runChild(mode Mode, dir string) int {
 				report(c.name, nil)
 			}
 		}
-		for _, c := range allowances(ln, client, usr1) {
+		for _, c := range allowances(ln, client, tcpLn, usr1) {
 			report(c.name, c.try())
 		}
 	}
@@ -295,8 +303,17 @@ func denials(dir string) []check {
 		}
 	}
 	return []check{
-		{"socket-inet", socket(unix.AF_INET, unix.SOCK_STREAM)},
+		{"socket-raw", socket(unix.AF_INET, unix.SOCK_RAW)},
+		{"socket-raw6", socket(unix.AF_INET6, unix.SOCK_RAW)},
+		{"socket-inet-sctp", func() error {
+			fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM, unix.IPPROTO_SCTP)
+			if err == nil {
+				unix.Close(fd)
+			}
+			return err
+		}},
 		{"socket-unix", socket(unix.AF_UNIX, unix.SOCK_STREAM)},
+		{"socket-netlink", socket(unix.AF_NETLINK, unix.SOCK_RAW)},
 		{"socket-packet", socket(unix.AF_PACKET, unix.SOCK_RAW)},
 		{"socketpair", func() error { _, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM, 0); return err }},
 		{"openat-create", func() error {
@@ -333,9 +350,26 @@ func denials(dir string) []check {
 	}
 }
 
-func allowances(ln net.Listener, client net.Conn, usr1 chan os.Signal) []check {
+func allowances(ln net.Listener, client net.Conn, tcpLn net.Listener, usr1 chan os.Signal) []check {
 	var server net.Conn
 	return []check{
+		// What the relay's pod side does per connection: a transparent
+		// socket bound to an address that is not its own (127.0.0.2 stays
+		// on loopback), connected to a listener.
+		{"transparent-dial", func() error {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			c, err := podsock.DialTCP(ctx, netip.MustParseAddrPort("127.0.0.2:0"), tcpLn.Addr().(*net.TCPAddr).AddrPort())
+			if err != nil {
+				return err
+			}
+			c.Close()
+			a, err := tcpLn.Accept()
+			if err != nil {
+				return err
+			}
+			return a.Close()
+		}},
 		{"accept-existing-listener", func() (err error) {
 			server, err = ln.Accept()
 			return err

@@ -2,6 +2,7 @@ package nettest
 
 import (
 	"fmt"
+	"github.com/cni-usernet/cni-usernet/pkg/podnet"
 	"net"
 	"net/netip"
 	"os"
@@ -234,6 +235,24 @@ func NSLeaks(netns ns.NetNS) []string {
 		}
 		for _, t := range tables {
 			leaks = append(leaks, "nftables table "+t.Name)
+		}
+		for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
+			rules, err := netlink.RuleList(fam)
+			if err != nil {
+				return fmt.Errorf("listing policy rules: %w", err)
+			}
+			for _, r := range rules {
+				if r.Table == podnet.DivertTable {
+					leaks = append(leaks, fmt.Sprintf("policy rule to table %d", r.Table))
+				}
+			}
+			routes, err := netlink.RouteListFiltered(fam, &netlink.Route{Table: podnet.DivertTable}, netlink.RT_FILTER_TABLE)
+			if err != nil {
+				return fmt.Errorf("listing routes: %w", err)
+			}
+			for range routes {
+				leaks = append(leaks, fmt.Sprintf("route in table %d", podnet.DivertTable))
+			}
 		}
 		return nil
 	})

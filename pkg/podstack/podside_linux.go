@@ -1,0 +1,74 @@
+package podstack
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+
+	"github.com/cni-usernet/cni-usernet/pkg/podnet"
+	"github.com/cni-usernet/cni-usernet/pkg/podsock"
+	"github.com/cni-usernet/cni-usernet/pkg/relay"
+)
+
+// podSide is the relay's pod side while it is being opened.
+type podSide struct{ relay.PodSide }
+
+// listenBacklog is the applications' connections the TCP listener queues
+// before the relay accepts them (the kernel caps it at somaxconn).
+const listenBacklog = 4096
+
+// openPodSide opens the relay's listeners on loopback, in the pod's
+// network namespace and while the process still holds its capabilities
+// (transparency needs CAP_NET_RAW), and diverts the applications' TCP and
+// UDP to them (podnet.InstallDivert). IPv6 listeners exist only when the
+// pod has an IPv6 address.
+func openPodSide(tun *os.File, spec *podnet.Spec) (*podSide, error) {
+	p := &podSide{relay.PodSide{TUN: tun}}
+	d := podnet.Divert{TUN: tun.Name()}
+	loopbacks := []netip.Addr{netip.MustParseAddr("127.0.0.1")}
+	for _, a := range spec.PodIPs() {
+		if a.Addr().Is6() {
+			loopbacks = append(loopbacks, netip.IPv6Loopback())
+			break
+		}
+	}
+	for _, lo := range loopbacks {
+		tl, err := podsock.ListenTCP(netip.AddrPortFrom(lo, 0), listenBacklog)
+		if err != nil {
+			p.Close()
+			return nil, err
+		}
+		p.TCPListeners = append(p.TCPListeners, tl)
+		ul, err := podsock.ListenUDP(netip.AddrPortFrom(lo, 0))
+		if err != nil {
+			p.Close()
+			return nil, err
+		}
+		p.UDPListeners = append(p.UDPListeners, ul)
+		tcp := tl.Addr().(*net.TCPAddr).AddrPort()
+		udp := ul.LocalAddr().(*net.UDPAddr).AddrPort()
+		if lo.Is4() {
+			d.TCP4, d.UDP4 = tcp, udp
+		} else {
+			d.TCP6, d.UDP6 = tcp, udp
+		}
+	}
+	if err := podnet.InstallDivert(d); err != nil {
+		p.Close()
+		return nil, fmt.Errorf("diverting the applications' traffic to the stack: %w", err)
+	}
+	return p, nil
+}
+
+// Close closes everything opened; for setup failures only (once the relay
+// runs, it owns the descriptors).
+func (p *podSide) Close() {
+	for _, l := range p.TCPListeners {
+		l.Close()
+	}
+	for _, l := range p.UDPListeners {
+		l.Close()
+	}
+	p.TUN.Close()
+}

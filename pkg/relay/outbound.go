@@ -1,0 +1,191 @@
+package relay
+
+import (
+	"context"
+	"net"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/cni-usernet/cni-usernet/pkg/podsock"
+	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/waiter"
+)
+
+// flowKey names an application's connection or flow: its own address and
+// port, and the remote's.
+type flowKey struct{ app, remote netip.AddrPort }
+
+// outboundConn is an application's connection whose SYN the stack holds:
+// first while the remote is dialled, then until the pod's kernel hands
+// the re-injected SYN's connection to a listener.
+type outboundConn struct {
+	syn    []byte // the application's latest SYN, written back when dialled
+	dialed bool
+	ep     tcpip.Endpoint
+	wq     *waiter.Queue
+	timer  *time.Timer // gives up an accepted dial nobody claims
+}
+
+// outboundSet holds the applications' connections being set up, keyed by
+// their addresses.
+type outboundSet struct {
+	max int
+	mu  sync.Mutex // guards m
+	m   map[flowKey]*outboundConn
+}
+
+func (s *outboundSet) init(max int) { s.max, s.m = max, make(map[flowKey]*outboundConn) }
+
+// claimTimeout is how long a dialled connection waits for the pod's kernel
+// to deliver the re-injected SYN to the listener: it arrives within
+// microseconds, so this only bounds a lost one (the application's next SYN
+// retransmission, after 1 s, is written back again).
+const claimTimeout = 10 * time.Second
+
+// outboundSYN handles an application's SYN read from the TUN: the first
+// of a connection starts dialling the remote from the application's own
+// address and port; a retransmission replaces the held SYN, or is written
+// back again when the dial is done.
+func (r *Relay) outboundSYN(k flowKey, syn []byte) {
+	s := &r.outbound
+	s.mu.Lock()
+	if c, ok := s.m[k]; ok {
+		c.syn = syn
+		dialed := c.dialed
+		s.mu.Unlock()
+		if dialed {
+			r.writeTUN(syn)
+		}
+		return
+	}
+	if len(s.m) >= s.max {
+		s.mu.Unlock()
+		r.stats.TCPOutboundDropped.Add(1)
+		return
+	}
+	if !r.admitTCP() {
+		s.mu.Unlock()
+		r.writeTUN(buildRST(syn))
+		return
+	}
+	s.m[k] = &outboundConn{syn: syn}
+	s.mu.Unlock()
+	go r.dialOutbound(k)
+}
+
+func (r *Relay) dialOutbound(k flowKey) {
+	ctx, cancel := context.WithTimeout(context.Background(), r.opts.OutboundDialTimeout)
+	defer cancel()
+	local := tcpip.FullAddress{NIC: r.wire.NIC, Addr: tcpipAddr(k.app.Addr()), Port: k.app.Port()}
+	remote := tcpip.FullAddress{Addr: tcpipAddr(k.remote.Addr()), Port: k.remote.Port()}
+	wq, ep, err := dialTCP(ctx, r.wire, local, remote, netProto(remote.Addr))
+	if _, inUse := err.(*tcpip.ErrPortInUse); inUse {
+		// The application's port is taken on the wire leg (a connection
+		// from the network bound it); an ephemeral port keeps the
+		// connection working at the cost of the port being visible as
+		// rewritten.
+		local.Port = 0
+		wq, ep, err = dialTCP(ctx, r.wire, local, remote, netProto(remote.Addr))
+	}
+	s := &r.outbound
+	s.mu.Lock()
+	c := s.m[k]
+	if c == nil || r.closing.Load() {
+		// Given up by Close meanwhile.
+		s.mu.Unlock()
+		if ep != nil {
+			ep.Abort()
+			ep.Close()
+		}
+		return
+	}
+	if err != nil {
+		delete(s.m, k)
+		s.mu.Unlock()
+		r.stats.TCPActive.Add(-1)
+		switch err.(type) {
+		case *tcpip.ErrConnectionRefused:
+			r.stats.TCPRefused.Add(1)
+			r.writeTUN(buildRST(c.syn))
+		case *tcpip.ErrTimeout, *tcpip.ErrAborted:
+			// No answer: the application's own connect timeout decides.
+		default:
+			r.opts.Logger.Debug("relaying TCP", "from", k.app, "to", k.remote, "err", err)
+			r.writeTUN(buildRST(c.syn))
+		}
+		return
+	}
+	c.dialed, c.ep, c.wq = true, ep, wq
+	c.timer = time.AfterFunc(claimTimeout, func() { r.unclaimed(k, c) })
+	syn := c.syn
+	s.mu.Unlock()
+	r.writeTUN(syn)
+}
+
+// unclaimed gives up a dialled connection the listener never received.
+func (r *Relay) unclaimed(k flowKey, c *outboundConn) {
+	s := &r.outbound
+	s.mu.Lock()
+	if s.m[k] != c {
+		s.mu.Unlock()
+		return
+	}
+	delete(s.m, k)
+	s.mu.Unlock()
+	c.ep.Abort()
+	c.ep.Close()
+	r.stats.TCPActive.Add(-1)
+}
+
+// claim takes the dialled connection k off the set.
+func (s *outboundSet) claim(k flowKey) *outboundConn {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c, ok := s.m[k]
+	if !ok || !c.dialed || !c.timer.Stop() {
+		return nil
+	}
+	delete(s.m, k)
+	return c
+}
+
+// closeAll gives up every connection being set up.
+func (s *outboundSet) closeAll() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for k, c := range s.m {
+		if c.dialed && c.timer.Stop() {
+			c.ep.Abort()
+			c.ep.Close()
+		}
+		delete(s.m, k)
+	}
+}
+
+// acceptOutbound receives the applications' connections from the pod's
+// kernel once their SYN was written back, and relays each to the wire
+// connection dialled for it.
+func (r *Relay) acceptOutbound(l *net.TCPListener) {
+	defer r.wg.Done()
+	for {
+		conn, err := l.AcceptTCP()
+		if err != nil {
+			if r.closing.Load() {
+				return
+			}
+			r.opts.Logger.Debug("accepting an application's connection", "err", err)
+			time.Sleep(10 * time.Millisecond) // EMFILE and the like: do not spin
+			continue
+		}
+		k := flowKey{app: podsock.AddrPort(conn.RemoteAddr()), remote: podsock.AddrPort(conn.LocalAddr())}
+		c := r.outbound.claim(k)
+		if c == nil {
+			// Not a connection the stack dialled for (an application that
+			// connected to the listener's own address, or one given up).
+			podsock.Reset(conn)
+			continue
+		}
+		r.start(newWireConn(c.ep, c.wq), conn)
+	}
+}
