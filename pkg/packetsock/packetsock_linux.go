@@ -69,3 +69,14 @@ func Open(o Options) (int, error) {
 }
 
 func htons(v uint16) uint16 { return v<<8 | v>>8 }
+
+// Drops reads how many frames the kernel dropped at fd because its receive
+// buffer was full since the last call (PACKET_STATISTICS resets on read):
+// what the stack could not read in time, a flood among it.
+func Drops(fd int) (uint64, error) {
+	st, err := unix.GetsockoptTpacketStats(fd, unix.SOL_PACKET, unix.PACKET_STATISTICS)
+	if err != nil {
+		return 0, fmt.Errorf("reading packet socket statistics: %w", err)
+	}
+	return uint64(st.Drops), nil
+}

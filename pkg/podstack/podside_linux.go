@@ -54,6 +54,12 @@ func openPodSide(tun *os.File, spec *podnet.Spec) (*podSide, error) {
 			d.TCP6, d.UDP6 = tcp, udp
 		}
 	}
+	diag, err := podsock.OpenDiag()
+	if err != nil {
+		p.Close()
+		return nil, err
+	}
+	p.Diag = diag
 	if err := podnet.InstallDivert(d); err != nil {
 		p.Close()
 		return nil, fmt.Errorf("diverting the applications' traffic to the stack: %w", err)
@@ -71,4 +77,7 @@ func (p *podSide) Close() {
 		l.Close()
 	}
 	p.TUN.Close()
+	if p.Diag != nil {
+		p.Diag.Close()
+	}
 }

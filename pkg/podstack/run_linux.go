@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"sync/atomic"
 	"time"
 
 	"github.com/cni-usernet/cni-usernet/pkg/control"
@@ -21,13 +22,16 @@ import (
 
 // Daemon is a pod stack process's whole life: take over, serve, shut down.
 type Daemon struct {
-	cfg     Config
-	log     *slog.Logger
-	spec    *podnet.Spec
-	gso     offload.Decision
-	stack   *Stack
-	ctl     *control.Server
-	started time.Time
+	linkFD int
+	// socketDrops accumulates packetsock.Drops, which resets on read.
+	socketDrops atomic.Uint64
+	cfg         Config
+	log         *slog.Logger
+	spec        *podnet.Spec
+	gso         offload.Decision
+	stack       *Stack
+	ctl         *control.Server
+	started     time.Time
 }
 
 // Start takes the interface over and brings the stack up in the current
@@ -90,6 +94,7 @@ func Start(cfg Config, log *slog.Logger) (*Daemon, error) {
 		pod.Close()
 		return nil, err
 	}
+	d.linkFD = linkFD
 	wireQueue := cfg.WireQueueLen
 	if d.gso.Mode == offload.ModeOff {
 		wireQueue = 0
@@ -183,12 +188,26 @@ type Status struct {
 	Relay     relay.Snapshot   `json:"relay"`
 }
 
-// LegStatus is one leg's counters.
+// LegStatus is the wire leg's counters.
 type LegStatus struct {
 	LinkSnapshot
 	TCPRetransmits        uint64 `json:"tcpRetransmits"`
 	DroppedPackets        uint64 `json:"droppedPackets"`
 	TCPCurrentEstablished uint64 `json:"tcpEstablished"`
+	// SocketDrops counts frames the kernel dropped at the packet socket
+	// because the stack did not read them in time.
+	SocketDrops uint64 `json:"socketDrops"`
+	// SynCookiesSent counts SYNs the mirrored listeners answered with a
+	// SYN cookie (their handshake backlog was full: a flood, most likely),
+	// SynCookiesValid the handshakes completed with one, SynCookiesInvalid
+	// ACKs with a cookie that did not verify; ListenSynDrops and
+	// ListenAckDrops count SYNs and ACKs dropped because a listener's
+	// accept queue was full.
+	SynCookiesSent    uint64 `json:"synCookiesSent"`
+	SynCookiesValid   uint64 `json:"synCookiesValid"`
+	SynCookiesInvalid uint64 `json:"synCookiesInvalid"`
+	ListenSynDrops    uint64 `json:"listenSynDrops"`
+	ListenAckDrops    uint64 `json:"listenAckDrops"`
 }
 
 // Status implements control.Source.
@@ -198,7 +217,14 @@ func (d *Daemon) Status() any {
 		Spec: d.spec, GSO: d.gso, Relay: d.stack.Relay.Stats().Snapshot(),
 	}
 	ws := d.stack.Wire.Stats()
+	if n, err := packetsock.Drops(d.linkFD); err == nil {
+		d.socketDrops.Add(n)
+	}
 	s.Wire = LegStatus{LinkSnapshot: d.stack.WireStats.Snapshot(), TCPRetransmits: ws.TCP.Retransmits.Value(),
-		DroppedPackets: ws.DroppedPackets.Value(), TCPCurrentEstablished: ws.TCP.CurrentEstablished.Value()}
+		DroppedPackets: ws.DroppedPackets.Value(), TCPCurrentEstablished: ws.TCP.CurrentEstablished.Value(),
+		SocketDrops:    d.socketDrops.Load(),
+		SynCookiesSent: ws.TCP.ListenOverflowSynCookieSent.Value(), SynCookiesValid: ws.TCP.ListenOverflowSynCookieRcvd.Value(),
+		SynCookiesInvalid: ws.TCP.ListenOverflowInvalidSynCookieRcvd.Value(),
+		ListenSynDrops:    ws.TCP.ListenOverflowSynDrop.Value(), ListenAckDrops: ws.TCP.ListenOverflowAckDrop.Value()}
 	return s
 }

@@ -45,6 +45,10 @@ type PodSide struct {
 	// Dialer opens the per-connection sockets to the applications. Nil:
 	// podsock's transparent sockets.
 	Dialer Dialer
+	// Diag lists the applications' listening sockets, which the wire leg
+	// mirrors (see mirror.go). Nil: no mirror, every connection from the
+	// network goes through the forwarder.
+	Diag *podsock.Diag
 }
 
 // Dialer opens the pod side's per-connection sockets, from a remote
@@ -74,6 +78,9 @@ func (p *PodSide) close() {
 	}
 	if p.TUN != nil {
 		p.TUN.Close()
+	}
+	if p.Diag != nil {
+		p.Diag.Close()
 	}
 }
 
@@ -260,8 +267,13 @@ type Relay struct {
 	pending  pendingSet  // inbound connections not yet established
 	outbound outboundSet // applications' connections being dialled
 	udp      udpTable    // live UDP flows
+	mirror   mirrorSet   // the wire leg's copies of the applications' listeners
 	pinger   *Pinger
-	wg       sync.WaitGroup // the pod side's readers
+	wg       sync.WaitGroup // the pod side's readers and the mirror
+	// ctx ends, and done closes, when the relay closes.
+	ctx    context.Context
+	cancel context.CancelFunc
+	done   chan struct{}
 }
 
 // New installs the relay's forwarders on the wire leg and starts reading
@@ -274,7 +286,8 @@ func New(wire Leg, pod PodSide, opts Options) (*Relay, error) {
 	if pod.Dialer == nil {
 		pod.Dialer = transparentDialer{}
 	}
-	r := &Relay{wire: wire, pod: pod, opts: opts}
+	r := &Relay{wire: wire, pod: pod, opts: opts, done: make(chan struct{})}
+	r.ctx, r.cancel = context.WithCancel(context.Background())
 	r.conns.init()
 	r.pending.max = opts.MaxPendingInbound
 	r.outbound.init(opts.MaxOutboundPending)
@@ -309,6 +322,13 @@ func New(wire Leg, pod PodSide, opts Options) (*Relay, error) {
 		r.wg.Add(1)
 		go r.readOutboundUDP(l)
 	}
+	if pod.Diag != nil {
+		r.mirror.diag = pod.Diag
+		r.mirror.eps = make(map[mirrorKey]*mirrored)
+		r.mirror.kick = make(chan struct{}, 1)
+		r.wg.Add(1)
+		go r.mirrorListeners()
+	}
 	return r, nil
 }
 
@@ -319,6 +339,8 @@ func (r *Relay) Stats() *Stats { return &r.stats }
 // side's descriptors.
 func (r *Relay) Close() {
 	r.closing.Store(true)
+	r.cancel()
+	close(r.done)
 	r.pod.close()
 	r.wg.Wait()
 	r.pinger.Close()

@@ -96,6 +96,8 @@ func (r *Relay) forwardInbound(req *tcp.ForwarderRequest) {
 		}
 		return
 	}
+	// The application listens on a port the wire leg does not mirror yet.
+	r.kickMirror()
 	inEP, inWQ, ok := r.handshake(ctx, req)
 	if !ok {
 		r.stats.TCPActive.Add(-1)
