@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -291,6 +292,9 @@ func measure(t *testing.T, env *nettest.Env, guard *nodeGuard, m measurement) *r
 	dl := startDownload(t, m.victim.NS, env.Node, dst, downloadPort, downloadSize,
 		floodDuration-downloadSlack, time.Now().Add(floodDuration+downloadGrace))
 
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		t.Logf("%s: machine load before the flood (other work shares it): %s", m.name, strings.TrimSpace(string(b)))
+	}
 	start := time.Now()
 	m.flood.start(t)
 	probes := runProbes(env.Node, dst, start)
