@@ -318,7 +318,6 @@ func measure(t *testing.T, env *nettest.Env, guard *nodeGuard, m measurement) *r
 	r.recovery = time.Since(recStart)
 	if m.afterFlood != nil {
 		r.after = m.afterFlood()
-		t.Logf("%s: after the flood: %s", m.name, r.after)
 	}
 
 	// What the flood did, by the counters.
@@ -366,6 +365,9 @@ func measure(t *testing.T, env *nettest.Env, guard *nodeGuard, m measurement) *r
 	for _, e := range errs {
 		t.Logf("%s: probe failed %s", m.name, e)
 	}
+	if r.after != "" {
+		t.Logf("%s: after the flood: %s", m.name, r.after)
+	}
 	t.Logf("%s", r.row())
 	return r
 }
@@ -381,8 +383,10 @@ func logShed(t *testing.T, name string, eth0Rx uint64, before, after map[string]
 	var counted float64
 	var which []string
 	for k, a := range after {
-		lk := strings.ToLower(k)
-		if !strings.HasPrefix(lk, "wire.") || strings.Contains(lk, "tx") || !(strings.Contains(lk, "drop") || strings.Contains(lk, "shed")) {
+		field, ok := strings.CutPrefix(k, "wire.")
+		// camelCase names: "droppedPackets", "rxShed"; not "tcpEstablished".
+		if !ok || strings.Contains(strings.ToLower(field), "tx") ||
+			!(strings.Contains(strings.ToLower(field), "drop") || strings.HasPrefix(field, "shed") || strings.Contains(field, "Shed")) {
 			continue
 		}
 		if d := a - before[k]; d > 0 {
