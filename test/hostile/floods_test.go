@@ -69,6 +69,9 @@ func (h *hping3Flood) start(t *testing.T) {
 	h.cmd = exec.Command("timeout", "-s", "INT", "-k", "5s", strconv.Itoa(int(limit.Seconds())),
 		h.path, "-S", "-p", strconv.Itoa(h.port), "--flood", "--rand-source", "-I", h.iface, h.dst.String())
 	h.cmd.Stdout, h.cmd.Stderr = &h.out, &h.out
+	// Its own process group from the start (timeout would make one
+	// itself, a moment later), so kill reaches hping3 too.
+	h.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := nettest.In(h.node, h.cmd.Start); err != nil {
 		t.Fatalf("starting %s: %v", h.cmd, err)
 	}
@@ -112,8 +115,7 @@ func (h *hping3Flood) kill() {
 		return
 	default:
 	}
-	// timeout runs hping3 in its own process group (setpgid in timeout);
-	// signal the group it leads.
+	// timeout and hping3 are the process group timeout leads.
 	syscall.Kill(-h.cmd.Process.Pid, syscall.SIGKILL)
 	h.cmd.Process.Kill()
 	select {

@@ -59,8 +59,7 @@ const (
 // node namespace's guard (guardNode) drops whatever arrives for anything
 // else, so the answers to hping3's random sources go nowhere.
 var (
-	usernetSubnet = netip.MustParsePrefix("10.199.0.0/24") // nettest's default
-	kernelSubnet  = netip.MustParsePrefix("10.199.1.0/24") // ptp pods
+	kernelSubnet = netip.MustParsePrefix("10.199.1.0/24") // ptp pods; cni-usernet's are nettest's Env.Subnet
 	// sinkAddrs are node addresses (on its lo) the in-pod flood connects
 	// to; sinkRange, around them, is where it draws destinations from:
 	// the rest of the range is dropped silently by the guard.
@@ -89,7 +88,7 @@ func TestSYNFlood(t *testing.T) {
 	env.Subnet6 = "" // hping3 floods IPv4; keep the pods IPv4-only
 	kernel := env.NewPodWith("ptp", ptpConf(env))
 	usernet := env.NewPod(env.Conf(cniVersion, nil))
-	guard := guardNode(t, env.Node, usernetSubnet, kernelSubnet)
+	guard := guardNode(t, env.Node, netip.MustParsePrefix(env.Subnet), kernelSubnet)
 	attU := loadState(t, env, usernet)
 
 	var rows []string
@@ -146,7 +145,7 @@ func TestSYNFloodFromPod(t *testing.T) {
 	kFlooder, kVictim := env.NewPodWith("ptp", ptpConf(env)), env.NewPodWith("ptp", ptpConf(env))
 	conf := env.Conf(cniVersion, nil)
 	uFlooder, uVictim := env.NewPod(conf), env.NewPod(conf)
-	guard := guardNode(t, env.Node, usernetSubnet, kernelSubnet, sinkAddrs)
+	guard := guardNode(t, env.Node, netip.MustParsePrefix(env.Subnet), kernelSubnet, sinkAddrs)
 	sinkNode(t, env.Node)
 	attF, attV := loadState(t, env, uFlooder), loadState(t, env, uVictim)
 
