@@ -1,7 +1,9 @@
-// Package hostile holds the root test of a pod stack under hostile traffic
-// from the node's side of its veth: a SYN flood, a UDP flood to many ports,
-// IPv4 fragments that never reassemble and random frames, sent while a bulk
-// transfer runs. See docs/reliability/hostile.md.
+// Package hostile holds the root tests of a pod stack under hostile
+// traffic: paced floods from the node's side of its veth (a SYN flood, a
+// UDP flood to many ports, IPv4 fragments that never reassemble and random
+// frames) while a bulk transfer runs; a SYN flood at full speed from the
+// node (hping3) and a connection flood from inside a pod, each measured
+// beside the kernel veth. See docs/reliability/hostile.md.
 package hostile
 
 import (
