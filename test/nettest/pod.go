@@ -41,6 +41,17 @@ func (p *Pod) IP(family int) netip.Addr {
 	return netip.Addr{}
 }
 
+// HostVeth returns the name of the pod's veth on the node's side (the
+// result's interface outside any sandbox), "" if the result has none.
+func (p *Pod) HostVeth() string {
+	for _, i := range p.Result.Interfaces {
+		if i.Sandbox == "" {
+			return i.Name
+		}
+	}
+	return ""
+}
+
 // Gateway returns the node-side address of the family, the address the
 // pod reaches the node at.
 func (p *Pod) Gateway(family int) netip.Addr {
@@ -58,19 +69,29 @@ func (p *Pod) Gateway(family int) netip.Addr {
 // cleanup (a test may DEL earlier: DEL is idempotent).
 func (e *Env) NewPod(conf []byte) *Pod {
 	e.T.Helper()
+	return e.NewPodWith("cni-usernet", conf)
+}
+
+// NewPodWith is NewPod through another plugin of BinDir, e.g. "ptp" for
+// a pod on the plain kernel veth to compare with (conf's "type" must name
+// the same plugin).
+func (e *Env) NewPodWith(plugin string, conf []byte) *Pod {
+	e.T.Helper()
 	e.mu.Lock()
 	e.counter++
 	id := fmt.Sprintf("pod%d-%d", e.counter, time.Now().UnixNano()%100000)
 	e.mu.Unlock()
 	p := &Pod{ID: id, NS: NewNS(e.T), Conf: conf}
-	r, err := e.Add(conf, id, p.NS)
+	out, err := e.Exec(plugin, "ADD", conf, id, p.NS, "eth0")
 	if err != nil {
-		e.T.Fatalf("ADD %s: %v", id, err)
+		e.T.Fatalf("%s ADD %s: %v", plugin, id, err)
 	}
-	p.Result = r
+	if p.Result, err = ParseResult(conf, out); err != nil {
+		e.T.Fatalf("%s ADD %s: %v", plugin, id, err)
+	}
 	e.T.Cleanup(func() {
-		if err := e.Del(conf, id, p.NS); err != nil {
-			e.T.Errorf("cleanup DEL %s: %v", id, err)
+		if _, err := e.Exec(plugin, "DEL", conf, id, p.NS, "eth0"); err != nil {
+			e.T.Errorf("cleanup %s DEL %s: %v", plugin, id, err)
 		}
 	})
 	// Runs before the DEL above (cleanups run last-in first-out), while
