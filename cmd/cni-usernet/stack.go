@@ -1,6 +1,8 @@
 package main
 
 import (
+	rdebug "runtime/debug"
+	"strconv"
 	"context"
 	"flag"
 	"fmt"
@@ -35,6 +37,10 @@ func runStack(argv []string) error {
 			ready.Close()
 			ready = nil
 		}
+	}
+	if v := os.Getenv("CNI_USERNET_GOGC"); v != "" {
+		n, _ := strconv.Atoi(v)
+		rdebug.SetGCPercent(n)
 	}
 	cfg, err := podstack.ReadConfig(*configPath)
 	if err != nil {

@@ -87,6 +87,7 @@ func (r *Relay) kickMirror() {
 
 func (r *Relay) syncMirror() {
 	m := &r.mirror
+	defer func() { r.stats.TCPMirrored.Store(int64(len(m.eps))) }()
 	ls, err := m.diag.Listeners()
 	if err != nil {
 		r.opts.Logger.Debug("listing the applications' listeners", "err", err)
@@ -105,6 +106,7 @@ func (r *Relay) syncMirror() {
 			delete(m.eps, k)
 			close(e.done)
 			e.ep.Close()
+			r.stats.TCPMirrorChanges.Add(1)
 		}
 	}
 	for k := range want {
@@ -117,6 +119,7 @@ func (r *Relay) syncMirror() {
 			continue
 		}
 		m.eps[k] = e
+		r.stats.TCPMirrorChanges.Add(1)
 		r.wg.Add(1)
 		go r.acceptInbound(e)
 	}

@@ -217,6 +217,10 @@ type Stats struct {
 	// PodDropped counts packets from the applications the relay does not
 	// carry (protocols other than TCP, UDP and ICMP echo).
 	PodDropped atomic.Int64
+	// TCPMirrored is how many of the applications' listeners the wire leg
+	// mirrors now; TCPMirrorChanges counts mirrors opened and closed.
+	TCPMirrored      atomic.Int64
+	TCPMirrorChanges atomic.Int64
 }
 
 // Snapshot is a plain copy of Stats for JSON.
@@ -240,6 +244,8 @@ type Snapshot struct {
 	ICMPEchoFailed       int64 `json:"icmpEchoFailed"`
 	TCPOutboundDropped   int64 `json:"tcpOutboundDropped"`
 	PodDropped           int64 `json:"podDropped"`
+	TCPMirrored          int64 `json:"tcpMirrored"`
+	TCPMirrorChanges     int64 `json:"tcpMirrorChanges"`
 }
 
 // Snapshot reads every counter.
@@ -253,6 +259,7 @@ func (s *Stats) Snapshot() Snapshot {
 		UDPEvicted: s.UDPEvicted.Load(), UDPDropped: s.UDPDropped.Load(),
 		ICMPEchoes: s.ICMPEchoes.Load(), ICMPEchoFailed: s.ICMPEchoFailed.Load(),
 		TCPOutboundDropped: s.TCPOutboundDropped.Load(), PodDropped: s.PodDropped.Load(),
+		TCPMirrored: s.TCPMirrored.Load(), TCPMirrorChanges: s.TCPMirrorChanges.Load(),
 	}
 }
 
