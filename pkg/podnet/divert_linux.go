@@ -60,6 +60,12 @@ func InstallDivert(d Divert) error {
 	if err != nil {
 		return fmt.Errorf("looking up lo: %w", err)
 	}
+	// The stack's sockets reach the applications over loopback. Runtimes
+	// bring lo up (the loopback plugin) but need not have done so before
+	// the pod's network plugin runs.
+	if err := netlink.LinkSetUp(lo); err != nil {
+		return fmt.Errorf("bringing lo up: %w", err)
+	}
 	// Packets the stack writes into the TUN carry the pod's own address as
 	// source (a re-injected SYN) or a remote's; the kernel drops the former
 	// as martian unless told otherwise.

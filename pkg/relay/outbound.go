@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"container/list"
 	"context"
 	"net"
 	"net/netip"
@@ -22,17 +23,24 @@ type flowKey struct{ app, remote netip.AddrPort }
 type outboundConn struct {
 	syn    []byte // the application's latest SYN, written back when dialled
 	dialed bool
+	cancel context.CancelFunc // ends the dial
+	elem   *list.Element      // in outboundSet.dialing while dialling
 	ep     tcpip.Endpoint
 	wq     *waiter.Queue
 	timer  *time.Timer // gives up an accepted dial nobody claims
 }
 
 // outboundSet holds the applications' connections being set up, keyed by
-// their addresses.
+// their addresses. When MaxOutboundPending are being dialled, a new one
+// gives up the oldest dial: an application that floods unanswering
+// addresses with connections (or a scan) must not lock itself out of the
+// network until its dials time out, and the one given up is dialled again
+// when its application retransmits the SYN.
 type outboundSet struct {
-	max int
-	mu  sync.Mutex // guards m
-	m   map[flowKey]*outboundConn
+	max     int
+	mu      sync.Mutex // guards m, dialing and the conns' elem
+	m       map[flowKey]*outboundConn
+	dialing list.List // of flowKey, oldest first
 }
 
 func (s *outboundSet) init(max int) { s.max, s.m = max, make(map[flowKey]*outboundConn) }
@@ -59,24 +67,29 @@ func (r *Relay) outboundSYN(k flowKey, syn []byte) {
 		}
 		return
 	}
-	if len(s.m) >= s.max {
-		s.mu.Unlock()
+	if s.dialing.Len() >= s.max {
+		oldest := s.dialing.Remove(s.dialing.Front()).(flowKey)
+		old := s.m[oldest]
+		delete(s.m, oldest)
+		old.elem = nil
+		old.cancel()
 		r.stats.TCPOutboundDropped.Add(1)
-		return
 	}
 	if !r.admitTCP() {
 		s.mu.Unlock()
 		r.writeTUN(buildRST(syn))
 		return
 	}
-	s.m[k] = &outboundConn{syn: syn}
+	ctx, cancel := context.WithTimeout(r.ctx, r.opts.OutboundDialTimeout)
+	c := &outboundConn{syn: syn, cancel: cancel}
+	c.elem = s.dialing.PushBack(k)
+	s.m[k] = c
 	s.mu.Unlock()
-	go r.dialOutbound(k)
+	go r.dialOutbound(ctx, k, c)
 }
 
-func (r *Relay) dialOutbound(k flowKey) {
-	ctx, cancel := context.WithTimeout(context.Background(), r.opts.OutboundDialTimeout)
-	defer cancel()
+func (r *Relay) dialOutbound(ctx context.Context, k flowKey, c *outboundConn) {
+	defer c.cancel()
 	local := tcpip.FullAddress{NIC: r.wire.NIC, Addr: tcpipAddr(k.app.Addr()), Port: k.app.Port()}
 	remote := tcpip.FullAddress{Addr: tcpipAddr(k.remote.Addr()), Port: k.remote.Port()}
 	wq, ep, err := dialTCP(ctx, r.wire, local, remote, netProto(remote.Addr))
@@ -90,15 +103,19 @@ func (r *Relay) dialOutbound(k flowKey) {
 	}
 	s := &r.outbound
 	s.mu.Lock()
-	c := s.m[k]
-	if c == nil || r.closing.Load() {
-		// Given up by Close meanwhile.
+	if s.m[k] != c || r.closing.Load() {
+		// Given up meanwhile: evicted by a newer dial, or the relay closed.
 		s.mu.Unlock()
-		if ep != nil {
+		r.stats.TCPActive.Add(-1)
+		if err == nil {
 			ep.Abort()
 			ep.Close()
 		}
 		return
+	}
+	if c.elem != nil {
+		s.dialing.Remove(c.elem)
+		c.elem = nil
 	}
 	if err != nil {
 		delete(s.m, k)
@@ -159,8 +176,12 @@ func (s *outboundSet) closeAll() {
 			c.ep.Abort()
 			c.ep.Close()
 		}
+		if !c.dialed {
+			c.cancel()
+		}
 		delete(s.m, k)
 	}
+	s.dialing.Init()
 }
 
 // acceptOutbound receives the applications' connections from the pod's

@@ -131,9 +131,9 @@ type Options struct {
 	// retransmits its SYN meanwhile and those are folded into the dial).
 	OutboundDialTimeout time.Duration
 	// MaxOutboundPending bounds the applications' connections whose remote
-	// is still being dialled; beyond it their SYNs are dropped and the
-	// applications retransmit, as a kernel's full SYN queue makes them.
-	// Zero: 1024.
+	// is still being dialled; beyond it a new one gives up the oldest dial
+	// (Stats.TCPOutboundDropped), which its application's next SYN
+	// retransmission starts again. Zero: 1024.
 	MaxOutboundPending int
 	// CopyBufferBytes is the buffer each relayed direction copies through.
 	// Zero: 64 KiB, one maximum-size TSO segment.
@@ -211,7 +211,7 @@ type Stats struct {
 	UDPDropped           atomic.Int64
 	ICMPEchoes           atomic.Int64
 	ICMPEchoFailed       atomic.Int64
-	// TCPOutboundDropped counts applications' SYNs dropped because
+	// TCPOutboundDropped counts dials given up because
 	// MaxOutboundPending connections were being dialled.
 	TCPOutboundDropped atomic.Int64
 	// PodDropped counts packets from the applications the relay does not

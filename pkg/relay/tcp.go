@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/cni-usernet/cni-usernet/pkg/podsock"
@@ -112,7 +113,16 @@ func (r *Relay) forwardInbound(req *tcp.ForwarderRequest) {
 func (r *Relay) dialApp(ctx context.Context, id stack.TransportEndpointID) (*net.TCPConn, error) {
 	ctx, cancel := context.WithTimeout(ctx, r.opts.InboundDialTimeout)
 	defer cancel()
-	return r.pod.Dialer.DialTCP(ctx, addrPort(id.RemoteAddress, id.RemotePort), addrPort(id.LocalAddress, id.LocalPort))
+	from, to := addrPort(id.RemoteAddress, id.RemotePort), addrPort(id.LocalAddress, id.LocalPort)
+	c, err := r.pod.Dialer.DialTCP(ctx, from, to)
+	if errors.Is(err, syscall.EADDRINUSE) {
+		// The peer's address and port are taken in the pod's kernel (a
+		// pod reaching itself through a Service without masquerade): an
+		// ephemeral port keeps the connection working at the cost of the
+		// port being visible as rewritten.
+		c, err = r.pod.Dialer.DialTCP(ctx, netip.AddrPortFrom(from.Addr(), 0), to)
+	}
+	return c, err
 }
 
 // admitTCP counts a new relayed connection against MaxTCP. It returns
