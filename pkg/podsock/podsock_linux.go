@@ -17,7 +17,6 @@ import (
 	"net"
 	"net/netip"
 	"syscall"
-	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -172,6 +171,3 @@ func AddrPort(a net.Addr) netip.AddrPort {
 	}
 	return netip.AddrPort{}
 }
-
-// Deadline is a helper for idle timeouts: now plus d.
-func Deadline(d time.Duration) time.Time { return time.Now().Add(d) }

@@ -117,7 +117,7 @@ func TestClosedPortRefused(t *testing.T) {
 		name string
 		from ns.NetNS
 		to   netip.Addr
-	}{{"node→pod", env.Node, pod.IP(4)}, {"pod→node", pod.NS, pod.Gateway(4)}, {"node→pod v6", env.Node, pod.IP(6)}} {
+	}{{"node→pod", env.Node, pod.IP(4)}, {"pod→node", pod.NS, pod.Gateway(4)}, {"node→pod v6", env.Node, pod.IP(6)}, {"pod→node v6", pod.NS, pod.Gateway(6)}} {
 		start := time.Now()
 		_, err := nettest.Dial(c.from, "tcp", nettest.HostPort(c.to, 9), 5*time.Second)
 		if !errors.Is(err, syscall.ECONNREFUSED) {
