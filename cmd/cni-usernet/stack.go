@@ -1,14 +1,14 @@
 package main
 
 import (
-	rdebug "runtime/debug"
-	"strconv"
 	"context"
 	"flag"
 	"fmt"
 	"log/slog"
 	"os"
 	"os/signal"
+	rdebug "runtime/debug"
+	"strconv"
 	"syscall"
 
 	"github.com/cni-usernet/cni-usernet/pkg/launch"

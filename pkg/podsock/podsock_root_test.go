@@ -114,4 +114,3 @@ func TestTransparentDial(t *testing.T) {
 		t.Fatal(err)
 	}
 }
-
