@@ -14,7 +14,6 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/relay"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/link/fdbased"
-	"gvisor.dev/gvisor/pkg/tcpip/link/qdisc/fifo"
 	"gvisor.dev/gvisor/pkg/tcpip/network/arp"
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv6"
@@ -204,7 +203,7 @@ func (s *Stack) attachWire() error {
 	link := newCountingLink(ep, &s.WireStats)
 	nicOpts := stack.NICOptions{Name: o.Spec.IfName, Disabled: true}
 	if o.WireQueueLen > 0 {
-		nicOpts.QDisc = fifo.New(link, 1, o.WireQueueLen)
+		nicOpts.QDisc = newSendQueue(link, o.WireQueueLen)
 	}
 	if err := s.Wire.CreateNICWithOptions(wireNIC, link, nicOpts); err != nil {
 		return fmt.Errorf("creating NIC: %s", err)

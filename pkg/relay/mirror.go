@@ -48,10 +48,13 @@ type mirrored struct {
 
 // mirrorSet is the wire leg's mirrored listeners.
 type mirrorSet struct {
-	diag *podsock.Diag
-	kick chan struct{}
-	mu   sync.Mutex // guards eps
-	eps  map[mirrorKey]*mirrored
+	diag   *podsock.Diag
+	kick   chan struct{}
+	syncMu sync.Mutex // serialises syncMirror
+	mu     sync.Mutex // guards eps, ports and listed
+	eps    map[mirrorKey]*mirrored
+	ports  map[uint16]bool // every port an application listens on, any address
+	listed time.Time       // when ports was read
 }
 
 // mirrorListeners keeps the mirror in step with the applications until
@@ -74,6 +77,35 @@ func (r *Relay) mirrorListeners() {
 	}
 }
 
+// knownClosed reports whether no application listens on port, by a list
+// of the listeners read after since (the SYN's arrival), reading one if
+// the last is older; one read serves every SYN that arrived before it
+// started. A SYN to such a port is answered with a RST at once, without
+// dialling the application: a flood of SYNs to closed ports then costs a
+// RST each, like in a kernel, and holds no state. A failed read answers
+// false, and the caller dials.
+func (r *Relay) knownClosed(port uint16, since time.Time) bool {
+	m := &r.mirror
+	if m.diag == nil {
+		return false
+	}
+	check := func() (closed, fresh bool) {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		return !m.ports[port], m.listed.After(since)
+	}
+	if closed, fresh := check(); fresh {
+		return closed
+	}
+	m.syncMu.Lock()
+	if _, fresh := check(); !fresh {
+		r.syncMirrorLocked()
+	}
+	m.syncMu.Unlock()
+	closed, fresh := check()
+	return closed && fresh
+}
+
 // kickMirror asks for a look at the applications' listeners soon.
 func (r *Relay) kickMirror() {
 	if r.mirror.kick == nil {
@@ -86,21 +118,32 @@ func (r *Relay) kickMirror() {
 }
 
 func (r *Relay) syncMirror() {
+	r.mirror.syncMu.Lock()
+	defer r.mirror.syncMu.Unlock()
+	r.syncMirrorLocked()
+}
+
+// syncMirrorLocked is syncMirror with syncMu held.
+func (r *Relay) syncMirrorLocked() {
 	m := &r.mirror
-	defer func() { r.stats.TCPMirrored.Store(int64(len(m.eps))) }()
+	listed := time.Now()
 	ls, err := m.diag.Listeners()
 	if err != nil {
 		r.opts.Logger.Debug("listing the applications' listeners", "err", err)
 		return
 	}
 	want := make(map[mirrorKey]bool)
+	ports := make(map[uint16]bool)
 	for _, l := range ls {
+		ports[l.Addr.Port()] = true
 		for _, k := range r.mirrorKeys(l) {
 			want[k] = true
 		}
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	defer func() { r.stats.TCPMirrored.Store(int64(len(m.eps))) }()
+	m.ports, m.listed = ports, listed
 	for k, e := range m.eps {
 		if !want[k] {
 			delete(m.eps, k)

@@ -25,6 +25,7 @@ type outboundConn struct {
 	dialed bool
 	cancel context.CancelFunc // ends the dial
 	elem   *list.Element      // in outboundSet.dialing while dialling
+	start  time.Time
 	ep     tcpip.Endpoint
 	wq     *waiter.Queue
 	timer  *time.Timer // gives up an accepted dial nobody claims
@@ -32,10 +33,14 @@ type outboundConn struct {
 
 // outboundSet holds the applications' connections being set up, keyed by
 // their addresses. When MaxOutboundPending are being dialled, a new one
-// gives up the oldest dial: an application that floods unanswering
-// addresses with connections (or a scan) must not lock itself out of the
-// network until its dials time out, and the one given up is dialled again
-// when its application retransmits the SYN.
+// gives up the oldest dial if that one is unanswered for evictAfter, and
+// is dropped otherwise (the application retransmits): an application that
+// floods unanswering addresses with connections (or a scan) must not lock
+// itself out of the network until its dials time out, and a dial given up
+// starts again when its application retransmits the SYN. Dials younger
+// than evictAfter are never given up, which bounds the churn (and the
+// memory of endpoints being torn down) to MaxOutboundPending per
+// evictAfter whatever the SYN rate.
 type outboundSet struct {
 	max     int
 	mu      sync.Mutex // guards m, dialing and the conns' elem
@@ -44,6 +49,10 @@ type outboundSet struct {
 }
 
 func (s *outboundSet) init(max int) { s.max, s.m = max, make(map[flowKey]*outboundConn) }
+
+// evictAfter is how long a dial is safe from eviction: the applications'
+// first SYN retransmission comes after 1 s.
+const evictAfter = time.Second
 
 // claimTimeout is how long a dialled connection waits for the pod's kernel
 // to deliver the re-injected SYN to the listener: it arrives within
@@ -68,8 +77,14 @@ func (r *Relay) outboundSYN(k flowKey, syn []byte) {
 		return
 	}
 	if s.dialing.Len() >= s.max {
-		oldest := s.dialing.Remove(s.dialing.Front()).(flowKey)
+		oldest := s.dialing.Front().Value.(flowKey)
 		old := s.m[oldest]
+		if time.Since(old.start) < evictAfter {
+			s.mu.Unlock()
+			r.stats.TCPOutboundDropped.Add(1)
+			return
+		}
+		s.dialing.Remove(old.elem)
 		delete(s.m, oldest)
 		old.elem = nil
 		old.cancel()
@@ -81,7 +96,7 @@ func (r *Relay) outboundSYN(k flowKey, syn []byte) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.ctx, r.opts.OutboundDialTimeout)
-	c := &outboundConn{syn: syn, cancel: cancel}
+	c := &outboundConn{syn: syn, cancel: cancel, start: time.Now()}
 	c.elem = s.dialing.PushBack(k)
 	s.m[k] = c
 	s.mu.Unlock()

@@ -132,8 +132,9 @@ type Options struct {
 	OutboundDialTimeout time.Duration
 	// MaxOutboundPending bounds the applications' connections whose remote
 	// is still being dialled; beyond it a new one gives up the oldest dial
-	// (Stats.TCPOutboundDropped), which its application's next SYN
-	// retransmission starts again. Zero: 1024.
+	// if that one is unanswered for a second, and is dropped otherwise
+	// (both counted in Stats.TCPOutboundDropped); the application's next
+	// SYN retransmission starts either again. Zero: 1024.
 	MaxOutboundPending int
 	// CopyBufferBytes is the buffer each relayed direction copies through.
 	// Zero: 64 KiB, one maximum-size TSO segment.
@@ -211,8 +212,8 @@ type Stats struct {
 	UDPDropped           atomic.Int64
 	ICMPEchoes           atomic.Int64
 	ICMPEchoFailed       atomic.Int64
-	// TCPOutboundDropped counts dials given up because
-	// MaxOutboundPending connections were being dialled.
+	// TCPOutboundDropped counts applications' SYNs dropped and dials given
+	// up because MaxOutboundPending connections were being dialled.
 	TCPOutboundDropped atomic.Int64
 	// PodDropped counts packets from the applications the relay does not
 	// carry (protocols other than TCP, UDP and ICMP echo).

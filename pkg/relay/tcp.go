@@ -3,7 +3,6 @@ package relay
 import (
 	"context"
 	"errors"
-	"io"
 	"net"
 	"net/netip"
 	"sync"
@@ -11,6 +10,7 @@ import (
 	"time"
 
 	"github.com/cni-usernet/cni-usernet/pkg/podsock"
+	"golang.org/x/sys/unix"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
@@ -46,11 +46,16 @@ func tcpipAddr(a netip.Addr) tcpip.Address { return tcpip.AddrFromSlice(a.AsSlic
 // pressure only, is that a refused connection is reset after its handshake
 // instead of refused in answer to its SYN.
 func (r *Relay) forwardInbound(req *tcp.ForwarderRequest) {
+	id := req.ID() // req is not to be used once completed
+	if r.knownClosed(id.LocalPort, time.Now()) {
+		r.stats.TCPRefused.Add(1)
+		req.Complete(true)
+		return
+	}
 	if !r.admitTCP() {
 		req.Complete(true)
 		return
 	}
-	id := req.ID() // req is not to be used once completed
 	ctx, cancel := context.WithCancelCause(context.Background())
 	defer cancel(nil)
 	e, pressure, evicted := r.pending.add(cancel)
@@ -223,39 +228,35 @@ func dialTCP(ctx context.Context, leg Leg, local, remote tcpip.FullAddress, prot
 	return wq, ep, nil
 }
 
-// stream is one end of a relayed TCP connection.
-type stream interface {
-	io.ReadWriter
-	CloseWrite() error
-	Close() error
-	// abort resets the connection: the peer sees a RST, as it would from
-	// a kernel whose other side was reset.
-	abort()
-}
-
-// wireConn is the wire leg's end.
+// wireConn is the wire leg's end of a relayed connection.
 type wireConn struct {
-	*gonet.TCPConn
-	ep        tcpip.Endpoint
-	abortOnce sync.Once
+	*gonet.TCPConn // for writes: it waits for room in the send buffer
+	ep             tcpip.Endpoint
+	wq             *waiter.Queue
+	abortOnce      sync.Once
 }
 
 func newWireConn(ep tcpip.Endpoint, wq *waiter.Queue) *wireConn {
-	return &wireConn{TCPConn: gonet.NewTCPConn(wq, ep), ep: ep}
+	return &wireConn{TCPConn: gonet.NewTCPConn(wq, ep), ep: ep, wq: wq}
 }
 
+// abort resets the connection: the peer sees a RST, as it would from a
+// kernel whose other side was reset.
 func (c *wireConn) abort() { c.abortOnce.Do(c.ep.Abort) }
 
 // podConn is the pod kernel's end.
 type podConn struct{ *net.TCPConn }
 
-func (c podConn) abort() { c.SetLinger(0); c.TCPConn.Close() }
+func (c podConn) abort() { podsock.Reset(c.TCPConn) }
 
-type pair struct{ a, b stream }
+type pair struct {
+	w *wireConn
+	p podConn
+}
 
 func (p *pair) Close() error {
-	p.a.abort()
-	p.b.abort()
+	p.w.abort()
+	p.p.abort()
 	return nil
 }
 
@@ -271,44 +272,102 @@ func (r *Relay) getBuf() []byte {
 func putBuf(b []byte) { bufPool.Put(&b) }
 
 // splice copies both directions until both are done. A FIN is carried as a
-// half-close; an error (RST, or shutdown) on either side aborts both.
-func (r *Relay) splice(a, b stream) {
-	p := &pair{a, b}
-	r.conns.add(p)
+// half-close; an error (RST, or shutdown) on either side aborts both. A
+// direction holds a copy buffer only while it has data to move, never
+// while it waits: thousands of idle connections cost no buffers.
+func (r *Relay) splice(w *wireConn, p podConn) {
+	pr := &pair{w, p}
+	r.conns.add(pr)
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		r.pipe(a, b)
+		r.ended(pr, r.wireToPod(w, p), func() error { return p.CloseWrite() })
 	}()
-	r.pipe(b, a)
+	r.ended(pr, r.podToWire(p, w), w.CloseWrite)
 	wg.Wait()
-	r.conns.remove(p)
-	a.Close()
-	b.Close()
+	r.conns.remove(pr)
+	w.Close()
+	p.Close()
 	r.stats.TCPActive.Add(-1)
 }
 
-// readerOnly and writerOnly hide WriteTo and ReadFrom, so io.CopyBuffer
-// uses our buffer instead of allocating one per call.
-type (
-	readerOnly struct{ io.Reader }
-	writerOnly struct{ io.Writer }
-)
-
-func (r *Relay) pipe(src, dst stream) {
-	buf := r.getBuf()
-	defer putBuf(buf)
-	_, err := io.CopyBuffer(writerOnly{dst}, readerOnly{src}, buf)
+// ended finishes one direction: a clean end (the source's FIN) is passed
+// on as a half-close and leaves the other direction flowing; an error
+// resets both ends.
+func (r *Relay) ended(pr *pair, err error, closeWrite func() error) {
 	if err == nil {
-		// EOF: the source half-closed; pass the FIN on and keep the other
-		// direction flowing.
-		dst.CloseWrite()
+		closeWrite()
 		return
 	}
-	if !errors.Is(err, io.EOF) {
-		r.stats.TCPResets.Add(1)
+	r.stats.TCPResets.Add(1)
+	pr.Close()
+}
+
+// wireToPod moves what the wire leg receives to the application. It
+// returns nil at the peer's FIN.
+func (r *Relay) wireToPod(w *wireConn, p podConn) error {
+	entry, readable := waiter.NewChannelEntry(waiter.ReadableEvents | waiter.EventHUp | waiter.EventErr)
+	w.wq.EventRegister(&entry)
+	defer w.wq.EventUnregister(&entry)
+	for {
+		buf := r.getBuf()
+		sw := tcpip.SliceWriter(buf)
+		res, err := w.ep.Read(&sw, tcpip.ReadOptions{})
+		if err != nil {
+			putBuf(buf)
+			switch err.(type) {
+			case *tcpip.ErrWouldBlock:
+				<-readable
+				continue
+			case *tcpip.ErrClosedForReceive:
+				return nil
+			}
+			return errors.New(err.String())
+		}
+		_, werr := p.Write(buf[:res.Count])
+		putBuf(buf)
+		if werr != nil {
+			return werr
+		}
 	}
-	src.abort()
-	dst.abort()
+}
+
+// podToWire moves what the application sends to the wire leg. It returns
+// nil at the application's FIN.
+func (r *Relay) podToWire(p podConn, w *wireConn) error {
+	rc, err := p.SyscallConn()
+	if err != nil {
+		return err
+	}
+	for {
+		var buf []byte
+		var n int
+		var rerr error
+		err := rc.Read(func(fd uintptr) bool {
+			buf = r.getBuf()
+			n, rerr = unix.Read(int(fd), buf)
+			if rerr == unix.EAGAIN || rerr == unix.EINTR {
+				putBuf(buf)
+				return false // wait for readability, holding no buffer
+			}
+			return true
+		})
+		if err == nil {
+			err = rerr
+		}
+		if err != nil {
+			putBuf(buf)
+			return err
+		}
+		if n == 0 {
+			putBuf(buf)
+			return nil
+		}
+		_, werr := w.Write(buf[:n])
+		putBuf(buf)
+		if werr != nil {
+			return werr
+		}
+	}
 }
