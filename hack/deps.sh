@@ -3,7 +3,8 @@
 # when any is missing. Idempotent; needs root and apt.
 set -euo pipefail
 pkgs=(iproute2 ethtool iputils-ping curl util-linux python3 nftables iperf3
-      redis-server redis-tools nginx-light apache2-utils python3-matplotlib)
+      redis-server redis-tools nginx-light apache2-utils python3-matplotlib
+      passt slirp4netns)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -44,11 +44,11 @@ Transfer rate:          881234.12 [Kbytes/sec] received
 }
 
 func TestParseIperf(t *testing.T) {
-	gbps, retrans, err := parseIperf([]byte(`{"end":{"sum_sent":{"retransmits":7},"sum_received":{"bits_per_second":9.5e9}}}`))
-	if err != nil || gbps != 9.5 || retrans != 7 {
-		t.Errorf("got %v, %v, %v; want 9.5, 7, nil", gbps, retrans, err)
+	gbps, retrans, bytes, err := parseIperf([]byte(`{"end":{"sum_sent":{"retransmits":7},"sum_received":{"bits_per_second":9.5e9,"bytes":1.2e10}}}`))
+	if err != nil || gbps != 9.5 || retrans != 7 || bytes != 1.2e10 {
+		t.Errorf("got %v, %v, %v, %v; want 9.5, 7, 1.2e10, nil", gbps, retrans, bytes, err)
 	}
-	if _, _, err := parseIperf([]byte(`{"error":"unable to connect to server"}`)); err == nil {
+	if _, _, _, err := parseIperf([]byte(`{"error":"unable to connect to server"}`)); err == nil {
 		t.Error("got no error for an iperf3 error")
 	}
 }
