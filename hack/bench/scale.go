@@ -21,7 +21,8 @@ import (
 //     the sum) per pod, and the ADD latency of the last 20, taken with
 //     ScalePods-20 stacks already running.
 //   - streams: one pod, iperf3 with each of Streams concurrent streams
-//     node→pod (several iperf3 clients when a count exceeds iperf3's 128),
+//     node→pod (two iperf3 clients from 2 streams on, more past iperf3's
+//     limit of 128 streams per client),
 //     aggregate Gbit/s and the stack's peak RSS, for kernel and
 //     usernet-hardware.
 
@@ -234,7 +235,10 @@ func parseSmapsRollup(raw []byte) (smaps, error) {
 // streams runs n concurrent streams node→pod against pod a: aggregate
 // Gbit/s, and for a stack the peak RSS sampled while they run.
 func (b *bench) streams(ctx context.Context, a *attachment, n int) error {
-	clients := (n + iperfMaxStreams - 1) / iperfMaxStreams
+	// iperf3 3.12 (Debian 12) runs every stream of a client in one thread:
+	// with one client process, many streams would measure that thread.
+	// From 2 streams on, two clients (more past 2×128), one per core.
+	clients := max(min(n, 2), (n+iperfMaxStreams-1)/iperfMaxStreams)
 	var srvs []*proc
 	defer func() {
 		for _, s := range srvs {
