@@ -143,6 +143,8 @@ func (b *bench) problems() []string {
 		switch {
 		case f.Workload == "gso-check":
 			out = append(out, fmt.Sprintf("%s gso-check (%s)", f.Config, f.Error))
+		case strings.HasSuffix(f.Workload, "(retried)"):
+			// the retry's own outcome decides
 		case f.Config == scaleIdle || strings.HasPrefix(f.Workload, "streams"):
 			out = append(out, fmt.Sprintf("%s %s (%s)", f.Config, f.Workload, firstLine(f.Error)))
 		}

@@ -56,8 +56,14 @@ func (b *bench) scale(ctx context.Context, live []*attachment) {
 				return
 			}
 			logf("scale: %s, %d streams node→pod", name, n)
-			if err := b.streams(ctx, a, n); err != nil {
-				b.fail(0, name, fmt.Sprintf("streams %d", n), err)
+			workload := fmt.Sprintf("streams %d", n)
+			err := b.streams(ctx, a, n)
+			if err != nil && strings.Contains(err.Error(), "the server has terminated") && ctx.Err() == nil {
+				b.fail(0, name, workload+" (retried)", err) // as in runWorkloads
+				err = b.streams(ctx, a, n)
+			}
+			if err != nil {
+				b.fail(0, name, workload, err)
 			}
 		}
 	}
