@@ -15,6 +15,7 @@
 //	bench rr-server ...  1-byte ping-pong server (in the pod)
 //	bench rr-client ...  1-byte ping-pong client (in the node)
 //	bench probe ...      wait until a TCP port accepts (in the node)
+//	bench report DIR     write DIR's table.md and summary.json again from its samples.json
 package main
 
 import (
@@ -175,6 +176,13 @@ func boolFlag(name, v string, def bool) (bool, error) {
 }
 
 func benchMain(args []string) int {
+	if len(args) == 2 && args[0] == "report" {
+		if err := rerender(args[1]); err != nil {
+			fmt.Fprintln(os.Stderr, "bench report:", err)
+			return 1
+		}
+		return 0
+	}
 	o, err := parseOptions(args)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)

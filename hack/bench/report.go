@@ -284,6 +284,7 @@ func (b *bench) writeReport() error {
 	fmt.Fprintf(&w, "%s, kernel %s, %d CPUs; %d round(s), configurations interleaved; iperf3 %s per direction, redis-benchmark -n %d, ab -n %d -c 5 (10 MiB), TCP_RR %s, ADD of %d pods %d at a time.\n\n",
 		b.started.UTC().Format("2006-01-02 15:04 UTC"), meta["kernel"], runtime.NumCPU(), b.o.Rounds, b.o.IperfTime, b.o.RedisN, b.o.NginxN, b.o.RRTime, b.o.AddPods, b.o.AddParallel)
 	fmt.Fprintf(&w, "Cells: median (min–max over rounds) ×ratio to the `%s` row (ADD rows: to `add-ptp`). For ratios of µs, ms, retransmits, cores and MiB, lower is better.\n", baseline)
+	b.summary(&w, cells)
 
 	groups := []string{}
 	for _, m := range metrics {
@@ -470,6 +471,90 @@ func shortReason(err string) string {
 }
 
 func mdCell(s string) string { return strings.ReplaceAll(s, "|", "\\|") }
+
+// summary is the issue's table: the kernel row in units, every other row
+// as ratios to it, CPU in units (all CPUs; the stack process alone).
+func (b *bench) summary(w *strings.Builder, cells map[string]map[string]*cell) {
+	fmt.Fprintf(w, "\n## Summary\n\nKernel row in units, the others as ×ratio to it (medians); CPU columns in units: all CPUs / the stack process alone.\n\n")
+	fmt.Fprintf(w, "| configuration | node→pod | pod→node | redis SET / GET | nginx 10 MiB | TCP_RR p50 | core·s per GB pod→node | core·ms per 1k redis requests |\n|---|---|---|---|---|---|---|---|\n")
+	val := func(cfg, key, unit string) string {
+		cl := cells[cfg][key]
+		switch {
+		case cl == nil:
+			if _, ok := b.skipped[cfg]; ok {
+				return "skipped"
+			}
+			if why := b.failedWhy(cfg, key); why != "" {
+				return "failed: " + mdCell(why)
+			}
+			return "—"
+		case cfg == baseline || cl.Ratio == nil:
+			return fmtNum(cl.Median) + " " + unit
+		default:
+			return fmt.Sprintf("%.2f×", *cl.Ratio)
+		}
+	}
+	cpu := func(cfg, all, stack string) string {
+		a, st := cells[cfg][all], cells[cfg][stack]
+		switch {
+		case a == nil:
+			return "—"
+		case st == nil:
+			return fmtNum(a.Median)
+		default:
+			return fmtNum(a.Median) + " / " + fmtNum(st.Median)
+		}
+	}
+	for _, c := range b.selected() {
+		if why, ok := b.skipped[c.Name]; ok {
+			fmt.Fprintf(w, "| %s | skipped: %s | | | | | | |\n", c.Name, mdCell(why))
+			continue
+		}
+		redis := val(c.Name, "redis_set_krps", "k rps")
+		if get := val(c.Name, "redis_get_krps", "k rps"); get != redis || !strings.HasPrefix(get, "failed") {
+			redis += " / " + get
+		}
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s |\n", c.Name,
+			val(c.Name, "tcp_n2p_gbps", "Gbit/s"), val(c.Name, "tcp_p2n_gbps", "Gbit/s"), redis,
+			val(c.Name, "nginx_rps", "req/s"), val(c.Name, "rr_p50_us", "µs"),
+			cpu(c.Name, "cpu_gb_p2n", "stack_cpu_gb_p2n"), cpu(c.Name, "cpu_redis", "stack_cpu_redis"))
+	}
+}
+
+// rerender rewrites a results directory's table.md and summary.json from
+// its samples.json, with this version of the report.
+func rerender(dir string) error {
+	raw, err := os.ReadFile(filepath.Join(dir, "samples.json"))
+	if err != nil {
+		return err
+	}
+	var in struct {
+		Meta struct {
+			Started string  `json:"started"`
+			Options options `json:"options"`
+		} `json:"meta"`
+		Configs     []map[string]string `json:"configs"`
+		Attachments []*attachment       `json:"attachments"`
+		Samples     []sample            `json:"samples"`
+		Failures    []failure           `json:"failures"`
+	}
+	if err := json.Unmarshal(raw, &in); err != nil {
+		return fmt.Errorf("parsing samples.json: %w", err)
+	}
+	b := &bench{o: in.Meta.Options, samples: in.Samples, failures: in.Failures, atts: in.Attachments, skipped: map[string]string{}}
+	b.o.Out, b.o.Only, b.o.Peers = dir, nil, false
+	for _, c := range in.Configs {
+		b.o.Only = append(b.o.Only, c["name"])
+		if why, ok := strings.CutPrefix(c["status"], "skipped: "); ok {
+			b.skipped[c["name"]] = why
+		}
+	}
+	for _, a := range b.atts {
+		a.cfg = configByName(a.Config)
+	}
+	b.started, _ = time.Parse(time.RFC3339, in.Meta.Started)
+	return b.writeReport()
+}
 
 func writeJSON(path string, v any) error {
 	raw, err := json.MarshalIndent(v, "", "  ")
