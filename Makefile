@@ -41,9 +41,13 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzWireFrames$$' -fuzztime 20000x -fuzzminimizetime 2s ./pkg/podstack
 	$(GO) test -run '^$$' -fuzz '^FuzzParseYAML$$' -fuzztime 150000x -fuzzminimizetime 2s ./pkg/kube
 
+# Full benchmark (BENCHMARKS.md): 3 interleaved rounds of every
+# configuration, the peers (runsc, pasta, slirp4netns) included, then the
+# scale section (100 idle pods, 1/16/256 streams).
 bench:
-	hack/bench/run.sh
+	hack/bench/run.sh --peers=true --scale=true
 
+# CI smoke: one short round of our configurations, no peers, no scale.
 bench-quick:
 	hack/bench/run.sh --quick
 

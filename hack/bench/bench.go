@@ -52,6 +52,10 @@ type attachment struct {
 	// Status is the stack's last `cni-usernet status` entry, kept raw.
 	Status json.RawMessage `json:"status,omitempty"`
 	cfg    *config
+	// runscID is the runsc container serving this pod, apiSock
+	// slirp4netns' API socket (peers.go).
+	runscID, apiSock string
+	tapDev           string // a tap peer's device in the pod namespace
 }
 
 type bench struct {
@@ -68,6 +72,8 @@ type bench struct {
 	atts       []*attachment
 	namespaces []string
 	procs      map[*proc]bool
+	scaleUp    string // conflist of the scale section's pods while they are attached
+	peerNodeUp bool   // peerVeth exists in the node namespace
 }
 
 func newBench(o options) (*bench, error) {
@@ -88,17 +94,13 @@ func newBench(o options) (*bench, error) {
 	}, nil
 }
 
-// selected returns the configurations asked for, in run order.
+// selected returns the configurations asked for, in run order: all of
+// them (peers only with --peers), or those named in --only.
 func (b *bench) selected() []*config {
-	if len(b.o.Only) == 0 {
-		return allConfigs
-	}
 	var out []*config
 	for _, c := range allConfigs {
-		for _, n := range b.o.Only {
-			if c.Name == n {
-				out = append(out, c)
-			}
+		if len(b.o.Only) == 0 && (c.Peer == "" || b.o.Peers) || slices.Contains(b.o.Only, c.Name) {
+			out = append(out, c)
 		}
 	}
 	return out
@@ -136,6 +138,11 @@ func (b *bench) run(ctx context.Context) error {
 				logf("%s: skipped: %s", c.Name, b.skipped[c.Name])
 				continue
 			}
+		}
+		if why := b.peerMissing(c); why != "" {
+			b.skipped[c.Name] = why
+			logf("%s: skipped: %s", c.Name, why)
+			continue
 		}
 		a, err := b.attach(ctx, c)
 		if err != nil {
@@ -175,7 +182,10 @@ func (b *bench) run(ctx context.Context) error {
 			}
 		}
 	}
-	return nil
+	if b.o.Scale {
+		b.scale(ctx, live)
+	}
+	return ctx.Err()
 }
 
 // setupNode creates the node namespace and the server files.
@@ -242,9 +252,14 @@ func (b *bench) cniArgs(verb, conf string, extra ...string) []string {
 	return append([]string{b.self, "cni", verb, "--bin", b.o.BinDir, "--cache", filepath.Join(b.tmp, "cnicache"), "--conf", conf}, extra...)
 }
 
-// attach creates the pod namespace of c, runs CNI ADD and shapes the link.
+// attach creates the pod namespace of c, runs CNI ADD and shapes the link;
+// a peer's pod is set up by peers.go.
 func (b *bench) attach(ctx context.Context, c *config) (*attachment, error) {
 	a := &attachment{Config: c.Name, NS: nsPrefix + "pod-" + c.Name, ID: "ub-" + c.Name, cfg: c}
+	switch c.Peer {
+	case "pasta", "slirp4netns":
+		return a, b.attachTap(ctx, a)
+	}
 	conf, err := c.conflist(filepath.Join(b.tmp, "ipam"), filepath.Join(b.tmp, "state"), filepath.Join(b.logs, "cni-usernet"), b.o.IPv6)
 	if err != nil {
 		return nil, err
@@ -294,6 +309,9 @@ func (b *bench) attach(ctx context.Context, c *config) (*attachment, error) {
 				return nil, err
 			}
 		}
+	}
+	if c.Peer == "runsc" {
+		return a, b.startRunsc(ctx, a)
 	}
 	if c.usernet() {
 		st, err := b.stackStatus(ctx, a)
@@ -371,23 +389,37 @@ func (b *bench) cleanup() {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	b.mu.Lock()
-	procs, atts, nss := b.procs, b.atts, b.namespaces
+	procs, atts, nss, scaleConf := b.procs, b.atts, b.namespaces, b.scaleUp
 	b.mu.Unlock()
+	if scaleConf != "" {
+		b.scaleDown(ctx, scaleConf)
+	}
+	for _, a := range atts {
+		b.stopPeer(ctx, a)
+	}
 	for p := range procs {
 		b.stop(p)
 	}
 	for i := len(atts) - 1; i >= 0; i-- {
 		a := atts[i]
+		if a.ConfPath == "" { // a tap peer: no CNI attachment
+			continue
+		}
 		if _, err := b.output(ctx, time.Minute, nodeNS, b.cniArgs("del", a.ConfPath, "--id", a.ID, "--netns", "/run/netns/"+a.NS)...); err != nil {
 			logf("cleanup: DEL %s: %v", a.ID, err)
 		}
-		if a.StackPID > 0 && syscall.Kill(a.StackPID, 0) == nil && strings.Contains(cmdline(a.StackPID), "cni-usernet") {
+		if a.cfg.usernet() && a.StackPID > 0 && syscall.Kill(a.StackPID, 0) == nil && strings.Contains(cmdline(a.StackPID), "cni-usernet") {
 			logf("cleanup: stack %d of %s survived DEL; ending it", a.StackPID, a.ID)
 			_ = syscall.Kill(a.StackPID, syscall.SIGKILL)
 		}
 	}
 	for i := len(nss) - 1; i >= 0; i-- { // pods first, the node last
 		b.delNS(ctx, nss[i])
+	}
+	// runsc bind-mounts an empty network namespace for its gofers at
+	// <root>/null-netns and leaves it; unmount every stacked copy, as runsc
+	// itself does before removing a root (specutils.UnmountNullNetNS).
+	for syscall.Unmount(filepath.Join(b.runscRoot(), "null-netns"), syscall.MNT_DETACH) == nil {
 	}
 	if err := os.RemoveAll(b.tmp); err != nil {
 		logf("cleanup: %v", err)
@@ -471,8 +503,12 @@ func (b *bench) start(ns, name string, argv ...string) (*proc, error) {
 	return p, nil
 }
 
-// stop ends a server and everything in its process group.
+// stop ends a server and everything in its process group; nil is a server
+// that lives as long as its pod (runsc's).
 func (b *bench) stop(p *proc) {
+	if p == nil {
+		return
+	}
 	b.mu.Lock()
 	delete(b.procs, p)
 	b.mu.Unlock()

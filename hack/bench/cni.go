@@ -37,7 +37,8 @@ func cniMain(args []string) int {
 	conf := fs.String("conf", "", "conflist file")
 	id := fs.String("id", "", "container ID (add, del)")
 	netns := fs.String("netns", "", "network namespace path (add, del)")
-	prefix := fs.String("netns-prefix", "", "addbench: namespace paths are <prefix><i>")
+	prefix := fs.String("netns-prefix", "", "addbench, addmany, delmany: namespace paths are <prefix><i>")
+	idPrefix := fs.String("id-prefix", "ub-add-", "addbench, addmany, delmany: container IDs are <id-prefix><i>")
 	n := fs.Int("n", 0, "addbench: pods")
 	par := fs.Int("parallel", 1, "addbench: concurrent ADDs")
 	if err := fs.Parse(args[1:]); err != nil {
@@ -54,7 +55,7 @@ func cniMain(args []string) int {
 		return 1
 	}
 	cn := libcni.NewCNIConfigWithCacheDir([]string{*bin}, *cache, nil)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 
 	switch verb {
@@ -77,8 +78,8 @@ func cniMain(args []string) int {
 			fmt.Fprintln(os.Stderr, "DEL:", err)
 			return 1
 		}
-	case "addbench":
-		res := addBench(ctx, cn, list, *prefix, *n, *par)
+	case "addbench", "addmany", "delmany":
+		res := addBench(ctx, cn, list, *prefix, *idPrefix, *n, *par, verb != "delmany", verb != "addmany")
 		if err := json.NewEncoder(os.Stdout).Encode(res); err != nil {
 			return 1
 		}
@@ -91,8 +92,10 @@ func cniMain(args []string) int {
 
 // addBench attaches n pods, par at a time, timing each ADD, then detaches
 // them all the same way, timing each DEL. Every pod is detached, also when
-// its ADD failed (DEL must clean up a partial ADD).
-func addBench(ctx context.Context, cn *libcni.CNIConfig, list *libcni.NetworkConfigList, prefix string, n, par int) addBenchResult {
+// its ADD failed (DEL must clean up a partial ADD). With add or del false
+// that half is left out (addmany, delmany: the scale section holds the
+// pods between the two). AddMS is in the order the ADDs finished.
+func addBench(ctx context.Context, cn *libcni.CNIConfig, list *libcni.NetworkConfigList, prefix, idPrefix string, n, par int, add, del bool) addBenchResult {
 	var (
 		mu  sync.Mutex
 		res addBenchResult
@@ -105,7 +108,7 @@ func addBench(ctx context.Context, cn *libcni.CNIConfig, list *libcni.NetworkCon
 			sem <- struct{}{}
 			go func() {
 				defer func() { <-sem; wg.Done() }()
-				rt := &libcni.RuntimeConf{ContainerID: fmt.Sprintf("ub-add-%d", i), NetNS: fmt.Sprintf("%s%d", prefix, i), IfName: "eth0"}
+				rt := &libcni.RuntimeConf{ContainerID: fmt.Sprintf("%s%d", idPrefix, i), NetNS: fmt.Sprintf("%s%d", prefix, i), IfName: "eth0"}
 				start := time.Now()
 				err := do(rt)
 				ms := float64(time.Since(start).Microseconds()) / 1000
@@ -120,7 +123,11 @@ func addBench(ctx context.Context, cn *libcni.CNIConfig, list *libcni.NetworkCon
 		}
 		wg.Wait()
 	}
-	each("ADD", func(rt *libcni.RuntimeConf) error { _, err := cn.AddNetworkList(ctx, list, rt); return err }, &res.AddMS)
-	each("DEL", func(rt *libcni.RuntimeConf) error { return cn.DelNetworkList(ctx, list, rt) }, &res.DelMS)
+	if add {
+		each("ADD", func(rt *libcni.RuntimeConf) error { _, err := cn.AddNetworkList(ctx, list, rt); return err }, &res.AddMS)
+	}
+	if del {
+		each("DEL", func(rt *libcni.RuntimeConf) error { return cn.DelNetworkList(ctx, list, rt) }, &res.DelMS)
+	}
 	return res
 }

@@ -28,9 +28,23 @@ type config struct {
 	// cni-usernet is also given gsoMaxSegs, the cap its detection would
 	// have read from such a link.
 	GSOMaxSegs int
+	// Peer, when set, is another userspace network stack measured beside
+	// cni-usernet (peers.go): "runsc" (attached through ptp, then its
+	// sandbox takes the veth over), "pasta" or "slirp4netns" (no CNI: a tap
+	// device in the pod namespace, the process in the node namespace).
+	Peer string
+	// PeerArgs are extra flags of the peer (runsc's GSO flags).
+	PeerArgs []string
+	// Method says how the peer is set up and which path the traffic takes;
+	// BENCHMARKS.md repeats it.
+	Method string
 }
 
 func (c *config) usernet() bool { return c.Plugin == "cni-usernet" }
+
+// stack says whether the pod's traffic crosses a userspace stack process
+// whose CPU and memory the benchmark reads: cni-usernet's or a peer's.
+func (c *config) stack() bool { return c.usernet() || c.Peer != "" }
 
 // baseline is the configuration every ratio is taken against.
 const baseline = "kernel"
@@ -44,6 +58,24 @@ var allConfigs = []*config{
 	{Name: "usernet-off", Plugin: "cni-usernet", GSO: "off", Desc: `cni-usernet "gso": "off"`},
 	{Name: "usernet-auto-nooffload", Plugin: "cni-usernet", GSO: "auto", NoOffload: true, Desc: `cni-usernet "gso": "auto", tso/gso/sg off on the link`},
 	{Name: "usernet-segs2", Plugin: "cni-usernet", GSO: "hardware", GSOMaxSegs: 2, Desc: `cni-usernet "gso": "hardware", gso_max_segs 2 on the link`},
+	{Name: "runsc-hostgso", Plugin: "ptp", Peer: "runsc", PeerArgs: []string{"--gso=true"},
+		Desc:   "gVisor runsc netstack, host GSO (--gso=true)",
+		Method: "servers in one runsc sandbox (systrap, --network=sandbox) joined to the pod namespace; runsc takes over the ptp veth eth0 (AF_PACKET, PACKET_VNET_HDR) and its addresses and routes"},
+	{Name: "runsc-softgso", Plugin: "ptp", Peer: "runsc", PeerArgs: []string{"--gso=false", "--software-gso=true"},
+		Desc:   "gVisor runsc netstack, software GSO (--gso=false --software-gso=true)",
+		Method: "as runsc-hostgso, but netstack segments itself and writes each segment to the AF_PACKET socket"},
+	{Name: "pasta-tap", Peer: "pasta",
+		Desc:   "pasta (passt), tap path: L2↔L4 translation",
+		Method: "pasta runs in the node namespace with a tap eth0 in the pod namespace (MTU 65520, its default); clients connect to a non-loopback node address pasta forwards (-t), so every connection crosses the tap, never the loopback splice"},
+	{Name: "slirp4netns", Peer: "slirp4netns",
+		Desc:   "slirp4netns (libslirp), MTU 1500",
+		Method: "slirp4netns runs in the node namespace with a tap in the pod namespace (--configure, its default MTU 1500: with 65520 redis-benchmark's 50 connections stalled until reset here); clients connect to a node address slirp4netns forwards (add_hostfwd on its API socket) to the pod"},
+}
+
+// isPeer says whether name is a peer's configuration.
+func isPeer(name string) bool {
+	c := configByName(name)
+	return c != nil && c.Peer != ""
 }
 
 // addConfigs are the plugins whose ADD latency is measured, with the
@@ -87,7 +119,7 @@ func (c *config) conflist(ipamDir, stateDir, logDir string, ipv6 bool) ([]byte, 
 			plugin["gsoMaxSegs"] = c.GSOMaxSegs
 		}
 	default:
-		return nil, fmt.Errorf("unknown plugin %q", c.Plugin)
+		return nil, fmt.Errorf("configuration %s has no CNI plugin (%q)", c.Name, c.Plugin)
 	}
 	return json.MarshalIndent(map[string]any{
 		"cniVersion": "1.1.0",

@@ -14,6 +14,8 @@
 //	bench cni ...        libcni ADD/DEL, run inside the node namespace
 //	bench rr-server ...  1-byte ping-pong server (in the pod)
 //	bench rr-client ...  1-byte ping-pong client (in the node)
+//	bench probe ...      wait until a TCP port accepts (in the node)
+//	bench report DIR     write DIR's table.md and summary.json again from its samples.json
 package main
 
 import (
@@ -23,6 +25,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -37,6 +40,8 @@ func main() {
 			os.Exit(rrServerMain(os.Args[2:]))
 		case "rr-client":
 			os.Exit(rrClientMain(os.Args[2:]))
+		case "probe":
+			os.Exit(probeMain(os.Args[2:]))
 		}
 	}
 	os.Exit(benchMain(os.Args[1:]))
@@ -57,6 +62,15 @@ type options struct {
 	AddPods     int
 	AddParallel int
 	IPv6        bool // dual stack (ptp then waits for IPv6 DAD in ADD)
+	// Peers adds runsc, pasta and slirp4netns rows (default on, off with
+	// --quick); naming a peer in --only runs it regardless.
+	Peers bool
+	// Scale runs the scale section after the rounds (default on, off
+	// with --quick): ScalePods idle cni-usernet pods, then iperf3 with
+	// each of Streams concurrent streams node→pod.
+	Scale     bool
+	ScalePods int
+	Streams   []int
 }
 
 func parseOptions(args []string) (options, error) {
@@ -70,6 +84,10 @@ func parseOptions(args []string) (options, error) {
 	fs.StringVar(&only, "only", "", "comma-separated configuration names to run (default all; see -list)")
 	fs.BoolVar(&o.IPv6, "ipv6", true, "give pods an IPv6 address too (ptp's ADD then waits ~1-2 s for DAD)")
 	list := fs.Bool("list", false, "list the configurations and exit")
+	peers := fs.String("peers", "", "true/false: runsc, pasta and slirp4netns rows (default true, false with --quick)")
+	scale := fs.String("scale", "", "true/false: the scale section (default true, false with --quick)")
+	fs.IntVar(&o.ScalePods, "scale-pods", 100, "idle cni-usernet pods in the scale section")
+	streams := fs.String("streams", "1,16,256", "concurrent iperf3 streams node→pod in the scale section")
 	fs.DurationVar(&o.IperfTime, "iperf-time", 0, "iperf3 duration per direction (default 15s, 3s with --quick)")
 	fs.DurationVar(&o.RRTime, "rr-time", 0, "TCP_RR duration (default 10s, 2s with --quick)")
 	fs.IntVar(&o.RedisN, "redis-n", 0, "redis-benchmark -n (default 100000, 10000 with --quick)")
@@ -111,6 +129,23 @@ func parseOptions(args []string) (options, error) {
 	if o.BinDir == "" {
 		return o, fmt.Errorf("-bin is required (run hack/bench/run.sh)")
 	}
+	var err error
+	if o.Peers, err = boolFlag("peers", *peers, !o.Quick); err != nil {
+		return o, err
+	}
+	if o.Scale, err = boolFlag("scale", *scale, !o.Quick); err != nil {
+		return o, err
+	}
+	for _, f := range strings.Split(*streams, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 || n > 1024 {
+			return o, fmt.Errorf("-streams: %q is not a stream count 1..1024", f)
+		}
+		o.Streams = append(o.Streams, n)
+	}
+	if o.ScalePods < 20 || o.ScalePods > 200 {
+		return o, fmt.Errorf("-scale-pods must be 20..200")
+	}
 	if o.Out == "" {
 		o.Out = filepath.Join("results", time.Now().UTC().Format("20060102T150405Z"))
 	}
@@ -128,7 +163,26 @@ func parseOptions(args []string) (options, error) {
 	return o, nil
 }
 
+// boolFlag parses an optional true/false flag; empty means def.
+func boolFlag(name, v string, def bool) (bool, error) {
+	if v == "" {
+		return def, nil
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		return false, fmt.Errorf("-%s: %q is not true or false", name, v)
+	}
+	return b, nil
+}
+
 func benchMain(args []string) int {
+	if len(args) == 2 && args[0] == "report" {
+		if err := rerender(args[1]); err != nil {
+			fmt.Fprintln(os.Stderr, "bench report:", err)
+			return 1
+		}
+		return 0
+	}
 	o, err := parseOptions(args)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)

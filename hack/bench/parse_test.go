@@ -44,11 +44,11 @@ Transfer rate:          881234.12 [Kbytes/sec] received
 }
 
 func TestParseIperf(t *testing.T) {
-	gbps, retrans, err := parseIperf([]byte(`{"end":{"sum_sent":{"retransmits":7},"sum_received":{"bits_per_second":9.5e9}}}`))
-	if err != nil || gbps != 9.5 || retrans != 7 {
-		t.Errorf("got %v, %v, %v; want 9.5, 7, nil", gbps, retrans, err)
+	gbps, retrans, bytes, err := parseIperf([]byte(`{"end":{"sum_sent":{"retransmits":7},"sum_received":{"bits_per_second":9.5e9,"bytes":1.2e10}}}`))
+	if err != nil || gbps != 9.5 || retrans != 7 || bytes != 1.2e10 {
+		t.Errorf("got %v, %v, %v, %v; want 9.5, 7, 1.2e10, nil", gbps, retrans, bytes, err)
 	}
-	if _, _, err := parseIperf([]byte(`{"error":"unable to connect to server"}`)); err == nil {
+	if _, _, _, err := parseIperf([]byte(`{"error":"unable to connect to server"}`)); err == nil {
 		t.Error("got no error for an iperf3 error")
 	}
 }
@@ -107,5 +107,30 @@ func TestConflistKnobs(t *testing.T) {
 	}
 	if _, ok := p["gsoMaxSegs"]; ok {
 		t.Errorf("got gsoMaxSegs in %v, want it only for the segs2 configuration", p)
+	}
+}
+
+func TestParseSmapsRollup(t *testing.T) {
+	raw := []byte(`55d0c0000000-7ffd5b3f1000 ---p 00000000 00:00 0                          [rollup]
+Rss:               14920 kB
+Pss:                4410 kB
+Pss_Dirty:          3900 kB
+Pss_Anon:           3890 kB
+Pss_File:            520 kB
+Pss_Shmem:             0 kB
+`)
+	s, err := parseSmapsRollup(raw)
+	if err != nil || s.Rss != 14920*1024 || s.Pss != 4410*1024 || s.PssAnon != 3890*1024 || s.PssFile != 520*1024 {
+		t.Errorf("got %+v, %v; want Rss 14920 kB, Pss 4410 kB, Pss_Anon 3890 kB, Pss_File 520 kB", s, err)
+	}
+	if _, err := parseSmapsRollup([]byte("Swap: 0 kB\n")); err == nil {
+		t.Error("got no error for smaps_rollup without Rss and Pss")
+	}
+}
+
+func TestShortReason(t *testing.T) {
+	got := shortReason("redis-benchmark -h 10.199.3.1 -p 6379: exit status 1: Error: Connection reset by peer\n\"test\",\"rps\"")
+	if want := "exit status 1: Error: Connection reset by peer"; got != want {
+		t.Errorf("got %q, want %q", got, want)
 	}
 }

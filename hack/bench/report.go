@@ -16,7 +16,7 @@ type metric struct {
 	Key, Label, Unit string
 	HigherBetter     bool
 	Group            string // table it is shown in
-	StackOnly        bool   // only a cni-usernet configuration has it
+	StackOnly        bool   // only a configuration with a stack process (cni-usernet, a peer) has it
 }
 
 var metrics = []metric{
@@ -37,6 +37,36 @@ var metrics = []metric{
 	{"stack_cpu_n2p", "stack, node→pod", "cores per Gbit/s", false, "Latency and cost", true},
 	{"stack_cpu_p2n", "stack, pod→node", "cores per Gbit/s", false, "Latency and cost", true},
 	{"rss_mib", "idle stack RSS", "MiB", false, "Latency and cost", true},
+	{"cpu_gb_n2p", "all CPUs, node→pod", "core·s per GB", false, "CPU per unit of work", false},
+	{"cpu_gb_p2n", "all CPUs, pod→node", "core·s per GB", false, "CPU per unit of work", false},
+	{"stack_cpu_gb_n2p", "stack, node→pod", "core·s per GB", false, "CPU per unit of work", true},
+	{"stack_cpu_gb_p2n", "stack, pod→node", "core·s per GB", false, "CPU per unit of work", true},
+	{"cpu_redis", "all CPUs, redis", "core·ms per 1k requests", false, "CPU per unit of work", false},
+	{"stack_cpu_redis", "stack, redis", "core·ms per 1k requests", false, "CPU per unit of work", true},
+}
+
+// scaleMetrics are the scale section's idle-pod numbers (row scale-idle).
+var scaleMetrics = []metric{
+	{"pss_per_pod_mib", "stack PSS per pod", "MiB", false, "", false},
+	{"pss_anon_per_pod_mib", "of it anonymous", "MiB", false, "", false},
+	{"pss_file_per_pod_mib", "of it file-backed", "MiB", false, "", false},
+	{"rss_per_pod_mib", "stack RSS per pod", "MiB", false, "", false},
+	{"add_all_p50_ms", "ADD p50, all", "ms", false, "", false},
+	{"add_last20_p50_ms", "ADD p50, last 20", "ms", false, "", false},
+	{"add_last20_p99_ms", "ADD p99, last 20", "ms", false, "", false},
+	{"del_p50_ms", "DEL p50", "ms", false, "", false},
+}
+
+// streamMetrics are the scale section's concurrent-stream columns.
+func (b *bench) streamMetrics() []metric {
+	var ms []metric
+	for _, n := range b.o.Streams {
+		ms = append(ms, metric{fmt.Sprintf("streams_%d_gbps", n), fmt.Sprintf("%d streams", n), "Gbit/s", true, "", false})
+	}
+	for _, n := range b.o.Streams {
+		ms = append(ms, metric{fmt.Sprintf("streams_%d_rss_mib", n), fmt.Sprintf("stack peak RSS, %d streams", n), "MiB", false, "", true})
+	}
+	return ms
 }
 
 var addMetrics = []metric{
@@ -110,16 +140,26 @@ func (b *bench) problems() []string {
 	}
 	var out []string
 	for _, f := range b.failures {
-		if f.Workload == "gso-check" {
+		switch {
+		case f.Workload == "gso-check":
 			out = append(out, fmt.Sprintf("%s gso-check (%s)", f.Config, f.Error))
+		case strings.HasSuffix(f.Workload, "(retried)"):
+			// the retry's own outcome decides
+		case f.Config == scaleIdle || strings.HasPrefix(f.Workload, "streams"):
+			out = append(out, fmt.Sprintf("%s %s (%s)", f.Config, f.Workload, firstLine(f.Error)))
 		}
 	}
 	for _, c := range b.selected() {
 		if _, skip := b.skipped[c.Name]; skip {
 			continue
 		}
+		if c.Peer != "" {
+			// A peer that fails is a fact about the peer, shown in the
+			// table with its reason; it does not fail our benchmark.
+			continue
+		}
 		for _, m := range metrics {
-			if (!m.StackOnly || c.usernet()) && cells[c.Name][m.Key] == nil {
+			if (!m.StackOnly || c.stack()) && cells[c.Name][m.Key] == nil {
 				out = append(out, fmt.Sprintf("%s %s (%s)", c.Name, m.Key, lastErr(c.Name, m.Key)))
 			}
 		}
@@ -203,6 +243,9 @@ var targets = []target{
 	{"nginx 10 MiB req/s, hardware GSO", "≥ 0.60 × kernel", ratioOf("usernet-hardware", "nginx_rps"), func(v float64) bool { return v >= 0.6 }},
 	{"cni-usernet ADD p99", "≤ 200 ms", medianOf("add-cni-usernet", "add_p99_ms"), func(v float64) bool { return v <= 200 }},
 	{"idle stack RSS, hardware GSO", "≤ 20 MiB", medianOf("usernet-hardware", "rss_mib"), func(v float64) bool { return v <= 20 }},
+	{"stack CPU pod→node, hardware GSO", "≤ 1.5 core·s per GB", medianOf("usernet-hardware", "stack_cpu_gb_p2n"), func(v float64) bool { return v <= 1.5 }},
+	{"stack CPU redis, hardware GSO", "≤ 60 core·ms per 1k requests", medianOf("usernet-hardware", "stack_cpu_redis"), func(v float64) bool { return v <= 60 }},
+	{"stack PSS per idle pod (scale section)", "≤ 8 MiB", medianOf(scaleIdle, "pss_per_pod_mib"), func(v float64) bool { return v <= 8 }},
 }
 
 func (b *bench) writeReport() error {
@@ -241,6 +284,7 @@ func (b *bench) writeReport() error {
 	fmt.Fprintf(&w, "%s, kernel %s, %d CPUs; %d round(s), configurations interleaved; iperf3 %s per direction, redis-benchmark -n %d, ab -n %d -c 5 (10 MiB), TCP_RR %s, ADD of %d pods %d at a time.\n\n",
 		b.started.UTC().Format("2006-01-02 15:04 UTC"), meta["kernel"], runtime.NumCPU(), b.o.Rounds, b.o.IperfTime, b.o.RedisN, b.o.NginxN, b.o.RRTime, b.o.AddPods, b.o.AddParallel)
 	fmt.Fprintf(&w, "Cells: median (min–max over rounds) ×ratio to the `%s` row (ADD rows: to `add-ptp`). For ratios of µs, ms, retransmits, cores and MiB, lower is better.\n", baseline)
+	b.summary(&w, cells)
 
 	groups := []string{}
 	for _, m := range metrics {
@@ -265,6 +309,20 @@ func (b *bench) writeReport() error {
 		addRows = append(addRows, &config{Name: ac.Name})
 	}
 	b.table(&w, cells, addMetrics, addRows)
+
+	if b.o.Scale {
+		fmt.Fprintf(&w, "\n## Scale: %d idle cni-usernet pods (usernet-hardware), attached one at a time\n\n", b.o.ScalePods)
+		b.table(&w, cells, scaleMetrics, []*config{{Name: scaleIdle}})
+		fmt.Fprintf(&w, "\nPSS from /proc/PID/smaps_rollup of every stack, summed (a page shared by k processes counts 1/k in each, so the binary's text counts once), divided by the pods. ADD of the last 20 runs with %d stacks already up.\n", b.o.ScalePods-20)
+		fmt.Fprintf(&w, "\n## Scale: concurrent TCP streams node→pod (iperf3 -P, %s)\n\n", b.o.IperfTime)
+		var rows []*config
+		for _, n := range []string{"kernel", "usernet-hardware"} {
+			if c := configByName(n); c != nil && slices.Contains(b.selected(), c) {
+				rows = append(rows, c)
+			}
+		}
+		b.table(&w, cells, b.streamMetrics(), rows)
+	}
 
 	fmt.Fprintf(&w, "\n## Targets (goals, not assertions)\n\n| target | goal | measured | |\n|---|---|---|---|\n")
 	for _, t := range targets {
@@ -293,6 +351,22 @@ func (b *bench) writeReport() error {
 		}
 		fmt.Fprintf(&w, "| %s | %s | %s | %s | %s | %s |\n", c["name"], c["desc"], c["status"], ip, veth, gso)
 	}
+	var peers []*config
+	for _, c := range b.selected() {
+		if c.Peer != "" {
+			peers = append(peers, c)
+		}
+	}
+	if len(peers) > 0 {
+		fmt.Fprintf(&w, "\n## How the peers are set up\n\n| configuration | method | GB through the tap device, whole run |\n|---|---|---|\n")
+		for _, c := range peers {
+			gb := "n/a"
+			if cl := cells[c.Name]["tap_gb"]; cl != nil {
+				gb = fmtNum(cl.Max)
+			}
+			fmt.Fprintf(&w, "| %s | %s | %s |\n", c.Name, mdCell(c.Method), gb)
+		}
+	}
 	if len(b.failures) > 0 {
 		fmt.Fprintf(&w, "\n## Failures\n\n| round | configuration | workload | error |\n|---|---|---|---|\n")
 		for _, f := range b.failures {
@@ -313,23 +387,173 @@ func (b *bench) table(w *strings.Builder, cells map[string]map[string]*cell, ms 
 	}
 	fmt.Fprintf(w, "\n|---|%s\n", strings.Repeat("---|", len(ms)))
 	for _, c := range rows {
-		if _, ok := b.skipped[c.Name]; ok { // the reason is in the Configurations table
-			fmt.Fprintf(w, "| %s | skipped |%s\n", c.Name, strings.Repeat(" |", len(ms)-1))
+		if why, ok := b.skipped[c.Name]; ok {
+			fmt.Fprintf(w, "| %s | skipped: %s |%s\n", c.Name, mdCell(why), strings.Repeat(" |", len(ms)-1))
 			continue
 		}
 		fmt.Fprintf(w, "| %s |", c.Name)
 		for _, m := range ms {
 			switch cl := cells[c.Name][m.Key]; {
 			case cl != nil:
-				fmt.Fprintf(w, " %s |", cl)
-			case m.StackOnly && !c.usernet():
+				s := cl.String()
+				if n := b.failedRounds(c.Name, m.Key); n > 0 {
+					s += fmt.Sprintf(", %d round(s) failed", n)
+				}
+				fmt.Fprintf(w, " %s |", s)
+			case m.StackOnly && !c.stack():
 				fmt.Fprintf(w, " n/a |")
 			default:
-				fmt.Fprintf(w, " — |")
+				if why := b.failedWhy(c.Name, m.Key); why != "" {
+					fmt.Fprintf(w, " failed: %s |", mdCell(why))
+				} else {
+					fmt.Fprintf(w, " — |")
+				}
 			}
 		}
 		fmt.Fprintln(w)
 	}
+}
+
+// workloadOf names the workload that produces metric key, as recorded in
+// failures.
+func workloadOf(key string) string {
+	switch {
+	case strings.HasPrefix(key, "tcp_"), strings.Contains(key, "_gb_"), strings.HasPrefix(key, "cpu_n2p"), strings.HasPrefix(key, "cpu_p2n"),
+		strings.HasPrefix(key, "stack_cpu_n2p"), strings.HasPrefix(key, "stack_cpu_p2n"):
+		return "iperf3"
+	case strings.Contains(key, "redis"):
+		return "redis"
+	case strings.HasPrefix(key, "nginx"):
+		return "nginx"
+	case strings.HasPrefix(key, "rr_"):
+		return "tcp_rr"
+	case key == "rss_mib":
+		return "stack"
+	case strings.HasPrefix(key, "streams_"):
+		n, _, _ := strings.Cut(strings.TrimPrefix(key, "streams_"), "_")
+		return "streams " + n
+	}
+	return ""
+}
+
+// failedRounds counts the rounds in which the workload of metric key failed
+// for configuration cfg.
+func (b *bench) failedRounds(cfg, key string) int {
+	n := 0
+	for _, f := range b.failures {
+		if f.Config == cfg && (f.Workload == workloadOf(key) || f.Workload == "setup") {
+			n++
+		}
+	}
+	return n
+}
+
+// failedWhy is the last error of the workload behind metric key for cfg
+// (or of its setup), shortened for a table cell; "" when none.
+func (b *bench) failedWhy(cfg, key string) string {
+	for i := len(b.failures) - 1; i >= 0; i-- {
+		f := b.failures[i]
+		if f.Config == cfg && (f.Workload == workloadOf(key) || f.Workload == "setup" || cfg == scaleIdle) {
+			return shortReason(f.Error)
+		}
+	}
+	return ""
+}
+
+// shortReason is the gist of an error for a table cell: the first line,
+// without the command line that b.output puts in front of the exit status.
+func shortReason(err string) string {
+	l := firstLine(err)
+	if i := strings.LastIndex(l, ": exit status "); i >= 0 {
+		l = l[i+2:]
+	}
+	return tail(l, 120)
+}
+
+func mdCell(s string) string { return strings.ReplaceAll(s, "|", "\\|") }
+
+// summary is the issue's table: the kernel row in units, every other row
+// as ratios to it, CPU in units (all CPUs; the stack process alone).
+func (b *bench) summary(w *strings.Builder, cells map[string]map[string]*cell) {
+	fmt.Fprintf(w, "\n## Summary\n\nKernel row in units, the others as ×ratio to it (medians); CPU columns in units: all CPUs / the stack process alone.\n\n")
+	fmt.Fprintf(w, "| configuration | node→pod | pod→node | redis SET / GET | nginx 10 MiB | TCP_RR p50 | core·s per GB pod→node | core·ms per 1k redis requests |\n|---|---|---|---|---|---|---|---|\n")
+	val := func(cfg, key, unit string) string {
+		cl := cells[cfg][key]
+		switch {
+		case cl == nil:
+			if _, ok := b.skipped[cfg]; ok {
+				return "skipped"
+			}
+			if why := b.failedWhy(cfg, key); why != "" {
+				return "failed: " + mdCell(why)
+			}
+			return "—"
+		case cfg == baseline || cl.Ratio == nil:
+			return fmtNum(cl.Median) + " " + unit
+		default:
+			return fmt.Sprintf("%.2f×", *cl.Ratio)
+		}
+	}
+	cpu := func(cfg, all, stack string) string {
+		a, st := cells[cfg][all], cells[cfg][stack]
+		switch {
+		case a == nil:
+			return "—"
+		case st == nil:
+			return fmtNum(a.Median)
+		default:
+			return fmtNum(a.Median) + " / " + fmtNum(st.Median)
+		}
+	}
+	for _, c := range b.selected() {
+		if why, ok := b.skipped[c.Name]; ok {
+			fmt.Fprintf(w, "| %s | skipped: %s | | | | | | |\n", c.Name, mdCell(why))
+			continue
+		}
+		redis := val(c.Name, "redis_set_krps", "k rps")
+		if get := val(c.Name, "redis_get_krps", "k rps"); get != redis || !strings.HasPrefix(get, "failed") {
+			redis += " / " + get
+		}
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s |\n", c.Name,
+			val(c.Name, "tcp_n2p_gbps", "Gbit/s"), val(c.Name, "tcp_p2n_gbps", "Gbit/s"), redis,
+			val(c.Name, "nginx_rps", "req/s"), val(c.Name, "rr_p50_us", "µs"),
+			cpu(c.Name, "cpu_gb_p2n", "stack_cpu_gb_p2n"), cpu(c.Name, "cpu_redis", "stack_cpu_redis"))
+	}
+}
+
+// rerender rewrites a results directory's table.md and summary.json from
+// its samples.json, with this version of the report.
+func rerender(dir string) error {
+	raw, err := os.ReadFile(filepath.Join(dir, "samples.json"))
+	if err != nil {
+		return err
+	}
+	var in struct {
+		Meta struct {
+			Started string  `json:"started"`
+			Options options `json:"options"`
+		} `json:"meta"`
+		Configs     []map[string]string `json:"configs"`
+		Attachments []*attachment       `json:"attachments"`
+		Samples     []sample            `json:"samples"`
+		Failures    []failure           `json:"failures"`
+	}
+	if err := json.Unmarshal(raw, &in); err != nil {
+		return fmt.Errorf("parsing samples.json: %w", err)
+	}
+	b := &bench{o: in.Meta.Options, samples: in.Samples, failures: in.Failures, atts: in.Attachments, skipped: map[string]string{}}
+	b.o.Out, b.o.Only, b.o.Peers = dir, nil, false
+	for _, c := range in.Configs {
+		b.o.Only = append(b.o.Only, c["name"])
+		if why, ok := strings.CutPrefix(c["status"], "skipped: "); ok {
+			b.skipped[c["name"]] = why
+		}
+	}
+	for _, a := range b.atts {
+		a.cfg = configByName(a.Config)
+	}
+	b.started, _ = time.Parse(time.RFC3339, in.Meta.Started)
+	return b.writeReport()
 }
 
 func writeJSON(path string, v any) error {

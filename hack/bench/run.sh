@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# Benchmark cni-usernet against the kernel veth (ptp) on this machine.
+# Benchmark cni-usernet against the kernel veth (ptp) and its peers (gVisor
+# runsc, pasta, slirp4netns) on this machine.
 #
-#   hack/bench/run.sh [--quick] [--out DIR] [--rounds N] [--only a,b] [--list] [other flags of hack/bench]
+#   hack/bench/run.sh [--quick] [--out DIR] [--rounds N] [--only a,b] [--peers=false] [--scale=false] [--list] [other flags of hack/bench]
 #
 # Needs root. Everything runs in network namespaces named ub-* that the
 # benchmark creates and removes; the root namespace is not touched. Builds
 # ptp, host-local, cni-usernet (optional: its configurations are skipped when
-# it does not build) and the benchmark into a temp dir, runs it, and draws
+# it does not build), runsc when peers run (hack/bench/peers pins it to the
+# gVisor version in go.mod; ~7 min the first time, cached after) and the
+# benchmark into a temp dir, runs it, and draws
 # ratios.png. Results: DIR (default results/<UTC timestamp>)/table.md,
 # samples.json, summary.json, ratios.png, logs/.
 set -euo pipefail
@@ -23,6 +26,19 @@ while (($#)); do
 	esac
 done
 out="${out:-results/$(date -u +%Y%m%dT%H%M%SZ)}"
+
+# Peers run in full runs, not with --quick, unless asked for by name or flag.
+peers=1
+for a in ${args[@]+"${args[@]}"}; do
+	case "$a" in --quick) peers=0 ;; esac
+done
+for a in ${args[@]+"${args[@]}"}; do
+	case "$a" in
+	--peers=false) peers=0 ;;
+	--peers=true) peers=1 ;;
+	*runsc* | *pasta* | *slirp4netns*) peers=1 ;;
+	esac
+done
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
 
@@ -37,10 +53,16 @@ for t in iperf3:iperf3 redis-server:redis-server redis-benchmark:redis-tools ngi
 	ab:apache2-utils ethtool:ethtool ss:iproute2 ip:iproute2; do
 	command -v "${t%%:*}" >/dev/null || need+=("${t#*:}")
 done
+if ((peers)); then
+	for t in pasta:passt slirp4netns:slirp4netns; do
+		command -v "${t%%:*}" >/dev/null || need+=("${t#*:}")
+	done
+fi
 /usr/bin/python3 -c 'import matplotlib' 2>/dev/null || need+=(python3-matplotlib)
 if ((${#need[@]})); then
 	echo "run.sh: installing ${need[*]}" >&2
-	apt-get install -y --no-install-recommends "${need[@]}" >&2
+	apt-get install -y --no-install-recommends "${need[@]}" >&2 ||
+		echo "run.sh: could not install ${need[*]}; what needs them is skipped with the reason" >&2
 fi
 
 bin="$(mktemp -d /tmp/ub-bench-bin.XXXXXX)"
@@ -55,6 +77,21 @@ go build -o "$bin" \
 if ! CGO_ENABLED=0 go build -trimpath -o "$bin/cni-usernet" ./cmd/cni-usernet >"$out/build-cni-usernet.log" 2>&1; then
 	echo "run.sh: cni-usernet does not build, its configurations are skipped: $(head -c 300 "$out/build-cni-usernet.log")" >&2
 	rm -f "$bin/cni-usernet"
+fi
+# runsc, from the gVisor module version go.mod names, built in its own
+# module (hack/bench/peers) so its dependencies stay out of ours.
+if ((peers)); then
+	want="$(go list -m -f '{{.Version}}' gvisor.dev/gvisor)"
+	have="$(cd hack/bench/peers && go list -m -f '{{.Version}}' gvisor.dev/gvisor)"
+	if [[ "$want" != "$have" ]]; then
+		echo "run.sh: hack/bench/peers pins gVisor $have but go.mod has $want: runsc rows skipped (update hack/bench/peers/go.mod)" | tee "$out/build-runsc.log" >&2
+	else
+		echo "run.sh: building runsc (gVisor $want)" >&2
+		if ! (cd hack/bench/peers && CGO_ENABLED=0 go build -o "$bin/runsc" gvisor.dev/gvisor/runsc) >"$out/build-runsc.log" 2>&1; then
+			echo "run.sh: runsc does not build, its rows are skipped: $(head -c 300 "$out/build-runsc.log")" >&2
+			rm -f "$bin/runsc"
+		fi
+	fi
 fi
 go build -o "$bin/ub-bench" ./hack/bench
 
