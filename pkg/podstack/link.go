@@ -2,6 +2,7 @@ package podstack
 
 import (
 	"sync/atomic"
+	"time"
 
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/link/nested"
@@ -18,6 +19,9 @@ type LinkStats struct {
 	TxErrors     atomic.Uint64
 	RxPackets    atomic.Uint64
 	RxBytes      atomic.Uint64
+	// RxSynShed counts SYNs dropped before netstack beyond the new
+	// connection rate cap (see synRate).
+	RxSynShed atomic.Uint64
 }
 
 // LinkSnapshot is a plain copy of LinkStats.
@@ -28,6 +32,7 @@ type LinkSnapshot struct {
 	TxErrors     uint64 `json:"txErrors"`
 	RxPackets    uint64 `json:"rxPackets"`
 	RxBytes      uint64 `json:"rxBytes"`
+	RxSynShed    uint64 `json:"rxSynShed"`
 }
 
 // Snapshot reads every counter.
@@ -35,6 +40,7 @@ func (s *LinkStats) Snapshot() LinkSnapshot {
 	return LinkSnapshot{
 		TxPackets: s.TxPackets.Load(), TxBytes: s.TxBytes.Load(), TxGSOBatches: s.TxGSOBatches.Load(),
 		TxErrors: s.TxErrors.Load(), RxPackets: s.RxPackets.Load(), RxBytes: s.RxBytes.Load(),
+		RxSynShed: s.RxSynShed.Load(),
 	}
 }
 
@@ -42,6 +48,7 @@ func (s *LinkStats) Snapshot() LinkSnapshot {
 type countingLink struct {
 	nested.Endpoint
 	stats *LinkStats
+	syns  *synBucket // nil: no cap
 }
 
 var (
@@ -81,5 +88,9 @@ func (l *countingLink) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Err
 func (l *countingLink) DeliverNetworkPacket(proto tcpip.NetworkProtocolNumber, pkt *stack.PacketBuffer) {
 	l.stats.RxPackets.Add(1)
 	l.stats.RxBytes.Add(uint64(pkt.Size()))
+	if l.syns != nil && isSYN(proto, pkt) && !l.syns.take(time.Now()) {
+		l.stats.RxSynShed.Add(1)
+		return
+	}
 	l.Endpoint.DeliverNetworkPacket(proto, pkt)
 }

@@ -201,6 +201,7 @@ func (s *Stack) attachWire() error {
 	// Created disabled and enabled once configured, so that no packet
 	// meets a half-configured NIC.
 	link := newCountingLink(ep, &s.WireStats)
+	link.syns = new(synBucket)
 	nicOpts := stack.NICOptions{Name: o.Spec.IfName, Disabled: true}
 	if o.WireQueueLen > 0 {
 		nicOpts.QDisc = newSendQueue(link, o.WireQueueLen)
@@ -277,4 +278,5 @@ func (s *Stack) Close() {
 		s.Wire.Close()
 		s.Wire.Wait()
 	}
+
 }

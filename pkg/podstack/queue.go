@@ -25,8 +25,8 @@ type sendQueue struct {
 	lower stack.LinkWriter
 	limit int
 
-	mu      sync.Mutex // guards the fields below
-	cond    sync.Cond  // signals the sender: packets queued, a send done, or closing
+	mu      sync.Mutex            // guards the fields below
+	cond    sync.Cond             // signals the sender: packets queued, a send done, or closing
 	queue   []*stack.PacketBuffer // queue[head:] waits; the array is reused once drained
 	head    int
 	sending bool // a send is in progress (inline or by the sender)
