@@ -117,6 +117,8 @@ func TestKubernetes(t *testing.T) {
 			{"get", "pods", "default", "yes"},
 			{"create", "events", "default", "yes"},
 			{"get", "nodes", "", "yes"},
+			{"list", "nodes", "", "yes"},
+			{"watch", "nodes", "", "no"},
 			{"get", "daemonsets.apps/cni-usernet", "kube-system", "yes"},
 			{"list", "pods", "default", "no"},
 			{"get", "secrets", "kube-system", "no"},
@@ -381,15 +383,20 @@ spec:
 		wantHTTP(t, "node -> late", body, "late", "")
 	})
 
-	check("DeletingPodsRemovesEverything", func(t *testing.T) {
-		s := readNodeState(t, network)
-		type left struct {
-			pid        int
-			veth, file string
-			ips        []string
-		}
-		var mine []left
-		for name := range pods {
+	// Pods that stay for the uninstall below: the issue's sequence is
+	// "uninstall with two pods on cni-usernet, then delete the pods".
+	keep := map[string]bool{"srv": true, "cli": true}
+
+	// leftovers of pods that are deleted: stack, veth, state file, leases.
+	type left struct {
+		name, veth, file string
+		pid              int
+		ips              []string
+	}
+	leftOf := func(t *testing.T, s nodeState, names []string) []left {
+		t.Helper()
+		var out []left
+		for _, name := range names {
 			a := s.attachmentOf(ns, name)
 			if a == nil {
 				t.Fatalf("%s: no attachment state", name)
@@ -398,37 +405,105 @@ spec:
 			for _, ip := range a.IPs {
 				ips = append(ips, strings.SplitN(ip, "/", 2)[0])
 			}
-			mine = append(mine, left{a.StackPID, a.HostVeth, filepath.Join(stateDir, stateKeyFile(a.ContainerID, a.IfName)), ips})
+			out = append(out, left{name, a.HostVeth, filepath.Join(stateDir, stateKeyFile(a.ContainerID, a.IfName)), a.StackPID, ips})
 		}
-		mustKubectl(t, "delete", "ns", ns, "--wait=true", "--timeout=2m")
+		return out
+	}
+	gone := func(l left) error {
+		if stackAlive(l.pid) {
+			return fmt.Errorf("%s: stack %d still runs", l.name, l.pid)
+		}
+		if _, err := net.InterfaceByName(l.veth); err == nil {
+			return fmt.Errorf("%s: veth %s still exists", l.name, l.veth)
+		}
+		if _, err := os.Stat(l.file); err == nil {
+			return fmt.Errorf("%s: state %s still exists", l.name, l.file)
+		}
+		for _, ip := range l.ips {
+			if _, err := os.Stat(filepath.Join(leaseRoot, network, ip)); err == nil {
+				return fmt.Errorf("%s: lease of %s still held", l.name, ip)
+			}
+		}
+		return nil
+	}
+
+	check("DeletingPodsRemovesEverything", func(t *testing.T) {
+		var del []string
+		for name := range pods {
+			if !keep[name] {
+				del = append(del, name)
+			}
+		}
+		mine := leftOf(t, readNodeState(t, network), del)
+		mustKubectl(t, append([]string{"-n", ns, "delete", "pod", "--wait=true", "--timeout=2m"}, del...)...)
 		eventually(t, time.Minute, "stacks, veths, state and leases of the deleted pods gone", func() error {
 			for _, l := range mine {
-				if stackAlive(l.pid) {
-					return fmt.Errorf("stack %d still runs", l.pid)
-				}
-				if _, err := net.InterfaceByName(l.veth); err == nil {
-					return fmt.Errorf("veth %s still exists", l.veth)
-				}
-				if _, err := os.Stat(l.file); err == nil {
-					return fmt.Errorf("state %s still exists", l.file)
-				}
-				for _, ip := range l.ips {
-					if _, err := os.Stat(filepath.Join(leaseRoot, network, ip)); err == nil {
-						return fmt.Errorf("lease of %s still held", ip)
-					}
+				if err := gone(l); err != nil {
+					return err
 				}
 			}
 			s := readNodeState(t, network)
-			if len(s.atts) != 0 || len(s.stacks) != 0 || len(s.veths) != 0 || len(s.leases) != 0 {
-				return fmt.Errorf("left on the node: %d attachments, stacks %v, veths %v, leases %v",
-					len(s.atts), s.stacks, s.veths, s.leases)
+			if len(s.atts) != len(keep) {
+				return fmt.Errorf("%d attachments left, want %d (the pods kept)", len(s.atts), len(keep))
 			}
-			return nil
+			return s.consistent()
 		})
 	})
 
-	check("UninstallFromREADME", func(t *testing.T) {
+	// Uninstall while pods still run, as an admin would: the README's
+	// `kubectl delete -f`, then the pods. The agent keeps the plugin and
+	// its configuration until the last pod is gone (their DEL needs
+	// them), then restores the node.
+	check("UninstallWhilePodsRun", func(t *testing.T) {
+		names := []string{"srv", "cli"}
+		mine := leftOf(t, readNodeState(t, network), names)
+		agents := agentPods(t)
 		runREADME(t, repo, "e2e-uninstall", 3*time.Minute)
+		eventually(t, time.Minute, "the agent says it defers the uninstall", func() error {
+			for _, a := range agents {
+				out, err := kubectl("-n", "kube-system", "logs", a, "--tail=50")
+				if err != nil {
+					return err
+				}
+				if strings.Contains(out, "uninstall deferred") && strings.Contains(out, ns+"/srv") && strings.Contains(out, ns+"/cli") {
+					for _, l := range strings.Split(out, "\n") {
+						if strings.Contains(l, "uninstall deferred") {
+							t.Logf("agent %s: %s", a, l)
+						}
+					}
+					return nil
+				}
+			}
+			return fmt.Errorf("no agent log line saying the uninstall is deferred for %s/srv and %s/cli", ns, ns)
+		})
+		// Meanwhile the pods keep their network, and what their DEL needs
+		// stays.
+		if _, err := os.Stat(installed); err != nil {
+			t.Errorf("plugin binary gone while pods use it: %v", err)
+		}
+		if _, _, typ, err := installedConflist(); err != nil || typ != "cni-usernet" {
+			t.Errorf("configuration gone while pods use it: first plugin %q, %v", typ, err)
+		}
+		for _, name := range names {
+			if body, err := httpGet("http://" + net.JoinHostPort(podIP[name], "8080") + "/"); err != nil {
+				t.Errorf("node -> %s during the deferred uninstall: %v", name, err)
+			} else {
+				wantHTTP(t, "node -> "+name+" during the deferred uninstall", body, name, "")
+			}
+		}
+		// Now the pods: their deletion must complete (no Terminating
+		// forever), and leave nothing behind.
+		start := time.Now()
+		mustKubectl(t, "delete", "ns", ns, "--wait=true", "--timeout=2m")
+		t.Logf("namespace with the pods deleted in %s", time.Since(start).Round(time.Second))
+		eventually(t, time.Minute, "stacks, veths, state and leases of the deleted pods gone", func() error {
+			for _, l := range mine {
+				if err := gone(l); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
 		waitAgentGone(t)
 		var diff []string
 		eventually(t, time.Minute, "/etc/cni/net.d and /opt/cni/bin as before the install", func() error {
