@@ -52,6 +52,11 @@ func nodeStatus(t *testing.T) map[string]statusRow {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return parseStatus(t, out)
+}
+
+func parseStatus(t *testing.T, out string) map[string]statusRow {
+	t.Helper()
 	// Lines after the JSON array name unreadable state files.
 	dec := json.NewDecoder(strings.NewReader(out))
 	var rows []statusRow
@@ -214,4 +219,15 @@ func stackAlive(pid int) bool {
 // stateKeyFile is the name of an attachment's state file.
 func stateKeyFile(containerID, ifName string) string {
 	return state.Key(containerID, ifName) + ".json"
+}
+
+// inNamespace counts the attachments of pods in namespace ns.
+func (s nodeState) inNamespace(ns string) int {
+	n := 0
+	for _, a := range s.atts {
+		if a.PodNS == ns {
+			n++
+		}
+	}
+	return n
 }
