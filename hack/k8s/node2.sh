@@ -47,9 +47,18 @@ n2_start_daemon() { # NAME CMD...
   local name=$1; shift
   if pid_alive "$name"; then return 0; fi
   log "starting $name on $NODE2"
-  local pid; pid=$(n2_pid)
+  local pid ns child i; pid=$(n2_pid)
+  # nsenter forks the daemon into node 2's PID namespace and waits for it:
+  # record the daemon itself, so that stop_daemon signals it, not nsenter.
   setsid nsenter -t "$pid" -n -m -p -u -- "$@" >>"$LOGDIR/$name.log" 2>&1 </dev/null &
-  echo $! >"$RUNDIR/$name.pid"
+  ns=$!
+  for i in $(seq 50); do
+    child=$(pgrep -P "$ns" 2>/dev/null | head -1 || true)
+    [ -n "$child" ] && break
+    sleep 0.1
+  done
+  [ -n "$child" ] || die "$name did not start: $(tail -5 "$LOGDIR/$name.log")"
+  echo "$child" >"$RUNDIR/$name.pid"
   sleep 0.5
   pid_alive "$name" || die "$name exited at once: $(tail -5 "$LOGDIR/$name.log")"
 }

@@ -91,7 +91,13 @@ func readNodeState(t *testing.T, network string) nodeState {
 	}
 	s.atts = atts
 	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	self, _ := os.Readlink("/proc/self/ns/mnt")
 	for _, c := range procs {
+		// Node 2's stacks (hack/k8s/node2.sh) are processes of this
+		// machine too, in node 2's mount namespace.
+		if mnt, err := os.Readlink(filepath.Join(filepath.Dir(c), "ns", "mnt")); err != nil || mnt != self {
+			continue
+		}
 		b, err := os.ReadFile(c)
 		if err != nil {
 			continue
