@@ -92,7 +92,7 @@ up() {
 
   # ------------------------------------------------------------ the link
   if ! ip link show k8slab-n2 >/dev/null 2>&1; then
-    ip link add k8slab-n2 type veth peer name eth0 netns "/proc/$pid/ns/net"
+    ip link add k8slab-n2 type veth peer name eth0 netns "$pid"
   fi
   ip link set k8slab-n2 up
   ip route replace "$NODE2_IP/32" dev k8slab-n2 src "$NODE_IP"
