@@ -57,6 +57,9 @@ func TestKubernetes(t *testing.T) {
 			}
 		}
 		if _, err := kubectl("-n", "kube-system", "get", "ds", "cni-usernet"); err == nil {
+			// CoreDNS's pods use the plugin too: the agents' uninstall
+			// waits for them.
+			kubectl("-n", "kube-system", "scale", "deploy/coredns", "--replicas=0")
 			if _, err := kubectl("delete", "-f", manifest, "--wait=true", "--timeout=90s"); err != nil {
 				t.Logf("cleanup: %v", err)
 			}
