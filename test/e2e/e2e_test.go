@@ -343,6 +343,8 @@ spec:
 		if !ok || !row.Healthy || !containsIP(row.IPs, farIP["far"]) {
 			t.Errorf("far on node 2: status %+v", row)
 		}
+		// (an earlier run's uninstall scaled it to 0 where the cluster was kept)
+		mustKubectl(t, "-n", "kube-system", "scale", "deploy/coredns", "--replicas=1")
 		mustKubectl(t, "-n", "kube-system", "rollout", "status", "deploy/coredns", "--timeout=3m")
 
 		traffic := func(t *testing.T, far string) {
