@@ -102,6 +102,14 @@ func TestKubernetes(t *testing.T) {
 			}
 			return nil
 		})
+		if node2() != "" {
+			eventually(t, 2*time.Minute, "node 2 Ready", func() error {
+				if ok, why := getNode(t, node2()).ready(); !ok {
+					return fmt.Errorf("node 2 NotReady: %s", why)
+				}
+				return nil
+			})
+		}
 		file, name, typ, err := installedConflist()
 		if err != nil {
 			t.Fatal(err)
