@@ -120,18 +120,18 @@ up() {
   done
   (
     cd "$PKI"; umask 077
-    for pair in "kubelet-$NODE2:/O=system:nodes/CN=system:node:$NODE2:clientAuth:" \
-                "kubelet-serving-$NODE2:/CN=$NODE2:serverAuth:DNS:$NODE2,IP:$NODE2_IP"; do
-      IFS=: read -r name subj eku sans <<<"$pair"
-      [ -f "$name.crt" ] && continue
-      openssl genrsa -out "$name.key" 2048 2>/dev/null
+    cert() { # NAME SUBJECT EXTKEYUSAGE [SANS]  (as lib/pki.sh)
+      [ -f "$1.crt" ] && return 0
+      openssl genrsa -out "$1.key" 2048 2>/dev/null
       { echo "basicConstraints=CA:FALSE"; echo "keyUsage=critical,digitalSignature,keyEncipherment"
-        echo "extendedKeyUsage=$eku"; [ -n "$sans" ] && echo "subjectAltName=$sans"; } >"$name.ext"
-      openssl req -new -key "$name.key" -subj "$subj" -out "$name.csr"
-      openssl x509 -req -in "$name.csr" -CA ca.crt -CAkey ca.key -CAcreateserial -days 3650 -sha256 \
-        -extfile "$name.ext" -out "$name.crt" 2>/dev/null
-      rm -f "$name.csr" "$name.ext"
-    done
+        echo "extendedKeyUsage=$3"; [ -n "${4:-}" ] && echo "subjectAltName=$4"; } >"$1.ext"
+      openssl req -new -key "$1.key" -subj "$2" -out "$1.csr"
+      openssl x509 -req -in "$1.csr" -CA ca.crt -CAkey ca.key -CAcreateserial -days 3650 -sha256 \
+        -extfile "$1.ext" -out "$1.crt" 2>/dev/null
+      rm -f "$1.csr" "$1.ext"
+    }
+    cert "kubelet-$NODE2" "/O=system:nodes/CN=system:node:$NODE2" clientAuth
+    cert "kubelet-serving-$NODE2" "/CN=$NODE2" serverAuth "DNS:$NODE2,IP:$NODE2_IP"
   )
   write_kubeconfig "kubelet-$NODE2" "$STATE/kubelet-$NODE2.kubeconfig"
 
