@@ -164,9 +164,9 @@ up() {
 }
 
 import() { # TAR
-  local ref
-  ref=$(tar -xOf "$1" index.json | sed -n 's/.*"io.containerd.image.name":"\([^"]*\)".*/\1/p')
-  in_n2 ctr -n k8s.io images ls -q | grep -qx "$ref" || in_n2 ctr -n k8s.io images import "$1" >/dev/null
+  local ref tar; tar=$(realpath "$1")   # node 2's mount namespace starts in /
+  ref=$(tar -xOf "$tar" index.json | sed -n 's/.*"io.containerd.image.name":"\([^"]*\)".*/\1/p')
+  in_n2 ctr -n k8s.io images ls -q | grep -qx "$ref" || in_n2 ctr -n k8s.io images import "$tar" >/dev/null
 }
 
 down() {
