@@ -72,7 +72,11 @@ up() {
     for d in $N2_PRIVATE; do mkdir -p "$d" "$N2/$(echo "${d#/}" | tr / _)"; done
     [ -x "$BIN/k8s-lab-init" ] || gcc -static -Os -s -o "$BIN/k8s-lab-init" "$LAB/images/pause.c"
     local mounts="set -e; mount --make-rprivate /"
-    for d in $N2_PRIVATE; do mounts="$mounts; mount --bind $N2/$(echo "${d#/}" | tr / _) $d"; done
+    # (first away with the copies of node 1's mounts there, e.g. its shared
+    # /run/netns: a check of the path would find them under ours)
+    for d in $N2_PRIVATE; do
+      mounts="$mounts; while mountpoint -q $d; do umount -l $d; done; mount --bind $N2/$(echo "${d#/}" | tr / _) $d"
+    done
     # pods' namespaces: a shared mount, for the agent's HostToContainer volume
     mounts="$mounts; mount --make-shared /run/netns; hostname $NODE2"
     setsid unshare --net --mount --pid --uts --fork --mount-proc --propagation private \
