@@ -91,11 +91,13 @@ func readNodeState(t *testing.T, network string) nodeState {
 	}
 	s.atts = atts
 	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
-	self, _ := os.Readlink("/proc/self/ns/mnt")
+	self, _ := os.Readlink("/proc/self/ns/pid")
 	for _, c := range procs {
 		// Node 2's stacks (hack/k8s/node2.sh) are processes of this
-		// machine too, in node 2's mount namespace.
-		if mnt, err := os.Readlink(filepath.Join(filepath.Dir(c), "ns", "mnt")); err != nil || mnt != self {
+		// machine too, in node 2's PID namespace. (Not its mount
+		// namespace: node 1's agent restarts stacks in /proc/1's, which
+		// need not be the test's.)
+		if pidns, err := os.Readlink(filepath.Join(filepath.Dir(c), "ns", "pid")); err != nil || pidns != self {
 			continue
 		}
 		b, err := os.ReadFile(c)
