@@ -1,8 +1,10 @@
-// Package e2e runs cni-usernet on a real single-node Kubernetes cluster
+// Package e2e runs cni-usernet on a real two-node Kubernetes cluster
 // (hack/k8s) the way users install it: the README's "Install on Kubernetes"
-// commands, then pods, Services, GSO annotations, a DaemonSet restart, pod
-// deletion and the README's uninstall, checked from kubectl and from the
-// node. `make e2e` brings the cluster up, runs it and tears it down.
+// commands, then pods, Services, GSO annotations, traffic across the nodes
+// (over the routes the agents make), CoreDNS, a DaemonSet restart, pod
+// deletion and the README's uninstall while pods still run, checked from
+// kubectl and from the nodes. `make e2e` brings the cluster up, runs it and
+// tears it down.
 //
 // The node is this machine (the cluster's node address lives on lo) and
 // every address the test talks to is a pod's or a Service's; the cluster's
