@@ -88,6 +88,9 @@ func parseAgentFlags(args []string) (*agentFlags, error) {
 	if _, err := f.wantNodeRoutes(); err != nil {
 		return nil, err
 	}
+	if f.nodeRoutesInterval <= 0 {
+		return nil, fmt.Errorf("--node-routes-interval %s: want a positive duration", f.nodeRoutesInterval)
+	}
 	return f, nil
 }
 
