@@ -195,7 +195,7 @@ fi
 # 8. optional purge of state (binaries and image tarballs stay in $PREFIX).
 if [ $purge = 1 ]; then
   log "purging state"
-  rm -rf "$STATE" /var/lib/kubelet /var/lib/containerd /run/containerd "$ETC" "$LOGDIR" \
+  rm -rf "$STATE" /var/lib/kubelet /var/lib/containerd /run/containerd "$ETC" "$LOGDIR" /var/log/pods /var/log/containers \
     /var/lib/cni/networks/k8s-lab /var/lib/cni/results \
     /etc/cni/net.d/99-k8s-lab-ptp.conflist /etc/crictl.yaml "$RUNDIR"
 fi
