@@ -4,20 +4,38 @@ import (
 	"bytes"
 	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/cni-usernet/cni-usernet/pkg/state"
 )
 
+// syncBuffer is a log sink the drain goroutine writes while the test reads.
+type syncBuffer struct {
+	mu sync.Mutex // guards b
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
 // drainNode is an agent whose DaemonSet is gone, outside a cluster (no
 // DaemonSet check), with its state and run directories in t's temp dirs.
-func drainNode(t *testing.T) (*nodeInstall, state.Store, *bytes.Buffer) {
+func drainNode(t *testing.T) (*nodeInstall, state.Store, *syncBuffer) {
 	t.Helper()
 	t.Setenv("KUBERNETES_SERVICE_HOST", "")
 	f := &agentFlags{stateDir: t.TempDir(), runDir: t.TempDir()}
-	var logs bytes.Buffer
-	return &nodeInstall{f: f}, state.Store{Dir: f.stateDir}, &logs
+	return &nodeInstall{f: f}, state.Store{Dir: f.stateDir}, &syncBuffer{}
 }
 
 func TestDrainWaitsForTheLastAttachment(t *testing.T) {
@@ -64,7 +82,7 @@ func TestDrainNothingAttached(t *testing.T) {
 		t.Error("drain with no attachments did not proceed")
 	}
 	if strings.Contains(logs.String(), "deferred") {
-		t.Errorf("nothing to wait for, yet: %s", logs)
+		t.Errorf("nothing to wait for, yet: %s", logs.String())
 	}
 }
 
