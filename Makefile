@@ -54,7 +54,7 @@ bench-quick:
 clean:
 	rm -rf bin results
 
-# A real single-node Kubernetes on this machine (hack/k8s, ~11 min the first
+# A real two-node Kubernetes on this machine (hack/k8s, ~11 min the first
 # time: it builds Kubernetes), cni-usernet's image, and the end-to-end test
 # against that cluster (test/e2e, README "Install on Kubernetes").
 .PHONY: image cluster-up cluster-down e2e

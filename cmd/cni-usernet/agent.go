@@ -23,28 +23,30 @@ import (
 
 // agentFlags are the node agent's settings (the DaemonSet's arguments).
 type agentFlags struct {
-	nodeName          string
-	install           bool
-	cniBinDir         string
-	cniConfDir        string
-	hostPrefix        string
-	mode              string
-	subnets           string
-	mtu               int
-	kubeconfigOut     string
-	apiServer         string
-	uninstallOnDelete bool
-	daemonSet         string
-	stateDir          string
-	runDir            string
-	cniPath           string
-	cgroupRoot        string
-	mountNS           string
-	reconcile         time.Duration
-	backoff           time.Duration
-	stableAfter       time.Duration
-	crashLoop         int
-	probe             bool
+	nodeName           string
+	install            bool
+	cniBinDir          string
+	cniConfDir         string
+	hostPrefix         string
+	mode               string
+	subnets            string
+	mtu                int
+	kubeconfigOut      string
+	apiServer          string
+	uninstallOnDelete  bool
+	daemonSet          string
+	stateDir           string
+	runDir             string
+	cniPath            string
+	cgroupRoot         string
+	mountNS            string
+	reconcile          time.Duration
+	backoff            time.Duration
+	stableAfter        time.Duration
+	crashLoop          int
+	probe              bool
+	nodeRoutes         string
+	nodeRoutesInterval time.Duration
 }
 
 func parseAgentFlags(args []string) (*agentFlags, error) {
@@ -71,6 +73,8 @@ func parseAgentFlags(args []string) (*agentFlags, error) {
 	fs.DurationVar(&f.backoff, "restart-backoff", time.Second, "delay before the second quick restart of a stack, doubling up to 60s")
 	fs.DurationVar(&f.stableAfter, "stable-after", 60*time.Second, "how long a stack must run for its crashes to be forgotten")
 	fs.IntVar(&f.crashLoop, "crash-loop-after", 5, "consecutive quick exits after which a stack is reported unhealthy")
+	fs.StringVar(&f.nodeRoutes, "node-routes", "auto", "route other nodes' pod CIDRs via their InternalIP (host-gw): auto (standalone mode, installing), true, false")
+	fs.DurationVar(&f.nodeRoutesInterval, "node-routes-interval", 10*time.Second, "how often the node list is read for --node-routes")
 	fs.BoolVar(&f.probe, "probe", false, "exit 0 when the running agent is ready (readiness probe), 1 otherwise")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -80,6 +84,12 @@ func parseAgentFlags(args []string) (*agentFlags, error) {
 	}
 	if f.mode != "standalone" && f.mode != "chain" {
 		return nil, fmt.Errorf("--mode %q: want standalone or chain", f.mode)
+	}
+	if _, err := f.wantNodeRoutes(); err != nil {
+		return nil, err
+	}
+	if f.nodeRoutesInterval <= 0 {
+		return nil, fmt.Errorf("--node-routes-interval %s: want a positive duration", f.nodeRoutesInterval)
 	}
 	return f, nil
 }
@@ -137,6 +147,13 @@ func runAgent(args []string) error {
 			return err
 		}
 		go inst.keep(ctx)
+		if want, _ := f.wantNodeRoutes(); want && (inst.kube != nil || f.nodeRoutes != "auto") {
+			if inst.routes, err = newNodeRoutes(f, inst.kube, log); err != nil {
+				log.Error("no routes to other nodes", "err", err)
+			} else {
+				go inst.routes.run(ctx)
+			}
+		}
 	}
 	if err := markReady(f.readyFile()); err != nil {
 		log.Error("writing ready file", "err", err)

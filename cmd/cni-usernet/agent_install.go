@@ -8,12 +8,14 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"time"
 
 	"github.com/cni-usernet/cni-usernet/pkg/install"
 	"github.com/cni-usernet/cni-usernet/pkg/kube"
 	"github.com/cni-usernet/cni-usernet/pkg/netconf"
+	"github.com/cni-usernet/cni-usernet/pkg/state"
 )
 
 // nodeInstall is the agent's side of the node's CNI files.
@@ -23,6 +25,9 @@ type nodeInstall struct {
 	kube *kube.Client // nil outside a cluster
 	kcfg kube.Config
 	log  *slog.Logger
+	// routes, when set, are this node's routes to other nodes' pods:
+	// removed with the rest on uninstall.
+	routes *nodeRoutes
 }
 
 // prepareInstall installs the binary and renders the configuration; the
@@ -252,6 +257,9 @@ func (n *nodeInstall) shutdown(log *slog.Logger) {
 		log.Info("DaemonSet still exists (restart or upgrade): CNI files stay")
 		return
 	}
+	if !n.drain(log) {
+		return
+	}
 	if err := install.Uninstall(n.opts); err != nil {
 		log.Error("uninstalling", "err", err)
 		return
@@ -261,5 +269,71 @@ func (n *nodeInstall) shutdown(log *slog.Logger) {
 		// WriteKubeconfig made the directory; leave no trace of it.
 		os.Remove(filepath.Dir(n.f.kubeconfigOut))
 	}
+	if n.routes != nil {
+		n.routes.remove()
+	}
 	log.Info("DaemonSet deleted: CNI files restored")
+}
+
+// drainPoll is how often a deferred uninstall looks at the attachments.
+const drainPoll = time.Second
+
+// drain defers the uninstall while pods on this node still have an
+// attachment: their sandboxes' DEL needs the plugin binary and the
+// configuration that names it (with neither, containerd fails every DEL
+// with "cni plugin not initialized" and the pods hang in Terminating), and
+// the routes to other nodes keep their traffic flowing meanwhile. It
+// returns true once the last attachment is gone, false when the DaemonSet
+// is back (installed again: nothing to undo). The kubelet's grace period
+// (the manifest's terminationGracePeriodSeconds) bounds the wait: killed
+// first, the agent leaves everything installed, which `cni-usernet
+// uninstall` on the node removes.
+func (n *nodeInstall) drain(log *slog.Logger) bool {
+	store := state.Store{Dir: n.f.stateDir}
+	ns, _ := kube.InClusterNamespace()
+	said := ""
+	for i := 0; ; i++ {
+		atts, errs := store.List()
+		for _, err := range errs {
+			log.Warn("reading attachment state", "err", err)
+		}
+		if len(atts) == 0 {
+			if said != "" {
+				log.Info("the last pod using cni-usernet on this node is gone: uninstalling")
+			}
+			return true
+		}
+		var pods []string
+		for _, a := range atts {
+			p := a.PodNS + "/" + a.PodName
+			if a.PodName == "" {
+				p = "container " + a.ContainerID
+			}
+			pods = append(pods, p)
+		}
+		sort.Strings(pods)
+		if now := strings.Join(pods, ", "); now != said {
+			log.Warn("DaemonSet deleted, uninstall deferred: pods on this node still use cni-usernet; "+
+				"the plugin binary, its configuration and the routes to other nodes stay until they are deleted, "+
+				"so that their deletion (CNI DEL) works; delete them to finish the uninstall",
+				"pods", now, "count", len(pods))
+			said = now
+		}
+		// A new agent (the manifest applied again) took over: its ready
+		// file names a live process, ours was removed before shutdown.
+		if probeAgent(n.f.readyFile()) == nil {
+			log.Info("another agent is ready on this node (installed again): the deferred uninstall is dropped")
+			return false
+		}
+		if i%10 == 9 && ns != "" {
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			exists, err := n.kube.DaemonSetExists(ctx, ns, n.f.daemonSet)
+			cancel()
+			if err == nil && exists {
+				log.Info("DaemonSet installed again while the uninstall was deferred: CNI files stay")
+				return false
+			}
+		}
+		time.Sleep(drainPoll)
+	}
 }

@@ -26,6 +26,12 @@ if pid_alive kube-apiserver && pid_alive kubelet && kubectl get --raw /readyz >/
     case "$ns" in kube-system | kube-public | kube-node-lease) continue ;; esac
     kubectl -n "$ns" delete pods --all --wait=true --timeout=60s >/dev/null 2>&1 || log "deleting pods of $ns failed"
   done
+  # CoreDNS runs on the pod network too: its pods go before the CNI plugin.
+  kubectl -n kube-system delete deploy coredns --ignore-not-found --wait=true --timeout=60s >/dev/null 2>&1 || true
+  for _ in $(seq 60); do
+    kubectl -n kube-system get pods -l k8s-app=kube-dns -o name 2>/dev/null | grep -q . || break
+    sleep 1
+  done
   if kubectl -n kube-system get ds cni-usernet >/dev/null 2>&1; then
     log "uninstalling cni-usernet (kubectl delete -f manifests/cni-usernet.yaml)"
     kubectl delete -f "$REPO/manifests/cni-usernet.yaml" --wait=true --timeout=90s >/dev/null 2>&1 ||
@@ -37,7 +43,9 @@ if pid_alive kube-apiserver && pid_alive kubelet && kubectl get --raw /readyz >/
   fi
 fi
 
-# 1. kubelet first, so that it does not restart what we remove next.
+# 1. node 2 (its kubelet, pods, containerd, kube-proxy, namespaces, link),
+#    then node 1's kubelet first, so that it does not restart what we remove next.
+"$LAB/node2.sh" down || log "node 2 teardown reported errors"
 stop_daemon kubelet 30
 # 2. every pod sandbox: StopPodSandbox runs CNI DEL, which removes veths, netns,
 #    IPs. Workload pods first, while a CNI installer in kube-system is still
@@ -143,6 +151,9 @@ for c in CNI-HOSTPORT-DNAT CNI-HOSTPORT-SNAT CNI-HOSTPORT-MASQ CNI-HOSTPORT-SETM
   iptables -w -t nat -F "$c" 2>/dev/null && iptables -w -t nat -X "$c" 2>/dev/null
 done
 ip addr del "$NODE_IP/32" dev lo 2>/dev/null && log "removed $NODE_IP from lo"
+# routes cni-usernet's agent made to other nodes' pods (pkg/noderoutes, protocol
+# 117) that a failed run left; the agent removes them on uninstall.
+ip route flush proto 117 2>/dev/null || true
 if [ -f "$STATE/sysctl.orig" ]; then
   while IFS='=' read -r k v; do sysctl -qw "$k=$v" 2>/dev/null || true; done <"$STATE/sysctl.orig"
   rm -f "$STATE/sysctl.orig"
@@ -184,7 +195,7 @@ fi
 # 8. optional purge of state (binaries and image tarballs stay in $PREFIX).
 if [ $purge = 1 ]; then
   log "purging state"
-  rm -rf "$STATE" /var/lib/kubelet /var/lib/containerd /run/containerd "$ETC" "$LOGDIR" \
+  rm -rf "$STATE" /var/lib/kubelet /var/lib/containerd /run/containerd "$ETC" "$LOGDIR" /var/log/pods /var/log/containers \
     /var/lib/cni/networks/k8s-lab /var/lib/cni/results \
     /etc/cni/net.d/99-k8s-lab-ptp.conflist /etc/crictl.yaml "$RUNDIR"
 fi

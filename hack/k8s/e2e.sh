@@ -30,16 +30,19 @@ dump_logs() {
   for f in /var/log/cni-usernet/*.log; do
     [ -f "$f" ] && { echo "  == $f"; tail -20 "$f" | sed 's/^/  /'; }
   done
-  for d in kubelet containerd; do
+  for d in kubelet containerd kubelet-node2 containerd-node2; do
     echo "  == $LOGDIR/$d.log"; grep -iE 'error|fail' "$LOGDIR/$d.log" 2>/dev/null | tail -25 | sed 's/^/  /'
   done
 }
 
-if pid_alive kube-apiserver && pid_alive kubelet; then
-  log "cluster already running"
-else
-  "$LAB/up.sh" || { rc=1; log "cluster did not come up"; exit; }
-fi
-export KUBECONFIG=$STATE/admin.kubeconfig CNI_USERNET_E2E=1
+# up.sh is idempotent: on a running cluster it only starts what is missing
+# (node 2, CoreDNS) in a few seconds.
+"$LAB/up.sh" || { rc=1; log "cluster did not come up"; exit; }
+export KUBECONFIG=$STATE/admin.kubeconfig CNI_USERNET_E2E=1 E2E_NODE1=$NODE
 hack/image.sh || { rc=1; exit; }
+if [ "$K8S_LAB_NODES" = 2 ]; then
+  # The README imports the image on this node; node 2 has a containerd of its own.
+  export E2E_NODE2=$NODE2 E2E_NODE2_IP=$NODE2_IP E2E_NODE2_ROOT=$STATE/node2
+  "$LAB/node2.sh" import bin/cni-usernet-image.tar || { rc=1; exit; }
+fi
 go test -count=1 -v -timeout 30m ./test/e2e ${E2E_RUN:+-run "$E2E_RUN"} || { rc=1; dump_logs; }

@@ -61,6 +61,8 @@ sysctl -qw net.ipv4.ip_forward=1 net.bridge.bridge-nf-call-iptables=1
 if ! iptables -w -S K8S-LAB-GUARD >/dev/null 2>&1; then iptables -w -N K8S-LAB-GUARD; fi
 iptables -w -C FORWARD -j K8S-LAB-GUARD 2>/dev/null || iptables -w -I FORWARD 1 -j K8S-LAB-GUARD
 iptables -w -F K8S-LAB-GUARD
+# (node 2's address, only over the lab's own link to it, for NodePorts there)
+iptables -w -A K8S-LAB-GUARD -s "$POD_NET" -d "$NODE2_IP" -o k8slab-n2 -j RETURN
 iptables -w -A K8S-LAB-GUARD -s "$POD_NET" ! -d "$POD_NET" -j DROP
 
 # Pods' network namespaces (/run/netns) must be on a shared mount for a
@@ -263,6 +265,18 @@ EOF
 fi
 
 export KUBECONFIG="$STATE/admin.kubeconfig"
+# ---------------------------------------------------------------- node 2
+if [ "$K8S_LAB_NODES" = 2 ]; then
+  wait_for "node $NODE registered" 180 kubectl get node "$NODE"   # node 1 gets the first pod CIDR
+  "$LAB/node2.sh" up
+fi
+
+# ---------------------------------------------------------------- cluster DNS
+# CoreDNS (built from its Go module, lib/build.sh) on the kubelets' clusterDNS
+# address; its pods start once a CNI plugin gives the nodes a network.
+sed -e "s#@DNS_IP@#$DNS_IP#g" -e "s#@COREDNS_IMAGE@#$COREDNS_IMAGE#g" "$LAB/coredns.yaml" | kubectl apply -f - >/dev/null
+log "CoreDNS applied (Service kube-dns at $DNS_IP)"
+
 if ls /etc/cni/net.d/*.conf* >/dev/null 2>&1; then
   wait_for "node $NODE Ready" 180 sh -c "kubectl get node $NODE -o jsonpath='{.status.conditions[?(@.type==\"Ready\")].status}' 2>/dev/null | grep -qx True"
 else

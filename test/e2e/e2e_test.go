@@ -1,8 +1,10 @@
-// Package e2e runs cni-usernet on a real single-node Kubernetes cluster
+// Package e2e runs cni-usernet on a real two-node Kubernetes cluster
 // (hack/k8s) the way users install it: the README's "Install on Kubernetes"
-// commands, then pods, Services, GSO annotations, a DaemonSet restart, pod
-// deletion and the README's uninstall, checked from kubectl and from the
-// node. `make e2e` brings the cluster up, runs it and tears it down.
+// commands, then pods, Services, GSO annotations, traffic across the nodes
+// (over the routes the agents make), CoreDNS, a DaemonSet restart, pod
+// deletion and the README's uninstall while pods still run, checked from
+// kubectl and from the nodes. `make e2e` brings the cluster up, runs it and
+// tears it down.
 //
 // The node is this machine (the cluster's node address lives on lo) and
 // every address the test talks to is a pod's or a Service's; the cluster's
@@ -57,6 +59,9 @@ func TestKubernetes(t *testing.T) {
 			}
 		}
 		if _, err := kubectl("-n", "kube-system", "get", "ds", "cni-usernet"); err == nil {
+			// CoreDNS's pods use the plugin too: the agents' uninstall
+			// waits for them.
+			kubectl("-n", "kube-system", "scale", "deploy/coredns", "--replicas=0")
 			if _, err := kubectl("delete", "-f", manifest, "--wait=true", "--timeout=90s"); err != nil {
 				t.Logf("cleanup: %v", err)
 			}
@@ -74,6 +79,10 @@ func TestKubernetes(t *testing.T) {
 	check := func(name string, f func(t *testing.T)) { t.Run(name, f) }
 
 	before := snapshot(t, cniConfDir, cniBinDir)
+	var before2 map[string]string
+	if node2() != "" {
+		before2 = snapshot(t, node2Dir(cniConfDir), node2Dir(cniBinDir))
+	}
 	var network string
 
 	step("NodeNotReadyBeforeInstall", func(t *testing.T) {
@@ -95,6 +104,14 @@ func TestKubernetes(t *testing.T) {
 			}
 			return nil
 		})
+		if node2() != "" {
+			eventually(t, 2*time.Minute, "node 2 Ready", func() error {
+				if ok, why := getNode(t, node2()).ready(); !ok {
+					return fmt.Errorf("node 2 NotReady: %s", why)
+				}
+				return nil
+			})
+		}
 		file, name, typ, err := installedConflist()
 		if err != nil {
 			t.Fatal(err)
@@ -117,6 +134,8 @@ func TestKubernetes(t *testing.T) {
 			{"get", "pods", "default", "yes"},
 			{"create", "events", "default", "yes"},
 			{"get", "nodes", "", "yes"},
+			{"list", "nodes", "", "yes"},
+			{"watch", "nodes", "", "no"},
 			{"get", "daemonsets.apps/cni-usernet", "kube-system", "yes"},
 			{"list", "pods", "default", "no"},
 			{"get", "secrets", "kube-system", "no"},
@@ -277,6 +296,155 @@ spec:
 		}
 	})
 
+	// Two nodes (hack/k8s/node2.sh): pods on node 2 reach and are reached
+	// from node 1 through both pods' stacks, over the routes the agents
+	// made between the nodes (standalone mode: host-gw on the lab's link).
+	farIP := map[string]string{}
+	check("AcrossNodes", func(t *testing.T) {
+		if node2() == "" {
+			t.Skip("single-node lab (K8S_LAB_NODES=1)")
+		}
+		web := map[string]string{"role": "web"}
+		var m strings.Builder
+		m.WriteString(podManifestOn(ns, "near", "", node1(), web))
+		m.WriteString(podManifestOn(ns, "far", "", node2(), web))
+		fmt.Fprintf(&m, `---
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: %s}
+spec:
+  type: NodePort
+  selector: {role: web}
+  ports:
+  - {name: http, protocol: TCP, port: 80, targetPort: 8080}
+  - {name: udp, protocol: UDP, port: 9090, targetPort: 9090}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: far, namespace: %s}
+spec:
+  selector: {app: far}
+  ports:
+  - {name: http, protocol: TCP, port: 80, targetPort: 8080}
+`, ns, ns)
+		apply(t, m.String())
+		mustKubectl(t, "-n", ns, "wait", "--for=condition=Ready", "pod/near", "pod/far", "--timeout=3m")
+		pods["near"] = ""
+		podIP["near"] = getPod(t, ns, "near").Status.PodIP
+		farIP["far"] = getPod(t, ns, "far").Status.PodIP
+		webIP := strings.TrimSpace(mustKubectl(t, "-n", ns, "get", "svc", "web", "-o", "jsonpath={.spec.clusterIP}"))
+		farSvc := strings.TrimSpace(mustKubectl(t, "-n", ns, "get", "svc", "far", "-o", "jsonpath={.spec.clusterIP}"))
+		nodePort := strings.TrimSpace(mustKubectl(t, "-n", ns, "get", "svc", "web", "-o", "jsonpath={.spec.ports[0].nodePort}"))
+		t.Logf("near %s (node 1), far %s (node 2), Service web %s NodePort %s, Service far %s",
+			podIP["near"], farIP["far"], webIP, nodePort, farSvc)
+
+		// The agents' routes between the nodes, and far's own stack.
+		if r := agentRoutes(t, repo, false); !strings.Contains(r, " via "+node2IP()+" ") {
+			t.Errorf("node 1 has no route to node 2's pods via %s:\n%s", node2IP(), r)
+		} else {
+			t.Logf("node 1 routes (proto 117): %s", strings.TrimSpace(r))
+		}
+		if r := agentRoutes(t, repo, true); !strings.Contains(r, " via ") {
+			t.Errorf("node 2 has no route to node 1's pods:\n%s", r)
+		} else {
+			t.Logf("node 2 routes (proto 117): %s", strings.TrimSpace(r))
+		}
+		row, ok := node2Status(t, repo)[ns+"/far"]
+		if !ok || !row.Healthy || !containsIP(row.IPs, farIP["far"]) {
+			t.Errorf("far on node 2: status %+v", row)
+		}
+		// (an earlier run's uninstall scaled it to 0 where the cluster was kept)
+		mustKubectl(t, "-n", "kube-system", "scale", "deploy/coredns", "--replicas=1")
+		mustKubectl(t, "-n", "kube-system", "rollout", "status", "deploy/coredns", "--timeout=3m")
+
+		traffic := func(t *testing.T, far string) {
+			// pod <-> pod across nodes, client address preserved both ways.
+			out := podExec(t, ns, "cli", "timeout", "15", "wget", "-qO-", "http://"+net.JoinHostPort(far, "8080")+"/")
+			wantHTTP(t, "cli (node 1) -> far (node 2)", out, "far", podIP["cli"])
+			out = podExec(t, ns, "far", "timeout", "15", "wget", "-qO-", "http://"+net.JoinHostPort(podIP["srv"], "8080")+"/")
+			wantHTTP(t, "far (node 2) -> srv (node 1)", out, "srv", far)
+			// UDP across nodes: a DNS query to far's own server, and echo from node 1.
+			out = podExec(t, ns, "cli", "timeout", "15", "nslookup", "e2e.test.", far)
+			if !strings.Contains(out, "198.51.100.53") {
+				t.Errorf("cli -> far DNS over UDP: no answer in:\n%s", out)
+			}
+			if reply, err := udpEcho(net.JoinHostPort(far, "9090"), "hello-far"); err != nil {
+				t.Errorf("node 1 -> far UDP: %v", err)
+			} else if !strings.HasPrefix(reply, "pod=far ") {
+				t.Errorf("node 1 -> far UDP: reply %q", reply)
+			}
+			if body, err := httpGet("http://" + net.JoinHostPort(far, "8080") + "/"); err != nil {
+				t.Errorf("node 1 -> far HTTP: %v", err)
+			} else {
+				wantHTTP(t, "node 1 -> far", body, "far", "")
+			}
+			// ClusterIP with a backend on each node: both answer.
+			seen := map[string]bool{}
+			for i := 0; i < 40 && len(seen) < 2; i++ {
+				out := podExec(t, ns, "cli", "timeout", "15", "wget", "-qO-", "http://"+webIP+"/")
+				if f := strings.Fields(out); len(f) > 0 {
+					seen[strings.TrimPrefix(f[0], "pod=")] = true
+				}
+			}
+			if !seen["near"] || !seen["far"] {
+				t.Errorf("cli -> Service web: answered by %v, want near and far", seen)
+			}
+			// NodePort on node 2, from node 1 and from a pod on node 1.
+			np := "http://" + net.JoinHostPort(node2IP(), nodePort) + "/"
+			if body, err := httpGet(np); err != nil || (!strings.HasPrefix(body, "pod=near ") && !strings.HasPrefix(body, "pod=far ")) {
+				t.Errorf("node 1 -> NodePort %s on node 2: %q, %v", np, body, err)
+			}
+			out = podExec(t, ns, "cli", "timeout", "15", "wget", "-qO-", np)
+			if !strings.HasPrefix(out, "pod=near ") && !strings.HasPrefix(out, "pod=far ") {
+				t.Errorf("cli -> NodePort %s on node 2: %q", np, out)
+			}
+			// A Service by its DNS name (CoreDNS), from both nodes.
+			name := "web." + ns + ".svc.cluster.local"
+			for _, c := range []string{"cli", "far"} {
+				out = podExec(t, ns, c, "timeout", "15", "nslookup", name)
+				if !strings.Contains(out, webIP) {
+					t.Errorf("%s: nslookup %s: want %s in:\n%s", c, name, webIP, out)
+				}
+				out = podExec(t, ns, c, "timeout", "15", "wget", "-qO-", "http://"+name+"/")
+				if !strings.HasPrefix(out, "pod=near ") && !strings.HasPrefix(out, "pod=far ") {
+					t.Errorf("%s -> http://%s/: %q", c, name, out)
+				}
+			}
+			// Hairpin on node 2: far through its own Service (whose
+			// endpoint kube-proxy may still be updating after a restart).
+			eventually(t, 30*time.Second, "far -> own Service (hairpin, node 2)", func() error {
+				out, err := kubectl("-n", ns, "exec", "far", "--", "timeout", "10", "wget", "-qO-", "http://"+farSvc+"/")
+				if err != nil || !strings.HasPrefix(out, "pod=far ") {
+					return fmt.Errorf("answer %q, %v", out, err)
+				}
+				return nil
+			})
+		}
+		t.Run("Traffic", func(t *testing.T) { traffic(t, farIP["far"]) })
+
+		// far restarted (deleted and created again) on node 2: a new
+		// attachment, a new address, and everything works as before.
+		t.Run("RestartedOnNode2", func(t *testing.T) {
+			mustKubectl(t, "-n", ns, "delete", "pod", "far", "--wait=true", "--timeout=2m")
+			apply(t, podManifestOn(ns, "far", "", node2(), web))
+			mustKubectl(t, "-n", ns, "wait", "--for=condition=Ready", "pod/far", "--timeout=2m")
+			farIP["far"] = getPod(t, ns, "far").Status.PodIP
+			eventually(t, time.Minute, "Service web's endpoints follow far", func() error {
+				out, err := kubectl("-n", ns, "get", "endpointslices", "-l", "kubernetes.io/service-name=web",
+					"-o", "jsonpath={.items[*].endpoints[*].addresses[*]}")
+				if err != nil {
+					return err
+				}
+				if !strings.Contains(" "+out+" ", " "+farIP["far"]+" ") {
+					return fmt.Errorf("endpoints %q lack far's new address %s", out, farIP["far"])
+				}
+				return nil
+			})
+			t.Logf("far restarted on node 2 with %s", farIP["far"])
+			traffic(t, farIP["far"])
+		})
+	})
+
 	check("BadAnnotation", func(t *testing.T) {
 		apply(t, podManifest(ns, "bad", "turbo"))
 		eventually(t, 2*time.Minute, "bad annotation's error in the pod's events", func() error {
@@ -304,8 +472,8 @@ spec:
 		if err := s.consistent(); err != nil {
 			t.Error(err)
 		}
-		if len(s.atts) != len(pods) {
-			t.Errorf("%d attachments on the node, want %d (one per running pod)", len(s.atts), len(pods))
+		if n := s.inNamespace(ns); n != len(pods) {
+			t.Errorf("%d attachments of the test's pods on the node, want %d (one per running pod)", n, len(pods))
 		}
 		mustKubectl(t, "-n", ns, "delete", "pod", "bad", "--wait=true")
 	})
@@ -381,15 +549,20 @@ spec:
 		wantHTTP(t, "node -> late", body, "late", "")
 	})
 
-	check("DeletingPodsRemovesEverything", func(t *testing.T) {
-		s := readNodeState(t, network)
-		type left struct {
-			pid        int
-			veth, file string
-			ips        []string
-		}
-		var mine []left
-		for name := range pods {
+	// Pods that stay for the uninstall below: the issue's sequence is
+	// "uninstall with two pods on cni-usernet, then delete the pods".
+	keep := map[string]bool{"srv": true, "cli": true}
+
+	// leftovers of pods that are deleted: stack, veth, state file, leases.
+	type left struct {
+		name, veth, file string
+		pid              int
+		ips              []string
+	}
+	leftOf := func(t *testing.T, s nodeState, names []string) []left {
+		t.Helper()
+		var out []left
+		for _, name := range names {
 			a := s.attachmentOf(ns, name)
 			if a == nil {
 				t.Fatalf("%s: no attachment state", name)
@@ -398,37 +571,125 @@ spec:
 			for _, ip := range a.IPs {
 				ips = append(ips, strings.SplitN(ip, "/", 2)[0])
 			}
-			mine = append(mine, left{a.StackPID, a.HostVeth, filepath.Join(stateDir, stateKeyFile(a.ContainerID, a.IfName)), ips})
+			out = append(out, left{name, a.HostVeth, filepath.Join(stateDir, stateKeyFile(a.ContainerID, a.IfName)), a.StackPID, ips})
 		}
-		mustKubectl(t, "delete", "ns", ns, "--wait=true", "--timeout=2m")
+		return out
+	}
+	gone := func(l left) error {
+		if stackAlive(l.pid) {
+			return fmt.Errorf("%s: stack %d still runs", l.name, l.pid)
+		}
+		if _, err := net.InterfaceByName(l.veth); err == nil {
+			return fmt.Errorf("%s: veth %s still exists", l.name, l.veth)
+		}
+		if _, err := os.Stat(l.file); err == nil {
+			return fmt.Errorf("%s: state %s still exists", l.name, l.file)
+		}
+		for _, ip := range l.ips {
+			if _, err := os.Stat(filepath.Join(leaseRoot, network, ip)); err == nil {
+				return fmt.Errorf("%s: lease of %s still held", l.name, ip)
+			}
+		}
+		return nil
+	}
+
+	check("DeletingPodsRemovesEverything", func(t *testing.T) {
+		var del []string
+		for name := range pods {
+			if !keep[name] {
+				del = append(del, name)
+			}
+		}
+		mine := leftOf(t, readNodeState(t, network), del)
+		mustKubectl(t, append([]string{"-n", ns, "delete", "pod", "--wait=true", "--timeout=2m"}, del...)...)
 		eventually(t, time.Minute, "stacks, veths, state and leases of the deleted pods gone", func() error {
 			for _, l := range mine {
-				if stackAlive(l.pid) {
-					return fmt.Errorf("stack %d still runs", l.pid)
-				}
-				if _, err := net.InterfaceByName(l.veth); err == nil {
-					return fmt.Errorf("veth %s still exists", l.veth)
-				}
-				if _, err := os.Stat(l.file); err == nil {
-					return fmt.Errorf("state %s still exists", l.file)
-				}
-				for _, ip := range l.ips {
-					if _, err := os.Stat(filepath.Join(leaseRoot, network, ip)); err == nil {
-						return fmt.Errorf("lease of %s still held", ip)
-					}
+				if err := gone(l); err != nil {
+					return err
 				}
 			}
 			s := readNodeState(t, network)
-			if len(s.atts) != 0 || len(s.stacks) != 0 || len(s.veths) != 0 || len(s.leases) != 0 {
-				return fmt.Errorf("left on the node: %d attachments, stacks %v, veths %v, leases %v",
-					len(s.atts), s.stacks, s.veths, s.leases)
+			if n := s.inNamespace(ns); n != len(keep) {
+				return fmt.Errorf("%d attachments of the test's pods left, want %d (the pods kept)", n, len(keep))
 			}
-			return nil
+			return s.consistent()
 		})
 	})
 
-	check("UninstallFromREADME", func(t *testing.T) {
+	// Uninstall while pods still run, as an admin would: the README's
+	// `kubectl delete -f`, then the pods. The agent keeps the plugin and
+	// its configuration until the last pod is gone (their DEL needs
+	// them), then restores the node.
+	check("UninstallWhilePodsRun", func(t *testing.T) {
+		names := []string{"srv", "cli"}
+		mine := leftOf(t, readNodeState(t, network), names)
+		agents := agentPods(t)
 		runREADME(t, repo, "e2e-uninstall", 3*time.Minute)
+		eventually(t, time.Minute, "the agent says it defers the uninstall", func() error {
+			for _, a := range agents {
+				out, err := kubectl("-n", "kube-system", "logs", a, "--tail=50")
+				if err != nil {
+					return err
+				}
+				if strings.Contains(out, "uninstall deferred") && strings.Contains(out, ns+"/srv") && strings.Contains(out, ns+"/cli") {
+					if node2() != "" && farIP["far"] != "" {
+						// node 2's agent waits for far
+						found := false
+						for _, b := range agents {
+							o, _ := kubectl("-n", "kube-system", "logs", b, "--tail=50")
+							found = found || (strings.Contains(o, "uninstall deferred") && strings.Contains(o, ns+"/far"))
+						}
+						if !found {
+							return fmt.Errorf("no agent log line saying the uninstall is deferred for %s/far (node 2)", ns)
+						}
+					}
+					for _, l := range strings.Split(out, "\n") {
+						if strings.Contains(l, "uninstall deferred") {
+							t.Logf("agent %s: %s", a, l)
+						}
+					}
+					return nil
+				}
+			}
+			return fmt.Errorf("no agent log line saying the uninstall is deferred for %s/srv and %s/cli", ns, ns)
+		})
+		// Meanwhile the pods keep their network, and what their DEL needs
+		// stays.
+		if _, err := os.Stat(installed); err != nil {
+			t.Errorf("plugin binary gone while pods use it: %v", err)
+		}
+		if _, _, typ, err := installedConflist(); err != nil || typ != "cni-usernet" {
+			t.Errorf("configuration gone while pods use it: first plugin %q, %v", typ, err)
+		}
+		for _, name := range names {
+			if body, err := httpGet("http://" + net.JoinHostPort(podIP[name], "8080") + "/"); err != nil {
+				t.Errorf("node -> %s during the deferred uninstall: %v", name, err)
+			} else {
+				wantHTTP(t, "node -> "+name+" during the deferred uninstall", body, name, "")
+			}
+		}
+		// Now the pods: their deletion must complete (no Terminating
+		// forever), and leave nothing behind.
+		start := time.Now()
+		mustKubectl(t, "delete", "ns", ns, "--wait=true", "--timeout=2m")
+		// CoreDNS (kube-system) runs on cni-usernet too: its pods go as well.
+		mustKubectl(t, "-n", "kube-system", "scale", "deploy/coredns", "--replicas=0")
+		eventually(t, 2*time.Minute, "CoreDNS pods gone", func() error {
+			out, err := kubectl("-n", "kube-system", "get", "pods", "-l", "k8s-app=kube-dns", "-o", "name")
+			if err != nil || strings.TrimSpace(out) != "" {
+				return fmt.Errorf("%q, %v", out, err)
+			}
+			return nil
+		})
+		t.Logf("namespace with the pods deleted in %s", time.Since(start).Round(time.Second))
+		eventually(t, time.Minute, "stacks, veths, state and leases of the deleted pods gone", func() error {
+			for _, l := range mine {
+				if err := gone(l); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
 		waitAgentGone(t)
 		var diff []string
 		eventually(t, time.Minute, "/etc/cni/net.d and /opt/cni/bin as before the install", func() error {
@@ -444,12 +705,31 @@ spec:
 			}
 			return nil
 		})
+		if node2() != "" {
+			if d := diffSnapshots(before2, snapshot(t, node2Dir(cniConfDir), node2Dir(cniBinDir))); d != nil {
+				t.Errorf("node 2's CNI directories not as before the install:\n  %s", strings.Join(d, "\n  "))
+			}
+			for _, two := range []bool{false, true} {
+				if r := strings.TrimSpace(agentRoutes(t, repo, two)); r != "" {
+					t.Errorf("routes to other nodes left after the uninstall (node 2: %v):\n%s", two, r)
+				}
+			}
+		}
 	})
 }
 
 // podManifest is a test pod running podtool, with the GSO annotation when
 // mode is not empty.
 func podManifest(ns, name, mode string) string {
+	return podManifestOn(ns, name, mode, node1(), nil)
+}
+
+// podManifestOn is podManifest on the given node, with extra labels.
+func podManifestOn(ns, name, mode, nodeName string, labels map[string]string) string {
+	lab := fmt.Sprintf("app: %q", name)
+	for k, v := range labels {
+		lab += fmt.Sprintf(", %s: %q", k, v)
+	}
 	ann := ""
 	if mode != "" {
 		ann = fmt.Sprintf("\n  annotations: {%s: %q}", gsoAnnotation, mode)
@@ -460,8 +740,9 @@ kind: Pod
 metadata:
   name: %q
   namespace: %q
-  labels: {app: %q}%s
+  labels: {%s}%s
 spec:
+  nodeName: %q
   terminationGracePeriodSeconds: 1
   containers:
   - name: podtool
@@ -471,7 +752,7 @@ spec:
     env:
     - name: POD_NAME
       valueFrom: {fieldRef: {fieldPath: metadata.name}}
-`, name, ns, name, ann, podImage)
+`, name, ns, lab, ann, nodeName, podImage)
 }
 
 func podExec(t *testing.T, ns, name string, argv ...string) string {

@@ -59,4 +59,9 @@ func buildPodImage(t *testing.T, repo string) {
 	if _, err := run(ctx, "", "ctr", "-n", "k8s.io", "images", "import", tar); err != nil {
 		t.Fatal(err)
 	}
+	if node2() != "" {
+		if _, err := run(ctx, repo, "hack/k8s/node2.sh", "import", tar); err != nil {
+			t.Fatal(err)
+		}
+	}
 }

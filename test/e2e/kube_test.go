@@ -127,21 +127,20 @@ func (n node) ready() (bool, string) {
 	return false, "no Ready condition"
 }
 
-func onlyNode(t *testing.T) node {
+// getNode returns the named node.
+func getNode(t *testing.T, name string) node {
 	t.Helper()
-	var l struct{ Items []node }
-	if err := kubectlJSON(&l, "get", "nodes"); err != nil {
+	var n node
+	if err := kubectlJSON(&n, "get", "node", name); err != nil {
 		t.Fatal(err)
 	}
-	if len(l.Items) != 1 {
-		t.Fatalf("want a single-node cluster, have %d nodes", len(l.Items))
-	}
-	return l.Items[0]
+	return n
 }
 
+// nodeReady is the Ready condition of node 1, the machine itself.
 func nodeReady(t *testing.T) (bool, string) {
 	t.Helper()
-	return onlyNode(t).ready()
+	return getNode(t, node1()).ready()
 }
 
 type pod struct {

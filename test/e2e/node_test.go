@@ -52,6 +52,11 @@ func nodeStatus(t *testing.T) map[string]statusRow {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return parseStatus(t, out)
+}
+
+func parseStatus(t *testing.T, out string) map[string]statusRow {
+	t.Helper()
 	// Lines after the JSON array name unreadable state files.
 	dec := json.NewDecoder(strings.NewReader(out))
 	var rows []statusRow
@@ -86,7 +91,15 @@ func readNodeState(t *testing.T, network string) nodeState {
 	}
 	s.atts = atts
 	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	self, _ := os.Readlink("/proc/self/ns/pid")
 	for _, c := range procs {
+		// Node 2's stacks (hack/k8s/node2.sh) are processes of this
+		// machine too, in node 2's PID namespace. (Not its mount
+		// namespace: node 1's agent restarts stacks in /proc/1's, which
+		// need not be the test's.)
+		if pidns, err := os.Readlink(filepath.Join(filepath.Dir(c), "ns", "pid")); err != nil || pidns != self {
+			continue
+		}
 		b, err := os.ReadFile(c)
 		if err != nil {
 			continue
@@ -214,4 +227,15 @@ func stackAlive(pid int) bool {
 // stateKeyFile is the name of an attachment's state file.
 func stateKeyFile(containerID, ifName string) string {
 	return state.Key(containerID, ifName) + ".json"
+}
+
+// inNamespace counts the attachments of pods in namespace ns.
+func (s nodeState) inNamespace(ns string) int {
+	n := 0
+	for _, a := range s.atts {
+		if a.PodNS == ns {
+			n++
+		}
+	}
+	return n
 }

@@ -27,3 +27,8 @@ if [ ! -f "$IMGDIR/busybox.tar" ]; then
   busybox_rootfs "$tmp/bb"
   "$LAB/images/mkimage.sh" "$BUSYBOX_IMAGE" "$tmp/bb" "$IMGDIR/busybox.tar" null '["sh"]'
 fi
+if [ ! -f "$IMGDIR/coredns.tar" ]; then
+  mkdir -p "$tmp/coredns/etc/coredns" "$tmp/coredns/tmp"
+  cp "$BIN/coredns" "$tmp/coredns/coredns"
+  "$LAB/images/mkimage.sh" "$COREDNS_IMAGE" "$tmp/coredns" "$IMGDIR/coredns.tar" '["/coredns"]'
+fi

@@ -1,0 +1,221 @@
+#!/bin/bash
+# node2.sh — the lab's second node, on the same machine: its own kubelet,
+# containerd and kube-proxy in namespaces of their own, joined to the first
+# node (the machine's root namespaces) by one veth.
+#
+#   hack/k8s/node2.sh up            start it (up.sh calls this once the control plane runs)
+#   hack/k8s/node2.sh down          stop it and remove its namespaces, link and files (down.sh calls this)
+#   hack/k8s/node2.sh exec CMD...   run CMD on node 2 (its network, mount, PID and UTS namespaces)
+#   hack/k8s/node2.sh import TAR    import an OCI image tarball into node 2's containerd
+#
+# What node 2 has of its own (everything a CNI plugin or a kubelet writes):
+#   network namespace   eth0 = 10.242.0.2/32, peer of k8slab-n2 in the root namespace; its own
+#                       iptables (kube-proxy, the guard), routes, conntrack, sysctls, abstract sockets
+#   mount namespace     private bind mounts over /etc/cni/net.d, /opt/cni/bin, /var/lib/cni,
+#                       /var/lib/cni-usernet, /run/cni-usernet, /var/log/cni-usernet,
+#                       /var/lib/kubelet, /var/lib/containerd, /run/containerd, /run/netns,
+#                       /var/log/pods, /var/log/containers (backed by $STATE/node2/...)
+#   PID namespace       a reaping init (the lab's pause) as PID 1: hostPID pods (cni-usernet's
+#                       agent) see node 2's processes, /proc/1/ns/mnt is node 2's mount namespace
+#   UTS namespace       host name = the node name
+#   cgroups             kubelet's cgroupRoot /k8s-lab-node2 (node 1's pods are under /kubepods)
+# What it shares with node 1: the kernel (modules, sysctls that are not per
+# namespace, nftables netdev support), the root file system outside those
+# directories (binaries in /opt/k8s-lab, /usr, /etc), the cgroup hierarchy (a
+# subtree of its own), the control plane (etcd, API server, controller manager,
+# scheduler run once, on node 1), the CA and the kube-proxy credentials.
+set -euo pipefail
+LAB=$(cd "$(dirname "$0")" && pwd)
+. "$LAB/lib/common.sh"
+
+N2=$STATE/node2 # node 2's private directories
+N2_PIDFILE=$RUNDIR/node2-init.pid
+N2_CGROUP=k8s-lab-node2
+N2_PRIVATE="/etc/cni/net.d /opt/cni/bin /var/lib/cni /var/lib/cni-usernet /run/cni-usernet /var/log/cni-usernet
+  /var/lib/kubelet /var/lib/containerd /run/containerd /run/netns /var/log/pods /var/log/containers"
+
+n2_pid() { [ -f "$N2_PIDFILE" ] && kill -0 "$(cat "$N2_PIDFILE")" 2>/dev/null && cat "$N2_PIDFILE"; }
+
+# in_n2 CMD...: run in node 2's namespaces (-F: no fork into the PID ns is
+# needed for short commands, but daemons must be in it: nsenter forks with -p).
+in_n2() {
+  local pid; pid=$(n2_pid) || die "node 2 is not running"
+  nsenter -t "$pid" -n -m -p -u -- "$@"
+}
+
+n2_start_daemon() { # NAME CMD...
+  local name=$1; shift
+  if pid_alive "$name"; then return 0; fi
+  log "starting $name on $NODE2"
+  local pid ns child i; pid=$(n2_pid)
+  # nsenter forks the daemon into node 2's PID namespace and waits for it:
+  # record the daemon itself, so that stop_daemon signals it, not nsenter.
+  setsid nsenter -t "$pid" -n -m -p -u -- "$@" >>"$LOGDIR/$name.log" 2>&1 </dev/null &
+  ns=$!
+  for i in $(seq 50); do
+    child=$(pgrep -P "$ns" 2>/dev/null | head -1 || true)
+    [ -n "$child" ] && break
+    sleep 0.1
+  done
+  [ -n "$child" ] || die "$name did not start: $(tail -5 "$LOGDIR/$name.log")"
+  echo "$child" >"$RUNDIR/$name.pid"
+  sleep 0.5
+  pid_alive "$name" || die "$name exited at once: $(tail -5 "$LOGDIR/$name.log")"
+}
+
+up() {
+  local t0; t0=$(date +%s)
+  # ------------------------------------------------------------ namespaces
+  if ! n2_pid >/dev/null; then
+    log "creating node $NODE2 (network, mount, PID and UTS namespaces)"
+    mkdir -p "$N2"
+    for d in $N2_PRIVATE; do mkdir -p "$d" "$N2/$(echo "${d#/}" | tr / _)"; done
+    [ -x "$BIN/k8s-lab-init" ] || gcc -static -Os -s -o "$BIN/k8s-lab-init" "$LAB/images/pause.c"
+    local mounts="set -e; mount --make-rprivate /"
+    # (first away with the copies of node 1's mounts there, e.g. its shared
+    # /run/netns: a check of the path would find them under ours)
+    for d in $N2_PRIVATE; do
+      mounts="$mounts; while mountpoint -q $d; do umount -l $d; done; mount --bind $N2/$(echo "${d#/}" | tr / _) $d"
+    done
+    # pods' namespaces: a shared mount, for the agent's HostToContainer volume
+    mounts="$mounts; mount --make-shared /run/netns; hostname $NODE2"
+    setsid unshare --net --mount --pid --uts --fork --mount-proc --propagation private \
+      sh -c "$mounts; exec $BIN/k8s-lab-init" >>"$LOGDIR/node2-init.log" 2>&1 </dev/null &
+    local i
+    for i in $(seq 50); do
+      # the init's PID in the root namespace: the child of unshare
+      local child; child=$(pgrep -P $! 2>/dev/null | head -1 || true)
+      if [ -n "$child" ] && [ "$(readlink /proc/$child/exe 2>/dev/null)" = "$BIN/k8s-lab-init" ]; then
+        echo "$child" >"$N2_PIDFILE"; break
+      fi
+      sleep 0.1
+    done
+    n2_pid >/dev/null || die "node 2's init did not start: $(tail -5 "$LOGDIR/node2-init.log")"
+  fi
+  local pid; pid=$(n2_pid)
+
+  # ------------------------------------------------------------ the link
+  if ! ip link show k8slab-n2 >/dev/null 2>&1; then
+    ip link add k8slab-n2 type veth peer name eth0 netns "$pid"
+  fi
+  ip link set k8slab-n2 up
+  ip route replace "$NODE2_IP/32" dev k8slab-n2 src "$NODE_IP"
+  in_n2 sh -ec "
+    ip link set lo up; ip link set eth0 up
+    ip addr replace $NODE2_IP/32 dev eth0
+    ip route replace $NODE_IP/32 dev eth0 src $NODE2_IP
+    # host processes' Service traffic (kube-proxy DNATs it in OUTPUT after this lookup)
+    ip route replace $SVC_CIDR via $NODE_IP dev eth0 src $NODE2_IP
+    sysctl -qw net.ipv4.ip_forward=1 net.ipv4.conf.all.route_localnet=0
+    sysctl -qw net.bridge.bridge-nf-call-iptables=1 2>/dev/null || true
+    iptables -w -N K8S-LAB-GUARD 2>/dev/null || true
+    iptables -w -C FORWARD -j K8S-LAB-GUARD 2>/dev/null || iptables -w -I FORWARD 1 -j K8S-LAB-GUARD
+    iptables -w -F K8S-LAB-GUARD
+    iptables -w -A K8S-LAB-GUARD -s $POD_NET -d $NODE_NET -o eth0 -j RETURN
+    iptables -w -A K8S-LAB-GUARD -s $POD_NET ! -d $POD_NET -j DROP"
+  in_n2 ping -c1 -W2 "$NODE_IP" >/dev/null || die "node 2 cannot reach $NODE_IP over k8slab-n2"
+
+  # ------------------------------------------------------------ CNI plugins, cgroups, certificates
+  for f in /usr/lib/cni/*; do
+    [ -e "$N2/opt_cni_bin/$(basename "$f")" ] || cp -a "$f" "$N2/opt_cni_bin/"
+  done
+  for c in /sys/fs/cgroup/*/; do
+    [ -d "$c" ] && [ -w "$c" ] && mkdir -p "$c$N2_CGROUP" 2>/dev/null || true
+  done
+  (
+    cd "$PKI"; umask 077
+    cert() { # NAME SUBJECT EXTKEYUSAGE [SANS]  (as lib/pki.sh)
+      [ -f "$1.crt" ] && return 0
+      openssl genrsa -out "$1.key" 2048 2>/dev/null
+      { echo "basicConstraints=CA:FALSE"; echo "keyUsage=critical,digitalSignature,keyEncipherment"
+        echo "extendedKeyUsage=$3"; [ -n "${4:-}" ] && echo "subjectAltName=$4"; } >"$1.ext"
+      openssl req -new -key "$1.key" -subj "$2" -out "$1.csr"
+      openssl x509 -req -in "$1.csr" -CA ca.crt -CAkey ca.key -CAcreateserial -days 3650 -sha256 \
+        -extfile "$1.ext" -out "$1.crt" 2>/dev/null
+      rm -f "$1.csr" "$1.ext"
+    }
+    cert "kubelet-$NODE2" "/O=system:nodes/CN=system:node:$NODE2" clientAuth
+    cert "kubelet-serving-$NODE2" "/CN=$NODE2" serverAuth "DNS:$NODE2,IP:$NODE2_IP"
+  )
+  write_kubeconfig "kubelet-$NODE2" "$STATE/kubelet-$NODE2.kubeconfig"
+
+  # ------------------------------------------------------------ containerd
+  # the same configuration: its paths are node 2's own through the bind mounts
+  n2_start_daemon containerd-node2 /usr/bin/containerd --config "$ETC/containerd.toml"
+  wait_for "containerd on $NODE2" 60 in_n2 ctr version
+  for t in "$IMGDIR"/*.tar; do import "$t"; done
+
+  # ------------------------------------------------------------ kubelet
+  sed -e "s#^address: .*#address: $NODE2_IP#" \
+      -e "s#^tlsCertFile: .*#tlsCertFile: $PKI/kubelet-serving-$NODE2.crt#" \
+      -e "s#^tlsPrivateKeyFile: .*#tlsPrivateKeyFile: $PKI/kubelet-serving-$NODE2.key#" \
+      "$ETC/kubelet.yaml" >"$ETC/kubelet-$NODE2.yaml"
+  echo "cgroupRoot: /$N2_CGROUP" >>"$ETC/kubelet-$NODE2.yaml"
+  n2_start_daemon kubelet-node2 "$BIN/kubelet" \
+    --config="$ETC/kubelet-$NODE2.yaml" --kubeconfig="$STATE/kubelet-$NODE2.kubeconfig" \
+    --hostname-override="$NODE2" --node-ip="$NODE2_IP" \
+    --pod-infra-container-image="$PAUSE_IMAGE" --v=1
+
+  # ------------------------------------------------------------ kube-proxy
+  sed -e "s#^hostnameOverride: .*#hostnameOverride: $NODE2#" \
+      -e "s#^bindAddress: .*#bindAddress: $NODE2_IP#" \
+      -e "s#^nodePortAddresses: .*#nodePortAddresses: [\"$NODE2_IP/32\"]#" \
+      "$ETC/kube-proxy.yaml" >"$ETC/kube-proxy-$NODE2.yaml"
+  n2_start_daemon kube-proxy-node2 "$BIN/kube-proxy" --config="$ETC/kube-proxy-$NODE2.yaml" --v=1
+
+  wait_for "node $NODE2 registered" 180 kubectl --kubeconfig "$STATE/admin.kubeconfig" get node "$NODE2"
+  log "node $NODE2 up in $(( $(date +%s) - t0 ))s"
+}
+
+import() { # TAR
+  local ref tar; tar=$(realpath "$1")   # node 2's mount namespace starts in /
+  ref=$(tar -xOf "$tar" index.json | sed -n 's/.*"io.containerd.image.name":"\([^"]*\)".*/\1/p')
+  in_n2 ctr -n k8s.io images ls -q | grep -qx "$ref" || in_n2 ctr -n k8s.io images import "$tar" >/dev/null
+}
+
+down() {
+  local pid; pid=$(n2_pid || true)
+  stop_daemon kubelet-node2 30
+  if [ -n "$pid" ]; then
+    # pod sandboxes: StopPodSandbox runs CNI DEL (node 2's plugin and files)
+    if pid_alive containerd-node2; then
+      for p in $(in_n2 crictl pods -q 2>/dev/null); do
+        in_n2 crictl stopp "$p" >/dev/null 2>&1 || log "node 2: stopp $p failed"
+        in_n2 crictl rmp -f "$p" >/dev/null 2>&1 || true
+      done
+    fi
+    # node 2's cni-usernet stacks that outlived their pods (a failed run):
+    # every process in node 2's PID namespace goes with its init below.
+  fi
+  stop_daemon kube-proxy-node2 20
+  stop_daemon containerd-node2 30
+  if [ -n "$pid" ]; then
+    # PID 1 of node 2 exits on SIGTERM: the kernel kills every process left
+    # in its PID namespace (shims, stacks); its mount namespace and the
+    # mounts in it go with the last of them, its network namespace (eth0,
+    # and so k8slab-n2) with the last reference.
+    kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 40); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
+    kill -KILL "$pid" 2>/dev/null || true
+  fi
+  rm -f "$N2_PIDFILE"
+  for _ in $(seq 20); do ip link show k8slab-n2 >/dev/null 2>&1 || break; sleep 0.25; done
+  ip link del k8slab-n2 2>/dev/null || true
+  ip route del "$NODE2_IP/32" 2>/dev/null || true
+  # our routes to node 2's pods (cni-usernet's agent removes them on uninstall;
+  # a failed run may leave them): protocol 117 is pkg/noderoutes'.
+  ip route flush proto 117 2>/dev/null || true
+  for c in /sys/fs/cgroup/*/"$N2_CGROUP"; do
+    [ -d "$c" ] && find "$c" -depth -type d -exec rmdir {} \; 2>/dev/null || true
+  done
+  kubectl --kubeconfig "$STATE/admin.kubeconfig" delete node "$NODE2" --wait=false >/dev/null 2>&1 || true
+  rm -rf "$N2"
+}
+
+case "${1:-}" in
+  up) up ;;
+  down) down ;;
+  exec) shift; in_n2 "$@" ;;
+  import) shift; for t in "$@"; do import "$t"; done ;;
+  *) echo "usage: $0 up|down|exec CMD...|import TAR..." >&2; exit 2 ;;
+esac
