@@ -12,17 +12,30 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Kept is the one capability the serving stack keeps: CAP_NET_RAW, in the
-// permitted, effective and bounding sets. The relay's pod side opens a
-// transparent socket per connection (IP_TRANSPARENT, to talk to the
-// applications from the remote peer's address), and the kernel checks
-// CAP_NET_RAW or CAP_NET_ADMIN when the option is set. What CAP_NET_RAW
-// would otherwise open, raw and packet sockets, the seccomp filter refuses:
-// socket(2) is allowed for TCP and UDP over IPv4 and IPv6 only.
-const Kept = unix.CAP_NET_RAW
+// Kept are the capabilities the serving stack keeps, in the permitted,
+// effective and bounding sets. The relay's pod side opens a socket per
+// connection or flow to the applications, bound to the remote peer's
+// address and port:
+//   - CAP_NET_RAW: the kernel checks it (or CAP_NET_ADMIN) when such a
+//     socket is made transparent (IP_TRANSPARENT);
+//   - CAP_NET_BIND_SERVICE: the remote's port may be below 1024 (an
+//     application's DNS query to port 53 is answered from a socket bound
+//     to the server's address and port 53).
+//
+// What CAP_NET_RAW would otherwise open, raw and packet sockets, the
+// seccomp filter refuses: socket(2) is allowed for TCP and UDP over IPv4
+// and IPv6 only. Both are checked against the pod network namespace's
+// user namespace, and the stack cannot leave its namespace (no setns).
+var Kept = []int{unix.CAP_NET_RAW, unix.CAP_NET_BIND_SERVICE}
 
 // keptMask is Kept as a /proc status bit mask.
-const keptMask = uint64(1) << Kept
+var keptMask = func() uint64 {
+	var m uint64
+	for _, c := range Kept {
+		m |= 1 << c
+	}
+	return m
+}()
 
 // dropCaps empties every capability set of every thread but for Kept. The
 // bounding set goes first because dropping from it needs CAP_SETPCAP,
@@ -35,7 +48,7 @@ func dropCaps() error {
 		return err
 	}
 	for c := 0; c <= last; c++ {
-		if c == Kept {
+		if keptMask&(1<<c) != 0 {
 			continue
 		}
 		if err := allThreads(unix.SYS_PRCTL, unix.PR_CAPBSET_DROP, uintptr(c), 0, 0, 0, 0); err != nil {

@@ -19,7 +19,9 @@ var (
 func clearCapSets() error {
 	capsHdr = unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
 	capsKept = [2]unix.CapUserData{}
-	capsKept[Kept/32].Effective = 1 << (Kept % 32)
-	capsKept[Kept/32].Permitted = 1 << (Kept % 32)
+	for _, c := range Kept {
+		capsKept[c/32].Effective |= 1 << (c % 32)
+		capsKept[c/32].Permitted |= 1 << (c % 32)
+	}
 	return allThreads(unix.SYS_CAPSET, uintptr(unsafe.Pointer(&capsHdr)), uintptr(unsafe.Pointer(&capsKept[0])), 0, 0, 0, 0)
 }

@@ -201,7 +201,7 @@ var deniedChecks = []string{
 }
 
 var allowedChecks = []string{
-	"transparent-dial", "accept-existing-listener", "echo", "signal-self", "new-threads",
+	"transparent-low-port", "transparent-dial", "accept-existing-listener", "echo", "signal-self", "new-threads",
 	"gc", "getrandom", "cpu-profile", "sleep",
 }
 
@@ -356,6 +356,14 @@ func allowances(ln net.Listener, client net.Conn, tcpLn net.Listener, usr1 chan 
 		// What the relay's pod side does per connection: a transparent
 		// socket bound to an address that is not its own (127.0.0.2 stays
 		// on loopback), connected to a listener.
+		// A flow's socket answering for a remote port below 1024 (DNS).
+		{"transparent-low-port", func() error {
+			c, err := podsock.DialUDP(netip.MustParseAddrPort("127.0.0.2:1"), netip.MustParseAddrPort("127.0.0.1:9"))
+			if err != nil {
+				return err
+			}
+			return c.Close()
+		}},
 		{"transparent-dial", func() error {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()

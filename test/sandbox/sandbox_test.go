@@ -69,7 +69,7 @@ func checkSandboxedStack(t *testing.T, env *nettest.Env) {
 	}
 	for _, th := range threads {
 		if !th.Unprivileged() || th.NoNewPrivs != 1 || th.Seccomp != 2 || th.SeccompCount != 1 {
-			t.Errorf("stack thread %d: got %+v, want no capability but CAP_NET_RAW (permitted, effective, bounding), NoNewPrivs 1, Seccomp 2 with 1 filter", th.TID, th)
+			t.Errorf("stack thread %d: got %+v, want no capability but CAP_NET_RAW and CAP_NET_BIND_SERVICE (permitted, effective, bounding), NoNewPrivs 1, Seccomp 2 with 1 filter", th.TID, th)
 		}
 	}
 	logText := func() string {
