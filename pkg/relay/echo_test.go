@@ -158,3 +158,37 @@ func rawSYN(src, dst netip.AddrPort) []byte {
 	t[13] = tcpFlagSYN
 	return p
 }
+
+func TestBuildUDP(t *testing.T) {
+	for _, c := range []struct{ src, dst string }{{"10.0.0.9:53", "10.0.0.2:40000"}, {"[fd99::9]:53", "[fd99::2]:40000"}} {
+		src, dst := netip.MustParseAddrPort(c.src), netip.MustParseAddrPort(c.dst)
+		payload := []byte("an answer")
+		p := buildUDP(src, dst, payload)
+		ipLen, n := 20, 4
+		if src.Addr().Is6() {
+			ipLen, n = 40, 16
+		}
+		u := p[ipLen:]
+		if got := binary.BigEndian.Uint16(u[0:2]); got != src.Port() {
+			t.Errorf("%s: source port %d, want %d", c.src, got, src.Port())
+		}
+		if got := binary.BigEndian.Uint16(u[2:4]); got != dst.Port() {
+			t.Errorf("%s: destination port %d, want %d", c.src, got, dst.Port())
+		}
+		if !bytes.Equal(u[8:], payload) {
+			t.Errorf("%s: payload %q, want %q", c.src, u[8:], payload)
+		}
+		sum := checksum.Checksum(p[ipLen-2*n:ipLen], 0)
+		sum = checksum.Combine(sum, protoUDP)
+		sum = checksum.Combine(sum, uint16(len(u)))
+		if got := checksum.Checksum(u, sum); got != 0xffff {
+			t.Errorf("%s: UDP checksum does not verify (sum %#x)", c.src, got)
+		}
+		if src.Addr().Is4() && checksum.Checksum(p[:20], 0) != 0xffff {
+			t.Errorf("%s: IPv4 header checksum does not verify", c.src)
+		}
+	}
+	if p := buildUDP(netip.MustParseAddrPort("10.0.0.9:53"), netip.MustParseAddrPort("10.0.0.2:1"), make([]byte, 65535)); p != nil {
+		t.Errorf("oversized datagram: got a %d-byte packet, want none", len(p))
+	}
+}

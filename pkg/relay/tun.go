@@ -136,3 +136,58 @@ func buildRST(syn []byte) []byte {
 	binary.BigEndian.PutUint16(t[16:18], ^checksum.Checksum(t, sum))
 	return out
 }
+
+const protoUDP = 17
+
+// buildUDP makes an IPv4 or IPv6 UDP packet from src to dst, for a flow
+// whose datagrams reach the application through the TUN (see udpFlow).
+// It returns nil when the payload does not fit.
+func buildUDP(src, dst netip.AddrPort, payload []byte) []byte {
+	udpLen := 8 + len(payload)
+	var p []byte
+	var ipLen int
+	if src.Addr().Is4() {
+		ipLen = 20
+		if ipLen+udpLen > 65535 {
+			return nil
+		}
+		p = make([]byte, ipLen+udpLen)
+		p[0] = 0x45
+		binary.BigEndian.PutUint16(p[2:4], uint16(ipLen+udpLen))
+		p[8] = 64
+		p[9] = protoUDP
+		copy(p[12:16], src.Addr().AsSlice())
+		copy(p[16:20], dst.Addr().AsSlice())
+		binary.BigEndian.PutUint16(p[10:12], ^checksum.Checksum(p[:20], 0))
+	} else {
+		ipLen = 40
+		if udpLen > 65535 {
+			return nil
+		}
+		p = make([]byte, ipLen+udpLen)
+		p[0] = 0x60
+		binary.BigEndian.PutUint16(p[4:6], uint16(udpLen))
+		p[6] = protoUDP
+		p[7] = 64
+		copy(p[8:24], src.Addr().AsSlice())
+		copy(p[24:40], dst.Addr().AsSlice())
+	}
+	u := p[ipLen:]
+	binary.BigEndian.PutUint16(u[0:2], src.Port())
+	binary.BigEndian.PutUint16(u[2:4], dst.Port())
+	binary.BigEndian.PutUint16(u[4:6], uint16(udpLen))
+	copy(u[8:], payload)
+	n := 4
+	if src.Addr().Is6() {
+		n = 16
+	}
+	sum := checksum.Checksum(p[ipLen-2*n:ipLen], 0)
+	sum = checksum.Combine(sum, protoUDP)
+	sum = checksum.Combine(sum, uint16(udpLen))
+	c := ^checksum.Checksum(u, sum)
+	if c == 0 {
+		c = 0xffff // zero means "no checksum" in UDP
+	}
+	binary.BigEndian.PutUint16(u[6:8], c)
+	return p
+}

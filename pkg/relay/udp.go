@@ -3,9 +3,11 @@ package relay
 import (
 	"bytes"
 	"container/list"
+	"errors"
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/cni-usernet/cni-usernet/pkg/podsock"
@@ -30,7 +32,8 @@ func (r *Relay) forwardInboundUDP(req *udp.ForwarderRequest) bool {
 	if !ok {
 		return true
 	}
-	pod, err := r.pod.Dialer.DialUDP(addrPort(id.RemoteAddress, id.RemotePort), addrPort(id.LocalAddress, id.LocalPort))
+	f.key = flowKey{app: addrPort(id.LocalAddress, id.LocalPort), remote: addrPort(id.RemoteAddress, id.RemotePort)}
+	pod, err := r.podSocket(f.key)
 	if err != nil {
 		r.dropFlow(f, "opening a pod socket for a UDP flow", err)
 		return true
@@ -40,12 +43,30 @@ func (r *Relay) forwardInboundUDP(req *udp.ForwarderRequest) bool {
 	// new endpoint, so it is relayed like every later one.
 	ep, terr := req.CreateEndpoint(wq)
 	if terr != nil {
-		pod.Close()
+		if pod != nil {
+			pod.Close()
+		}
 		r.dropFlow(f, "creating a wire endpoint for a UDP flow", nil)
 		return true
 	}
+	r.udp.index(f)
 	r.runFlow(f, udpEnd{ep, wq}, pod)
 	return true
+}
+
+// podSocket opens the socket that carries flow k's datagrams to and from
+// the application: bound to the remote's address and port, connected to
+// the application's. When the pod's kernel refuses the binding because an
+// application holds that port on every address (a DNS server on :53 that
+// also queries an upstream on port 53), it returns nil, nil: the flow then
+// writes its datagrams into the TUN, and the application's answers reach
+// the UDP listeners (see readOutboundUDP).
+func (r *Relay) podSocket(k flowKey) (*net.UDPConn, error) {
+	pod, err := r.pod.Dialer.DialUDP(k.remote, k.app)
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return nil, nil
+	}
+	return pod, err
 }
 
 // readOutboundUDP receives the applications' datagrams to peers without a
@@ -74,6 +95,9 @@ func (r *Relay) readOutboundUDP(l *net.UDPConn) {
 			}
 		}
 		f.touch()
+		if f.inbound {
+			f.sawReply()
+		}
 		if _, werr := f.wire.ep.Write(bytes.NewReader(buf[:n]), tcpip.WriteOptions{}); werr != nil {
 			r.stats.UDPDropped.Add(1)
 		}
@@ -91,7 +115,7 @@ func (r *Relay) openOutboundFlow(k flowKey) *udpFlow {
 		r.dropFlow(f, "opening a wire endpoint for a UDP flow", nil)
 		return nil
 	}
-	pod, err := r.pod.Dialer.DialUDP(k.remote, k.app)
+	pod, err := r.podSocket(k)
 	if err != nil {
 		ep.Close()
 		r.dropFlow(f, "opening a pod socket for a UDP flow", err)
@@ -145,8 +169,9 @@ func (r *Relay) runFlow(f *udpFlow, wire udpEnd, pod *net.UDPConn) {
 // flow (to many ports, from many sources) evicts its own oldest flows
 // instead of locking new ones out for the idle time; a flow that was
 // answered, or that the pod's applications opened, is never evicted.
-// The applications' flows are also indexed by their addresses, for the
-// datagrams that reach the listener before the flow's socket is bound.
+// Every flow is also indexed by its addresses, for the application's
+// datagrams that reach the UDP listeners: before the flow's socket is
+// bound, or always for a flow that has none (see podSocket).
 type udpTable struct {
 	max, maxUnreplied int
 	mu                sync.Mutex // guards n, unreplied, byKey and the flows' elem and counted
@@ -252,9 +277,9 @@ type udpEnd struct {
 type udpFlow struct {
 	r         *Relay
 	inbound   bool    // opened by a datagram from the network
-	key       flowKey // the applications' flows: their addresses
+	key       flowKey // the application's and the remote's addresses
 	wire      udpEnd
-	pod       *net.UDPConn
+	pod       *net.UDPConn // nil: through the TUN (see podSocket)
 	last      atomic.Int64 // unix nanoseconds of the last datagram either way
 	answered  atomic.Bool  // a datagram went against the opening direction
 	done      chan struct{}
@@ -278,8 +303,10 @@ func (f *udpFlow) idle() time.Duration {
 func (f *udpFlow) Close() error {
 	f.closeOnce.Do(func() {
 		close(f.done)
-		// Unblocks podToWire's read.
-		f.pod.SetReadDeadline(time.Unix(1, 0))
+		if f.pod != nil {
+			// Unblocks podToWire's read.
+			f.pod.SetReadDeadline(time.Unix(1, 0))
+		}
 	})
 	return nil
 }
@@ -302,7 +329,9 @@ func (f *udpFlow) run() {
 	f.wireToPod()
 	wg.Wait()
 	f.wire.ep.Close()
-	f.pod.Close()
+	if f.pod != nil {
+		f.pod.Close()
+	}
 	f.r.conns.remove(f)
 	f.r.udp.remove(f)
 	f.r.stats.UDPActive.Add(-1)
@@ -312,6 +341,10 @@ func (f *udpFlow) run() {
 // clock, since a blocking read is where waiting is cheapest.
 func (f *udpFlow) podToWire() {
 	defer f.Close()
+	if f.pod == nil {
+		f.idleWait()
+		return
+	}
 	bp := datagramPool.Get().(*[]byte)
 	defer datagramPool.Put(bp)
 	for {
@@ -347,6 +380,25 @@ func (f *udpFlow) podToWire() {
 		}
 		if _, werr := f.wire.ep.Write(bytes.NewReader((*bp)[:n]), tcpip.WriteOptions{}); werr != nil {
 			f.r.stats.UDPDropped.Add(1)
+		}
+	}
+}
+
+// idleWait keeps the idle clock of a flow whose application datagrams
+// arrive through the UDP listeners.
+func (f *udpFlow) idleWait() {
+	for {
+		idle := f.idle()
+		since := time.Since(time.Unix(0, f.last.Load()))
+		if since >= idle {
+			return
+		}
+		t := time.NewTimer(idle - since)
+		select {
+		case <-f.done:
+			t.Stop()
+			return
+		case <-t.C:
 		}
 	}
 }
@@ -387,6 +439,15 @@ func (f *udpFlow) drainWire() bool {
 		}
 		if res.Count < res.Total {
 			f.r.stats.UDPDropped.Add(1) // cannot happen below 64 KiB
+			continue
+		}
+		if f.pod == nil {
+			p := buildUDP(f.key.remote, f.key.app, (*bp)[:res.Count])
+			if p == nil {
+				f.r.stats.UDPDropped.Add(1)
+				continue
+			}
+			f.r.writeTUN(p)
 			continue
 		}
 		if _, werr := f.pod.Write((*bp)[:res.Count]); werr != nil {

@@ -375,6 +375,10 @@ func TestUDPEcho(t *testing.T) {
 	env, pod := newPod(t, nil)
 	go udpEcho(nettest.ListenUDP(t, pod.NS, ":5353"))
 	go udpEcho(nettest.ListenUDP(t, env.Node, ":5354"))
+	// Port 53 as DNS uses it: below 1024, the stack's socket for a flow
+	// the pod opens binds the remote's port (the sandbox must allow it).
+	go udpEcho(nettest.ListenUDP(t, pod.NS, ":53"))
+	go udpEcho(nettest.ListenUDP(t, env.Node, ":53"))
 	for _, fam := range []int{4, 6} {
 		for _, c := range []struct {
 			name     string
@@ -385,6 +389,8 @@ func TestUDPEcho(t *testing.T) {
 		}{
 			{"node→pod", env.Node, pod.IP(fam), 5353, pod.Gateway(fam)},
 			{"pod→node", pod.NS, pod.Gateway(fam), 5354, pod.IP(fam)},
+			{"node→pod:53", env.Node, pod.IP(fam), 53, pod.Gateway(fam)},
+			{"pod→node:53", pod.NS, pod.Gateway(fam), 53, pod.IP(fam)},
 		} {
 			t.Run(fmt.Sprintf("%s/IPv%d", c.name, fam), func(t *testing.T) {
 				conn, err := nettest.Dial(c.from, "udp", nettest.HostPort(c.to, c.port), time.Second)
