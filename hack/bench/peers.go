@@ -154,6 +154,12 @@ func (b *bench) attachTap(ctx context.Context, a *attachment) error {
 		time.Sleep(100 * time.Millisecond)
 	}
 	if a.cfg.Peer == "slirp4netns" {
+		// slirp4netns configures the tap before it creates its API socket.
+		for end := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			if _, err := os.Stat(a.apiSock); err == nil || time.Now().After(end) {
+				break
+			}
+		}
 		for _, port := range serverPorts {
 			if err := slirpForward(a.apiSock, slirpNodeIP, port); err != nil {
 				return err
