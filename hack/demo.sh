@@ -56,6 +56,14 @@ for _ in $(seq 50); do ip netns exec "$NODE" curl -s -o /dev/null "http://$POD_I
 echo "== node -> pod: HTTP"
 ip netns exec "$NODE" curl -sS "http://$POD_IP:8080/"
 echo "   the pod's server saw the client as: $(awk '/GET/{print $1; exit}' "$WORK/http.log") (the node, $NODE_IP: source preserved)"
+echo "== pod -> node: HTTP (the pod's own kernel TCP, relayed by the stack from the pod IP)"
+mkdir -p "$WORK/nodewww" && echo "hello from the node" >"$WORK/nodewww/index.html"
+ip netns exec "$NODE" python3 -m http.server 8081 -d "$WORK/nodewww" >"$WORK/node-http.log" 2>&1 & PIDS+=($!)
+for _ in $(seq 50); do ip netns exec "$NODE" curl -s -o /dev/null "http://$NODE_IP:8081/" && break; sleep 0.1; done
+ip netns exec "$POD" curl -sS "http://$NODE_IP:8081/"
+echo "   the node's server saw the client as: $(tail -1 "$WORK/node-http.log" | cut -d' ' -f1) (the pod IP, $POD_IP)"
+echo "== pod -> node: a closed port is refused, as by a kernel"
+ip netns exec "$POD" curl -sS -m 3 "http://$NODE_IP:9/" 2>&1 | sed 's/^/   /' || true
 echo "== node -> pod: ping (answered by the pod's userspace stack)"
 ip netns exec "$NODE" ping -c 2 -i 0.3 "$POD_IP" | tail -2
 echo "== pod -> node: ping (relayed by the stack)"
