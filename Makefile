@@ -3,7 +3,7 @@ GO ?= go
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X github.com/cni-usernet/cni-usernet/pkg/plugin.Version=$(VERSION)
 
-.PHONY: build demo test test-unit test-root fuzz lint bench bench-quick clean
+.PHONY: build deps demo test test-unit test-root fuzz lint bench bench-quick clean
 
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/cni-usernet ./cmd/cni-usernet
@@ -15,8 +15,13 @@ build:
 demo:
 	hack/demo.sh
 
+# The Debian packages the tests use (hping3, iperf3, nftables …): installed
+# when missing, so that `make test` works on a fresh machine on its own.
+deps:
+	hack/deps.sh
+
 # The whole suite, as CI runs it (root: namespaces, veths, TUN).
-test: lint test-root fuzz
+test: deps lint test-root fuzz
 
 lint:
 	@test -z "$$(gofmt -l cmd pkg test hack)" || { gofmt -l cmd pkg test hack; exit 1; }
