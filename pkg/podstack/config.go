@@ -21,12 +21,14 @@ type Config struct {
 	SpecPath string `json:"specPath"`
 	// ControlSocket is the unix socket path for health and status. Required.
 	ControlSocket string `json:"controlSocket"`
-	// TUNName names the app leg's TUN device. Zero: "usernet0".
+	// TUNName names the TUN device that carries the pod IPs and routes in
+	// the pod's kernel. Zero: "usernet0".
 	TUNName string `json:"tunName,omitempty"`
-	// TUNMTU is the app leg's MTU. Zero: DefaultTUNMTU.
+	// TUNMTU is the TUN's MTU. Zero: DefaultTUNMTU.
 	TUNMTU uint32 `json:"tunMTU,omitempty"`
-	// TUNOffload opens the TUN with a virtio-net header, TSO and checksum
-	// offload (see tunLink).
+	// TUNOffload has no effect since the applications' TCP and UDP stopped
+	// crossing the TUN (podnet.Divert); kept so that configurations written
+	// for earlier versions still load.
 	TUNOffload bool `json:"tunOffload,omitempty"`
 	// GSO is the requested mode. Zero: auto.
 	GSO offload.Mode `json:"gso,omitempty"`
@@ -38,10 +40,11 @@ type Config struct {
 	GRO bool `json:"gro,omitempty"`
 	// NoRXChecksumOffload makes the wire leg verify every checksum.
 	NoRXChecksumOffload bool `json:"noRxChecksumOffload,omitempty"`
-	// WireQueueLen and AppQueueLen size the FIFO queues in front of the
-	// legs' links (Options.WireQueueLen). Zero: DefaultQueueLen; -1: none.
-	// GSO mode off never queues the wire leg: it is defined as one packet
-	// per system call, the baseline the other modes are measured against.
+	// WireQueueLen sizes the queue in front of the wire link
+	// (Options.WireQueueLen). Zero: DefaultQueueLen; -1: none. GSO mode
+	// off never queues the wire leg: it is defined as one packet per
+	// system call, the baseline the other modes are measured against.
+	// AppQueueLen has no effect any more (see TUNOffload).
 	WireQueueLen int `json:"wireQueueLen,omitempty"`
 	AppQueueLen  int `json:"appQueueLen,omitempty"`
 	// MaxTCP, MaxUDP and UDPIdle bound the relay (see relay.Options).

@@ -44,11 +44,13 @@ type Options struct {
 	// frames with partial checksums (CHECKSUM_PARTIAL): verifying them would
 	// drop good packets. runsc defaults to the same.
 	RXChecksumOffload bool
-	// WireQueueLen, when non-zero, puts a FIFO queue of that many packets
-	// between netstack and the wire link, drained by its own goroutine:
-	// TCP processing and the send system calls (in which the kernel also
-	// delivers to the veth's peer) then run on different cores, and the
-	// queue hands the link batches. Zero: send in the caller's goroutine.
+	// WireQueueLen, when non-zero, puts a queue of up to that many packets
+	// between netstack and the wire link (sendQueue): a packet that finds
+	// it idle is sent at once; packets that meet a send in progress are
+	// sent in batches by the queue's goroutine, so in bulk TCP processing
+	// and the send system calls (in which the kernel also delivers to the
+	// veth's peer) run on different cores. Zero: always send in the
+	// caller's goroutine.
 	WireQueueLen int
 	// TCPBufferBytes is the largest send and receive buffer of a netstack
 	// TCP endpoint (auto-tuned up to it). Zero: 4 MiB, enough for the
