@@ -99,6 +99,9 @@ func newBench(o options) (*bench, error) {
 func (b *bench) selected() []*config {
 	var out []*config
 	for _, c := range allConfigs {
+		if c.Baseline && b.o.BaselineBin == "" {
+			continue
+		}
 		if len(b.o.Only) == 0 && (c.Peer == "" || b.o.Peers) || slices.Contains(b.o.Only, c.Name) {
 			out = append(out, c)
 		}
@@ -249,7 +252,20 @@ func (b *bench) delNS(ctx context.Context, name string) {
 
 // cniArgs is the command line of the libcni helper, run in the node namespace.
 func (b *bench) cniArgs(verb, conf string, extra ...string) []string {
-	return append([]string{b.self, "cni", verb, "--bin", b.o.BinDir, "--cache", filepath.Join(b.tmp, "cnicache"), "--conf", conf}, extra...)
+	return b.cniArgsFrom(b.o.BinDir, verb, conf, extra...)
+}
+
+// cniArgsFor is cniArgs with the plugins of c: the baseline's for the
+// baseline row.
+func (b *bench) cniArgsFor(c *config, verb, conf string, extra ...string) []string {
+	if c != nil && c.Baseline {
+		return b.cniArgsFrom(b.o.BaselineBin, verb, conf, extra...)
+	}
+	return b.cniArgs(verb, conf, extra...)
+}
+
+func (b *bench) cniArgsFrom(bin, verb, conf string, extra ...string) []string {
+	return append([]string{b.self, "cni", verb, "--bin", bin, "--cache", filepath.Join(b.tmp, "cnicache"), "--conf", conf}, extra...)
 }
 
 // attach creates the pod namespace of c, runs CNI ADD and shapes the link;
@@ -275,7 +291,7 @@ func (b *bench) attach(ctx context.Context, c *config) (*attachment, error) {
 	b.atts = append(b.atts, a) // from here on, cleanup runs DEL
 	b.mu.Unlock()
 
-	out, err := b.output(ctx, 2*time.Minute, nodeNS, b.cniArgs("add", a.ConfPath, "--id", a.ID, "--netns", "/run/netns/"+a.NS)...)
+	out, err := b.output(ctx, 2*time.Minute, nodeNS, b.cniArgsFor(c, "add", a.ConfPath, "--id", a.ID, "--netns", "/run/netns/"+a.NS)...)
 	if err != nil {
 		return nil, err
 	}
@@ -405,7 +421,7 @@ func (b *bench) cleanup() {
 		if a.ConfPath == "" { // a tap peer: no CNI attachment
 			continue
 		}
-		if _, err := b.output(ctx, time.Minute, nodeNS, b.cniArgs("del", a.ConfPath, "--id", a.ID, "--netns", "/run/netns/"+a.NS)...); err != nil {
+		if _, err := b.output(ctx, time.Minute, nodeNS, b.cniArgsFor(a.cfg, "del", a.ConfPath, "--id", a.ID, "--netns", "/run/netns/"+a.NS)...); err != nil {
 			logf("cleanup: DEL %s: %v", a.ID, err)
 		}
 		if a.cfg.usernet() && a.StackPID > 0 && syscall.Kill(a.StackPID, 0) == nil && strings.Contains(cmdline(a.StackPID), "cni-usernet") {

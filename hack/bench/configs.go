@@ -38,6 +38,10 @@ type config struct {
 	// Method says how the peer is set up and which path the traffic takes;
 	// BENCHMARKS.md repeats it.
 	Method string
+	// Baseline runs cni-usernet as built from another revision
+	// (--baseline-bin, run.sh --baseline REV): the old build beside the new
+	// one in the same interleaved run, for A/B checks of a change.
+	Baseline bool
 }
 
 func (c *config) usernet() bool { return c.Plugin == "cni-usernet" }
@@ -58,6 +62,7 @@ var allConfigs = []*config{
 	{Name: "usernet-off", Plugin: "cni-usernet", GSO: "off", Desc: `cni-usernet "gso": "off"`},
 	{Name: "usernet-auto-nooffload", Plugin: "cni-usernet", GSO: "auto", NoOffload: true, Desc: `cni-usernet "gso": "auto", tso/gso/sg off on the link`},
 	{Name: "usernet-segs2", Plugin: "cni-usernet", GSO: "hardware", GSOMaxSegs: 2, Desc: `cni-usernet "gso": "hardware", gso_max_segs 2 on the link`},
+	{Name: "baseline-hardware", Plugin: "cni-usernet", GSO: "hardware", Baseline: true, Desc: `cni-usernet built from run.sh --baseline REV, "gso": "hardware" (only with --baseline-bin)`},
 	{Name: "runsc-hostgso", Plugin: "ptp", Peer: "runsc", PeerArgs: []string{"--gso=true"},
 		Desc:   "gVisor runsc netstack, host GSO (--gso=true)",
 		Method: "servers in one runsc sandbox (systrap, --network=sandbox) joined to the pod namespace; runsc takes over the ptp veth eth0 (AF_PACKET, PACKET_VNET_HDR) and its addresses and routes"},

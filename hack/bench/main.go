@@ -54,6 +54,7 @@ type options struct {
 	Rounds      int
 	Out         string   // results directory, created if missing
 	BinDir      string   // ptp, host-local and (if built) cni-usernet
+	BaselineBin string   // the same, cni-usernet from another revision; empty: no baseline row
 	Only        []string // configuration names; empty means all
 	IperfTime   time.Duration
 	RRTime      time.Duration
@@ -81,6 +82,7 @@ func parseOptions(args []string) (options, error) {
 	fs.IntVar(&o.Rounds, "rounds", 0, "interleaved rounds (default 3, 1 with --quick)")
 	fs.StringVar(&o.Out, "out", "", "results directory (default results/<UTC timestamp>)")
 	fs.StringVar(&o.BinDir, "bin", "", "directory with the CNI plugin binaries (required)")
+	fs.StringVar(&o.BaselineBin, "baseline-bin", "", "directory with the plugins and a cni-usernet of another revision: adds the baseline-hardware row (run.sh --baseline REV)")
 	fs.StringVar(&only, "only", "", "comma-separated configuration names to run (default all; see -list)")
 	fs.BoolVar(&o.IPv6, "ipv6", true, "give pods an IPv6 address too (ptp's ADD then waits ~1-2 s for DAD)")
 	list := fs.Bool("list", false, "list the configurations and exit")

@@ -2,7 +2,7 @@
 # Benchmark cni-usernet against the kernel veth (ptp) and its peers (gVisor
 # runsc, pasta, slirp4netns) on this machine.
 #
-#   hack/bench/run.sh [--quick] [--out DIR] [--rounds N] [--only a,b] [--peers=false] [--scale=false] [--list] [other flags of hack/bench]
+#   hack/bench/run.sh [--quick] [--out DIR] [--rounds N] [--only a,b] [--peers=false] [--scale=false] [--baseline REV] [--list] [other flags of hack/bench]
 #
 # Needs root. Everything runs in network namespaces named ub-* that the
 # benchmark creates and removes; the root namespace is not touched. Builds
@@ -17,11 +17,14 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 out=""
+baseline=""
 args=()
 while (($#)); do
 	case "$1" in
 	--out) out="$2"; shift 2 ;;
 	--out=*) out="${1#--out=}"; shift ;;
+	--baseline) baseline="$2"; shift 2 ;;
+	--baseline=*) baseline="${1#--baseline=}"; shift ;;
 	*) args+=("$1"); shift ;;
 	esac
 done
@@ -96,6 +99,24 @@ fi
 go build -o "$bin/ub-bench" ./hack/bench
 
 rc=0
+# --baseline REV: cni-usernet built from another revision (a git worktree
+# of REV, removed again) runs as the baseline-hardware row beside this
+# tree's build, in the same interleaved rounds: the A/B of a change.
+if [[ -n "$baseline" ]]; then
+	wt="$(mktemp -d /tmp/ub-bench-baseline.XXXXXX)"
+	mkdir -p "$bin/baseline"
+	echo "run.sh: building the baseline cni-usernet from $baseline" >&2
+	if git worktree add -q --detach "$wt/src" "$baseline" >&2 &&
+		(cd "$wt/src" && CGO_ENABLED=0 go build -trimpath -o "$bin/baseline/cni-usernet" ./cmd/cni-usernet) >"$out/build-baseline.log" 2>&1; then
+		cp "$bin/host-local" "$bin/ptp" "$bin/baseline/"
+		args+=(--baseline-bin "$bin/baseline")
+	else
+		echo "run.sh: the baseline $baseline does not build, its row is skipped: $(head -c 300 "$out/build-baseline.log" 2>/dev/null)" >&2
+	fi
+	git worktree remove --force "$wt/src" >/dev/null 2>&1 || true
+	rm -rf "$wt"
+fi
+
 "$bin/ub-bench" --bin "$bin" --out "$out" ${args[@]+"${args[@]}"} || rc=$?
 
 if [[ -f "$out/summary.json" ]]; then
