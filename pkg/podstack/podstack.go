@@ -14,6 +14,7 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/relay"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/link/fdbased"
+	"gvisor.dev/gvisor/pkg/tcpip/link/qdisc/fifo"
 	"gvisor.dev/gvisor/pkg/tcpip/network/arp"
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv6"
@@ -44,13 +45,14 @@ type Options struct {
 	// frames with partial checksums (CHECKSUM_PARTIAL): verifying them would
 	// drop good packets. runsc defaults to the same.
 	RXChecksumOffload bool
-	// WireQueueLen, when non-zero, puts a queue of up to that many packets
-	// between netstack and the wire link (sendQueue): a packet that finds
-	// it idle is sent at once; packets that meet a send in progress are
-	// sent in batches by the queue's goroutine, so in bulk TCP processing
-	// and the send system calls (in which the kernel also delivers to the
-	// veth's peer) run on different cores. Zero: always send in the
-	// caller's goroutine.
+	// WireQueueLen, when non-zero, puts a FIFO queue of that many packets
+	// between netstack and the wire link, drained by its own goroutine:
+	// TCP processing and the send system calls (in which the kernel also
+	// delivers to the veth's peer) then run on different cores, and the
+	// queue hands the link batches. Zero: send in the caller's goroutine.
+	// (A queue that sent inline when idle, to save a hand-off per lone
+	// packet, lost 20-60 % of bulk throughput and gained nothing on
+	// request/response: hack/bench/run.sh --quick --baseline, BENCHMARKS.md.)
 	WireQueueLen int
 	// TCPBufferBytes is the largest send and receive buffer of a netstack
 	// TCP endpoint (auto-tuned up to it). Zero: 4 MiB, enough for the
@@ -206,7 +208,7 @@ func (s *Stack) attachWire() error {
 	link.syns = new(synBucket)
 	nicOpts := stack.NICOptions{Name: o.Spec.IfName, Disabled: true}
 	if o.WireQueueLen > 0 {
-		nicOpts.QDisc = newSendQueue(link, o.WireQueueLen)
+		nicOpts.QDisc = fifo.New(link, 1, o.WireQueueLen)
 	}
 	if err := s.Wire.CreateNICWithOptions(wireNIC, link, nicOpts); err != nil {
 		return fmt.Errorf("creating NIC: %s", err)
