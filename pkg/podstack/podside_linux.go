@@ -11,9 +11,6 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/relay"
 )
 
-// podSide is the relay's pod side while it is being opened.
-type podSide struct{ relay.PodSide }
-
 // listenBacklog is the applications' connections the TCP listener queues
 // before the relay accepts them (the kernel caps it at somaxconn).
 const listenBacklog = 4096
@@ -23,8 +20,8 @@ const listenBacklog = 4096
 // (transparency needs CAP_NET_RAW), and diverts the applications' TCP and
 // UDP to them (podnet.InstallDivert). IPv6 listeners exist only when the
 // pod has an IPv6 address.
-func openPodSide(tun *os.File, spec *podnet.Spec) (*podSide, error) {
-	p := &podSide{relay.PodSide{TUN: tun}}
+func openPodSide(tun *os.File, spec *podnet.Spec) (*relay.PodSide, error) {
+	p := &relay.PodSide{TUN: tun}
 	d := podnet.Divert{TUN: tun.Name()}
 	loopbacks := []netip.Addr{netip.MustParseAddr("127.0.0.1")}
 	for _, a := range spec.PodIPs() {
@@ -65,19 +62,4 @@ func openPodSide(tun *os.File, spec *podnet.Spec) (*podSide, error) {
 		return nil, fmt.Errorf("diverting the applications' traffic to the stack: %w", err)
 	}
 	return p, nil
-}
-
-// Close closes everything opened; for setup failures only (once the relay
-// runs, it owns the descriptors).
-func (p *podSide) Close() {
-	for _, l := range p.TCPListeners {
-		l.Close()
-	}
-	for _, l := range p.UDPListeners {
-		l.Close()
-	}
-	p.TUN.Close()
-	if p.Diag != nil {
-		p.Diag.Close()
-	}
 }

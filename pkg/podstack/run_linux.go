@@ -102,7 +102,7 @@ func Start(cfg Config, log *slog.Logger) (*Daemon, error) {
 	d.stack, err = Build(Options{
 		Spec:              spec,
 		LinkFD:            linkFD,
-		Pod:               pod.PodSide,
+		Pod:               *pod,
 		GSO:               d.gso,
 		GRO:               cfg.GRO,
 		RXChecksumOffload: !cfg.NoRXChecksumOffload,

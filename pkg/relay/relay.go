@@ -69,7 +69,9 @@ func (transparentDialer) DialUDP(from, to netip.AddrPort) (*net.UDPConn, error) 
 	return podsock.DialUDP(from, to)
 }
 
-func (p *PodSide) close() {
+// Close closes every descriptor of p; New's caller uses it when setup
+// fails before the relay owns them.
+func (p *PodSide) Close() {
 	for _, l := range p.TCPListeners {
 		l.Close()
 	}
@@ -349,7 +351,7 @@ func (r *Relay) Close() {
 	r.closing.Store(true)
 	r.cancel()
 	close(r.done)
-	r.pod.close()
+	r.pod.Close()
 	r.wg.Wait()
 	r.pinger.Close()
 	r.outbound.closeAll()

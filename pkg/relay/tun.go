@@ -98,43 +98,19 @@ func tcpHeaderAt(p []byte) (int, netip.Addr, netip.Addr, bool) {
 // buildRST answers a SYN the way a refusing peer would: RST+ACK from the
 // SYN's destination, acknowledging the SYN.
 func buildRST(syn []byte) []byte {
-	ipLen, src, _, ok := tcpHeaderAt(syn)
+	ipLen, src, dst, ok := tcpHeaderAt(syn)
 	if !ok || len(syn) < ipLen+20 {
 		return nil
 	}
 	in := syn[ipLen:]
-	var out []byte
-	if src.Is4() {
-		out = make([]byte, 40)
-		out[0] = 0x45
-		binary.BigEndian.PutUint16(out[2:4], 40)
-		out[8] = 64
-		out[9] = protoTCP
-		copy(out[12:16], syn[16:20])
-		copy(out[16:20], syn[12:16])
-		binary.BigEndian.PutUint16(out[10:12], ^checksum.Checksum(out[:20], 0))
-	} else {
-		out = make([]byte, 60)
-		out[0] = 0x60
-		binary.BigEndian.PutUint16(out[4:6], 20)
-		out[6] = protoTCP
-		out[7] = 64
-		copy(out[8:24], syn[24:40])
-		copy(out[24:40], syn[8:24])
-	}
-	t := out[len(out)-20:]
+	p, t := newIPPacket(dst, src, protoTCP, 20)
 	copy(t[0:2], in[2:4])
 	copy(t[2:4], in[0:2])
 	binary.BigEndian.PutUint32(t[8:12], binary.BigEndian.Uint32(in[4:8])+1)
 	t[12] = 5 << 4
 	t[13] = tcpFlagRST | tcpFlagACK
-	// Pseudo-header: addresses (swapped, but the sum is the same), protocol,
-	// length.
-	sum := checksum.Checksum(out[len(out)-20-2*src.BitLen()/8:len(out)-20], 0)
-	sum = checksum.Combine(sum, protoTCP)
-	sum = checksum.Combine(sum, 20)
-	binary.BigEndian.PutUint16(t[16:18], ^checksum.Checksum(t, sum))
-	return out
+	binary.BigEndian.PutUint16(t[16:18], transportChecksum(dst, src, protoTCP, t))
+	return p
 }
 
 const protoUDP = 17
@@ -143,51 +119,59 @@ const protoUDP = 17
 // whose datagrams reach the application through the TUN (see udpFlow).
 // It returns nil when the payload does not fit.
 func buildUDP(src, dst netip.AddrPort, payload []byte) []byte {
-	udpLen := 8 + len(payload)
-	var p []byte
-	var ipLen int
-	if src.Addr().Is4() {
-		ipLen = 20
-		if ipLen+udpLen > 65535 {
-			return nil
-		}
-		p = make([]byte, ipLen+udpLen)
-		p[0] = 0x45
-		binary.BigEndian.PutUint16(p[2:4], uint16(ipLen+udpLen))
-		p[8] = 64
-		p[9] = protoUDP
-		copy(p[12:16], src.Addr().AsSlice())
-		copy(p[16:20], dst.Addr().AsSlice())
-		binary.BigEndian.PutUint16(p[10:12], ^checksum.Checksum(p[:20], 0))
-	} else {
-		ipLen = 40
-		if udpLen > 65535 {
-			return nil
-		}
-		p = make([]byte, ipLen+udpLen)
-		p[0] = 0x60
-		binary.BigEndian.PutUint16(p[4:6], uint16(udpLen))
-		p[6] = protoUDP
-		p[7] = 64
-		copy(p[8:24], src.Addr().AsSlice())
-		copy(p[24:40], dst.Addr().AsSlice())
+	p, u := newIPPacket(src.Addr(), dst.Addr(), protoUDP, 8+len(payload))
+	if p == nil {
+		return nil
 	}
-	u := p[ipLen:]
 	binary.BigEndian.PutUint16(u[0:2], src.Port())
 	binary.BigEndian.PutUint16(u[2:4], dst.Port())
-	binary.BigEndian.PutUint16(u[4:6], uint16(udpLen))
+	binary.BigEndian.PutUint16(u[4:6], uint16(len(u)))
 	copy(u[8:], payload)
-	n := 4
-	if src.Addr().Is6() {
-		n = 16
-	}
-	sum := checksum.Checksum(p[ipLen-2*n:ipLen], 0)
-	sum = checksum.Combine(sum, protoUDP)
-	sum = checksum.Combine(sum, uint16(udpLen))
-	c := ^checksum.Checksum(u, sum)
+	c := transportChecksum(src.Addr(), dst.Addr(), protoUDP, u)
 	if c == 0 {
 		c = 0xffff // zero means "no checksum" in UDP
 	}
 	binary.BigEndian.PutUint16(u[6:8], c)
 	return p
+}
+
+// newIPPacket makes an IPv4 (header checksum filled in) or IPv6 packet
+// from src to dst carrying proto, with l4Len zero bytes after the header,
+// and returns it and those bytes; nil when l4Len does not fit.
+func newIPPacket(src, dst netip.Addr, proto byte, l4Len int) (p, l4 []byte) {
+	if src.Is4() {
+		if 20+l4Len > 65535 {
+			return nil, nil
+		}
+		p = make([]byte, 20+l4Len)
+		p[0] = 0x45
+		binary.BigEndian.PutUint16(p[2:4], uint16(len(p)))
+		p[8] = 64
+		p[9] = proto
+		copy(p[12:16], src.AsSlice())
+		copy(p[16:20], dst.AsSlice())
+		binary.BigEndian.PutUint16(p[10:12], ^checksum.Checksum(p[:20], 0))
+		return p, p[20:]
+	}
+	if l4Len > 65535 {
+		return nil, nil
+	}
+	p = make([]byte, 40+l4Len)
+	p[0] = 0x60
+	binary.BigEndian.PutUint16(p[4:6], uint16(l4Len))
+	p[6] = proto
+	p[7] = 64
+	copy(p[8:24], src.AsSlice())
+	copy(p[24:40], dst.AsSlice())
+	return p, p[40:]
+}
+
+// transportChecksum is the TCP or UDP checksum of l4 (its checksum field
+// zero) under the pseudo-header of src, dst and proto.
+func transportChecksum(src, dst netip.Addr, proto byte, l4 []byte) uint16 {
+	sum := checksum.Checksum(src.AsSlice(), 0)
+	sum = checksum.Checksum(dst.AsSlice(), sum)
+	sum = checksum.Combine(sum, uint16(proto))
+	sum = checksum.Combine(sum, uint16(len(l4)))
+	return ^checksum.Checksum(l4, sum)
 }
