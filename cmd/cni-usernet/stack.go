@@ -10,11 +10,15 @@ import (
 	rdebug "runtime/debug"
 	"strconv"
 	"syscall"
+	"time"
 
 	"github.com/cni-usernet/cni-usernet/pkg/launch"
 	"github.com/cni-usernet/cni-usernet/pkg/podstack"
 	"github.com/cni-usernet/cni-usernet/pkg/sandbox"
 )
+
+// processStart is when the process began, as near as Go lets us see it.
+var processStart = time.Now()
 
 // runStack is the pod's stack process. It reports readiness on
 // launch.ReadyFD when a launcher passed one.
@@ -72,8 +76,9 @@ func runStack(argv []string) error {
 		report("error: " + err.Error())
 		return err
 	}
+	d.Startup.Done("sandbox")
 	log.Info("stack sandboxed", "sandbox", sb)
-	log.Info("stack ready")
+	log.Info("stack ready", d.Startup.Attr("startup"), slog.Duration("sinceExec", time.Since(processStart).Round(100*time.Microsecond)))
 	report("ok")
 	d.Run(ctx)
 	// The shutdown path runs under the filter too; the tests look for this

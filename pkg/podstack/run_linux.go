@@ -17,6 +17,7 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/packetsock"
 	"github.com/cni-usernet/cni-usernet/pkg/podnet"
 	"github.com/cni-usernet/cni-usernet/pkg/relay"
+	"github.com/cni-usernet/cni-usernet/pkg/steptime"
 	"golang.org/x/sys/unix"
 )
 
@@ -32,6 +33,8 @@ type Daemon struct {
 	stack       *Stack
 	ctl         *control.Server
 	started     time.Time
+	// Startup is how long each step of Start took.
+	Startup *steptime.Steps
 }
 
 // Start takes the interface over and brings the stack up in the current
@@ -42,12 +45,14 @@ func Start(cfg Config, log *slog.Logger) (*Daemon, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	d := &Daemon{cfg: cfg, log: log, started: time.Now()}
+	d := &Daemon{cfg: cfg, log: log, started: time.Now(), Startup: steptime.Start()}
+	ph := d.Startup
 	spec, err := loadOrCollect(cfg)
 	if err != nil {
 		return nil, err
 	}
 	d.spec = spec
+	ph.Done("spec")
 	if cfg.PodLinkOffloadsOff {
 		if err := linkOffloadsOff(cfg.IfName); err != nil {
 			return nil, err
@@ -67,6 +72,7 @@ func Start(cfg Config, log *slog.Logger) (*Daemon, error) {
 		return nil, fmt.Errorf("link %s: %w", cfg.IfName, err)
 	}
 	log.Info("GSO decided", "mode", d.gso.Mode, "reason", d.gso.Reason)
+	ph.Done("gso")
 
 	if err := ingressdrop.Supported(); err != nil {
 		return nil, err
@@ -77,6 +83,7 @@ func Start(cfg Config, log *slog.Logger) (*Daemon, error) {
 	if err := podnet.Strip(cfg.IfName); err != nil {
 		return nil, fmt.Errorf("taking addresses and routes off %s: %w", cfg.IfName, err)
 	}
+	ph.Done("fence")
 	tun, err := podnet.OpenTUN(cfg.TUNName)
 	if err != nil {
 		return nil, err
@@ -85,7 +92,8 @@ func Start(cfg Config, log *slog.Logger) (*Daemon, error) {
 		tun.Close()
 		return nil, err
 	}
-	pod, err := openPodSide(tun, spec)
+	ph.Done("tun")
+	pod, err := openPodSide(tun, spec, ph)
 	if err != nil {
 		return nil, err
 	}
@@ -95,6 +103,7 @@ func Start(cfg Config, log *slog.Logger) (*Daemon, error) {
 		return nil, err
 	}
 	d.linkFD = linkFD
+	ph.Done("packetSocket")
 	wireQueue := cfg.WireQueueLen
 	if d.gso.Mode == offload.ModeOff {
 		wireQueue = 0
@@ -119,10 +128,12 @@ func Start(cfg Config, log *slog.Logger) (*Daemon, error) {
 		unix.Close(linkFD)
 		return nil, err
 	}
+	ph.Done("netstack")
 	if d.ctl, err = control.Listen(cfg.ControlSocket, d); err != nil {
 		d.stack.Close()
 		return nil, err
 	}
+	ph.Done("control")
 	return d, nil
 }
 
