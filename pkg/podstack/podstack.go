@@ -121,7 +121,7 @@ func Build(o Options) (*Stack, error) {
 	if s.Wire, err = newStack(o.TCPBufferBytes); err != nil {
 		return nil, err
 	}
-	s.Relay, err = relay.New(relay.Leg{Stack: s.Wire, NIC: wireNIC}, o.Pod, o.Relay)
+	s.Relay, err = relay.New(relay.Leg{Stack: s.Wire, NIC: wireNIC, MTU: o.Spec.MTU}, o.Pod, o.Relay)
 	if err != nil {
 		s.Wire.Destroy()
 		return nil, err
@@ -206,6 +206,8 @@ func (s *Stack) attachWire() error {
 	// meets a half-configured NIC.
 	link := newCountingLink(ep, &s.WireStats)
 	link.syns = new(synBucket)
+	link.answerSYN = s.Relay.AnswerSYN
+	link.cookiesSent = s.Wire.Stats().TCP.ListenOverflowSynCookieSent.Value
 	nicOpts := stack.NICOptions{Name: o.Spec.IfName, Disabled: true}
 	if o.WireQueueLen > 0 {
 		nicOpts.QDisc = fifo.New(link, 1, o.WireQueueLen)

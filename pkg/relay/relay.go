@@ -5,6 +5,7 @@
 package relay
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -27,6 +28,9 @@ import (
 type Leg struct {
 	Stack *stack.Stack
 	NIC   tcpip.NICID
+	// MTU is the NIC's MTU: the MSS the SYN cookie fast path advertises
+	// derives from it, as netstack's listener's does. Zero: 1500.
+	MTU uint32
 }
 
 // PodSide is the pod kernel's side of the relay: descriptors the stack
@@ -224,6 +228,11 @@ type Stats struct {
 	// mirrors now; TCPMirrorChanges counts mirrors opened and closed.
 	TCPMirrored      atomic.Int64
 	TCPMirrorChanges atomic.Int64
+	// TCPCookieFast counts SYNs answered with a SYN cookie by the fast
+	// path (AnswerSYN), TCPCookieFastErrors the answers the NIC's queue
+	// refused.
+	TCPCookieFast       atomic.Int64
+	TCPCookieFastErrors atomic.Int64
 }
 
 // Snapshot is a plain copy of Stats for JSON.
@@ -249,6 +258,8 @@ type Snapshot struct {
 	PodDropped           int64 `json:"podDropped"`
 	TCPMirrored          int64 `json:"tcpMirrored"`
 	TCPMirrorChanges     int64 `json:"tcpMirrorChanges"`
+	TCPCookieFast        int64 `json:"tcpCookieFast"`
+	TCPCookieFastErrors  int64 `json:"tcpCookieFastErrors"`
 }
 
 // Snapshot reads every counter.
@@ -263,6 +274,7 @@ func (s *Stats) Snapshot() Snapshot {
 		ICMPEchoes: s.ICMPEchoes.Load(), ICMPEchoFailed: s.ICMPEchoFailed.Load(),
 		TCPOutboundDropped: s.TCPOutboundDropped.Load(), PodDropped: s.PodDropped.Load(),
 		TCPMirrored: s.TCPMirrored.Load(), TCPMirrorChanges: s.TCPMirrorChanges.Load(),
+		TCPCookieFast: s.TCPCookieFast.Load(), TCPCookieFastErrors: s.TCPCookieFastErrors.Load(),
 	}
 }
 
@@ -278,8 +290,13 @@ type Relay struct {
 	outbound outboundSet // applications' connections being dialled
 	udp      udpTable    // live UDP flows
 	mirror   mirrorSet   // the wire leg's copies of the applications' listeners
-	pinger   *Pinger
-	wg       sync.WaitGroup // the pod side's readers and the mirror
+	// cookieKeys are the mirrored listeners' SYN cookie keys (AnswerSYN),
+	// replaced whole when the mirror changes.
+	cookieKeys         atomic.Pointer[map[mirrorKey]*cookieKey]
+	cookieLayoutLogged atomic.Bool
+	wireMTU            int
+	pinger             *Pinger
+	wg                 sync.WaitGroup // the pod side's readers and the mirror
 	// ctx ends, and done closes, when the relay closes.
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -296,7 +313,7 @@ func New(wire Leg, pod PodSide, opts Options) (*Relay, error) {
 	if pod.Dialer == nil {
 		pod.Dialer = transparentDialer{}
 	}
-	r := &Relay{wire: wire, pod: pod, opts: opts, done: make(chan struct{})}
+	r := &Relay{wire: wire, pod: pod, opts: opts, done: make(chan struct{}), wireMTU: int(cmp.Or(wire.MTU, 1500))}
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	r.conns.init()
 	r.pending.max = opts.MaxPendingInbound
