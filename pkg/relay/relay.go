@@ -145,7 +145,10 @@ type Options struct {
 	// CopyBufferBytes is the buffer each relayed direction copies through.
 	// Zero: 64 KiB, one maximum-size TSO segment.
 	CopyBufferBytes int
-	// Logger receives relay errors (rate limited by the caller's handler).
+	// Logger receives the relay's messages: per-connection and per-flow
+	// failures at Debug (a flood must not fill the stack's log; the
+	// counters in Stats say how many), problems with the stack at Warn.
+	// Nil: discarded.
 	Logger *slog.Logger
 }
 
