@@ -15,6 +15,7 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/launch"
 	"github.com/cni-usernet/cni-usernet/pkg/podstack"
 	"github.com/cni-usernet/cni-usernet/pkg/sandbox"
+	"github.com/cni-usernet/cni-usernet/pkg/stackconfig"
 )
 
 // processStart is when the process began, as near as Go lets us see it.
@@ -46,7 +47,7 @@ func runStack(argv []string) error {
 		n, _ := strconv.Atoi(v)
 		rdebug.SetGCPercent(n)
 	}
-	cfg, err := podstack.ReadConfig(*configPath)
+	cfg, err := stackconfig.Read(*configPath)
 	if err != nil {
 		report("error: " + err.Error())
 		return err

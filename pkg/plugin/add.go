@@ -174,26 +174,7 @@ func (inv *invocation) add() (_ *current.Result, err error) {
 
 func (inv *invocation) writeStackConfig(p paths, mode offload.Mode) error {
 	conf := inv.conf
-	udpIdle := podstack.Duration(conf.UDPIdleDuration())
-	sc := podstack.Config{
-		IfName:              inv.args.IfName,
-		GSO:                 mode,
-		SpecPath:            p.spec,
-		ControlSocket:       p.socket,
-		TUNName:             conf.TUNName,
-		TUNMTU:              conf.TUNMTU,
-		TUNOffload:          conf.TUNOffload == nil || *conf.TUNOffload,
-		GSOMaxSize:          conf.GSOMaxSize,
-		GSOMaxSegs:          conf.GSOMaxSegs,
-		GRO:                 conf.GRO,
-		NoRXChecksumOffload: conf.RXChecksumOffload != nil && !*conf.RXChecksumOffload,
-		WireQueueLen:        conf.WireQueueLen,
-		AppQueueLen:         conf.AppQueueLen,
-		MaxTCP:              conf.MaxTCP,
-		MaxUDP:              conf.MaxUDP,
-		UDPIdle:             udpIdle,
-		PodLinkOffloadsOff:  conf.PodLinkOffloadsOff,
-	}
+	sc := conf.StackConfig(inv.args.IfName, mode, p.spec, p.socket)
 	if err := os.MkdirAll(p.stackDir, 0o700); err != nil {
 		return fmt.Errorf("creating %s: %w", p.stackDir, err)
 	}

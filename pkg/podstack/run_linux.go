@@ -17,6 +17,7 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/packetsock"
 	"github.com/cni-usernet/cni-usernet/pkg/podnet"
 	"github.com/cni-usernet/cni-usernet/pkg/relay"
+	"github.com/cni-usernet/cni-usernet/pkg/stackconfig"
 	"github.com/cni-usernet/cni-usernet/pkg/steptime"
 	"golang.org/x/sys/unix"
 )
@@ -26,7 +27,7 @@ type Daemon struct {
 	linkFD int
 	// socketDrops accumulates packetsock.Drops, which resets on read.
 	socketDrops atomic.Uint64
-	cfg         Config
+	cfg         stackconfig.Config
 	log         *slog.Logger
 	spec        *podnet.Spec
 	gso         offload.Decision
@@ -41,7 +42,7 @@ type Daemon struct {
 // network namespace. When it returns nil the stack carries traffic; on an
 // error, everything it did to the kernel is left so that a retry (or the
 // plugin's cleanup) finds the spec and can finish or undo.
-func Start(cfg Config, log *slog.Logger) (*Daemon, error) {
+func Start(cfg stackconfig.Config, log *slog.Logger) (*Daemon, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -114,7 +115,7 @@ func Start(cfg Config, log *slog.Logger) (*Daemon, error) {
 		Pod:               *pod,
 		GSO:               d.gso,
 		GRO:               cfg.GRO,
-		RXChecksumOffload: !cfg.NoRXChecksumOffload,
+		VerifyRXChecksums: cfg.VerifyRXChecksums,
 		WireQueueLen:      wireQueue,
 		Relay: relay.Options{
 			MaxTCP:  cfg.MaxTCP,
@@ -137,7 +138,7 @@ func Start(cfg Config, log *slog.Logger) (*Daemon, error) {
 	return d, nil
 }
 
-func loadOrCollect(cfg Config) (*podnet.Spec, error) {
+func loadOrCollect(cfg stackconfig.Config) (*podnet.Spec, error) {
 	spec, err := podnet.ReadSpec(cfg.SpecPath)
 	if err == nil {
 		if spec.IfName != cfg.IfName {

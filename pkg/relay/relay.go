@@ -153,7 +153,7 @@ type Options struct {
 }
 
 // Defaults of the limits a memory bound is computed from
-// (podstack.Config.MemoryBound).
+// (podstack.MemoryBound).
 const (
 	DefaultMaxUDP            = 4096
 	DefaultMaxUDPUnreplied   = 256
