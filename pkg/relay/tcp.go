@@ -348,8 +348,14 @@ func (r *Relay) podToWire(p podConn, w *wireConn) error {
 			buf = r.getBuf()
 			n, rerr = unix.Read(int(fd), buf)
 			if rerr == unix.EAGAIN || rerr == unix.EINTR {
+				// Wait for readability holding no buffer. buf is
+				// forgotten with it: rc.Read may return an error (the
+				// socket closed meanwhile) without calling back, and
+				// a buffer returned twice would be handed to two
+				// connections at once, mixing their data.
 				putBuf(buf)
-				return false // wait for readability, holding no buffer
+				buf = nil
+				return false
 			}
 			return true
 		})
@@ -357,7 +363,9 @@ func (r *Relay) podToWire(p podConn, w *wireConn) error {
 			err = rerr
 		}
 		if err != nil {
-			putBuf(buf)
+			if buf != nil {
+				putBuf(buf)
+			}
 			return err
 		}
 		if n == 0 {
