@@ -8,6 +8,7 @@ import (
 	"syscall"
 
 	"github.com/containernetworking/cni/pkg/types"
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -79,7 +80,7 @@ func nsTypeName(t int) string {
 func linkInTheWay(netns ns.NetNS, ifName string) (string, error) {
 	var desc string
 	err := netns.Do(func(ns.NetNS) error {
-		l, err := netlink.LinkByName(ifName)
+		l, err := netlinksafe.LinkByName(ifName)
 		if err != nil {
 			if errors.As(err, &netlink.LinkNotFoundError{}) {
 				return nil
@@ -87,7 +88,7 @@ func linkInTheWay(netns ns.NetNS, ifName string) (string, error) {
 			return fmt.Errorf("looking up %s in %s: %w", ifName, netns.Path(), err)
 		}
 		var addrs []string
-		if as, err := netlink.AddrList(l, netlink.FAMILY_ALL); err == nil {
+		if as, err := netlinksafe.AddrList(l, netlink.FAMILY_ALL); err == nil {
 			for _, a := range as {
 				if !a.IP.IsLinkLocalUnicast() {
 					addrs = append(addrs, a.IPNet.String())
@@ -153,7 +154,7 @@ func isPeerOf(link netlink.Link, hostIndex int) bool {
 // hostIndex is the index of the attachment's node-side veth in the
 // calling thread's namespace; 0 when it is gone.
 func hostIndex(containerID, ifName string) int {
-	l, err := netlink.LinkByName(hostVethName(containerID, ifName))
+	l, err := netlinksafe.LinkByName(hostVethName(containerID, ifName))
 	if err != nil {
 		return 0
 	}

@@ -24,6 +24,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 
@@ -126,11 +127,11 @@ func kernelV4(t *testing.T, netns ns.NetNS, link string) []string {
 	t.Helper()
 	var out []string
 	err := nettest.In(netns, func() error {
-		l, err := netlink.LinkByName(link)
+		l, err := netlinksafe.LinkByName(link)
 		if err != nil {
 			return err
 		}
-		addrs, err := netlink.AddrList(l, netlink.FAMILY_V4)
+		addrs, err := netlinksafe.AddrList(l, netlink.FAMILY_V4)
 		for _, a := range addrs {
 			out = append(out, a.IPNet.String())
 		}

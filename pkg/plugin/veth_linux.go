@@ -9,6 +9,7 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/plugins/pkg/ip"
 	"github.com/containernetworking/plugins/pkg/ipam"
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -45,7 +46,7 @@ func setupVeth(netns ns.NetNS, ifName, hostName string, mtu int, result *current
 		if err := ipam.ConfigureIface(ifName, result); err != nil {
 			return fmt.Errorf("configuring %s: %w", ifName, err)
 		}
-		link, err := netlink.LinkByName(ifName)
+		link, err := netlinksafe.LinkByName(ifName)
 		if err != nil {
 			return fmt.Errorf("looking up %s: %w", ifName, err)
 		}
@@ -76,7 +77,7 @@ func setupVeth(netns ns.NetNS, ifName, hostName string, mtu int, result *current
 	if err != nil {
 		return err
 	}
-	hv, err := netlink.LinkByName(hostName)
+	hv, err := netlinksafe.LinkByName(hostName)
 	if err != nil {
 		return fmt.Errorf("looking up %s: %w", hostName, err)
 	}
