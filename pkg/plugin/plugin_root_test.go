@@ -29,14 +29,15 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/cni-usernet/cni-usernet/pkg/launch"
+	"github.com/cni-usernet/cni-usernet/pkg/netconf"
 	"github.com/cni-usernet/cni-usernet/pkg/state"
 	"github.com/cni-usernet/cni-usernet/test/nettest"
 )
 
 // versions are the CNI versions the plugin declares.
-var versions = []string{"0.3.1", "0.4.0", "1.0.0", "1.1.0"}
+var versions = netconf.CNIVersions
 
-const latest = "1.1.0"
+var latest = netconf.LatestCNIVersion
 
 // cniErr asserts that err is the plugin's *types.Error and returns it.
 func cniErr(t *testing.T, err error) *types.Error {
