@@ -120,3 +120,26 @@ func disableDAD(ifName string) error {
 	}
 	return nil
 }
+
+// isPeerOf reports whether link is the pod end of the veth whose node end
+// has index hostIndex: only then is it this attachment's to delete.
+func isPeerOf(link netlink.Link, hostIndex int) bool {
+	if _, ok := link.(*netlink.Veth); !ok || hostIndex == 0 {
+		return false
+	}
+	peer, err := netlink.VethPeerIndex(link.(*netlink.Veth))
+	if err != nil {
+		return link.Attrs().ParentIndex == hostIndex
+	}
+	return peer == hostIndex
+}
+
+// hostIndex is the index of the attachment's node-side veth in the
+// calling thread's namespace; 0 when it is gone.
+func hostIndex(containerID, ifName string) int {
+	l, err := netlinksafe.LinkByName(hostVethName(containerID, ifName))
+	if err != nil {
+		return 0
+	}
+	return l.Attrs().Index
+}
