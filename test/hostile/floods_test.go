@@ -305,16 +305,7 @@ func sinkNode(t *testing.T, node ns.NetNS) {
 		t.Fatalf("node's sink addresses: %v", err)
 	}
 	for _, p := range sinkPorts {
-		ln := nettest.Listen(t, node, "tcp", ":"+strconv.Itoa(p))
-		go func() {
-			for {
-				c, err := ln.Accept()
-				if err != nil {
-					return
-				}
-				c.Close()
-			}
-		}()
+		nettest.Serve(nettest.Listen(t, node, "tcp", ":"+strconv.Itoa(p)), func(net.Conn) {})
 	}
 }
 

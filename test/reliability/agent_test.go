@@ -143,16 +143,7 @@ func stackOf(t *testing.T, env *nettest.Env, pod *nettest.Pod) launch.Process {
 
 // echoServer answers every connection by sending back what it reads.
 func echoServer(t *testing.T, netns ns.NetNS, port int) {
-	ln := nettest.Listen(t, netns, "tcp", fmt.Sprintf(":%d", port))
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() { io.Copy(c, c); c.Close() }()
-		}
-	}()
+	nettest.Serve(nettest.Listen(t, netns, "tcp", fmt.Sprintf(":%d", port)), nettest.Echo)
 }
 
 // roundTrip opens a new connection and checks one echo.
@@ -181,24 +172,11 @@ func roundTrip(netns ns.NetNS, addr string) error {
 func sinkServer(t *testing.T, netns ns.NetNS, port int) <-chan [32]byte {
 	ln := nettest.Listen(t, netns, "tcp", fmt.Sprintf(":%d", port))
 	sums := make(chan [32]byte, 16)
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				h := sha256.New()
-				if _, err := io.Copy(h, c); err != nil {
-					return
-				}
-				var s [32]byte
-				copy(s[:], h.Sum(nil))
-				sums <- s
-			}()
+	nettest.Serve(ln, func(c net.Conn) {
+		if _, sum, err := nettest.ReceiveHashed(c); err == nil {
+			sums <- sum
 		}
-	}()
+	})
 	return sums
 }
 
