@@ -255,9 +255,10 @@ func exited(fd int, p Process, wait time.Duration) bool {
 	}
 }
 
-// stackEnv is the stack's whole environment: PATH for ethtool, and GORACE
-// so that a race-instrumented test build halts on a race instead of
-// printing it to a log nobody reads.
+// stackEnv is the stack's whole environment: PATH as the launcher has it
+// (the stack runs no other program: it sets offloads through the ethtool
+// ioctl), and GORACE so that a race-instrumented test build halts on a
+// race instead of printing it to a log nobody reads.
 func stackEnv() []string {
 	env := []string{"PATH=" + os.Getenv("PATH")}
 	// CNI_USERNET_SANDBOX=off|log reaches the stack for debugging

@@ -33,7 +33,7 @@ func Main() {
 		Check:  cmdCheck,
 		GC:     cmdGC,
 		Status: cmdStatus,
-	}, version.PluginSupports("0.3.1", "0.4.0", "1.0.0", "1.1.0"), "cni-usernet "+Version+": a userspace TCP/IP stack per pod")
+	}, version.PluginSupports(netconf.CNIVersions...), "cni-usernet "+Version+": a userspace TCP/IP stack per pod")
 }
 
 // k8sArgs are the CNI_ARGS Kubernetes runtimes pass.

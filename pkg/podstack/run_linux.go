@@ -7,7 +7,6 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
-	"os/exec"
 	"sync/atomic"
 	"time"
 
@@ -55,7 +54,7 @@ func Start(cfg stackconfig.Config, log *slog.Logger) (*Daemon, error) {
 	d.spec = spec
 	ph.Done("spec")
 	if cfg.PodLinkOffloadsOff {
-		if err := linkOffloadsOff(cfg.IfName); err != nil {
+		if err := offload.LinkOffloadsOff(cfg.IfName); err != nil {
 			return nil, err
 		}
 	}
@@ -160,14 +159,6 @@ func loadOrCollect(cfg stackconfig.Config) (*podnet.Spec, error) {
 		return nil, fmt.Errorf("saving spec: %w", err)
 	}
 	return spec, nil
-}
-
-func linkOffloadsOff(ifName string) error {
-	out, err := exec.Command("ethtool", "-K", ifName, "tso", "off", "gso", "off", "sg", "off").CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("turning offloads off on %s: %w: %s", ifName, err, out)
-	}
-	return nil
 }
 
 // Run blocks until ctx ends, then shuts the stack down. The kernel-side
