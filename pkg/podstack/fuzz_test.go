@@ -22,7 +22,7 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/relay"
 )
 
-// fuzzStack is one whole pod stack (both legs, relay, pinger) whose wire
+// fuzzStack is one whole pod stack (the wire leg, the relay, the pinger) whose wire
 // link and TUN are socketpairs: a frame written to wirePeer is what the
 // pod's eth0 would receive from the network.
 type fuzzStack struct {

@@ -6,10 +6,11 @@ import "github.com/cni-usernet/cni-usernet/pkg/relay"
 // network sends on top of it is bounded by the configuration alone.
 type MemoryLoad struct {
 	// BulkTCP counts relayed TCP connections moving data as fast as they
-	// can (each may fill its buffers on both legs).
+	// can (each may fill its netstack buffers and hold the relay's copy
+	// buffers; what it queues in the pod's kernel is not the stack's).
 	BulkTCP int
 	// AnsweredUDP counts UDP flows the pod answers (each may fill its
-	// receive queues on both legs).
+	// netstack receive queue and its socket's in the pod's kernel).
 	AnsweredUDP int
 }
 

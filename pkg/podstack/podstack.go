@@ -98,7 +98,8 @@ type Stack struct {
 
 const wireNIC tcpip.NICID = 1
 
-// Build creates both legs and starts relaying.
+// Build creates the wire leg and the relay to the pod's kernel, and starts
+// relaying.
 func Build(o Options) (*Stack, error) {
 	if err := o.Validate(); err != nil {
 		return nil, fmt.Errorf("pod stack options: %w", err)

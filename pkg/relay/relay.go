@@ -114,12 +114,11 @@ type Options struct {
 	// (Stats.UDPLimitHit). Zero: 4096.
 	MaxUDP int
 	// MaxUDPUnreplied caps the flows from the network that have not carried
-	// a reply yet; beyond it the oldest is evicted. Each holds an app-leg
-	// endpoint bound to the sender's (possibly spoofed) address, and
-	// netstack's address lookup on the app leg scans all such addresses
-	// whenever it meets a new one, so this cap is what keeps a flood from
-	// many sources cheap per packet. An evicted flow that is answered after
-	// all is recreated by the answer, in the other direction. Zero: 256.
+	// a reply yet; beyond it the oldest is evicted. Each holds a socket in
+	// the pod's kernel bound to the sender's (possibly spoofed) address, a
+	// netstack endpoint and a goroutine, so this cap is what bounds a flood
+	// from many sources. An evicted flow that is answered after all is
+	// recreated by the answer, in the other direction. Zero: 256.
 	MaxUDPUnreplied int
 	// UDPIdle is how long a UDP flow lives without traffic either way. Zero:
 	// 60 s, between Linux conntrack's 30 s unreplied and 120 s stream.
