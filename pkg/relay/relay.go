@@ -224,6 +224,12 @@ type Stats struct {
 	// mirrors now; TCPMirrorChanges counts mirrors opened and closed.
 	TCPMirrored      atomic.Int64
 	TCPMirrorChanges atomic.Int64
+	// ToAppBytes and FromAppBytes count the payload the relay wrote to and
+	// read from the applications' sockets (TCP streams and UDP
+	// datagrams): the app leg's traffic, which the kernel segments, so it
+	// has bytes but no packets of the stack's own.
+	ToAppBytes   atomic.Int64
+	FromAppBytes atomic.Int64
 }
 
 // Snapshot is a plain copy of Stats for JSON.
@@ -249,6 +255,8 @@ type Snapshot struct {
 	PodDropped           int64 `json:"podDropped"`
 	TCPMirrored          int64 `json:"tcpMirrored"`
 	TCPMirrorChanges     int64 `json:"tcpMirrorChanges"`
+	ToAppBytes           int64 `json:"toAppBytes"`
+	FromAppBytes         int64 `json:"fromAppBytes"`
 }
 
 // Snapshot reads every counter.
@@ -263,6 +271,7 @@ func (s *Stats) Snapshot() Snapshot {
 		ICMPEchoes: s.ICMPEchoes.Load(), ICMPEchoFailed: s.ICMPEchoFailed.Load(),
 		TCPOutboundDropped: s.TCPOutboundDropped.Load(), PodDropped: s.PodDropped.Load(),
 		TCPMirrored: s.TCPMirrored.Load(), TCPMirrorChanges: s.TCPMirrorChanges.Load(),
+		ToAppBytes: s.ToAppBytes.Load(), FromAppBytes: s.FromAppBytes.Load(),
 	}
 }
 
