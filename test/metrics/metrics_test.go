@@ -19,12 +19,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 
 	"github.com/cni-usernet/cni-usernet/test/nettest"
+	"github.com/cni-usernet/cni-usernet/test/promcheck"
 )
 
 // metricsAddr is the agent's endpoint on the node namespace's loopback.
@@ -115,10 +113,10 @@ func TestScrape(t *testing.T) {
 		t.Fatalf("DEL: %v", err)
 	}
 	body, fams = scrape(t, env)
-	if strings.Contains(string(body), off.ID) {
-		t.Errorf("series of the deleted pod %s still scraped:\n%s", off.ID, grep(body, off.ID))
+	if strings.Contains(string(body.Body), off.ID) {
+		t.Errorf("series of the deleted pod %s still scraped:\n%s", off.ID, body.Grep(off.ID))
 	}
-	if !strings.Contains(string(body), soft.ID) {
+	if !strings.Contains(string(body.Body), soft.ID) {
 		t.Errorf("series of the remaining pod %s gone", soft.ID)
 	}
 	if v := histCount(t, fams, "DEL", "success"); v != 1 {
@@ -127,7 +125,7 @@ func TestScrape(t *testing.T) {
 	if v, _ := value(t, fams, "cni_usernet_attachments", nil); v != 1 {
 		t.Errorf("attachments after DEL: got %v, want 1", v)
 	}
-	t.Logf("scrape sample:\n%s", grep(body, "cni_usernet_pod_bytes_total"))
+	t.Logf("scrape sample:\n%s", body.Grep("cni_usernet_pod_bytes_total"))
 }
 
 // echo sends n bytes through an echo server in pod p from the node and
@@ -160,130 +158,60 @@ func echo(t *testing.T, env *nettest.Env, p *nettest.Pod, n int) {
 }
 
 // scrape GETs the agent's /metrics in the node namespace.
-func scrape(t *testing.T, env *nettest.Env) ([]byte, map[string]*dto.MetricFamily) {
+func scrape(t *testing.T, env *nettest.Env) (*promcheck.Scrape, map[string]*dto.MetricFamily) {
 	t.Helper()
 	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
 		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
 			return nettest.Dial(env.Node, network, addr, 5*time.Second)
 		},
 	}}
-	resp, err := client.Get("http://" + metricsAddr + "/metrics")
+	s, err := promcheck.Get(client, "http://"+metricsAddr+"/metrics")
 	if err != nil {
-		t.Fatalf("scraping the agent: %v", err)
+		t.Fatal(err)
 	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("scraping the agent: %s, %v\n%s", resp.Status, err, body)
-	}
-	if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "text/plain") {
-		t.Errorf("content type: got %q, want the text exposition format", ct)
-	}
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := p.TextToMetricFamilies(bytes.NewReader(body))
-	if err != nil {
-		t.Fatalf("parsing the scrape: %v\n%s", err, body)
-	}
-	return body, fams
+	return s, s.Families
 }
 
-// lint checks the scrape with promlint and, when a promtool binary is at
-// hand ($PROMTOOL or bin/promtool, `make promtool`), with promtool.
-func lint(t *testing.T, body []byte) {
+// lint checks the scrape with promlint and, when built, promtool.
+func lint(t *testing.T, s *promcheck.Scrape) {
 	t.Helper()
-	problems, err := promlint.New(bytes.NewReader(body)).Lint()
+	problems, checked, err := s.Lint()
 	if err != nil {
-		t.Fatalf("promlint: %v", err)
+		t.Fatal(err)
 	}
 	for _, p := range problems {
-		t.Errorf("promlint: %s: %s", p.Metric, p.Text)
+		t.Error(p)
 	}
-	promtool := os.Getenv("PROMTOOL")
-	if promtool == "" {
-		promtool = filepath.Join("..", "..", "bin", "promtool")
-	}
-	if _, err := os.Stat(promtool); err != nil {
-		t.Logf("promtool not built (make promtool): checked with promlint only")
-		return
-	}
-	cmd := exec.Command(promtool, "check", "metrics")
-	cmd.Stdin = bytes.NewReader(body)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Errorf("promtool check metrics: %v\n%s", err, out)
-	} else {
-		t.Logf("promtool check metrics: clean")
-	}
+	t.Logf("checked with %s", checked)
 }
 
 // value returns the one sample of family name whose labels include want,
 // and all its labels.
 func value(t *testing.T, fams map[string]*dto.MetricFamily, name string, want map[string]string) (float64, map[string]string) {
 	t.Helper()
-	mf, ok := fams[name]
-	if !ok {
+	if _, ok := fams[name]; !ok {
 		t.Fatalf("no %s in the scrape", name)
 	}
-	var found []*dto.Metric
-	for _, m := range mf.GetMetric() {
-		if matches(m, want) {
-			found = append(found, m)
-		}
-	}
+	found := (&promcheck.Scrape{Families: fams}).Find(name, want)
 	if len(found) != 1 {
 		t.Fatalf("%s%v: got %d samples, want 1", name, want, len(found))
 	}
-	m := found[0]
-	labels := map[string]string{}
-	for _, l := range m.GetLabel() {
-		labels[l.GetName()] = l.GetValue()
-	}
-	switch {
-	case m.Counter != nil:
-		return m.Counter.GetValue(), labels
-	case m.Gauge != nil:
-		return m.Gauge.GetValue(), labels
-	}
-	t.Fatalf("%s is neither counter nor gauge", name)
-	return 0, nil
-}
-
-func matches(m *dto.Metric, want map[string]string) bool {
-	n := 0
-	for _, l := range m.GetLabel() {
-		if v, ok := want[l.GetName()]; ok {
-			if v != l.GetValue() {
-				return false
-			}
-			n++
-		}
-	}
-	return n == len(want)
+	return promcheck.Value(found[0]), promcheck.Labels(found[0])
 }
 
 // histCount is the number of plugin operations recorded for verb and
 // result (0 when none).
 func histCount(t *testing.T, fams map[string]*dto.MetricFamily, verb, result string) uint64 {
 	t.Helper()
-	mf := fams["cni_usernet_plugin_operation_duration_seconds"]
-	for _, m := range mf.GetMetric() {
-		if matches(m, map[string]string{"operation": verb, "result": result}) {
-			if m.Histogram.GetSampleSum() <= 0 {
-				t.Errorf("%s %s: duration sum %v, want > 0", verb, result, m.Histogram.GetSampleSum())
-			}
-			return m.Histogram.GetSampleCount()
-		}
+	found := (&promcheck.Scrape{Families: fams}).Find("cni_usernet_plugin_operation_duration_seconds", map[string]string{"operation": verb, "result": result})
+	if len(found) == 0 {
+		return 0
 	}
-	return 0
-}
-
-func grep(body []byte, s string) string {
-	var out []string
-	for _, l := range strings.Split(string(body), "\n") {
-		if strings.Contains(l, s) {
-			out = append(out, l)
-		}
+	h := found[0].GetHistogram()
+	if h.GetSampleSum() <= 0 {
+		t.Errorf("%s %s: duration sum %v, want > 0", verb, result, h.GetSampleSum())
 	}
-	return strings.Join(out, "\n")
+	return h.GetSampleCount()
 }
 
 // startAgent runs `cni-usernet agent` in the node namespace, as the
