@@ -7,6 +7,7 @@ package metrics
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -19,7 +20,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containernetworking/plugins/pkg/testutils"
 	dto "github.com/prometheus/client_model/go"
+	"golang.org/x/sys/unix"
+
+	"github.com/cni-usernet/cni-usernet/pkg/state"
 
 	"github.com/cni-usernet/cni-usernet/test/nettest"
 	"github.com/cni-usernet/cni-usernet/test/promcheck"
@@ -128,6 +133,88 @@ func TestScrape(t *testing.T) {
 	t.Logf("scrape sample:\n%s", body.Grep("cni_usernet_pod_bytes_total"))
 }
 
+// TestScrapeRestartAndReclaim: a killed stack shows up as a restart (on
+// the pod and on the node), and a pod whose namespace vanished without a
+// DEL as a reclaimed attachment whose series are gone.
+func TestScrapeRestartAndReclaim(t *testing.T) {
+	env := nettest.NewEnv(t)
+	t.Cleanup(func() { env.AssertNoLeaks(t) })
+	conf := env.Conf("1.0.0", nil)
+	// A pod the test loses by hand: its namespace is not NewPod's.
+	lostNS, err := testutils.NewNS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.Add(conf, "lost-pod", lostNS); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { env.Del(conf, "lost-pod", nil) }) // if the agent did not reclaim it
+	pod := env.NewPod(conf)
+	startAgent(t, env, "--reconcile-interval", "1s")
+
+	store := state.Store{Dir: filepath.Join(env.Dir, "state")}
+	att, err := store.Load(pod.ID, "eth0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(att.StackPID, syscall.SIGKILL); err != nil {
+		t.Fatalf("killing the stack: %v", err)
+	}
+	waitFor(t, env, "the restart in the scrape", func(fams map[string]*dto.MetricFamily) error {
+		s := &promcheck.Scrape{Families: fams}
+		r := s.Find("cni_usernet_pod_stack_restarts_total", map[string]string{"container_id": pod.ID})
+		up := s.Find("cni_usernet_pod_stack_up", map[string]string{"container_id": pod.ID})
+		node := s.Find("cni_usernet_stack_restarts_total", map[string]string{"result": "success"})
+		if len(r) != 1 || promcheck.Value(r[0]) != 1 || len(up) != 1 || promcheck.Value(up[0]) != 1 || len(node) != 1 || promcheck.Value(node[0]) != 1 {
+			return fmt.Errorf("pod restarts %v, stack_up %v, node restarts %v; want 1, 1, 1", r, up, node)
+		}
+		return nil
+	})
+
+	lost, err := store.Load("lost-pod", "eth0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The stack holds the namespace open; killing it and unmounting the
+	// namespace is what a runtime crash leaves.
+	syscall.Kill(lost.StackPID, syscall.SIGKILL)
+	lostNS.Close()
+	if err := unix.Unmount(lostNS.Path(), unix.MNT_DETACH); err != nil {
+		t.Fatalf("unmounting %s: %v", lostNS.Path(), err)
+	}
+	os.Remove(lostNS.Path())
+	s := waitFor(t, env, "the reclaim in the scrape", func(fams map[string]*dto.MetricFamily) error {
+		s := &promcheck.Scrape{Families: fams}
+		var reclaimed float64
+		for _, m := range s.Find("cni_usernet_reclaimed_attachments_total", nil) {
+			reclaimed += promcheck.Value(m)
+		}
+		if left := s.Find("cni_usernet_pod_stack_up", map[string]string{"container_id": "lost-pod"}); reclaimed != 1 || len(left) != 0 {
+			return fmt.Errorf("reclaimed %v, lost pod's series %v; want 1 and none", reclaimed, left)
+		}
+		return nil
+	})
+	lint(t, s)
+	if v, _ := value(t, s.Families, "cni_usernet_attachments", nil); v != 1 {
+		t.Errorf("attachments: got %v, want 1", v)
+	}
+}
+
+// waitFor scrapes until ok accepts the scrape (10 s at most).
+func waitFor(t *testing.T, env *nettest.Env, what string, ok func(map[string]*dto.MetricFamily) error) *promcheck.Scrape {
+	t.Helper()
+	var err error
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		s, fams := scrape(t, env)
+		if err = ok(fams); err == nil {
+			return s
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+}
+
 // echo sends n bytes through an echo server in pod p from the node and
 // reads them back: traffic on both legs, both ways.
 func echo(t *testing.T, env *nettest.Env, p *nettest.Pod, n int) {
@@ -216,16 +303,16 @@ func histCount(t *testing.T, fams map[string]*dto.MetricFamily, verb, result str
 
 // startAgent runs `cni-usernet agent` in the node namespace, as the
 // DaemonSet's agent runs in the node's host network, until the test ends.
-func startAgent(t *testing.T, env *nettest.Env) {
+func startAgent(t *testing.T, env *nettest.Env, extra ...string) {
 	t.Helper()
 	var mu sync.Mutex
 	var log bytes.Buffer
-	cmd := exec.Command(filepath.Join(env.BinDir, "cni-usernet"), "agent", "--install=false",
+	cmd := exec.Command(filepath.Join(env.BinDir, "cni-usernet"), append([]string{"agent", "--install=false",
 		"--state-dir", filepath.Join(env.Dir, "state"),
 		"--run-dir", filepath.Join(env.Dir, "agent"),
 		"--cni-path", env.BinDir,
 		"--mount-ns", "",
-		"--metrics-address", metricsAddr)
+		"--metrics-address", metricsAddr}, extra...)...)
 	cmd.Stdout = lockedWriter{&mu, &log}
 	cmd.Stderr = lockedWriter{&mu, &log}
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "GORACE=" + os.Getenv("GORACE")}
