@@ -262,7 +262,7 @@ func stackEnv() []string {
 	env := []string{"PATH=" + os.Getenv("PATH")}
 	// CNI_USERNET_SANDBOX=off|log reaches the stack for debugging
 	// (docs/reliability/sandbox.md).
-	for _, k := range []string{"GORACE", "CNI_USERNET_SANDBOX", "CNI_USERNET_GOGC"} {
+	for _, k := range []string{"GORACE", "CNI_USERNET_SANDBOX", "CNI_USERNET_GOGC", "GOMAXPROCS"} {
 		if v, ok := os.LookupEnv(k); ok {
 			env = append(env, k+"="+v)
 		}

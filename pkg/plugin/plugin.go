@@ -6,6 +6,7 @@ package plugin
 import (
 	"errors"
 	"fmt"
+	"github.com/cni-usernet/cni-usernet/pkg/steptime"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -53,6 +54,15 @@ type invocation struct {
 	pod   k8sArgs
 	close func()
 	kube  *kube.Client // see kubeClient
+	// steps times an ADD's steps for its log line; nil in the other verbs.
+	steps *steptime.Steps
+}
+
+// step ends a timed step of ADD.
+func (inv *invocation) step(name string) {
+	if inv.steps != nil {
+		inv.steps.Done(name)
+	}
 }
 
 func start(args *skel.CmdArgs) (*invocation, error) {

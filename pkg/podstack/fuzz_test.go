@@ -64,10 +64,9 @@ func newFuzzStack() (*fuzzStack, error) {
 		LinkFD: wire[0],
 		// The test runs in the machine's own network namespace: nothing
 		// may be dialled there for the frames it makes up.
-		Pod:               relay.PodSide{TUN: os.NewFile(uintptr(tun[0]), "tun"), Dialer: refusingDialer{}},
-		GSO:               offload.Decision{Requested: offload.ModeOff, Mode: offload.ModeOff},
-		RXChecksumOffload: true,
-		WireQueueLen:      64,
+		Pod:          relay.PodSide{TUN: os.NewFile(uintptr(tun[0]), "tun"), Dialer: refusingDialer{}},
+		GSO:          offload.Decision{Requested: offload.ModeOff, Mode: offload.ModeOff},
+		WireQueueLen: 64,
 	})
 	if err != nil {
 		return nil, err
