@@ -83,7 +83,7 @@ var (
 		"Packets the pod's stack dropped, by reason: netstack (netstack's own drops), packet_socket (the kernel's packet socket overflowed), syn_rate_limit (SYNs shed beyond the admission cap), listen_syn_queue and listen_ack_queue (a mirrored listener's queue was full), udp (datagrams the relay could not deliver), app_protocol (application packets of a protocol the relay does not carry).",
 		"reason")
 	descErrors = podDesc("errors_total",
-		"Errors on the pod's wire leg, by kind: transmit (link write failures), ip_malformed, ip_outgoing, tcp_invalid_segment, tcp_checksum.",
+		"Errors on the pod's wire leg, by kind: transmit (link write failures), ip_malformed, ip_outgoing, tcp_invalid_segment, tcp_checksum, syn_cookie_answer (fast-path SYN-ACKs the link's queue refused).",
 		"kind")
 	descRetransmits = podDesc("tcp_retransmitted_segments_total",
 		"TCP segments the pod's wire stack retransmitted.")
@@ -108,7 +108,7 @@ var (
 	descICMPFailed = podDesc("icmp_echo_failures_total",
 		"ICMP echo requests of the pod's applications that the stack could not relay.")
 	descSynCookies = podDesc("syn_cookies_total",
-		"SYN cookies of the pod's mirrored listeners, by result: sent (a handshake backlog was full), valid and invalid (the ACKs that came back).",
+		"SYN cookies of the pod's wire leg, by result: sent (a mirrored listener's handshake backlog was full), fast_path (SYNs the link answered with the listener's cookie itself, during a flood), valid and invalid (the ACKs that came back).",
 		"result")
 	descRestarts = podDesc("stack_restarts_total",
 		"Times the node agent restarted the pod's stack since ADD.")
@@ -350,6 +350,7 @@ func (p pod) emit(ch chan<- prometheus.Metric) {
 	ctr(descErrors, w.IPOutgoingErrors, "ip_outgoing")
 	ctr(descErrors, w.TCPInvalidSegments, "tcp_invalid_segment")
 	ctr(descErrors, w.TCPChecksumErrors, "tcp_checksum")
+	ictr(descErrors, r.TCPCookieFastErrors, "syn_cookie_answer")
 	ctr(descRetransmits, w.TCPRetransmits)
 	m(descTCPActive, prometheus.GaugeValue, float64(r.TCPActive))
 	ictr(descTCPTotal, r.TCPTotal)
@@ -364,6 +365,7 @@ func (p pod) emit(ch chan<- prometheus.Metric) {
 	ctr(descSynCookies, w.SynCookiesSent, "sent")
 	ctr(descSynCookies, w.SynCookiesValid, "valid")
 	ctr(descSynCookies, w.SynCookiesInvalid, "invalid")
+	ctr(descSynCookies, w.RxSynCookied, "fast_path")
 }
 
 func counter(d *prometheus.Desc, v float64, labels ...string) prometheus.Metric {
