@@ -56,6 +56,14 @@ bench:
 bench-quick:
 	hack/bench/run.sh --quick
 
+# promtool, from its own module (hack/promtool): the metrics tests run
+# `promtool check metrics` on the agent's scrape when bin/promtool exists
+# (promlint, the same linter, always). Not part of `make test`: it compiles
+# Prometheus' service discovery SDKs (see docs/metrics.md for the cost).
+.PHONY: promtool
+promtool:
+	cd hack/promtool && $(GO) build -o ../../bin/promtool github.com/prometheus/prometheus/cmd/promtool
+
 clean:
 	rm -rf bin results
 

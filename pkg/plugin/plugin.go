@@ -28,9 +28,9 @@ var Version = "dev"
 // variables and the configuration on stdin, the result on stdout.
 func Main() {
 	skel.PluginMainFuncs(skel.CNIFuncs{
-		Add:    cmdAdd,
-		Del:    cmdDel,
-		Check:  cmdCheck,
+		Add:    recorded("ADD", cmdAdd),
+		Del:    recorded("DEL", cmdDel),
+		Check:  recorded("CHECK", cmdCheck),
 		GC:     cmdGC,
 		Status: cmdStatus,
 	}, version.PluginSupports(netconf.CNIVersions...), "cni-usernet "+Version+": a userspace TCP/IP stack per pod")

@@ -211,6 +211,13 @@ type LegStatus struct {
 	SynCookiesInvalid uint64 `json:"synCookiesInvalid"`
 	ListenSynDrops    uint64 `json:"listenSynDrops"`
 	ListenAckDrops    uint64 `json:"listenAckDrops"`
+	// Errors netstack counted on the wire leg: malformed IP packets
+	// received, IP packets it failed to send, TCP segments dropped as
+	// invalid or with a bad checksum (the node's metrics export them).
+	IPMalformed        uint64 `json:"ipMalformed"`
+	IPOutgoingErrors   uint64 `json:"ipOutgoingErrors"`
+	TCPInvalidSegments uint64 `json:"tcpInvalidSegments"`
+	TCPChecksumErrors  uint64 `json:"tcpChecksumErrors"`
 }
 
 // Status implements control.Source.
@@ -228,6 +235,8 @@ func (d *Daemon) Status() any {
 		SocketDrops:    d.socketDrops.Load(),
 		SynCookiesSent: ws.TCP.ListenOverflowSynCookieSent.Value(), SynCookiesValid: ws.TCP.ListenOverflowSynCookieRcvd.Value(),
 		SynCookiesInvalid: ws.TCP.ListenOverflowInvalidSynCookieRcvd.Value(),
-		ListenSynDrops:    ws.TCP.ListenOverflowSynDrop.Value(), ListenAckDrops: ws.TCP.ListenOverflowAckDrop.Value()}
+		ListenSynDrops:    ws.TCP.ListenOverflowSynDrop.Value(), ListenAckDrops: ws.TCP.ListenOverflowAckDrop.Value(),
+		IPMalformed: ws.IP.MalformedPacketsReceived.Value(), IPOutgoingErrors: ws.IP.OutgoingPacketErrors.Value(),
+		TCPInvalidSegments: ws.TCP.InvalidSegmentsReceived.Value(), TCPChecksumErrors: ws.TCP.ChecksumErrors.Value()}
 	return s
 }

@@ -239,6 +239,12 @@ type Stats struct {
 	// refused.
 	TCPCookieFast       atomic.Int64
 	TCPCookieFastErrors atomic.Int64
+	// ToAppBytes and FromAppBytes count the payload the relay wrote to and
+	// read from the applications' sockets (TCP streams and UDP
+	// datagrams): the app leg's traffic, which the kernel segments, so it
+	// has bytes but no packets of the stack's own.
+	ToAppBytes   atomic.Int64
+	FromAppBytes atomic.Int64
 }
 
 // Snapshot is a plain copy of Stats for JSON.
@@ -266,6 +272,8 @@ type Snapshot struct {
 	TCPMirrorChanges     int64 `json:"tcpMirrorChanges"`
 	TCPCookieFast        int64 `json:"tcpCookieFast"`
 	TCPCookieFastErrors  int64 `json:"tcpCookieFastErrors"`
+	ToAppBytes           int64 `json:"toAppBytes"`
+	FromAppBytes         int64 `json:"fromAppBytes"`
 }
 
 // Snapshot reads every counter.
@@ -281,6 +289,7 @@ func (s *Stats) Snapshot() Snapshot {
 		TCPOutboundDropped: s.TCPOutboundDropped.Load(), PodDropped: s.PodDropped.Load(),
 		TCPMirrored: s.TCPMirrored.Load(), TCPMirrorChanges: s.TCPMirrorChanges.Load(),
 		TCPCookieFast: s.TCPCookieFast.Load(), TCPCookieFastErrors: s.TCPCookieFastErrors.Load(),
+		ToAppBytes: s.ToAppBytes.Load(), FromAppBytes: s.FromAppBytes.Load(),
 	}
 }
 

@@ -325,8 +325,9 @@ func (r *Relay) wireToPod(w *wireConn, p podConn) error {
 			}
 			return errors.New(err.String())
 		}
-		_, werr := p.Write(buf[:res.Count])
+		n, werr := p.Write(buf[:res.Count])
 		putBuf(buf)
+		r.stats.ToAppBytes.Add(int64(n))
 		if werr != nil {
 			return werr
 		}
@@ -377,5 +378,6 @@ func (r *Relay) podToWire(p podConn, w *wireConn) error {
 		if werr != nil {
 			return werr
 		}
+		r.stats.FromAppBytes.Add(int64(n))
 	}
 }

@@ -296,6 +296,8 @@ spec:
 		}
 	})
 
+	check("Metrics", func(t *testing.T) { checkPodMetrics(t, ns, pods) })
+
 	// Two nodes (hack/k8s/node2.sh): pods on node 2 reach and are reached
 	// from node 1 through both pods' stacks, over the routes the agents
 	// made between the nodes (standalone mode: host-gw on the lab's link).
@@ -615,6 +617,8 @@ spec:
 			return s.consistent()
 		})
 	})
+
+	check("MetricsOfDeletedPodsGone", func(t *testing.T) { checkDeletedPodMetrics(t, ns, pods, keep) })
 
 	// Uninstall while pods still run, as an admin would: the README's
 	// `kubectl delete -f`, then the pods. The agent keeps the plugin and
