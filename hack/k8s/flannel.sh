@@ -14,10 +14,14 @@
 #
 # Kept inside the machine: the VXLAN endpoints are the node IPs (10.242.0.1 on
 # lo, 10.242.0.2 on node 2's eth0), so the encapsulated traffic only ever goes
-# over the lab's own link k8slab-n2; no masquerade (--ip-masq=false), no FORWARD
-# accept rules (--iptables-forward-rules=false: they would sit before the lab's
-# guard); and the VXLAN port of node 1 takes nothing but what comes over that
-# link (K8S-LAB-GUARD-IN). The overlay's MTU is the one of a 1500-byte
+# over the lab's own link k8slab-n2; no FORWARD accept rules
+# (--iptables-forward-rules=false: they would sit before the lab's guard); and
+# the VXLAN port of node 1 takes nothing but what comes over that link
+# (K8S-LAB-GUARD-IN). --ip-masq as kube-flannel runs it: flanneld masquerades
+# pod traffic that leaves the pod network (which the guard drops anyway), and
+# the plugin then tells bridge not to masquerade (without it, bridge would
+# masquerade pod-to-pod traffic across nodes and servers would see the node's
+# flannel.1 address instead of the client pod's). The overlay's MTU is the one of a 1500-byte
 # underlay, 1450 (flannel would take lo's 65536 on node 1 otherwise).
 set -euo pipefail
 LAB=$(cd "$(dirname "$0")" && pwd)
@@ -72,7 +76,7 @@ EOF
   iptables -w -A K8S-LAB-GUARD-IN -p udp --dport $VXLAN_PORT ! -i k8slab-n2 -j DROP
 
   local args=(--kube-subnet-mgr --kubeconfig-file="$STATE/admin.kubeconfig" --net-config-path="$NETCONF"
-    --ip-masq=false --iptables-forward-rules=false --healthz-port=0)
+    --ip-masq --iptables-forward-rules=false --healthz-port=0)
   start_daemon flanneld env NODE_NAME="$NODE" "$BIN/flanneld" "${args[@]}" --iface="$NODE_IP"
   "$LAB/node2.sh" daemon flanneld-node2 env NODE_NAME="$NODE2" "$BIN/flanneld" "${args[@]}" --iface=eth0
   wait_for "flannel's subnet on $NODE" 60 test -s /run/flannel/subnet.env
@@ -101,8 +105,8 @@ down() {
   ip link del cni0 2>/dev/null && log "removed cni0" || true
   rm -f "/etc/cni/net.d/$CONFLIST" /opt/cni/bin/flannel
   rm -rf /run/flannel /var/lib/cni/flannel /var/lib/cni/networks/cbr0
-  # chains flanneld's traffic manager made (it made no rules in the built-in
-  # chains: no masquerade, no forward rules), and the lab's VXLAN guard
+  # chains flanneld's traffic manager made (FLANNEL-POSTRTG, hooked into
+  # POSTROUTING for --ip-masq), and the lab's VXLAN guard
   local table c
   for table in filter nat; do
     for c in $(iptables -w -t $table -S 2>/dev/null | awk '/^-N FLANNEL-/{print $2}'); do

@@ -104,7 +104,11 @@ func TestKubernetes(t *testing.T) {
 	}
 	var network string
 
-	step("NodeNotReadyBeforeInstall", func(t *testing.T) {
+	first := "NodeNotReadyBeforeInstall"
+	if chained {
+		first = "PrimaryCNIBeforeInstall"
+	}
+	step(first, func(t *testing.T) {
 		if _, err := kubectl("-n", "kube-system", "get", "ds", "cni-usernet"); err == nil {
 			t.Fatal("a cni-usernet DaemonSet is already installed (left over from an earlier run?)")
 		}
@@ -411,15 +415,17 @@ spec:
 			} else {
 				t.Logf("node 1 routes over flannel.1: %s", strings.TrimSpace(out))
 			}
-		} else if r := agentRoutes(t, repo, false); !strings.Contains(r, " via "+node2IP()+" ") {
-			t.Errorf("node 1 has no route to node 2's pods via %s:\n%s", node2IP(), r)
 		} else {
-			t.Logf("node 1 routes (proto 117): %s", strings.TrimSpace(r))
-		}
-		if r := agentRoutes(t, repo, true); !strings.Contains(r, " via ") {
-			t.Errorf("node 2 has no route to node 1's pods:\n%s", r)
-		} else {
-			t.Logf("node 2 routes (proto 117): %s", strings.TrimSpace(r))
+			if r := agentRoutes(t, repo, false); !strings.Contains(r, " via "+node2IP()+" ") {
+				t.Errorf("node 1 has no route to node 2's pods via %s:\n%s", node2IP(), r)
+			} else {
+				t.Logf("node 1 routes (proto 117): %s", strings.TrimSpace(r))
+			}
+			if r := agentRoutes(t, repo, true); !strings.Contains(r, " via ") {
+				t.Errorf("node 2 has no route to node 1's pods:\n%s", r)
+			} else {
+				t.Logf("node 2 routes (proto 117): %s", strings.TrimSpace(r))
+			}
 		}
 		row, ok := node2Status(t, repo)[ns+"/far"]
 		if !ok || !row.Healthy || !containsIP(row.IPs, farIP["far"]) {

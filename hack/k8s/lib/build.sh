@@ -41,7 +41,7 @@ fi
 # from its Go module with the vxlan backend only (flannel/main.go), and its
 # CNI plugin from the last containernetworking/plugins that carries it
 # (flannel/cni/go.mod).
-FLANNEL_VERSION=$(sed -n 's/^require github.com\/flannel-io\/flannel \(v[^ ]*\)$/\1/p' "$LAB/flannel/go.mod")
+FLANNEL_VERSION=$(sed -n 's/^[[:space:]]*\(require \)\{0,1\}github.com\/flannel-io\/flannel \(v[^ ]*\)$/\2/p' "$LAB/flannel/go.mod")
 if ! { [ -x "$BIN/flanneld" ] && "$BIN/flanneld" --version 2>&1 | grep -qx "$FLANNEL_VERSION"; }; then
   log "building flanneld $FLANNEL_VERSION (flannel/go.mod)"
   s=$(date +%s)
