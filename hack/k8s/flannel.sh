@@ -116,6 +116,13 @@ down() {
       iptables -w -t $table -F "$c" 2>/dev/null; iptables -w -t $table -X "$c" 2>/dev/null || true
     done
   done
+  # the bridge plugin's per-pod masquerade chains (CNI-<hash>, hooked into
+  # POSTROUTING with a comment naming the network), had a pod's DEL missed
+  # them (bridge only masquerades when flanneld does not: not with --ip-masq)
+  iptables -w -t nat -S POSTROUTING 2>/dev/null | grep -E -- '--comment "name: \\"cbr0\\" id: ' | while read -r rule; do
+    c=${rule##*-j }
+    eval iptables -w -t nat "${rule/-A/-D}" && { iptables -w -t nat -F "$c"; iptables -w -t nat -X "$c"; } || true
+  done
   if iptables -w -S K8S-LAB-GUARD-IN >/dev/null 2>&1; then
     iptables -w -D INPUT -j K8S-LAB-GUARD-IN 2>/dev/null || true
     iptables -w -F K8S-LAB-GUARD-IN; iptables -w -X K8S-LAB-GUARD-IN
