@@ -95,6 +95,7 @@ EOF
 }
 
 down() {
+  set +e   # best effort: take away whatever is there
   stop_daemon flanneld 20
   stop_daemon flanneld-node2 20   # (gone already when node 2 went down)
   if [ -d "$N2" ] && "$LAB/node2.sh" exec true 2>/dev/null; then
@@ -112,7 +113,7 @@ down() {
     for c in $(iptables -w -t $table -S 2>/dev/null | awk '/^-N FLANNEL-/{print $2}'); do
       iptables -w -t $table -S 2>/dev/null | grep -E "^-A [A-Z]+ .*-j $c\$" | sed 's/^-A/-D/' | while read -r rule; do
         eval iptables -w -t $table "$rule" 2>/dev/null || true
-      done
+      done || true
       iptables -w -t $table -F "$c" 2>/dev/null; iptables -w -t $table -X "$c" 2>/dev/null || true
     done
   done
@@ -122,7 +123,7 @@ down() {
   iptables -w -t nat -S POSTROUTING 2>/dev/null | grep -E -- '--comment "name: \\"cbr0\\" id: ' | while read -r rule; do
     c=${rule##*-j }
     eval iptables -w -t nat "${rule/-A/-D}" && { iptables -w -t nat -F "$c"; iptables -w -t nat -X "$c"; } || true
-  done
+  done || true   # (grep finds none: the usual case)
   if iptables -w -S K8S-LAB-GUARD-IN >/dev/null 2>&1; then
     iptables -w -D INPUT -j K8S-LAB-GUARD-IN 2>/dev/null || true
     iptables -w -F K8S-LAB-GUARD-IN; iptables -w -X K8S-LAB-GUARD-IN
