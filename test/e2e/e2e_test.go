@@ -3,8 +3,12 @@
 // commands, then pods, Services, GSO annotations, traffic across the nodes
 // (over the routes the agents make), CoreDNS, a DaemonSet restart, pod
 // deletion and the README's uninstall while pods still run, checked from
-// kubectl and from the nodes. `make e2e` brings the cluster up, runs it and
-// tears it down.
+// kubectl and from the nodes. `make e2e` brings the cluster up, runs it
+// twice and tears it down: in standalone mode, then (E2E_MODE=chain) with
+// cni-usernet chained behind the flannel that hack/k8s/flannel.sh starts,
+// where the routes between the nodes are flannel's VXLAN overlay, the
+// stacks run with its MTU, and the uninstall must leave flannel's conflist
+// byte for byte as it was.
 //
 // The node is this machine (the cluster's node address lives on lo) and
 // every address the test talks to is a pod's or a Service's; the cluster's
