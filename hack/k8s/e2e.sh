@@ -58,7 +58,8 @@ modes=${E2E_MODES:-standalone chain}
 for mode in $modes; do
   s=$(date +%s)
   case "$mode" in
-    standalone) ;;
+    # (a cluster kept from a chained run: standalone starts without a CNI)
+    standalone) pid_alive flanneld && "$LAB/flannel.sh" down ;;
     chain) "$LAB/flannel.sh" up || { rc=1; log "flannel did not come up"; dump_logs; continue; } ;;
     *) log "E2E_MODES: unknown mode $mode"; rc=1; continue ;;
   esac
