@@ -69,7 +69,8 @@ clean:
 
 # A real two-node Kubernetes on this machine (hack/k8s, ~11 min the first
 # time: it builds Kubernetes), cni-usernet's image, and the end-to-end test
-# against that cluster (test/e2e, README "Install on Kubernetes").
+# against that cluster (test/e2e, README "Install on Kubernetes"), in
+# standalone mode and then chained behind flannel (hack/k8s/flannel.sh).
 .PHONY: image cluster-up cluster-down e2e
 
 image:

@@ -313,9 +313,12 @@ func (n *nodeInstall) drain(log *slog.Logger) bool {
 		}
 		sort.Strings(pods)
 		if now := strings.Join(pods, ", "); now != said {
+			kept := "the plugin binary, its configuration and the routes to other nodes stay"
+			if n.f.mode == "chain" {
+				kept = "the plugin binary and its entry in the node's configuration stay"
+			}
 			log.Warn("DaemonSet deleted, uninstall deferred: pods on this node still use cni-usernet; "+
-				"the plugin binary, its configuration and the routes to other nodes stay until they are deleted, "+
-				"so that their deletion (CNI DEL) works; delete them to finish the uninstall",
+				kept+" until they are deleted, so that their deletion (CNI DEL) works; delete them to finish the uninstall",
 				"pods", now, "count", len(pods))
 			said = now
 		}

@@ -64,6 +64,9 @@ if pid_alive containerd && [ -x "$BIN/crictl" ]; then
   done
   sleep 1
 fi
+# flannel (flannel.sh), when the chained-mode test ran: its daemons, links,
+# files and chains; after the pods, whose DEL needs its plugin.
+"$LAB/flannel.sh" down || log "flannel teardown reported errors"
 # 3. the rest of the control plane.
 stop_daemon kube-proxy 20
 [ -x "$BIN/kube-proxy" ] && "$BIN/kube-proxy" --cleanup >/dev/null 2>&1 || true

@@ -1,8 +1,10 @@
 #!/bin/bash
-# e2e.sh — what `make e2e` runs: bring up the single-node cluster (unless one
-# is running), build the image, run test/e2e against the cluster, and tear
-# the cluster down again, also when something failed (E2E_KEEP_CLUSTER=1
-# keeps it, for iterating). Exits non-zero when anything failed.
+# e2e.sh — what `make e2e` runs: bring up the two-node cluster (unless one
+# is running), build the image, run test/e2e against the cluster in each mode
+# (standalone, then chained behind flannel; E2E_MODES="standalone" or "chain"
+# runs one), and tear the cluster down again, also when something failed
+# (E2E_KEEP_CLUSTER=1 keeps it, for iterating). Exits non-zero when anything
+# failed.
 set -uo pipefail
 LAB=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$LAB/../.." && pwd)
@@ -27,6 +29,9 @@ dump_logs() {
   kubectl get nodes,pods -A -o wide 2>&1 | sed 's/^/  /'
   kubectl get events -A --sort-by=.lastTimestamp 2>&1 | tail -40 | sed 's/^/  /'
   kubectl -n kube-system logs -l app.kubernetes.io/name=cni-usernet --tail=80 --prefix 2>&1 | sed 's/^/  /'
+  for d in flanneld flanneld-node2; do
+    [ -f "$LOGDIR/$d.log" ] && { echo "  == $LOGDIR/$d.log"; grep -E '^[EW]' "$LOGDIR/$d.log" | tail -15 | sed 's/^/  /'; }
+  done
   for f in /var/log/cni-usernet/*.log; do
     [ -f "$f" ] && { echo "  == $f"; tail -20 "$f" | sed 's/^/  /'; }
   done
@@ -45,4 +50,20 @@ if [ "$K8S_LAB_NODES" = 2 ]; then
   export E2E_NODE2=$NODE2 E2E_NODE2_IP=$NODE2_IP E2E_NODE2_ROOT=$STATE/node2
   "$LAB/node2.sh" import bin/cni-usernet-image.tar || { rc=1; exit; }
 fi
-go test -count=1 -v -timeout 30m ./test/e2e ${E2E_RUN:+-run "$E2E_RUN"} || { rc=1; dump_logs; }
+# Both modes on the one cluster: standalone first (the nodes start without a
+# CNI; its test ends with the uninstall, leaving the nodes as they were), then
+# flannel (flannel.sh) and cni-usernet chained behind it. E2E_MODES picks.
+modes=${E2E_MODES:-standalone chain}
+[ "$K8S_LAB_NODES" = 2 ] || modes=standalone
+for mode in $modes; do
+  s=$(date +%s)
+  case "$mode" in
+    # (a cluster kept from a chained run: standalone starts without a CNI)
+    standalone) pid_alive flanneld && "$LAB/flannel.sh" down ;;
+    chain) "$LAB/flannel.sh" up || { rc=1; log "flannel did not come up"; dump_logs; continue; } ;;
+    *) log "E2E_MODES: unknown mode $mode"; rc=1; continue ;;
+  esac
+  log "---- test/e2e, $mode mode"
+  E2E_MODE=$mode go test -count=1 -v -timeout 30m ./test/e2e ${E2E_RUN:+-run "$E2E_RUN"} || { rc=1; dump_logs; }
+  log "---- $mode mode: $(( $(date +%s) - s ))s$([ "$mode" = chain ] && echo ", flannel's start included")"
+done

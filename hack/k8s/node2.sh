@@ -7,6 +7,8 @@
 #   hack/k8s/node2.sh down          stop it and remove its namespaces, link and files (down.sh calls this)
 #   hack/k8s/node2.sh exec CMD...   run CMD on node 2 (its network, mount, PID and UTS namespaces)
 #   hack/k8s/node2.sh import TAR    import an OCI image tarball into node 2's containerd
+#   hack/k8s/node2.sh daemon NAME CMD...  start a daemon on node 2 (pid file NAME, log NAME.log;
+#                                   flannel.sh's flanneld)
 #
 # What node 2 has of its own (everything a CNI plugin or a kubelet writes):
 #   network namespace   eth0 = 10.242.0.2/32, peer of k8slab-n2 in the root namespace; its own
@@ -14,7 +16,7 @@
 #   mount namespace     private bind mounts over /etc/cni/net.d, /opt/cni/bin, /var/lib/cni,
 #                       /var/lib/cni-usernet, /run/cni-usernet, /var/log/cni-usernet,
 #                       /var/lib/kubelet, /var/lib/containerd, /run/containerd, /run/netns,
-#                       /var/log/pods, /var/log/containers (backed by $STATE/node2/...)
+#                       /var/log/pods, /var/log/containers, /run/flannel (backed by $STATE/node2/...)
 #   PID namespace       a reaping init (the lab's pause) as PID 1: hostPID pods (cni-usernet's
 #                       agent) see node 2's processes, /proc/1/ns/mnt is node 2's mount namespace
 #   UTS namespace       host name = the node name
@@ -32,7 +34,8 @@ N2=$STATE/node2 # node 2's private directories
 N2_PIDFILE=$RUNDIR/node2-init.pid
 N2_CGROUP=k8s-lab-node2
 N2_PRIVATE="/etc/cni/net.d /opt/cni/bin /var/lib/cni /var/lib/cni-usernet /run/cni-usernet /var/log/cni-usernet
-  /var/lib/kubelet /var/lib/containerd /run/containerd /run/netns /var/log/pods /var/log/containers"
+  /var/lib/kubelet /var/lib/containerd /run/containerd /run/netns /var/log/pods /var/log/containers
+  /run/flannel"
 
 n2_pid() { [ -f "$N2_PIDFILE" ] && kill -0 "$(cat "$N2_PIDFILE")" 2>/dev/null && cat "$N2_PIDFILE"; }
 
@@ -188,6 +191,7 @@ down() {
     # every process in node 2's PID namespace goes with its init below.
   fi
   stop_daemon kube-proxy-node2 20
+  stop_daemon flanneld-node2 20
   stop_daemon containerd-node2 30
   if [ -n "$pid" ]; then
     # PID 1 of node 2 exits on SIGTERM: the kernel kills every process left
@@ -217,5 +221,6 @@ case "${1:-}" in
   down) down ;;
   exec) shift; in_n2 "$@" ;;
   import) shift; for t in "$@"; do import "$t"; done ;;
-  *) echo "usage: $0 up|down|exec CMD...|import TAR..." >&2; exit 2 ;;
+  daemon) shift; n2_pid >/dev/null || die "node 2 is not running"; n2_start_daemon "$@" ;;
+  *) echo "usage: $0 up|down|exec CMD...|import TAR...|daemon NAME CMD..." >&2; exit 2 ;;
 esac

@@ -130,7 +130,7 @@ func (inv *invocation) add() (_ *current.Result, err error) {
 
 	// A stack that fails after fencing the link and making its TUN leaves
 	// them (it keeps them for a restart); undo them with the rest.
-	td := teardown{inv: inv, containerID: args.ContainerID, ifName: args.IfName, netns: args.Netns, chained: att.Chained}
+	td := teardown{inv: inv, containerID: args.ContainerID, ifName: args.IfName, netns: args.Netns, chained: att.Chained, ips: att.IPs}
 	u.add(func() { td.cleanNetns() })
 	inv.step("state")
 	proc, err := launch.Start(launch.Options{

@@ -96,15 +96,19 @@ type teardown struct {
 	ifName      string
 	netns       string
 	chained     bool
-	proc        launch.Process
-	ipamType    string
-	ipamConf    []byte
+	// ips are the attachment's addresses (CIDR notation): chained, they go
+	// back on the interface for the earlier plugins' DEL (restoreAddrs).
+	ips      []string
+	proc     launch.Process
+	ipamType string
+	ipamConf []byte
 	// cniPath finds the IPAM plugin; empty: CNI_PATH.
 	cniPath string
 }
 
 func (td *teardown) fromState(att *state.Attachment) {
 	td.chained = att.Chained
+	td.ips = att.IPs
 	td.proc = launch.Process{PID: att.StackPID, StartTime: att.StackStartTime}
 	if att.Netns != "" && td.netns == "" {
 		td.netns = att.Netns
@@ -189,6 +193,13 @@ func (td *teardown) cleanNetns() error {
 		}
 		if err := ingressdrop.Remove(td.ifName); err != nil {
 			return err
+		}
+		if td.chained {
+			// Best effort: a DEL failing here would keep the pod from
+			// ever being deleted.
+			if err := restoreAddrs(td.ifName, td.ips); err != nil {
+				td.inv.log.Warn("cannot give the interface its addresses back for the earlier plugins' DEL", "err", err)
+			}
 		}
 		if l, err := netlinksafe.LinkByName(td.ifName); err == nil && isPeerOf(l, host) {
 			return delLink(td.ifName)

@@ -582,7 +582,9 @@ func TestConcurrentAddDel(t *testing.T) {
 
 // TestChainedAfterPtp runs cni-usernet after the real ptp plugin: it takes
 // over ptp's eth0, passes ptp's result on, and carries traffic; DEL of
-// both leaves nothing.
+// both leaves nothing. ptp masquerades (ipMasq), as bridge does behind
+// flannel without --ip-masq: its DEL finds the rule to remove by eth0's
+// addresses, which cni-usernet's DEL must have given back.
 func TestChainedAfterPtp(t *testing.T) {
 	env := nettest.NewEnv(t)
 	pod := nettest.NewNS(t)
@@ -591,6 +593,7 @@ func TestChainedAfterPtp(t *testing.T) {
 		"cniVersion": latest,
 		"name":       "usernet-test",
 		"type":       "ptp",
+		"ipMasq":     true,
 		"ipam":       env.HostLocal(map[string]any{"subnet": "10.199.1.0/24"}),
 	})
 	out, err := env.Exec("ptp", "ADD", ptpConf, id, pod, "eth0")
@@ -637,8 +640,33 @@ func TestChainedAfterPtp(t *testing.T) {
 	if got := nettest.NSLeaks(pod); !slices.Equal(got, []string{"link eth0"}) {
 		t.Errorf("pod namespace after cni-usernet DEL: got %v, want only ptp's eth0", got)
 	}
+	var want []string
+	for _, a := range podAddrs(ptpRes) {
+		want = append(want, a.String())
+	}
+	if got := kernelV4(t, pod, "eth0"); !slices.Equal(got, want) {
+		t.Errorf("eth0's addresses after cni-usernet DEL: got %v, want ptp's %v back", got, want)
+	}
+	masq := func() string {
+		var out []byte
+		err := env.Node.Do(func(ns.NetNS) error {
+			var err error
+			out, err = exec.Command("iptables", "-w", "-t", "nat", "-S", "POSTROUTING").CombinedOutput()
+			return err
+		})
+		if err != nil {
+			t.Fatalf("iptables -t nat -S POSTROUTING: %v: %s", err, out)
+		}
+		return string(out)
+	}
+	if m := masq(); !strings.Contains(m, id) {
+		t.Fatalf("ptp made no masquerade rule for the pod:\n%s", m)
+	}
 	if _, err := env.Exec("ptp", "DEL", ptpDel, id, pod, "eth0"); err != nil {
 		t.Fatalf("ptp DEL: %v", err)
+	}
+	if m := masq(); strings.Contains(m, id) {
+		t.Errorf("ptp's masquerade rule for the pod left after both DELs:\n%s", m)
 	}
 	env.AssertNoLeaks(t)
 	assertNSClean(t, pod)

@@ -3,8 +3,12 @@
 // commands, then pods, Services, GSO annotations, traffic across the nodes
 // (over the routes the agents make), CoreDNS, a DaemonSet restart, pod
 // deletion and the README's uninstall while pods still run, checked from
-// kubectl and from the nodes. `make e2e` brings the cluster up, runs it and
-// tears it down.
+// kubectl and from the nodes. `make e2e` brings the cluster up, runs it
+// twice and tears it down: in standalone mode, then (E2E_MODE=chain) with
+// cni-usernet chained behind the flannel that hack/k8s/flannel.sh starts,
+// where the routes between the nodes are flannel's VXLAN overlay, the
+// stacks run with its MTU, and the uninstall must leave flannel's conflist
+// byte for byte as it was.
 //
 // The node is this machine (the cluster's node address lives on lo) and
 // every address the test talks to is a pod's or a Service's; the cluster's
@@ -13,6 +17,7 @@ package e2e
 
 import (
 	"bufio"
+	"bytes"
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
@@ -21,6 +26,8 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -78,6 +85,22 @@ func TestKubernetes(t *testing.T) {
 	}
 	check := func(name string, f func(t *testing.T)) { t.Run(name, f) }
 
+	// E2E_MODE=chain (hack/k8s/e2e.sh's second run, on the same cluster):
+	// cni-usernet chained behind the flannel (vxlan) that hack/k8s/flannel.sh
+	// started on both nodes, installed with the README's chain-mode commands.
+	chained := os.Getenv("E2E_MODE") == "chain"
+	installBlock := "e2e-install"
+	if chained {
+		installBlock = "e2e-install-chain"
+	}
+	// The conf directories of the nodes, and the primary CNI's
+	// configuration in each as it was before the install (chain mode).
+	confDirs := []string{cniConfDir}
+	if node2() != "" {
+		confDirs = append(confDirs, node2Dir(cniConfDir))
+	}
+	primary := map[string][]byte{}
+
 	before := snapshot(t, cniConfDir, cniBinDir)
 	var before2 map[string]string
 	if node2() != "" {
@@ -85,9 +108,40 @@ func TestKubernetes(t *testing.T) {
 	}
 	var network string
 
-	step("NodeNotReadyBeforeInstall", func(t *testing.T) {
+	first := "NodeNotReadyBeforeInstall"
+	if chained {
+		first = "PrimaryCNIBeforeInstall"
+	}
+	step(first, func(t *testing.T) {
 		if _, err := kubectl("-n", "kube-system", "get", "ds", "cni-usernet"); err == nil {
 			t.Fatal("a cni-usernet DaemonSet is already installed (left over from an earlier run?)")
+		}
+		if chained {
+			// Ready on flannel alone; its conflist is the one containerd uses.
+			for _, n := range []string{node1(), node2()} {
+				if n == "" {
+					continue
+				}
+				if ok, why := getNode(t, n).ready(); !ok {
+					t.Fatalf("node %s NotReady on the primary CNI: %s", n, why)
+				}
+			}
+			for _, d := range confDirs {
+				file, _, types, err := conflistIn(d)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(types) == 0 || types[0] != "flannel" || slices.Contains(types, "cni-usernet") {
+					t.Fatalf("%s: plugins %v, want flannel's own list", file, types)
+				}
+				b, err := os.ReadFile(file)
+				if err != nil {
+					t.Fatal(err)
+				}
+				primary[file] = b
+				t.Logf("primary CNI: %s, plugins %v", file, types)
+			}
+			return
 		}
 		if ok, why := nodeReady(t); ok {
 			t.Fatalf("node is Ready before cni-usernet is installed (%s); the cluster must start without a CNI", why)
@@ -97,7 +151,7 @@ func TestKubernetes(t *testing.T) {
 	})
 
 	step("InstallFromREADME", func(t *testing.T) {
-		runREADME(t, repo, "e2e-install", 8*time.Minute)
+		runREADME(t, repo, installBlock, 8*time.Minute)
 		eventually(t, 2*time.Minute, "node Ready", func() error {
 			if ok, why := nodeReady(t); !ok {
 				return fmt.Errorf("node NotReady: %s", why)
@@ -116,7 +170,19 @@ func TestKubernetes(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if typ != "cni-usernet" {
+		if chained {
+			// Appended to flannel's list under its own name, on both nodes.
+			for _, d := range confDirs {
+				f, _, types, err := conflistIn(d)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, ok := primary[f]; !ok || types[0] != "flannel" || types[len(types)-1] != "cni-usernet" {
+					t.Fatalf("containerd uses %s, plugins %v: want flannel's list with cni-usernet last", f, types)
+				}
+				t.Logf("%s: plugins %v", f, types)
+			}
+		} else if typ != "cni-usernet" {
 			t.Fatalf("containerd uses %s, whose first plugin is %q, not cni-usernet", file, typ)
 		}
 		network = name
@@ -224,6 +290,7 @@ spec:
 			if !strings.Contains(tun, " "+podIP[name]+"/") {
 				t.Errorf("%s: usernet0 lacks the pod IP %s:\n%s", name, podIP[name], tun)
 			}
+			checkMTU(t, ns, name, row, chained)
 		}
 		if err := readNodeState(t, network).consistent(); err != nil {
 			t.Error(err)
@@ -340,26 +407,49 @@ spec:
 		t.Logf("near %s (node 1), far %s (node 2), Service web %s NodePort %s, Service far %s",
 			podIP["near"], farIP["far"], webIP, nodePort, farSvc)
 
-		// The agents' routes between the nodes, and far's own stack.
-		if r := agentRoutes(t, repo, false); !strings.Contains(r, " via "+node2IP()+" ") {
-			t.Errorf("node 1 has no route to node 2's pods via %s:\n%s", node2IP(), r)
+		// The routes between the nodes: the agents' (standalone) or
+		// flannel's over its VXLAN device (chained: the agents make none).
+		if chained {
+			for _, two := range []bool{false, true} {
+				if r := strings.TrimSpace(agentRoutes(t, repo, two)); r != "" {
+					t.Errorf("chain mode, yet the agent made routes to other nodes (node 2: %v):\n%s", two, r)
+				}
+			}
+			out, _ := run(t.Context(), "", "ip", "route", "show", "dev", "flannel.1")
+			if !strings.Contains(out, "onlink") {
+				t.Errorf("node 1 has no route over flannel.1:\n%s", out)
+			} else {
+				t.Logf("node 1 routes over flannel.1: %s", strings.TrimSpace(out))
+			}
 		} else {
-			t.Logf("node 1 routes (proto 117): %s", strings.TrimSpace(r))
-		}
-		if r := agentRoutes(t, repo, true); !strings.Contains(r, " via ") {
-			t.Errorf("node 2 has no route to node 1's pods:\n%s", r)
-		} else {
-			t.Logf("node 2 routes (proto 117): %s", strings.TrimSpace(r))
+			if r := agentRoutes(t, repo, false); !strings.Contains(r, " via "+node2IP()+" ") {
+				t.Errorf("node 1 has no route to node 2's pods via %s:\n%s", node2IP(), r)
+			} else {
+				t.Logf("node 1 routes (proto 117): %s", strings.TrimSpace(r))
+			}
+			if r := agentRoutes(t, repo, true); !strings.Contains(r, " via ") {
+				t.Errorf("node 2 has no route to node 1's pods:\n%s", r)
+			} else {
+				t.Logf("node 2 routes (proto 117): %s", strings.TrimSpace(r))
+			}
 		}
 		row, ok := node2Status(t, repo)[ns+"/far"]
 		if !ok || !row.Healthy || !containsIP(row.IPs, farIP["far"]) {
 			t.Errorf("far on node 2: status %+v", row)
 		}
+		checkMTU(t, ns, "far", row, chained)
 		// (an earlier run's uninstall scaled it to 0 where the cluster was kept)
 		mustKubectl(t, "-n", "kube-system", "scale", "deploy/coredns", "--replicas=1")
 		mustKubectl(t, "-n", "kube-system", "rollout", "status", "deploy/coredns", "--timeout=3m")
 
 		traffic := func(t *testing.T, far string) {
+			// Full-sized segments both ways through far's stack, across
+			// the nodes (over the VXLAN overlay when chained: a stack
+			// sending segments for a larger MTU than the overlay's would
+			// stall here).
+			if err := bulkEcho(net.JoinHostPort(far, "9000"), 4<<20); err != nil {
+				t.Errorf("node 1 -> far TCP echo of 4 MiB: %v", err)
+			}
 			// pod <-> pod across nodes, client address preserved both ways.
 			out := podExec(t, ns, "cli", "timeout", "15", "wget", "-qO-", "http://"+net.JoinHostPort(far, "8080")+"/")
 			wantHTTP(t, "cli (node 1) -> far (node 2)", out, "far", podIP["cli"])
@@ -662,8 +752,8 @@ spec:
 		if _, err := os.Stat(installed); err != nil {
 			t.Errorf("plugin binary gone while pods use it: %v", err)
 		}
-		if _, _, typ, err := installedConflist(); err != nil || typ != "cni-usernet" {
-			t.Errorf("configuration gone while pods use it: first plugin %q, %v", typ, err)
+		if _, _, types, err := conflistIn(cniConfDir); err != nil || !slices.Contains(types, "cni-usernet") {
+			t.Errorf("configuration gone while pods use it: plugins %v, %v", types, err)
 		}
 		for _, name := range names {
 			if body, err := httpGet("http://" + net.JoinHostPort(podIP[name], "8080") + "/"); err != nil {
@@ -703,12 +793,28 @@ spec:
 			}
 			return nil
 		})
-		eventually(t, 2*time.Minute, "node NotReady again", func() error {
-			if ok, _ := nodeReady(t); ok {
-				return fmt.Errorf("node still Ready")
+		if chained {
+			// flannel's conflist byte for byte as it was, on both nodes;
+			// the nodes stay Ready on it.
+			for f, b := range primary {
+				now, err := os.ReadFile(f)
+				if err != nil {
+					t.Errorf("primary CNI's configuration after the uninstall: %v", err)
+				} else if !bytes.Equal(now, b) {
+					t.Errorf("%s after the uninstall:\n%s\nbefore the install:\n%s", f, now, b)
+				}
 			}
-			return nil
-		})
+			if ok, why := nodeReady(t); !ok {
+				t.Errorf("node NotReady on flannel after the uninstall: %s", why)
+			}
+		} else {
+			eventually(t, 2*time.Minute, "node NotReady again", func() error {
+				if ok, _ := nodeReady(t); ok {
+					return fmt.Errorf("node still Ready")
+				}
+				return nil
+			})
+		}
 		if node2() != "" {
 			if d := diffSnapshots(before2, snapshot(t, node2Dir(cniConfDir), node2Dir(cniBinDir))); d != nil {
 				t.Errorf("node 2's CNI directories not as before the install:\n  %s", strings.Join(d, "\n  "))
@@ -856,4 +962,79 @@ func waitAgentGone(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// checkMTU checks that a pod's stack runs with its link's MTU: the one the
+// agent configured (standalone) or the one the primary CNI gave the link,
+// flannel's overlay MTU (chained; flannel.sh runs VXLAN over a 1500-byte
+// underlay: 1450).
+func checkMTU(t *testing.T, ns, name string, row statusRow, chained bool) {
+	t.Helper()
+	out, err := kubectl("-n", ns, "exec", name, "--", "cat", "/sys/class/net/eth0/mtu")
+	if err != nil {
+		t.Errorf("%s: reading eth0's MTU: %v", name, err)
+		return
+	}
+	link, _ := strconv.Atoi(strings.TrimSpace(out))
+	if got := row.mtu(); got != link || link == 0 {
+		t.Errorf("%s: stack MTU %d, eth0 MTU %d", name, got, link)
+	}
+	if chained {
+		if want := flannelMTU(t); link != want {
+			t.Errorf("%s: eth0 MTU %d, flannel's overlay MTU %d", name, link, want)
+		}
+	}
+	t.Logf("%s: MTU %d, GSO %s (%s)", name, link, row.GSO.Mode, row.GSO.Reason)
+}
+
+// flannelMTU is FLANNEL_MTU from node 1's /run/flannel/subnet.env.
+func flannelMTU(t *testing.T) int {
+	t.Helper()
+	b, err := os.ReadFile("/run/flannel/subnet.env")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "FLANNEL_MTU="); ok {
+			n, err := strconv.Atoi(strings.TrimSpace(v))
+			if err != nil {
+				t.Fatalf("subnet.env: %q: %v", l, err)
+			}
+			return n
+		}
+	}
+	t.Fatalf("no FLANNEL_MTU in /run/flannel/subnet.env:\n%s", b)
+	return 0
+}
+
+// bulkEcho sends n random bytes to a podtool TCP echo and checks that the
+// same bytes come back.
+func bulkEcho(addr string, n int) error {
+	c, err := net.DialTimeout("tcp", addr, 10*time.Second)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(60 * time.Second))
+	data := make([]byte, n)
+	rand.Read(data)
+	werr := make(chan error, 1)
+	go func() {
+		_, err := c.Write(data)
+		if err == nil {
+			err = c.(*net.TCPConn).CloseWrite()
+		}
+		werr <- err
+	}()
+	got, err := io.ReadAll(c)
+	if err != nil {
+		return fmt.Errorf("after %d of %d bytes back: %w", len(got), n, err)
+	}
+	if err := <-werr; err != nil {
+		return fmt.Errorf("sending: %w", err)
+	}
+	if !bytes.Equal(got, data) {
+		return fmt.Errorf("%d bytes back, not the %d sent", len(got), n)
+	}
+	return nil
 }

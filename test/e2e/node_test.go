@@ -40,6 +40,19 @@ type statusRow struct {
 		Mode   string `json:"mode"`
 		Reason string `json:"reason"`
 	} `json:"gso"`
+	Stats *struct {
+		Spec *struct {
+			MTU int `json:"mtu"`
+		} `json:"spec"`
+	} `json:"stats"`
+}
+
+// mtu is the MTU the pod's stack runs with (0: not reported).
+func (r statusRow) mtu() int {
+	if r.Stats == nil || r.Stats.Spec == nil {
+		return 0
+	}
+	return r.Stats.Spec.MTU
 }
 
 // nodeStatus runs the installed plugin's status command, as an operator
@@ -182,24 +195,34 @@ func (s nodeState) attachmentOf(ns, name string) *state.Attachment {
 // file containerd uses: the lexically first .conf/.conflist/.json in
 // /etc/cni/net.d.
 func installedConflist() (file, network, firstType string, err error) {
-	entries, err := os.ReadDir(cniConfDir)
+	file, network, types, err := conflistIn(cniConfDir)
+	if len(types) > 0 {
+		firstType = types[0]
+	}
+	return file, network, firstType, err
+}
+
+// conflistIn returns the file containerd uses in dir, its network name and
+// its plugins' types in order.
+func conflistIn(dir string) (file, network string, types []string, err error) {
+	entries, err := os.ReadDir(dir)
 	if err != nil {
-		return "", "", "", err
+		return "", "", nil, err
 	}
 	for _, e := range entries {
 		ext := filepath.Ext(e.Name())
 		if e.IsDir() || (ext != ".conf" && ext != ".conflist" && ext != ".json") {
 			continue
 		}
-		file = filepath.Join(cniConfDir, e.Name())
+		file = filepath.Join(dir, e.Name())
 		break
 	}
 	if file == "" {
-		return "", "", "", fmt.Errorf("no CNI configuration in %s", cniConfDir)
+		return "", "", nil, fmt.Errorf("no CNI configuration in %s", dir)
 	}
 	b, err := os.ReadFile(file)
 	if err != nil {
-		return "", "", "", err
+		return "", "", nil, err
 	}
 	var c struct {
 		Name    string `json:"name"`
@@ -209,13 +232,15 @@ func installedConflist() (file, network, firstType string, err error) {
 		} `json:"plugins"`
 	}
 	if err := json.Unmarshal(b, &c); err != nil {
-		return "", "", "", fmt.Errorf("%s: %w", file, err)
+		return "", "", nil, fmt.Errorf("%s: %w", file, err)
 	}
-	firstType = c.Type
-	if len(c.Plugins) > 0 {
-		firstType = c.Plugins[0].Type
+	if c.Type != "" {
+		types = append(types, c.Type)
 	}
-	return file, c.Name, firstType, nil
+	for _, p := range c.Plugins {
+		types = append(types, p.Type)
+	}
+	return file, c.Name, types, nil
 }
 
 // stackAlive says whether pid still runs as a cni-usernet stack.
