@@ -108,14 +108,18 @@ func Build(o Options) (*Stack, error) {
 		o.TCPBufferBytes = defaultTCPBufferBytes
 	}
 	s := &Stack{opts: o}
+	mac, err := net.ParseMAC(o.Spec.MAC)
+	if err != nil {
+		return nil, fmt.Errorf("parsing MAC %q: %w", o.Spec.MAC, err)
+	}
+	direct := &directWriter{fd: o.LinkFD, vnetHdr: o.GSO.Mode == offload.ModeHardware, mac: mac}
 	// Protocol handlers must be in place before the NIC delivers its first
 	// packet (netstack does not synchronise setting them), so the relay
 	// comes before the NIC.
-	var err error
 	if s.Wire, err = newStack(o.TCPBufferBytes); err != nil {
 		return nil, err
 	}
-	s.Relay, err = relay.New(relay.Leg{Stack: s.Wire, NIC: wireNIC, MTU: o.Spec.MTU}, o.Pod, o.Relay)
+	s.Relay, err = relay.New(relay.Leg{Stack: s.Wire, NIC: wireNIC, MTU: o.Spec.MTU, WriteDirect: direct.write}, o.Pod, o.Relay)
 	if err != nil {
 		s.Wire.Destroy()
 		return nil, err

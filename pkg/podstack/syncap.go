@@ -81,29 +81,38 @@ func isSYN(proto tcpip.NetworkProtocolNumber, pkt *stack.PacketBuffer) bool {
 // mirrored port takes the cookie fast path (relay.AnswerSYN), which sends
 // the SYN-ACK netstack would have sent without netstack's path. It reads
 // netstack's cookie count at most every pressureCheck and stays on for
-// pressureHold after the count last grew: the fast path's own cookies do
-// not count, and the backlog stays full of the flood's half-open
-// handshakes for longer than that. Used by the link's one receiving
-// goroutine only.
+// pressureHold after the count last grew, and for as long after that as
+// SYNs keep arriving at pressureSYNRate or faster: the fast path's own
+// cookies do not count, and letting a flood back into netstack each time
+// its count stalled would cost netstack's path a burst of SYNs per hold.
+// Used by the link's one receiving goroutine only.
 type synPressure struct {
 	checked, grew time.Time
 	last          uint64
+	syns          int // SYNs seen since checked
 }
 
 const (
 	pressureCheck = 100 * time.Millisecond
 	pressureHold  = time.Second
+	// pressureSYNRate is far above what a pod's clients open and far
+	// below a flood (tens of thousands per second).
+	pressureSYNRate = 5000
 )
 
 func (p *synPressure) on(now time.Time, cookiesSent func() uint64) bool {
 	if cookiesSent == nil {
 		return false
 	}
-	if now.Sub(p.checked) >= pressureCheck {
-		p.checked = now
+	p.syns++
+	if elapsed := now.Sub(p.checked); elapsed >= pressureCheck {
+		active := !p.grew.IsZero() && now.Sub(p.grew) < pressureHold
 		if n := cookiesSent(); n != p.last {
 			p.last, p.grew = n, now
+		} else if active && float64(p.syns) >= pressureSYNRate*elapsed.Seconds() {
+			p.grew = now
 		}
+		p.checked, p.syns = now, 0
 	}
 	return !p.grew.IsZero() && now.Sub(p.grew) < pressureHold
 }

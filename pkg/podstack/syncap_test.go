@@ -59,3 +59,34 @@ func TestSYNPressure(t *testing.T) {
 		t.Fatal("on without a cookie counter")
 	}
 }
+
+// TestSYNPressureHeldByRate: once on, pressure stays on while SYNs keep
+// arriving at pressureSYNRate or faster although netstack sends no more
+// cookies (the fast path answers them all), and ends pressureHold after
+// they slow down.
+func TestSYNPressureHeldByRate(t *testing.T) {
+	var sent uint64 = 1
+	count := func() uint64 { return sent }
+	var p synPressure
+	t0 := time.Unix(1000, 0)
+	p.on(t0, count) // first check: the count grew from 0
+	perCheck := int(pressureSYNRate*pressureCheck.Seconds()) + 10
+	now := t0
+	for range 30 { // 3 s of flood, three times pressureHold
+		for range perCheck {
+			if !p.on(now, count) {
+				t.Fatalf("off at %s into the flood", now.Sub(t0))
+			}
+		}
+		now = now.Add(pressureCheck)
+	}
+	// The flood ends: a trickle of SYNs.
+	end := now
+	for now.Sub(end) < pressureHold+2*pressureCheck {
+		now = now.Add(pressureCheck)
+		p.on(now, count)
+	}
+	if p.on(now, count) {
+		t.Fatalf("still on %s after the flood ended", now.Sub(end))
+	}
+}

@@ -187,8 +187,15 @@ func (r *Relay) AnswerSYN(pkt []byte, from tcpip.LinkAddress) bool {
 	binary.BigEndian.PutUint16(t[22:24], uint16(mss))
 	binary.BigEndian.PutUint16(t[16:18], transportChecksum(dst, src, protoTCP, t))
 	if err := r.wire.Stack.WritePacketToRemote(r.wire.NIC, from, proto, buffer.MakeWithData(p)); err != nil {
-		r.stats.TCPCookieFastErrors.Add(1)
-		return false
+		if _, full := err.(*tcpip.ErrNoBufferSpace); !full || r.wire.WriteDirect == nil {
+			r.stats.TCPCookieFastErrors.Add(1)
+			return false
+		}
+		if err := r.wire.WriteDirect(from, proto, p); err != nil {
+			r.stats.TCPCookieFastErrors.Add(1)
+			return false
+		}
+		r.stats.TCPCookieFastDirect.Add(1)
 	}
 	r.stats.TCPCookieFast.Add(1)
 	return true

@@ -12,6 +12,7 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/checksum"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 	"gvisor.dev/gvisor/pkg/tcpip/link/channel"
+	"gvisor.dev/gvisor/pkg/tcpip/link/qdisc/fifo"
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv6"
 	"gvisor.dev/gvisor/pkg/tcpip/stack"
@@ -32,7 +33,23 @@ type cookieRig struct {
 	client netip.Addr
 }
 
-func newCookieRig(t *testing.T, v6 bool) *cookieRig {
+func newCookieRig(t *testing.T, v6 bool) *cookieRig { return newCookieRigWith(t, v6, nil) }
+
+// gatedLink holds every write until its gate closes.
+type gatedLink struct {
+	*channel.Endpoint
+	gate chan struct{}
+}
+
+func (l *gatedLink) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error) {
+	<-l.gate
+	return l.Endpoint.WritePackets(pkts)
+}
+
+// newCookieRigWith is newCookieRig with, when gate is not nil, a FIFO
+// queue of 4 packets in front of a link that sends nothing until gate
+// closes.
+func newCookieRigWith(t *testing.T, v6 bool, gate chan struct{}) *cookieRig {
 	t.Helper()
 	s := stack.New(stack.Options{
 		NetworkProtocols:   []stack.NetworkProtocolFactory{ipv4.NewProtocol, ipv6.NewProtocol},
@@ -41,7 +58,19 @@ func newCookieRig(t *testing.T, v6 bool) *cookieRig {
 	t.Cleanup(func() { s.Close(); s.Wait() })
 	link := channel.New(64, 1500, "")
 	t.Cleanup(link.Close)
-	if err := s.CreateNIC(1, link); err != nil {
+	var opts stack.NICOptions
+	if gate != nil {
+		gl := &gatedLink{Endpoint: link, gate: gate}
+		opts.QDisc = fifo.New(gl, 1, 4)
+		t.Cleanup(func() {
+			select {
+			case <-gate:
+			default:
+				close(gate)
+			}
+		})
+	}
+	if err := s.CreateNICWithOptions(1, link, opts); err != nil {
 		t.Fatal(err)
 	}
 	rig := &cookieRig{s: s, link: link, pod: netip.MustParseAddr("10.0.0.2"), client: netip.MustParseAddr("10.0.0.9")}
@@ -207,5 +236,42 @@ func TestSYNCookieFastPathLeavesOthers(t *testing.T) {
 	}
 	if n := rig.link.NumQueued(); n != 0 {
 		t.Fatalf("%d packets sent", n)
+	}
+}
+
+// TestSYNCookieFastPathPastFullQueue: when the NIC's queue refuses the
+// answer, it goes out through Leg.WriteDirect; without one it is counted
+// as an error.
+func TestSYNCookieFastPathPastFullQueue(t *testing.T) {
+	rig := newCookieRigWith(t, false, make(chan struct{}))
+	mss := []byte{tcpOptionMSS, 4, 0x05, 0xb4}
+	// Fill the queue: one packet held by its sender, four waiting.
+	for i := range 5 {
+		if !rig.r.AnswerSYN(rig.segment(uint32(i), 0, header.TCPFlagSyn, mss), "\x02\x00\x00\x00\x00\x09") {
+			t.Fatalf("SYN %d not answered while the queue had room", i)
+		}
+		time.Sleep(10 * time.Millisecond) // the first is taken by the queue's sender
+	}
+	if rig.r.AnswerSYN(rig.segment(100, 0, header.TCPFlagSyn, mss), "\x02\x00\x00\x00\x00\x09") {
+		t.Fatal("answered with the queue full and no direct writer")
+	}
+	if n := rig.r.stats.TCPCookieFastErrors.Load(); n != 1 {
+		t.Fatalf("TCPCookieFastErrors = %d, want 1", n)
+	}
+	var got []byte
+	var gotTo tcpip.LinkAddress
+	rig.r.wire.WriteDirect = func(to tcpip.LinkAddress, _ tcpip.NetworkProtocolNumber, ip []byte) error {
+		got, gotTo = append([]byte(nil), ip...), to
+		return nil
+	}
+	if !rig.r.AnswerSYN(rig.segment(200, 0, header.TCPFlagSyn, mss), "\x02\x00\x00\x00\x00\x09") {
+		t.Fatal("not answered through the direct writer")
+	}
+	ipLen, _, _, ok := tcpHeaderAt(got)
+	if !ok || gotTo != "\x02\x00\x00\x00\x00\x09" || header.TCP(got[ipLen:]).AckNumber() != 201 {
+		t.Fatalf("direct write: to %x, % x", gotTo, got)
+	}
+	if n := rig.r.stats.TCPCookieFastDirect.Load(); n != 1 {
+		t.Fatalf("TCPCookieFastDirect = %d, want 1", n)
 	}
 }

@@ -31,6 +31,12 @@ type Leg struct {
 	// MTU is the NIC's MTU: the MSS the SYN cookie fast path advertises
 	// derives from it, as netstack's listener's does. Zero: 1500.
 	MTU uint32
+	// WriteDirect, when set, writes one IP packet to the link address to
+	// without the NIC's queue. The SYN cookie fast path uses it when that
+	// queue is full: at a full-speed flood the queue's sender falls
+	// behind in bursts, and a real client whose SYN-ACK was dropped there
+	// waits a second for its SYN retransmission.
+	WriteDirect func(to tcpip.LinkAddress, proto tcpip.NetworkProtocolNumber, ipPacket []byte) error
 }
 
 // PodSide is the pod kernel's side of the relay: descriptors the stack
@@ -239,6 +245,9 @@ type Stats struct {
 	// refused.
 	TCPCookieFast       atomic.Int64
 	TCPCookieFastErrors atomic.Int64
+	// TCPCookieFastDirect counts the answers written past the NIC's full
+	// queue (Leg.WriteDirect).
+	TCPCookieFastDirect atomic.Int64
 	// ToAppBytes and FromAppBytes count the payload the relay wrote to and
 	// read from the applications' sockets (TCP streams and UDP
 	// datagrams): the app leg's traffic, which the kernel segments, so it
@@ -272,6 +281,7 @@ type Snapshot struct {
 	TCPMirrorChanges     int64 `json:"tcpMirrorChanges"`
 	TCPCookieFast        int64 `json:"tcpCookieFast"`
 	TCPCookieFastErrors  int64 `json:"tcpCookieFastErrors"`
+	TCPCookieFastDirect  int64 `json:"tcpCookieFastDirect"`
 	ToAppBytes           int64 `json:"toAppBytes"`
 	FromAppBytes         int64 `json:"fromAppBytes"`
 }
@@ -289,7 +299,8 @@ func (s *Stats) Snapshot() Snapshot {
 		TCPOutboundDropped: s.TCPOutboundDropped.Load(), PodDropped: s.PodDropped.Load(),
 		TCPMirrored: s.TCPMirrored.Load(), TCPMirrorChanges: s.TCPMirrorChanges.Load(),
 		TCPCookieFast: s.TCPCookieFast.Load(), TCPCookieFastErrors: s.TCPCookieFastErrors.Load(),
-		ToAppBytes: s.ToAppBytes.Load(), FromAppBytes: s.FromAppBytes.Load(),
+		TCPCookieFastDirect: s.TCPCookieFastDirect.Load(),
+		ToAppBytes:          s.ToAppBytes.Load(), FromAppBytes: s.FromAppBytes.Load(),
 	}
 }
 
