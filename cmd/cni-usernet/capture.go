@@ -136,7 +136,15 @@ func runCapture(argv []string, stdout, stderr io.Writer) error {
 	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	fmt.Fprintf(stderr, "cni-usernet capture: %s, legs %s (%s)\n", describe(a), *leg, strings.Join(append([]string{st.IfName}, o.AppDevices...), ", "))
+	o.Started = func(ifaces []capture.Interface) {
+		// tcpdump prints the node's name of an interface index; these
+		// are the pod's.
+		var legs []string
+		for _, i := range ifaces {
+			legs = append(legs, fmt.Sprintf("%s %s (ifindex %d)", i.Leg, i.Name, i.IfIndex))
+		}
+		fmt.Fprintf(stderr, "cni-usernet capture: capturing %s: %s\n", describe(a), strings.Join(legs, ", "))
+	}
 	sum, err := capture.Run(ctx, o)
 	printSummary(stderr, sum)
 	if err != nil {

@@ -36,7 +36,11 @@ const (
 type Interface struct {
 	// Name is the device's name in the pod, Description says which leg.
 	Name, Description string
-	SnapLen           int
+	// Leg is "wire" or "app"; IfIndex the device's index in the pod,
+	// which every packet's SLL2 header carries.
+	Leg     string
+	IfIndex int
+	SnapLen int
 }
 
 // PcapngWriter writes a pcapng stream. Not safe for concurrent use.

@@ -42,8 +42,9 @@ type Options struct {
 	SnapLen int
 	// Out receives the pcapng stream. Required.
 	Out io.Writer
-	// Started, when set, is called once every leg is being captured.
-	Started func()
+	// Started, when set, is called once every leg is being captured,
+	// with the output's interfaces.
+	Started func([]Interface)
 }
 
 // Validate reports the first problem with o.
@@ -166,7 +167,7 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 	var ifaces []Interface
 	var states []*ifaceState
 	addIface := func(name, leg, desc string) int {
-		ifaces = append(ifaces, Interface{Name: name, Description: desc, SnapLen: o.SnapLen})
+		ifaces = append(ifaces, Interface{Name: name, Leg: leg, IfIndex: ifIndex[name], Description: desc, SnapLen: o.SnapLen})
 		states = append(states, &ifaceState{IfaceSummary: IfaceSummary{Name: name, Leg: leg}})
 		return len(ifaces) - 1
 	}
@@ -220,7 +221,7 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 		close(in)
 	}()
 	if o.Started != nil {
-		o.Started()
+		o.Started(ifaces)
 	}
 
 	// Once every source is done: the stack's counts came with its
