@@ -207,7 +207,7 @@ func printSummary(w io.Writer, s capture.Summary) {
 		parts = parts[:0]
 		for _, i := range s.Ifaces {
 			if i.Dropped > 0 {
-				parts = append(parts, fmt.Sprintf("%s (%s) %d %s", i.Name, i.Leg, i.Dropped, i.DroppedWhere))
+				parts = append(parts, fmt.Sprintf("%s (%s): %s", i.Name, i.Leg, i.DroppedWhere))
 			}
 		}
 		fmt.Fprintf(w, "cni-usernet capture: %d packets DROPPED because the reader was too slow (the pod's traffic was not held up): %s\n",

@@ -74,7 +74,7 @@ type IfaceSummary struct {
 	// Written counts packets in the output.
 	Written uint64
 	// Dropped counts packets lost because the reader was behind, and
-	// DroppedWhere says where they were dropped.
+	// DroppedWhere says how many were dropped where.
 	Dropped      uint64
 	DroppedWhere string
 }
@@ -195,6 +195,11 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 	push := func(p Packet) {
 		select {
 		case in <- p:
+			return
+		default:
+		}
+		select {
+		case in <- p:
 		case <-ctx.Done():
 			// Stopping, and the merge is full: not waited for.
 			states[p.Iface].late.Add(1)
@@ -226,20 +231,29 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 
 	// Once every source is done: the stack's counts came with its
 	// trailer, the kernel's are read from the sockets.
-	settle := func() {
+	settle := func(countReached bool) {
+		drop := func(st *ifaceState, n uint64, where string) {
+			if n == 0 {
+				return
+			}
+			if st.DroppedWhere != "" {
+				st.DroppedWhere += ", "
+			}
+			st.Dropped += n
+			st.DroppedWhere += fmt.Sprintf("%d %s", n, where)
+		}
 		if wire != nil {
-			st := states[wire.iface]
-			st.Dropped += wire.dropped
-			st.DroppedWhere = "in the stack (its queue for this capture was full)"
+			drop(states[wire.iface], wire.dropped, "in the stack (its queue for this capture was full)")
 		}
 		for k, s := range socks {
 			s.stats()
-			st := states[sockIface[k]]
-			st.Dropped += s.dropped
-			st.DroppedWhere = "by the pod's kernel (the capture's socket buffer was full)"
+			drop(states[sockIface[k]], s.dropped, "by the pod's kernel (the capture's socket buffer was full)")
 		}
-		for _, st := range states {
-			st.Dropped += st.late.Load()
+		// Past the count, the rest is not wanted: not a drop.
+		if !countReached {
+			for _, st := range states {
+				drop(st, st.late.Load(), "by cni-usernet capture (stopped while the output was behind)")
+			}
 		}
 	}
 	sum, werr := merge(in, o, ifaces, states, cancel, settle)
@@ -276,7 +290,7 @@ func readSocket(ctx context.Context, s *packetSocket, iface, snapLen int, push f
 
 // merge writes the packets in time order (within reorderDelay) until in
 // closes; it calls stop when the count is reached or the output fails.
-func merge(in <-chan Packet, o Options, ifaces []Interface, states []*ifaceState, stop, settle func()) (Summary, error) {
+func merge(in <-chan Packet, o Options, ifaces []Interface, states []*ifaceState, stop func(), settle func(countReached bool)) (Summary, error) {
 	var sum Summary
 	bw := bufio.NewWriterSize(o.Out, 256<<10)
 	pw, err := NewPcapngWriter(bw, ifaces)
@@ -287,7 +301,7 @@ func merge(in <-chan Packet, o Options, ifaces []Interface, states []*ifaceState
 		stop()
 		for range in {
 		}
-		settle()
+		settle(false)
 		return sum, fmt.Errorf("writing the capture: %w", err)
 	}
 	var pending packetHeap
@@ -345,7 +359,7 @@ func merge(in <-chan Packet, o Options, ifaces []Interface, states []*ifaceState
 		}
 	}
 	emit(time.Time{})
-	settle()
+	settle(sum.CountReached)
 	if outErr == nil {
 		now := time.Now()
 		for i, st := range states {

@@ -73,21 +73,36 @@ func (t *Tap) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error) {
 	return t.Endpoint.WritePackets(pkts)
 }
 
-// record builds the packet's SLL2 frame once, for every capture.
+// record builds the packet's SLL2 frame once, for every capture that has
+// room for it; a capture that has none counts a drop, and when none has,
+// the packet is not even copied: a reader that fell behind costs the data
+// path little more than an idle tap.
 func (t *Tap) record(ss []*session, out bool, proto tcpip.NetworkProtocolNumber, pkt *stack.PacketBuffer) {
-	snap := 0
-	for _, s := range ss {
-		snap = max(snap, s.snapLen)
-	}
-	now := time.Now()
 	lh := pkt.LinkHeader().Slice()
 	skip := 0
+	if len(lh) == header.EthernetMinimumSize {
+		skip = len(lh)
+	}
+	dataLen := pkt.Size() - skip
+	snap, room := 0, 0
+	var ok [maxSessions]bool
+	for i, s := range ss {
+		if ok[i] = s.hasRoom(SLL2HeaderLen + dataLen); ok[i] {
+			snap = max(snap, s.snapLen)
+			room++
+		} else {
+			s.dropped.Add(1)
+		}
+	}
+	if room == 0 {
+		return
+	}
+	now := time.Now()
 	ethertype, hatype := uint16(proto), uint16(ARPHRDNone)
 	var addr []byte
 	pktType := uint8(PacketHost)
-	if len(lh) == header.EthernetMinimumSize {
+	if skip > 0 {
 		eth := header.Ethernet(lh)
-		skip = len(lh)
 		ethertype, hatype = uint16(eth.Type()), ARPHRDEther
 		src := eth.SourceAddress()
 		addr = []byte(string(src))
@@ -104,7 +119,6 @@ func (t *Tap) record(ss []*session, out bool, proto tcpip.NetworkProtocolNumber,
 	if out {
 		pktType = PacketOutgoing
 	}
-	dataLen := pkt.Size() - skip
 	frame := make([]byte, SLL2HeaderLen+min(dataLen, snap-SLL2HeaderLen))
 	SLL2(frame, ethertype, 0, hatype, pktType, addr)
 	rest := frame[SLL2HeaderLen:]
@@ -120,8 +134,10 @@ func (t *Tap) record(ss []*session, out bool, proto tcpip.NetworkProtocolNumber,
 		}
 	}
 	p := Packet{Time: now, Frame: frame, OrigLen: SLL2HeaderLen + dataLen}
-	for _, s := range ss {
-		s.offer(p)
+	for i, s := range ss {
+		if ok[i] {
+			s.offer(p)
+		}
 	}
 }
 
@@ -138,6 +154,12 @@ type session struct {
 	// stop is closed when the capture is asked to end cleanly.
 	stop     chan struct{}
 	stopOnce sync.Once
+}
+
+// hasRoom reports whether a frame of n bytes (before the snap length)
+// would fit in the queue now. Only a hint: offer decides.
+func (s *session) hasRoom(n int) bool {
+	return s.queued.Load()+int64(min(n, s.snapLen)) <= sessionQueueBytes && len(s.ch) < cap(s.ch)
 }
 
 // offer queues p or, when the reader is behind, drops and counts it.

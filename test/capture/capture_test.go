@@ -337,3 +337,159 @@ func TestCaptureHTTP(t *testing.T) {
 		}
 	}
 }
+
+// sink accepts connections in the pod and reads them to the end, then
+// closes: the client's read of EOF says everything arrived.
+func sink(t *testing.T, pod *nettest.Pod, port int) {
+	ln := nettest.Listen(t, pod.NS, "tcp", fmt.Sprintf(":%d", port))
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				io.Copy(io.Discard, c)
+				c.Close()
+			}()
+		}
+	}()
+}
+
+// send pushes n bytes from the node to the pod's sink and returns how
+// long until the pod had them all.
+func send(t *testing.T, env *nettest.Env, to netip.AddrPort, n int64, timeout time.Duration) time.Duration {
+	t.Helper()
+	start := time.Now()
+	c, err := nettest.Dial(env.Node, "tcp", to.String(), 5*time.Second)
+	if err != nil {
+		t.Fatalf("dialing %s: %v", to, err)
+	}
+	defer c.Close()
+	c.SetDeadline(start.Add(timeout))
+	chunk := bytes.Repeat([]byte("cni-usernet capture slow reader "), 2048)
+	for sent := int64(0); sent < n; sent += int64(len(chunk)) {
+		if _, err := c.Write(chunk); err != nil {
+			t.Fatalf("after %d of %d bytes in %v: %v (the pod's traffic stalled?)", sent, n, time.Since(start), err)
+		}
+	}
+	c.(interface{ CloseWrite() error }).CloseWrite()
+	if _, err := io.Copy(io.Discard, c); err != nil {
+		t.Fatalf("waiting for the pod to take %d bytes: %v", n, err)
+	}
+	return time.Since(start)
+}
+
+var droppedRE = regexp.MustCompile(`(\d+) packets DROPPED because the reader was too slow .*eth0 \(wire\): (\d+) in the stack`)
+
+// TestCaptureSlowReader captures bulk traffic into a pipe nobody reads:
+// the pod's transfer must go on at speed (drops, not waits), and once the
+// reader catches up the capture must say how many packets it dropped
+// where, and still be a file tcpdump reads.
+func TestCaptureSlowReader(t *testing.T) {
+	env := nettest.NewEnv(t)
+	pod := env.NewPod(env.Conf(cniVersion, nil))
+	requireSandboxed(t, stackPID(t, env, pod))
+	sink(t, pod, 9000)
+	to := netip.AddrPortFrom(pod.IP(4), 9000)
+	size := int64(256 << 20)
+	if testing.Short() {
+		size = 64 << 20
+	}
+	base := send(t, env, to, size, 60*time.Second)
+
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pr.Close() })
+	c := startCapture(t, env, pw, "test/"+pod.ID)
+	pw.Close()
+	// Nobody reads pr: the pipe (64 KiB) fills at once, then the
+	// command's merge, then the stack's queue and the kernel's socket
+	// buffer; from there on packets are dropped.
+	captured := send(t, env, to, size, 60*time.Second)
+	mbps := func(d time.Duration) float64 { return float64(size) * 8 / d.Seconds() / 1e6 }
+	t.Logf("%d MiB node -> pod: %.0f Mbit/s without a capture, %.0f Mbit/s with a capture nobody reads", size>>20, mbps(base), mbps(captured))
+	// A stalled data path would not have finished in the deadline at all;
+	// this bounds the slowdown the dropping costs.
+	if captured > 5*base+2*time.Second {
+		t.Errorf("transfer took %v with a stuck capture reader, %v without: the capture holds the pod up", captured, base)
+	}
+	// The reader comes back.
+	t.Logf("%v: interrupting the capture", time.Now().Format(time.StampMilli))
+	c.cmd.Process.Signal(os.Interrupt)
+	f, err := os.Create(filepath.Join(t.TempDir(), "slow.pcapng"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.Copy(f, pr); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	summary := c.wait(t)
+	t.Logf("%v: capture ended", time.Now().Format(time.StampMilli))
+	m := droppedRE.FindStringSubmatch(summary)
+	if m == nil {
+		t.Fatalf("the summary does not report packets dropped in the stack:\n%s", summary)
+	}
+	if n, _ := strconv.Atoi(m[2]); n == 0 {
+		t.Errorf("0 wire packets dropped for a reader that never read:\n%s", summary)
+	}
+	out, err := exec.Command("tcpdump", "-nn", "-r", f.Name()).CombinedOutput()
+	if err != nil {
+		t.Fatalf("tcpdump -r of the capture: %v\n%.2000s", err, out)
+	}
+	if n := bytes.Count(out, []byte(fmt.Sprintf(" > %s.%d:", to.Addr(), to.Port()))); n == 0 {
+		t.Errorf("the capture holds no packet to %s:\n%.2000s", to, out)
+	}
+}
+
+// TestCaptureCountLegAndFile captures with -w, -c and each --leg, and
+// checks that the file holds exactly the count from the chosen leg only.
+func TestCaptureCountLegAndFile(t *testing.T) {
+	env := nettest.NewEnv(t)
+	pod := env.NewPod(env.Conf(cniVersion, nil))
+	ln := nettest.Listen(t, pod.NS, "tcp", ":8080")
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, body) })}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	url := "http://" + nettest.HostPort(pod.IP(4), 8080) + "/"
+	wireIdx, loIdx := ifIndexIn(t, pod, "eth0"), ifIndexIn(t, pod, "lo")
+	for _, tc := range []struct {
+		leg  string
+		want map[int]bool // interface indexes allowed
+	}{{"wire", map[int]bool{wireIdx: true}}, {"app", map[int]bool{loIdx: true}}, {"both", map[int]bool{wireIdx: true, loIdx: true}}} {
+		t.Run(tc.leg, func(t *testing.T) {
+			file := filepath.Join(t.TempDir(), tc.leg+".pcapng")
+			// The container ID's prefix names the pod as well.
+			c := startCapture(t, env, io.Discard, "-w", file, "-c", "5", "--leg", tc.leg, pod.ID[:6])
+			// Enough traffic for 5 packets on any leg; the capture ends
+			// by itself at the count.
+			for range 3 {
+				curl(t, env.Node.Path(), url)
+			}
+			summary := c.wait(t)
+			if !strings.Contains(summary, "5 packets written, the count reached") {
+				t.Errorf("summary does not say the count was reached:\n%s", summary)
+			}
+			out, err := exec.Command("tcpdump", "-nn", "-e", "-r", file).CombinedOutput()
+			if err != nil {
+				t.Fatalf("tcpdump -r %s: %v\n%s", file, err, out)
+			}
+			pkts := parseTcpdump(t, string(out))
+			if len(pkts) != 5 {
+				t.Fatalf("tcpdump read %d packets, want 5:\n%s", len(pkts), out)
+			}
+			for _, p := range pkts {
+				m := regexp.MustCompile(`ifindex (\d+)`).FindStringSubmatch(p.line)
+				if m == nil {
+					t.Fatalf("no ifindex in %q", p.line)
+				}
+				if i, _ := strconv.Atoi(m[1]); !tc.want[i] {
+					t.Errorf("--leg %s: packet on ifindex %d: %s", tc.leg, i, p.line)
+				}
+			}
+		})
+	}
+}
