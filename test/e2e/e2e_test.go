@@ -296,6 +296,8 @@ spec:
 		}
 	})
 
+	check("CaptureBothLegs", func(t *testing.T) { checkCapture(t, ns, "srv", podIP["srv"]) })
+
 	// Two nodes (hack/k8s/node2.sh): pods on node 2 reach and are reached
 	// from node 1 through both pods' stacks, over the routes the agents
 	// made between the nodes (standalone mode: host-gw on the lab's link).
