@@ -493,3 +493,63 @@ func TestCaptureCountLegAndFile(t *testing.T) {
 		})
 	}
 }
+
+// TestCaptureReaderExits pipes the capture into `tcpdump -c 3`: when
+// tcpdump has its packets and exits, the capture must end by itself
+// (EPIPE, not a SIGPIPE death) with its summary, and tell the stack to
+// stop.
+func TestCaptureReaderExits(t *testing.T) {
+	env := nettest.NewEnv(t)
+	pod := env.NewPod(env.Conf(cniVersion, nil))
+	ln := nettest.Listen(t, pod.NS, "tcp", ":8080")
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, body) })}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	tcpdump := exec.Command("tcpdump", "-nn", "-c", "3", "-r", "-")
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tcpdump.Stdin = pr
+	var tdOut bytes.Buffer
+	tcpdump.Stdout, tcpdump.Stderr = &tdOut, &tdOut
+	if err := tcpdump.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pr.Close()
+	c := startCapture(t, env, pw, "test/"+pod.ID)
+	pw.Close()
+	url := "http://" + nettest.HostPort(pod.IP(4), 8080) + "/"
+	deadline := time.Now().Add(20 * time.Second)
+	for ended := false; !ended; {
+		if time.Now().After(deadline) {
+			t.Fatalf("the capture still runs 20s after its reader exited:\n%s", c.stderr.String())
+		}
+		// Traffic, so that the capture has something to write and
+		// finds its reader gone.
+		curl(t, env.Node.Path(), url)
+		select {
+		case err := <-c.done:
+			c.done <- err
+			ended = true
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	summary := c.wait(t)
+	if err := tcpdump.Wait(); err != nil {
+		t.Fatalf("tcpdump -c 3: %v\n%s", err, tdOut.String())
+	}
+	if n := len(regexp.MustCompile(`(?m)^\d\d:\d\d:\d\d\.\d+ `).FindAllString(tdOut.String(), -1)); n != 3 {
+		t.Errorf("tcpdump -c 3 printed %d packets:\n%s", n, tdOut.String())
+	}
+	if !strings.Contains(summary, "packets written") {
+		t.Errorf("no summary after the reader exited:\n%s", summary)
+	}
+	// The stack's capture ended with the command: its socket takes a new
+	// one at once (the limit would refuse a fifth if they leaked).
+	for range 5 {
+		c := startCapture(t, env, io.Discard, "-c", "1", "test/"+pod.ID)
+		curl(t, env.Node.Path(), url)
+		c.wait(t)
+	}
+}
