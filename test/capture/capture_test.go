@@ -218,20 +218,22 @@ func TestCaptureHTTP(t *testing.T) {
 	t.Cleanup(func() { srv.Close() })
 	// The pod's own loopback chatter, which is not the relay's and must
 	// not be captured.
-	local := nettest.Listen(t, pod.NS, "tcp", "127.0.0.1:9099")
-	go func() {
-		for {
-			c, err := local.Accept()
-			if err != nil {
-				return
+	for _, addr := range []string{"127.0.0.1:9099", "[::1]:9099"} {
+		local := nettest.Listen(t, pod.NS, "tcp", addr)
+		go func() {
+			for {
+				c, err := local.Accept()
+				if err != nil {
+					return
+				}
+				io.Copy(io.Discard, c)
+				c.Close()
 			}
-			io.Copy(io.Discard, c)
-			c.Close()
-		}
-	}()
+		}()
+	}
 	chatter := func() {
-		for range 3 {
-			c, err := nettest.Dial(pod.NS, "tcp", "127.0.0.1:9099", time.Second)
+		for _, addr := range []string{"127.0.0.1:9099", "[::1]:9099", nettest.HostPort(pod.IP(6), 8080)} {
+			c, err := nettest.Dial(pod.NS, "tcp", addr, time.Second)
 			if err != nil {
 				t.Errorf("pod's loopback: %v", err)
 				return
@@ -240,6 +242,13 @@ func TestCaptureHTTP(t *testing.T) {
 			c.Close()
 		}
 	}
+	for _, fam := range []int{4, 6} {
+		t.Run(fmt.Sprintf("IPv%d", fam), func(t *testing.T) { checkHTTPCapture(t, env, pod, fam, chatter) })
+	}
+}
+
+// checkHTTPCapture is TestCaptureHTTP for one address family.
+func checkHTTPCapture(t *testing.T, env *nettest.Env, pod *nettest.Pod, fam int, chatter func()) {
 
 	tcpdump := exec.Command("tcpdump", "-nn", "-e", "-A", "-r", "-")
 	pr, pw, err := os.Pipe()
@@ -257,7 +266,7 @@ func TestCaptureHTTP(t *testing.T) {
 	pw.Close()
 
 	chatter()
-	podIP := pod.IP(4)
+	podIP := pod.IP(fam)
 	got := curl(t, env.Node.Path(), "http://"+nettest.HostPort(podIP, 8080)+"/capture-me")
 	if got != body {
 		t.Fatalf("curl got %q, want %q", got, body)
@@ -275,7 +284,7 @@ func TestCaptureHTTP(t *testing.T) {
 	pkts := parseTcpdump(t, tdOut.String())
 
 	wireIdx, loIdx := ifIndexIn(t, pod, "eth0"), ifIndexIn(t, pod, "lo")
-	client := pod.Gateway(4)
+	client := pod.Gateway(fam)
 	server := netip.AddrPortFrom(podIP, 8080)
 	// The client's port, from the wire SYN; the app leg must show the
 	// same address and port.
@@ -328,7 +337,8 @@ func TestCaptureHTTP(t *testing.T) {
 		t.Errorf("the app leg's SYN (packet %d) comes before the wire leg's (%d): the merge is not in time order", appSyn, wireSyn)
 	}
 	for _, p := range pkts {
-		if strings.Contains(p.line, "127.0.0.1") || strings.Contains(p.payload, "local chatter") {
+		if strings.Contains(p.line, "127.0.0.1") || strings.Contains(p.line, " ::1.") ||
+			(p.src.IsValid() && p.src.Addr() == p.dst.Addr()) || strings.Contains(p.payload, "local chatter") {
 			t.Errorf("the pod's own loopback traffic was captured: %s", p.line)
 		}
 		if p.ifIndex != wireIdx && p.ifIndex != loIdx && p.ifIndex != -1 {
