@@ -212,6 +212,15 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 		go func() {
 			defer wg.Done()
 			wireErr = wire.run(ctx, push)
+			// The stream ends before the capture only when the stack
+			// went away: a capture of half the pod is not what was
+			// asked for.
+			if ctx.Err() == nil {
+				if wireErr == nil {
+					wireErr = errors.New("the stack ended the capture stream (stopped or restarted)")
+				}
+				cancel()
+			}
 		}()
 	}
 	for k, s := range socks {
@@ -478,7 +487,7 @@ func (w *wireStream) run(ctx context.Context, push func(Packet)) error {
 			if ctx.Err() != nil {
 				return nil
 			}
-			return fmt.Errorf("reading the stack's capture stream: %w", err)
+			return fmt.Errorf("the stack's capture stream broke off (the stack stopped or restarted?): %w", err)
 		}
 		SetIfIndex(p.Frame, w.ifIndex)
 		p.Iface = w.iface

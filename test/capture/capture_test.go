@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -561,5 +562,34 @@ func TestCaptureReaderExits(t *testing.T) {
 		c := startCapture(t, env, io.Discard, "-c", "1", "test/"+pod.ID)
 		curl(t, env.Node.Path(), url)
 		c.wait(t)
+	}
+}
+
+// TestCaptureStackDies kills the pod's stack during a capture: the
+// capture must end at once with an error that says so, having written
+// what it had.
+func TestCaptureStackDies(t *testing.T) {
+	env := nettest.NewEnv(t)
+	pod := env.NewPod(env.Conf(cniVersion, nil))
+	file := filepath.Join(t.TempDir(), "dies.pcapng")
+	c := startCapture(t, env, io.Discard, "-w", file, "test/"+pod.ID)
+	if err := syscall.Kill(stackPID(t, env, pod), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-c.done:
+		c.done <- err
+		if err == nil {
+			t.Fatalf("capture exited 0 after its stack died:\n%s", c.stderr.String())
+		}
+		t.Logf("capture: %v\n%s", err, c.stderr.String())
+	case <-time.After(10 * time.Second):
+		t.Fatalf("capture still runs 10s after its stack died:\n%s", c.stderr.String())
+	}
+	if !strings.Contains(c.stderr.String(), "the stack stopped or restarted") {
+		t.Errorf("the error does not say the stack went away:\n%s", c.stderr.String())
+	}
+	if out, err := exec.Command("tcpdump", "-nn", "-r", file).CombinedOutput(); err != nil {
+		t.Errorf("tcpdump -r of the capture cut short by the stack's death: %v\n%s", err, out)
 	}
 }
