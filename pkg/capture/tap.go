@@ -31,16 +31,27 @@ const (
 // the captures in progress (gVisor's sniffer endpoint, made safe to leave
 // in the data path: it never blocks and never fails a packet). While
 // nobody captures, it costs one atomic load per received packet and per
-// written batch.
+// written batch: the load that finds no capture also yields the
+// dispatcher above, which nested.Endpoint would read under a read lock
+// (two atomic read-modify-writes per packet).
 type Tap struct {
 	nested.Endpoint
-	// active is the captures in progress, nil when there are none: the
-	// only thing the data path reads.
-	active atomic.Pointer[[]*session]
-	// mu guards sessions and nextID, and serialises changes to active.
+	// state is all the data path reads: the dispatcher above and the
+	// captures in progress. Replaced whole (copy on write) under mu.
+	state atomic.Pointer[tapState]
+	// mu guards up, sessions and nextID, and serialises changes to state.
 	mu       sync.Mutex
+	up       stack.NetworkDispatcher
 	sessions map[uint64]*session
 	nextID   uint64
+}
+
+// tapState is what the data path needs, read with one atomic load.
+type tapState struct {
+	// up receives the packets the tap passes on; nil: detached.
+	up stack.NetworkDispatcher
+	// sessions are the captures in progress; empty when there are none.
+	sessions []*session
 }
 
 var (
@@ -52,22 +63,36 @@ var (
 func NewTap(child stack.LinkEndpoint) *Tap {
 	t := &Tap{sessions: make(map[uint64]*session)}
 	t.Endpoint.Init(child, t)
+	t.state.Store(&tapState{})
 	return t
+}
+
+// Attach implements stack.LinkEndpoint: the dispatcher is published for
+// the data path before the child can deliver to the tap.
+func (t *Tap) Attach(d stack.NetworkDispatcher) {
+	t.mu.Lock()
+	t.up = d
+	t.publishLocked()
+	t.mu.Unlock()
+	t.Endpoint.Attach(d)
 }
 
 // DeliverNetworkPacket copies the packet to the captures, then passes it on.
 func (t *Tap) DeliverNetworkPacket(proto tcpip.NetworkProtocolNumber, pkt *stack.PacketBuffer) {
-	if ss := t.active.Load(); ss != nil {
-		t.record(*ss, false, proto, pkt)
+	st := t.state.Load()
+	if len(st.sessions) > 0 {
+		t.record(st.sessions, false, proto, pkt)
 	}
-	t.Endpoint.DeliverNetworkPacket(proto, pkt)
+	if st.up != nil {
+		st.up.DeliverNetworkPacket(proto, pkt)
+	}
 }
 
 // WritePackets copies the batch to the captures, then writes it.
 func (t *Tap) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error) {
-	if ss := t.active.Load(); ss != nil {
+	if st := t.state.Load(); len(st.sessions) > 0 {
 		for _, pkt := range pkts.AsSlice() {
-			t.record(*ss, true, pkt.NetworkProtocolNumber, pkt)
+			t.record(st.sessions, true, pkt.NetworkProtocolNumber, pkt)
 		}
 	}
 	return t.Endpoint.WritePackets(pkts)
@@ -201,18 +226,14 @@ func (t *Tap) end(s *session) {
 	t.publishLocked()
 }
 
-// publishLocked hands the data path a fresh list (copy on write: the
+// publishLocked hands the data path a fresh state (copy on write: the
 // data path reads it without a lock).
 func (t *Tap) publishLocked() {
-	if len(t.sessions) == 0 {
-		t.active.Store(nil)
-		return
-	}
-	ss := make([]*session, 0, len(t.sessions))
+	st := &tapState{up: t.up}
 	for _, s := range t.sessions {
-		ss = append(ss, s)
+		st.sessions = append(st.sessions, s)
 	}
-	t.active.Store(&ss)
+	t.state.Store(st)
 }
 
 // Capture headers and trailers of the control socket's stream.
