@@ -39,7 +39,8 @@ var requestLineRE = regexp.MustCompile(`(?m)^\S+ +\S+ +In +ifindex (\d+) .*?: (\
 // node, as an operator would, during a request from the node, and reads the
 // file back with tcpdump: the request must be there on two interfaces of
 // the pod (the wire leg's eth0 and the app leg's lo), from the same client
-// address and port.
+// address and port. (The request line, not the SYN: the node's HTTP client
+// may reuse the connection the Traffic check opened.)
 func checkCapture(t *testing.T, ns, pod, podIP string) {
 	file := filepath.Join(t.TempDir(), pod+".pcapng")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
