@@ -8,7 +8,7 @@ LDFLAGS := -X github.com/cni-usernet/cni-usernet/pkg/plugin.Version=$(VERSION)
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/cni-usernet ./cmd/cni-usernet
 	mkdir -p bin/cni
-	cp bin/cni-usernet bin/cni/cni-usernet
+	cp bin/cni-usernet bin/cni/.cni-usernet.new && mv -f bin/cni/.cni-usernet.new bin/cni/cni-usernet # a running stack keeps the old file
 	CGO_ENABLED=0 $(GO) build -o bin/cni/ github.com/containernetworking/plugins/plugins/ipam/host-local github.com/containernetworking/plugins/plugins/main/ptp
 	CGO_ENABLED=0 $(GO) build -o bin/ github.com/containernetworking/cni/cnitool
 
@@ -44,7 +44,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime 150000x -fuzzminimizetime 2s ./pkg/netconf
 	$(GO) test -run '^$$' -fuzz '^FuzzGSOAnnotation$$' -fuzztime 150000x -fuzzminimizetime 2s ./pkg/netconf
 	$(GO) test -run '^$$' -fuzz '^FuzzWireFrames$$' -fuzztime 20000x -fuzzminimizetime 2s ./pkg/podstack
-	$(GO) test -run '^$$' -fuzz '^FuzzParseYAML$$' -fuzztime 150000x -fuzzminimizetime 2s ./pkg/kube
+	$(GO) test -run '^$$' -fuzz '^FuzzKubeconfigYAML$$' -fuzztime 50000x -fuzzminimizetime 2s ./pkg/kube
 	$(GO) test -run '^$$' -fuzz '^FuzzPcapReader$$' -fuzztime 150000x -fuzzminimizetime 2s ./pkg/capture
 
 # Full benchmark (BENCHMARKS.md): 3 interleaved rounds of every
@@ -56,6 +56,14 @@ bench:
 # CI smoke: one short round of our configurations, no peers, no scale.
 bench-quick:
 	hack/bench/run.sh --quick
+
+# promtool, from its own module (hack/promtool): the metrics tests run
+# `promtool check metrics` on the agent's scrape when bin/promtool exists
+# (promlint, the same linter, always). Not part of `make test`: it compiles
+# Prometheus' service discovery SDKs (see docs/metrics.md for the cost).
+.PHONY: promtool
+promtool:
+	cd hack/promtool && $(GO) build -o ../../bin/promtool github.com/prometheus/prometheus/cmd/promtool
 
 clean:
 	rm -rf bin results

@@ -47,6 +47,7 @@ type agentFlags struct {
 	probe              bool
 	nodeRoutes         string
 	nodeRoutesInterval time.Duration
+	metricsAddress     string
 }
 
 func parseAgentFlags(args []string) (*agentFlags, error) {
@@ -75,6 +76,7 @@ func parseAgentFlags(args []string) (*agentFlags, error) {
 	fs.IntVar(&f.crashLoop, "crash-loop-after", 5, "consecutive quick exits after which a stack is reported unhealthy")
 	fs.StringVar(&f.nodeRoutes, "node-routes", "auto", "route other nodes' pod CIDRs via their InternalIP (host-gw): auto (standalone mode, installing), true, false")
 	fs.DurationVar(&f.nodeRoutesInterval, "node-routes-interval", 10*time.Second, "how often the node list is read for --node-routes")
+	fs.StringVar(&f.metricsAddress, "metrics-address", defaultMetricsAddress, "serve Prometheus metrics on this address at /metrics; empty: none")
 	fs.BoolVar(&f.probe, "probe", false, "exit 0 when the running agent is ready (readiness probe), 1 otherwise")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -132,6 +134,12 @@ func runAgent(args []string) error {
 		ReconcileInterval: f.reconcile,
 		Log:               log,
 	})
+	if f.metricsAddress != "" {
+		// Metrics are for watching the node, never a reason not to serve it.
+		if err := serveMetrics(ctx, f.metricsAddress, state.Store{Dir: f.stateDir}, sup.Stats(), log); err != nil {
+			log.Error("no metrics", "err", err)
+		}
+	}
 	ready := make(chan struct{})
 	done := make(chan error, 1)
 	go func() { done <- sup.Run(ctx, func() { close(ready) }) }()

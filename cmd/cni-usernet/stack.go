@@ -10,11 +10,16 @@ import (
 	rdebug "runtime/debug"
 	"strconv"
 	"syscall"
+	"time"
 
 	"github.com/cni-usernet/cni-usernet/pkg/launch"
 	"github.com/cni-usernet/cni-usernet/pkg/podstack"
 	"github.com/cni-usernet/cni-usernet/pkg/sandbox"
+	"github.com/cni-usernet/cni-usernet/pkg/stackconfig"
 )
+
+// processStart is when the process began, as near as Go lets us see it.
+var processStart = time.Now()
 
 // runStack is the pod's stack process. It reports readiness on
 // launch.ReadyFD when a launcher passed one.
@@ -42,7 +47,7 @@ func runStack(argv []string) error {
 		n, _ := strconv.Atoi(v)
 		rdebug.SetGCPercent(n)
 	}
-	cfg, err := podstack.ReadConfig(*configPath)
+	cfg, err := stackconfig.Read(*configPath)
 	if err != nil {
 		report("error: " + err.Error())
 		return err
@@ -72,8 +77,9 @@ func runStack(argv []string) error {
 		report("error: " + err.Error())
 		return err
 	}
+	d.Startup.Done("sandbox")
 	log.Info("stack sandboxed", "sandbox", sb)
-	log.Info("stack ready")
+	log.Info("stack ready", d.Startup.Attr("startup"), slog.Duration("sinceExec", time.Since(processStart).Round(100*time.Microsecond)))
 	report("ok")
 	d.Run(ctx)
 	// The shutdown path runs under the filter too; the tests look for this

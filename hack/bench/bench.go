@@ -424,7 +424,7 @@ func (b *bench) cleanup() {
 		if _, err := b.output(ctx, time.Minute, nodeNS, b.cniArgsFor(a.cfg, "del", a.ConfPath, "--id", a.ID, "--netns", "/run/netns/"+a.NS)...); err != nil {
 			logf("cleanup: DEL %s: %v", a.ID, err)
 		}
-		if a.cfg.usernet() && a.StackPID > 0 && syscall.Kill(a.StackPID, 0) == nil && strings.Contains(cmdline(a.StackPID), "cni-usernet") {
+		if a.cfg.usernet() && a.StackPID > 0 && running(a.StackPID) && strings.Contains(cmdline(a.StackPID), "cni-usernet") {
 			logf("cleanup: stack %d of %s survived DEL; ending it", a.StackPID, a.ID)
 			_ = syscall.Kill(a.StackPID, syscall.SIGKILL)
 		}
@@ -558,4 +558,15 @@ func (b *bench) waitListen(ctx context.Context, p *proc, ns string, port int) er
 		time.Sleep(50 * time.Millisecond)
 	}
 	return errors.New("server did not listen within 15s")
+}
+
+// running reports whether pid is a live process; a zombie (exited, not yet
+// reaped) is not, though kill(pid, 0) succeeds on it.
+func running(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	i := bytes.LastIndexByte(b, ')')
+	return i >= 0 && i+2 < len(b) && b[i+2] != 'Z'
 }

@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
@@ -91,9 +92,32 @@ func (c *Config) defaults() {
 type Supervisor struct {
 	cfg     Config
 	mu      sync.Mutex
-	watched map[string]bool
+	watched map[string]bool // guarded by mu
 	wg      sync.WaitGroup
+	stats   Stats
 }
+
+// Stats counts what this agent process did, for its metrics.
+type Stats struct {
+	ReconcileRuns atomic.Uint64
+	// ReclaimedByReconcile and ReclaimedOnExit count attachments
+	// reclaimed because their netns was gone: found by a reconcile pass,
+	// or by the watcher when the stack died with its pod.
+	ReclaimedByReconcile atomic.Uint64
+	ReclaimedOnExit      atomic.Uint64
+	// StackDirsRemoved counts stack directories nothing used any more.
+	StackDirsRemoved atomic.Uint64
+	// UntrackedStacks is how many stacks the last reconcile found running
+	// without an attachment (left running, see Reconcile).
+	UntrackedStacks atomic.Int64
+	// StackRestarts and RestartFailures count this agent's restarts of
+	// dead stacks.
+	StackRestarts   atomic.Uint64
+	RestartFailures atomic.Uint64
+}
+
+// Stats returns the supervisor's live counters.
+func (s *Supervisor) Stats() *Stats { return &s.stats }
 
 // New returns a supervisor; Run starts it.
 func New(cfg Config) *Supervisor {
@@ -268,6 +292,7 @@ func (s *Supervisor) handleExit(ctx context.Context, containerID, ifName string,
 			log.Error("reclaiming attachment of a deleted netns", "err", err)
 			return sleep(ctx, s.cfg.ScanInterval)
 		}
+		s.stats.ReclaimedOnExit.Add(1)
 		log.Info("reclaimed attachment: its netns is gone", "netns", att.Netns)
 		return false
 	}
@@ -355,6 +380,7 @@ func (s *Supervisor) restart(containerID, ifName string, dead launch.Process, lo
 		if err := s.cfg.Store.Save(att); err != nil {
 			log.Error("saving state", "err", err)
 		}
+		s.stats.RestartFailures.Add(1)
 		log.Error("restarting stack failed", "err", err, "crashes", sv.Crashes)
 		return true
 	}
@@ -371,6 +397,7 @@ func (s *Supervisor) restart(containerID, ifName string, dead launch.Process, lo
 		log.Error("saving state after restart", "err", err)
 		return true
 	}
+	s.stats.StackRestarts.Add(1)
 	log.Info("stack restarted", "pid", proc.PID, "restarts", sv.Restarts)
 	return true
 }
@@ -450,6 +477,7 @@ func sleep(ctx context.Context, d time.Duration) bool {
 // records are reported, not stopped.
 func (s *Supervisor) Reconcile() {
 	log := s.cfg.Log
+	defer s.stats.ReconcileRuns.Add(1)
 	atts, errs := s.cfg.Store.List()
 	for _, err := range errs {
 		log.Error("unreadable attachment state (left in place)", "err", err)
@@ -477,16 +505,20 @@ func (s *Supervisor) Reconcile() {
 			log.Error("reclaiming attachment of a deleted netns", "containerID", att.ContainerID, "err", err)
 			continue
 		}
+		s.stats.ReclaimedByReconcile.Add(1)
 		log.Info("reclaimed attachment: its netns is gone", "containerID", att.ContainerID, "ifName", att.IfName, "netns", att.Netns)
 	}
 	stacksDir := filepath.Join(s.cfg.Store.Dir, "stacks")
 	running := make(map[string]bool)
+	var untracked int64
+	defer func() { s.stats.UntrackedStacks.Store(untracked) }()
 	for _, st := range launch.FindStacks(stacksDir) {
 		key := filepath.Base(filepath.Dir(st.ConfigPath))
 		running[key] = true
 		if known[key] {
 			continue
 		}
+		untracked++
 		// Its state is lost, but it may well serve a live pod: stopping
 		// it on a guess would take that pod's network down with nobody to
 		// notice. DEL still finds it by its config path.
@@ -499,6 +531,7 @@ func (s *Supervisor) Reconcile() {
 		}
 		s.orphan(e.Name(), func() {
 			os.RemoveAll(filepath.Join(stacksDir, e.Name()))
+			s.stats.StackDirsRemoved.Add(1)
 			log.Info("removed a stack directory no attachment or process uses", "key", e.Name())
 		})
 	}

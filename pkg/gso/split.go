@@ -1,6 +1,8 @@
 // Package gso segments TCP GSO packets in software: one large packet from
 // netstack becomes MSS-sized segments with their own headers and
-// checksums, ready to be sent together with one sendmmsg.
+// checksums, ready to be sent together with one sendmmsg. It is the
+// splitter of the "software" GSO mode; which mode a link gets is decided
+// in pkg/offload.
 package gso
 
 import (

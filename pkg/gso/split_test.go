@@ -174,17 +174,32 @@ func FuzzSplit(f *testing.F) {
 		if _, err := Split(frame, 14, mss, fuzzBuf[:], &segs); err != nil {
 			return
 		}
-		total := 0
+		var joined []byte
 		for i, p := range segs.Payloads {
 			if len(p) > mss {
 				t.Fatalf("segment %d has %d bytes > mss %d", i, len(p), mss)
 			}
-			total += len(p)
+			if i < len(segs.Payloads)-1 && len(p) != mss {
+				t.Fatalf("segment %d of %d has %d bytes, want mss %d (only the last may be short)", i, len(segs.Payloads), len(p), mss)
+			}
+			joined = append(joined, p...)
 		}
 		if len(segs.Headers) != len(segs.Payloads) || len(segs.Headers) == 0 {
 			t.Fatalf("%d headers, %d payloads", len(segs.Headers), len(segs.Payloads))
 		}
-		_ = total
+		// The segments carry exactly the TCP payload the IP and TCP
+		// headers of the input delimit, in order.
+		ip := frame[14:]
+		var ipEnd, ipLen int
+		if ip[0]>>4 == 6 {
+			ipLen, ipEnd = 40, 40+int(binary.BigEndian.Uint16(ip[4:6]))
+		} else {
+			ipLen, ipEnd = int(ip[0]&0x0f)*4, int(binary.BigEndian.Uint16(ip[2:4]))
+		}
+		want := ip[ipLen+int(ip[ipLen+12]>>4)*4 : ipEnd]
+		if !bytes.Equal(joined, want) {
+			t.Fatalf("segments carry %d payload bytes, want the input's %d", len(joined), len(want))
+		}
 	})
 }
 

@@ -8,8 +8,9 @@ import (
 	"io"
 	"io/fs"
 	"os"
-	"path/filepath"
 	"syscall"
+
+	"github.com/cni-usernet/cni-usernet/pkg/atomicfile"
 )
 
 // fileMeta is what we keep of a file besides its bytes: enough to put it
@@ -65,74 +66,14 @@ func sum(data []byte) string {
 	return hex.EncodeToString(h[:])
 }
 
-// tempPrefix names our temporary files: dot-prefixed and with an extension
-// (".tmp…") that libcni.ConfFiles never matches, so neither containerd nor
-// CRI-O load a half-written configuration, and a runtime never executes a
-// half-copied binary (it only runs a plugin by its "type").
-func tempPrefix(path string) string {
-	return "." + filepath.Base(path) + ".tmp"
-}
-
-// writeAtomic replaces path with the bytes from r through a temporary file
-// in the same directory: written, given meta's mode and owner, synced,
-// renamed, and the directory synced so that the rename survives a crash.
-// The temporary file is removed on any error. A negative UID or GID leaves
-// the owner to the process.
+// writeAtomic replaces path with the bytes from r, with meta's mode and
+// owner (a negative UID or GID leaves the owner to the process), durable
+// before it returns.
 func writeAtomic(path string, r io.Reader, meta fileMeta) error {
-	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, tempPrefix(path)+"*")
-	if err != nil {
-		return fmt.Errorf("creating temporary file for %s: %w", path, err)
-	}
-	tmp := f.Name()
-	done := false
-	defer func() {
-		if !done {
-			f.Close()
-			os.Remove(tmp)
-		}
-	}()
-	if _, err := io.Copy(f, r); err != nil {
-		return fmt.Errorf("writing %s: %w", tmp, err)
-	}
-	if meta.UID >= 0 || meta.GID >= 0 {
-		if err := f.Chown(meta.UID, meta.GID); err != nil {
-			return fmt.Errorf("setting owner of %s to %d:%d: %w", tmp, meta.UID, meta.GID, err)
-		}
-	}
-	// After Chown, which clears setuid/setgid bits.
-	if err := f.Chmod(meta.Mode); err != nil {
-		return fmt.Errorf("setting mode of %s to %v: %w", tmp, meta.Mode, err)
-	}
-	if err := f.Sync(); err != nil {
-		return fmt.Errorf("syncing %s: %w", tmp, err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("closing %s: %w", tmp, err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("renaming %s to %s: %w", tmp, path, err)
-	}
-	done = true
-	return syncDir(dir)
+	return atomicfile.WriteFrom(path, r, atomicfile.Meta(meta))
 }
 
-// removeFile removes path (already gone is fine) and syncs its directory.
+// removeFile removes path (already gone is fine), durably.
 func removeFile(path string) error {
-	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("removing %s: %w", path, err)
-	}
-	return syncDir(filepath.Dir(path))
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("opening directory %s to sync it: %w", dir, err)
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("syncing directory %s: %w", dir, err)
-	}
-	return nil
+	return atomicfile.Remove(path)
 }

@@ -22,6 +22,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cni-usernet/cni-usernet/pkg/netconf"
 )
 
 // Mode says how the CNI configuration is installed.
@@ -35,11 +37,6 @@ const (
 	// clusters that keep Calico, Cilium or flannel for routing and policy.
 	Chain Mode = "chain"
 )
-
-// DefaultCNIVersions are the configuration versions the cni-usernet plugin
-// speaks (version.PluginSupports in pkg/plugin/plugin.go); keep them in
-// step.
-var DefaultCNIVersions = []string{"0.3.1", "0.4.0", "1.0.0", "1.1.0"}
 
 // Options says what to install and where. The zero value of each field is
 // described with it.
@@ -74,7 +71,8 @@ type Options struct {
 	RecordPath string
 	// CNIVersions are the configuration versions the plugin supports;
 	// InstallConfig refuses a configuration of any other version, which
-	// the plugin would fail on every ADD. Nil means DefaultCNIVersions.
+	// the plugin would fail on every ADD. Nil means
+	// netconf.CNIVersions.
 	CNIVersions []string
 	// Log receives what Uninstall leaves alone and why. Nil discards.
 	Log *slog.Logger
@@ -141,7 +139,7 @@ func (o *Options) cniVersions() []string {
 	if o.CNIVersions != nil {
 		return o.CNIVersions
 	}
-	return DefaultCNIVersions
+	return netconf.CNIVersions
 }
 
 func (o *Options) checkVersion(what, v string) error {

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cni-usernet/cni-usernet/pkg/atomicfile"
 	"github.com/containernetworking/cni/libcni"
 )
 
@@ -1024,7 +1025,7 @@ func (failingReader) Read([]byte) (int, error) { return 0, fmt.Errorf("disk on f
 func TestTempNamesInvisible(t *testing.T) {
 	dir := t.TempDir()
 	for _, name := range []string{"05-cni-usernet.conflist", "10-flannel.conf", "x.json"} {
-		f, err := os.CreateTemp(dir, tempPrefix(filepath.Join(dir, name))+"*")
+		f, err := os.CreateTemp(dir, atomicfile.TempPrefix(filepath.Join(dir, name))+"*")
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"path/filepath"
 	"slices"
 
 	"github.com/cni-usernet/cni-usernet/pkg/atomicfile"
@@ -118,7 +117,7 @@ func (r *record) save(path string) error {
 	if err := atomicfile.Write(path, append(data, '\n'), 0o600); err != nil {
 		return fmt.Errorf("saving install record: %w", err)
 	}
-	return syncDir(filepath.Dir(path))
+	return nil
 }
 
 // backupPath is where the copy of a binary we replaced is kept.

@@ -9,6 +9,8 @@ import (
 	"os"
 	"path/filepath"
 
+	"sigs.k8s.io/yaml"
+
 	"github.com/cni-usernet/cni-usernet/pkg/atomicfile"
 )
 
@@ -110,6 +112,12 @@ func ReadKubeconfig(path string) (Config, error) {
 	return cfg, nil
 }
 
+// decodeKubeconfig reads a kubeconfig in JSON (what WriteKubeconfig
+// writes) or YAML (what kubectl, kubeadm and installers write).
+// sigs.k8s.io/yaml converts YAML to JSON guided by kubeconfigFile's types,
+// so one set of json tags serves both formats and a plain scalar that
+// looks like a number or a boolean stays a string where a string is
+// expected, as with clientcmd.
 func decodeKubeconfig(data []byte) (*kubeconfigFile, error) {
 	var kc kubeconfigFile
 	if t := bytes.TrimLeft(data, " \t\r\n\uFEFF"); len(t) > 0 && t[0] == '{' {
@@ -118,16 +126,7 @@ func decodeKubeconfig(data []byte) (*kubeconfigFile, error) {
 		}
 		return &kc, nil
 	}
-	tree, err := parseYAML(data)
-	if err != nil {
-		return nil, fmt.Errorf("decoding YAML: %w", err)
-	}
-	// Through JSON so that one set of struct tags serves both formats.
-	j, err := json.Marshal(tree)
-	if err != nil {
-		return nil, fmt.Errorf("decoding YAML: %w", err)
-	}
-	if err := json.Unmarshal(j, &kc); err != nil {
+	if err := yaml.Unmarshal(data, &kc); err != nil {
 		return nil, fmt.Errorf("decoding YAML: %w", err)
 	}
 	return &kc, nil

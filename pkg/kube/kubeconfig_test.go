@@ -21,6 +21,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 )
 
 type testCA struct {
@@ -343,7 +344,8 @@ current-context: x
 		{"missing context", strings.Replace(base("", "    token: t\n"), "current-context: x", "current-context: z", 1), `context "z" not found`},
 		{"no current context", strings.Replace(base("", "    token: t\n"), "current-context: x", "", 1), "no current-context"},
 		{"missing CA file", base("    certificate-authority: /nonexistent/ca.crt", "    token: t\n"), "certificate-authority"},
-		{"block scalar", base("", "    token: |\n      abc\n"), "block scalars"},
+		{"not YAML", base("", "    token: 'abc\n"), "decoding YAML"},
+		{"wrong type", base("", "    token: [a, b]\n"), "decoding YAML"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "kc")
@@ -356,82 +358,131 @@ current-context: x
 	}
 }
 
-func TestParseYAML(t *testing.T) {
+// TestDecodeKubeconfigYAML: the shapes kubectl, kubeadm, installers and
+// people write, read as clientcmd reads them (sigs.k8s.io/yaml).
+func TestDecodeKubeconfigYAML(t *testing.T) {
+	user := func(u userInfo) *kubeconfigFile {
+		return &kubeconfigFile{Users: []namedUser{{Name: "u", User: u}}}
+	}
 	for _, tc := range []struct {
 		name, in string
-		want     any
+		want     *kubeconfigFile
 	}{
-		{"empty", "# nothing\n", nil},
-		{"mapping", "a: b\nc: 'it''s'\nd: \"x\\ty\\u00e9\"\n", map[string]any{"a": "b", "c": "it's", "d": "x\ty\u00e9"}},
-		{"scalars", "n: null\nt: true\nf: False\ns: ~\nnum: 0600\nurl: https://h:6443/p?q=1#frag", map[string]any{
-			"n": nil, "t": true, "f": false, "s": nil, "num": "0600", "url": "https://h:6443/p?q=1#frag"}},
-		{"comments", "a: b # c\n# d\ne: 'f # g' # h\ni: j#k\n", map[string]any{"a": "b", "e": "f # g", "i": "j#k"}},
-		{"nested", "a:\n  b:\n    c: d\n  e: f\ng: h\n", map[string]any{
-			"a": map[string]any{"b": map[string]any{"c": "d"}, "e": "f"}, "g": "h"}},
-		{"sequence at key indent", "l:\n- a\n- b: c\n  d: e\n-\n  - f\n- - g\nz: 1\n", map[string]any{
-			"l": []any{"a", map[string]any{"b": "c", "d": "e"}, []any{"f"}, []any{"g"}}, "z": "1"}},
-		{"sequence indented", "l:\n  - a\n  - b\n", map[string]any{"l": []any{"a", "b"}}},
-		{"empty values", "a:\nb: {}\nc: []\nd: ''\n", map[string]any{"a": nil, "b": map[string]any{}, "c": []any{}, "d": ""}},
-		{"flow", `x: {a: b, "c": [1, 'two', {d: https://e:1}], f: , g}`, map[string]any{"x": map[string]any{
-			"a": "b", "c": []any{"1", "two", map[string]any{"d": "https://e:1"}}, "f": nil, "g": nil}}},
-		{"document markers", "%YAML 1.2\n---\na: b\n...\nignored: x\n", map[string]any{"a": "b"}},
-		{"crlf and bom", "\uFEFFa: b\r\nc:\r\n  d: e\r\n", map[string]any{"a": "b", "c": map[string]any{"d": "e"}}},
-		{"top-level sequence", "- a\n- b\n", []any{"a", "b"}},
+		{"empty", "# nothing\n", &kubeconfigFile{}},
+		{"quoting and comments", "current-context: 'it''s' # mine\nkind: \"x\\ty\\u00e9 # not a comment\"\n",
+			&kubeconfigFile{CurrentContext: "it's", Kind: "x\ty\u00e9 # not a comment"}},
+		{"sequence at key indent", "users:\n- name: u\n  user:\n    token: t\n", user(userInfo{Token: "t"})},
+		{"sequence indented", "users:\n  - name: u\n    user:\n      token: t\n", user(userInfo{Token: "t"})},
+		{"flow", "users: [{name: u, user: {token: \"t\", tokenFile: f}}]\n", user(userInfo{Token: "t", TokenFile: "f"})},
+		{"block scalar", "users:\n- name: u\n  user:\n    token: |-\n      abc\n", user(userInfo{Token: "abc"})},
+		{"quoted number stays", "users:\n- name: u\n  user: {token: \"0600\"}\n", user(userInfo{Token: "0600"})},
+		// As kubectl: YAML 1.1 reads a plain 0600 as octal; tools that
+		// write kubeconfigs quote such values.
+		{"plain number as kubectl", "users:\n- name: u\n  user: {token: 0600}\n", user(userInfo{Token: "384"})},
+		{"base64 data", "users:\n- name: u\n  user:\n    client-key-data: aGk=\n", user(userInfo{ClientKeyData: []byte("hi")})},
+		{"exec kept to refuse it", "users:\n- name: u\n  user:\n    exec:\n      command: aws\n",
+			user(userInfo{Exec: json.RawMessage(`{"command":"aws"}`)})},
+		{"document marker", "---\ncurrent-context: x\n", &kubeconfigFile{CurrentContext: "x"}},
+		{"crlf and bom", "\uFEFFcurrent-context: x\r\nkind: Config\r\n", &kubeconfigFile{CurrentContext: "x", Kind: "Config"}},
+		{"json", `{"current-context": "x", "users": [{"name": "u", "user": {"token": "t"}}]}`,
+			&kubeconfigFile{CurrentContext: "x", Users: []namedUser{{Name: "u", User: userInfo{Token: "t"}}}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := parseYAML([]byte(tc.in))
+			got, err := decodeKubeconfig([]byte(tc.in))
 			if err != nil {
-				t.Fatalf("parseYAML: %v", err)
+				t.Fatalf("decodeKubeconfig: %v", err)
 			}
 			if !reflect.DeepEqual(got, tc.want) {
-				t.Errorf("got %#v\nwant %#v", got, tc.want)
+				t.Errorf("got %+v\nwant %+v", got, tc.want)
 			}
 		})
 	}
 }
 
-func TestParseYAMLErrors(t *testing.T) {
-	for _, tc := range []struct{ name, in, want string }{
-		{"block scalar", "a: |\n  x\n", "line 1: block scalars"},
-		{"anchor", "a: &x b\n", "anchors"},
-		{"alias in flow", "a: [*x]\n", "anchors"},
-		{"tag", "a: !!str b\n", "tags"},
-		{"tab indent", "a:\n\tb: c\n", "line 2: tab"},
-		{"bad indent", "a:\n    b: c\n  d: e\n", "line 3: unexpected indentation"},
-		{"multi-line plain", "a:\n  b\n  c\n", "line 3: continued scalar"},
-		{"multi-line flow", "a: {b: c,\n  d: e}\n", "unterminated flow mapping"},
-		{"unterminated quote", "a: 'b\n", "line 1: unterminated"},
-		{"duplicate key", "a: b\na: c\n", "line 2: key \"a\" repeated"},
-		{"two documents", "a: b\n---\nc: d\n", "line 2: more than one document"},
-		{"item in mapping", "a: b\n- c\n", "line 2: sequence item where a key was expected"},
-		{"complex key", "? a\n: b\n", "complex keys"},
-		{"junk after flow", "a: {b: c} d\n", "after a flow collection"},
-		{"bad escape", `a: "\q"`, "unsupported escape"},
+func TestDecodeKubeconfigYAMLErrors(t *testing.T) {
+	for _, tc := range []struct{ name, in string }{
+		{"tab indent", "users:\n\t- name: u\n"},
+		{"unterminated quote", "current-context: 'x\n"},
+		{"bad indent", "users:\n    - name: u\n  - name: v\n"},
+		{"string for a list", "users: u\n"},
+		{"list for a string", "current-context: [a]\n"},
+		{"bad base64", "users:\n- name: u\n  user: {client-key-data: '!!'}\n"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := parseYAML([]byte(tc.in))
-			if err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Errorf("got %v, want an error containing %q", err, tc.want)
+			if got, err := decodeKubeconfig([]byte(tc.in)); err == nil {
+				t.Errorf("got %+v, nil, want an error", got)
 			}
 		})
 	}
 }
 
-func FuzzParseYAML(f *testing.F) {
-	for _, s := range []string{
-		"a: b\n", "l:\n- a\n- b: c\n  d: e\n", "x: {a: [b, 'c', \"d\"]}\n",
-		"- - a\n  - b\n-\n  c: d\n", "a: 'x # y' # z\n", "\"k\": \"\\u00e9\\x41\"\n",
-	} {
-		f.Add([]byte(s))
-	}
-	f.Fuzz(func(t *testing.T, in []byte) {
-		v, err := parseYAML(in)
-		if err != nil {
-			return
+// yamlQuote writes s as a YAML double-quoted scalar with everything
+// outside printable ASCII escaped, so that any string can be written.
+func yamlQuote(s string) string {
+	var b strings.Builder
+	b.WriteByte('"')
+	for _, r := range s {
+		switch {
+		case r == '"' || r == '\\':
+			b.WriteByte('\\')
+			b.WriteRune(r)
+		case r >= 0x20 && r < 0x7f:
+			b.WriteRune(r)
+		case r <= 0xffff:
+			fmt.Fprintf(&b, "\\u%04x", r)
+		default:
+			fmt.Fprintf(&b, "\\U%08x", r)
 		}
-		// Whatever parses must go through the JSON step kubeconfigs use.
-		if _, err := json.Marshal(v); err != nil {
-			t.Fatalf("parsed %q into %#v that JSON cannot encode: %v", in, v, err)
+	}
+	b.WriteByte('"')
+	return b.String()
+}
+
+// FuzzKubeconfigYAML writes a kubeconfig in the lab's and kubectl's
+// block style with fuzzed names and values and reads it back: the result,
+// Config or error, must be what the same kubeconfig gives as JSON, and the
+// values must come back as written.
+func FuzzKubeconfigYAML(f *testing.F) {
+	f.Add("https://10.0.0.1:6443", "lab", "admin", "tok", "ns")
+	f.Add("https://h:1/p?q=1#frag", "a # b", "y", "0600", "")
+	f.Add("", "x", "x", "'t'", "\u00e9\n\t")
+	f.Fuzz(func(t *testing.T, server, ctxName, userName, token, namespace string) {
+		for _, s := range []string{server, ctxName, userName, token, namespace} {
+			if !utf8.ValidString(s) {
+				return // JSON would replace the invalid bytes, YAML not
+			}
+		}
+		want := &kubeconfigFile{
+			APIVersion: "v1", Kind: "Config",
+			Clusters:       []namedCluster{{Name: "c", Cluster: clusterInfo{Server: server}}},
+			Users:          []namedUser{{Name: userName, User: userInfo{Token: token}}},
+			Contexts:       []namedContext{{Name: ctxName, Context: contextInfo{Cluster: "c", User: userName, Namespace: namespace}}},
+			CurrentContext: ctxName,
+		}
+		q := yamlQuote
+		y := "apiVersion: v1\nkind: Config\n# a comment\nclusters:\n- name: c\n  cluster:\n    server: " + q(server) +
+			"\nusers:\n- name: " + q(userName) + "\n  user:\n    token: " + q(token) +
+			"\ncontexts:\n- name: " + q(ctxName) + "\n  context: {cluster: c, user: " + q(userName) + ", namespace: " + q(namespace) + "}" +
+			"\ncurrent-context: " + q(ctxName) + " # the one\n"
+		got, err := decodeKubeconfig([]byte(y))
+		if err != nil {
+			t.Fatalf("decoding:\n%s\n%v", y, err)
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("decoding:\n%s\ngot  %+v\nwant %+v", y, got, want)
+		}
+		j, err := json.Marshal(want)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fromJSON, err := decodeKubeconfig(j)
+		if err != nil {
+			t.Fatalf("decoding JSON %s: %v", j, err)
+		}
+		cy, erry := got.config("/nonexistent")
+		cj, errj := fromJSON.config("/nonexistent")
+		if !reflect.DeepEqual(cy, cj) || fmt.Sprint(erry) != fmt.Sprint(errj) {
+			t.Fatalf("resolving: YAML gave %+v, %v; JSON gave %+v, %v", cy, erry, cj, errj)
 		}
 	})
 }

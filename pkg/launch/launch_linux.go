@@ -255,14 +255,15 @@ func exited(fd int, p Process, wait time.Duration) bool {
 	}
 }
 
-// stackEnv is the stack's whole environment: PATH for ethtool, and GORACE
-// so that a race-instrumented test build halts on a race instead of
-// printing it to a log nobody reads.
+// stackEnv is the stack's whole environment: PATH as the launcher has it
+// (the stack runs no other program: it sets offloads through the ethtool
+// ioctl), and GORACE so that a race-instrumented test build halts on a
+// race instead of printing it to a log nobody reads.
 func stackEnv() []string {
 	env := []string{"PATH=" + os.Getenv("PATH")}
 	// CNI_USERNET_SANDBOX=off|log reaches the stack for debugging
 	// (docs/reliability/sandbox.md).
-	for _, k := range []string{"GORACE", "CNI_USERNET_SANDBOX", "CNI_USERNET_GOGC"} {
+	for _, k := range []string{"GORACE", "CNI_USERNET_SANDBOX", "CNI_USERNET_GOGC", "GOMAXPROCS"} {
 		if v, ok := os.LookupEnv(k); ok {
 			env = append(env, k+"="+v)
 		}

@@ -7,7 +7,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/version"
 
-	"github.com/cni-usernet/cni-usernet/pkg/podstack"
+	"github.com/cni-usernet/cni-usernet/pkg/stackconfig"
 )
 
 // ParseForDelete reads what DEL needs from a configuration Parse refuses:
@@ -46,7 +46,7 @@ func ParseForDelete(data []byte) (*NetConf, error) {
 		}
 	}
 	if c.TUNName == "" || !ValidIfName(c.TUNName) {
-		c.TUNName = podstack.DefaultTUNName
+		c.TUNName = stackconfig.DefaultTUNName
 	}
 	return &c, nil
 }

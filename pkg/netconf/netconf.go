@@ -49,14 +49,13 @@ type NetConf struct {
 	RXChecksumOffload *bool `json:"rxChecksumOffload,omitempty"`
 	// TUNName and TUNMTU configure the applications' device.
 	TUNName string `json:"tunName,omitempty"`
-	// TUNOffload: nil or true gives the TUN a virtio-net header with TSO
-	// and checksum offload, so neither the pod's kernel nor the stack
-	// checksums what stays in the pod; false uses a plain TUN.
+	// TUNOffload is accepted and ignored: the applications' TCP and UDP no
+	// longer cross the TUN (conflists written for earlier versions load).
 	TUNOffload *bool  `json:"tunOffload,omitempty"`
 	TUNMTU     uint32 `json:"tunMTU,omitempty"`
-	// WireQueueLen and AppQueueLen: packets queued in front of the pod
-	// link and the TUN, drained by goroutines of their own. Zero: 1024;
-	// -1: none.
+	// WireQueueLen: packets queued in front of the pod's link, drained by
+	// a goroutine of its own. Zero: 1024; -1: none. AppQueueLen is
+	// accepted and ignored (see TUNOffload).
 	WireQueueLen int `json:"wireQueueLen,omitempty"`
 	AppQueueLen  int `json:"appQueueLen,omitempty"`
 	// MaxTCP, MaxUDP and UDPIdle bound the relay.

@@ -9,7 +9,7 @@ import (
 
 	"github.com/cni-usernet/cni-usernet/pkg/netconf"
 	"github.com/cni-usernet/cni-usernet/pkg/offload"
-	"github.com/cni-usernet/cni-usernet/pkg/podstack"
+	"github.com/cni-usernet/cni-usernet/pkg/stackconfig"
 )
 
 // conf is a minimal valid configuration with extra keys merged over it.
@@ -37,7 +37,7 @@ func TestParseDefaults(t *testing.T) {
 	}{
 		{"MTU", c.MTU, 1500},
 		{"GSO", c.GSO, string(offload.ModeAuto)},
-		{"TUNName", c.TUNName, podstack.DefaultTUNName},
+		{"TUNName", c.TUNName, stackconfig.DefaultTUNName},
 		{"TUNMTU", c.TUNMTU, uint32(0)},
 		{"StateDir", c.StateDir, netconf.DefaultStateDir},
 		{"LogDir", c.LogDir, netconf.DefaultLogDir},
@@ -296,4 +296,30 @@ func FuzzParse(f *testing.F) {
 			t.Errorf("GSOMode error %q: want it to name %s", err, netconf.AnnotationGSO)
 		}
 	})
+}
+
+// TestStackConfig: the one conversion from a conflist to the stack's
+// configuration carries every setting, the checksum switch with its
+// meaning (rxChecksumOffload false: the stack verifies).
+func TestStackConfig(t *testing.T) {
+	c, err := netconf.Parse([]byte(`{"cniVersion":"1.1.0","name":"n","type":"cni-usernet","ipam":{"type":"host-local"},
+		"tunName":"tun7","tunMTU":9000,"gsoMaxSize":32768,"gsoMaxSegs":8,"gro":true,"rxChecksumOffload":false,
+		"wireQueueLen":-1,"maxTCP":10,"maxUDP":20,"udpIdle":"15s","podLinkOffloadsOff":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := c.StackConfig("eth1", offload.ModeSoftware, "/spec", "/sock")
+	want := stackconfig.Config{IfName: "eth1", GSO: offload.ModeSoftware, SpecPath: "/spec", ControlSocket: "/sock",
+		TUNName: "tun7", TUNMTU: 9000, GSOMaxSize: 32768, GSOMaxSegs: 8, GRO: true, VerifyRXChecksums: true,
+		WireQueueLen: -1, MaxTCP: 10, MaxUDP: 20, UDPIdle: stackconfig.Duration(15 * time.Second), PodLinkOffloadsOff: true}
+	if got != want {
+		t.Fatalf("got  %+v\nwant %+v", got, want)
+	}
+	if err := got.Validate(); err != nil {
+		t.Fatalf("the stack refuses what the conflist produced: %v", err)
+	}
+	d, _ := netconf.Parse([]byte(`{"cniVersion":"1.1.0","name":"n","type":"cni-usernet","ipam":{"type":"host-local"}}`))
+	if d.StackConfig("eth0", offload.ModeAuto, "/s", "/c").VerifyRXChecksums {
+		t.Fatal("checksums verified by default")
+	}
 }

@@ -16,7 +16,7 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 
 	"github.com/cni-usernet/cni-usernet/pkg/offload"
-	"github.com/cni-usernet/cni-usernet/pkg/podstack"
+	"github.com/cni-usernet/cni-usernet/pkg/stackconfig"
 	"github.com/cni-usernet/cni-usernet/pkg/state"
 )
 
@@ -38,7 +38,7 @@ const (
 	maxGSOMaxSegs = 65535
 	// maxQueueLen bounds the legs' FIFO queues: every queued packet may
 	// hold a 64 KiB GSO burst, so 65536 of them is already 4 GiB per leg,
-	// far past the 1024 that measured best (podstack.DefaultQueueLen).
+	// far past the 1024 that measured best (stackconfig.DefaultQueueLen).
 	maxQueueLen = 65536
 	// minDuration: an idle UDP flow expired, or a stack given up on, in
 	// less than a second is a unit mistake ("30" meant as seconds is
@@ -74,13 +74,13 @@ var accepted = map[string]string{
 	"gsoMaxSegs":         fmt.Sprintf("a segment count 1..%d; absent or 0: the link's gso_max_segs", maxGSOMaxSegs),
 	"gro":                "true or false; absent: false",
 	"rxChecksumOffload":  "true or false; absent: true",
-	"tunOffload":         "true or false; absent: true",
+	"tunOffload":         "true or false (accepted and ignored since the applications' traffic left the TUN)",
 	"podLinkOffloadsOff": "true or false; absent: false",
 	"tunName": fmt.Sprintf(`an interface name: 1..15 bytes, no "/", ":", "%%" or white space, not ".", ".." or "lo"; absent: %s`,
-		podstack.DefaultTUNName),
-	"tunMTU":       fmt.Sprintf("%d..%d; absent or 0: %d", minMTUv6, maxMTU, podstack.DefaultTUNMTU),
-	"wireQueueLen": fmt.Sprintf("a packet count 1..%d, -1 for no queue; absent or 0: %d", maxQueueLen, podstack.DefaultQueueLen),
-	"appQueueLen":  fmt.Sprintf("a packet count 1..%d, -1 for no queue; absent or 0: %d", maxQueueLen, podstack.DefaultQueueLen),
+		stackconfig.DefaultTUNName),
+	"tunMTU":       fmt.Sprintf("%d..%d; absent or 0: %d", minMTUv6, maxMTU, stackconfig.DefaultTUNMTU),
+	"wireQueueLen": fmt.Sprintf("a packet count 1..%d, -1 for no queue; absent or 0: %d", maxQueueLen, stackconfig.DefaultQueueLen),
+	"appQueueLen":  fmt.Sprintf("a packet count 1..%d or -1 (accepted and ignored since the applications' traffic left the TUN)", maxQueueLen),
 	"maxTCP":       "a non-negative count of relayed TCP connections; absent or 0: the relay's default",
 	"maxUDP":       "a non-negative count of relayed UDP flows; absent or 0: the relay's default",
 	"udpIdle":      fmt.Sprintf(`a positive duration like "30s", at least %s; absent: the relay's default`, minDuration),
@@ -125,7 +125,7 @@ func (c *NetConf) validate(data []byte) error {
 		return badValue("gsoMaxSegs", fmt.Sprint(c.GSOMaxSegs))
 	}
 	if c.TUNName == "" {
-		c.TUNName = podstack.DefaultTUNName
+		c.TUNName = stackconfig.DefaultTUNName
 	}
 	// The stack would fail on a name the kernel refuses only after ADD
 	// had leased addresses and made the veth.

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"sort"
 
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -181,7 +182,7 @@ func (m *Manager) nextHop(via netip.Addr) (link int, why string) {
 // leave it alone.
 func (m *Manager) foreignRoute(dst netip.Prefix) string {
 	ipn := prefixNet(dst)
-	rs, err := netlink.RouteListFiltered(family(dst.Addr()), &netlink.Route{Dst: ipn, Table: unix.RT_TABLE_MAIN},
+	rs, err := netlinksafe.RouteListFiltered(family(dst.Addr()), &netlink.Route{Dst: ipn, Table: unix.RT_TABLE_MAIN},
 		netlink.RT_FILTER_DST|netlink.RT_FILTER_TABLE)
 	if err != nil {
 		return ""
@@ -231,7 +232,7 @@ func (m *Manager) RemoveAll() error {
 }
 
 func (m *Manager) list() (map[netip.Prefix]kernelRoute, error) {
-	rs, err := netlink.RouteListFiltered(netlink.FAMILY_ALL,
+	rs, err := netlinksafe.RouteListFiltered(netlink.FAMILY_ALL,
 		&netlink.Route{Protocol: netlink.RouteProtocol(m.opts.Protocol), Table: unix.RT_TABLE_MAIN},
 		netlink.RT_FILTER_PROTOCOL|netlink.RT_FILTER_TABLE)
 	if err != nil {

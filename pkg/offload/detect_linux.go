@@ -3,7 +3,7 @@ package offload
 import (
 	"fmt"
 
-	"github.com/vishvananda/netlink"
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 )
 
 // Detect reads the segmentation offload of the link named ifName in the
@@ -12,7 +12,7 @@ import (
 // It changes nothing. Callers that switch namespaces must hold the OS
 // thread (ns.Do does).
 func Detect(ifName string) (LinkGSO, error) {
-	link, err := netlink.LinkByName(ifName)
+	link, err := netlinksafe.LinkByName(ifName)
 	if err != nil {
 		return LinkGSO{}, fmt.Errorf("looking up link %s: %w", ifName, err)
 	}

@@ -9,7 +9,8 @@ import (
 )
 
 // ethtoolValue mirrors struct ethtool_value from <linux/ethtool.h>, the
-// argument of ETHTOOL_GGSO and ETHTOOL_GTSO.
+// argument of the legacy one-feature commands (ETHTOOL_[GS]GSO, _[GS]TSO,
+// _[GS]SG).
 type ethtoolValue struct {
 	cmd  uint32
 	data uint32
@@ -72,12 +73,34 @@ func ioctlSocket() (int, error) {
 // ethtoolGet issues one ethtool "get value" command on ifName.
 func ethtoolGet(fd int, ifName string, cmd uint32) (bool, error) {
 	v := ethtoolValue{cmd: cmd}
-	var ifr ifreqData
-	copy(ifr.name[:], ifName)
-	ifr.data = unsafe.Pointer(&v)
-	_, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.SIOCETHTOOL, uintptr(unsafe.Pointer(&ifr)))
-	if errno != 0 {
-		return false, errno
+	if err := ethtoolIoctl(fd, ifName, &v); err != nil {
+		return false, err
 	}
 	return v.data != 0, nil
+}
+
+// ethtoolSet issues one ethtool "set value" command on ifName.
+func ethtoolSet(fd int, ifName string, cmd uint32, on bool) error {
+	v := ethtoolValue{cmd: cmd}
+	if on {
+		v.data = 1
+	}
+	return ethtoolIoctl(fd, ifName, &v)
+}
+
+func ethtoolIoctl(fd int, ifName string, v *ethtoolValue) error {
+	return ethtoolIoctlPtr(fd, ifName, unsafe.Pointer(v))
+}
+
+// ethtoolIoctlPtr issues SIOCETHTOOL on ifName with data, an ethtool
+// command structure that starts with its cmd.
+func ethtoolIoctlPtr(fd int, ifName string, data unsafe.Pointer) error {
+	var ifr ifreqData
+	copy(ifr.name[:], ifName)
+	ifr.data = data
+	_, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.SIOCETHTOOL, uintptr(unsafe.Pointer(&ifr)))
+	if errno != 0 {
+		return errno
+	}
+	return nil
 }

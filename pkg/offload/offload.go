@@ -25,8 +25,10 @@ const (
 	// ModeHardware hands the link GSO packets with a virtio-net header and
 	// lets the kernel (or the device) segment them.
 	ModeHardware Mode = "hardware"
-	// ModeSoftware segments inside the userspace stack (gVisor's own GSO)
-	// and writes MTU-sized frames to the link.
+	// ModeSoftware tells netstack the link takes GSO packets, segments
+	// each in the wire link endpoint (pkg/gso) and writes the MTU-sized
+	// frames to the link in one batch; it is not gVisor's own software
+	// GSO, which splits inside TCP.
 	ModeSoftware Mode = "software"
 	// ModeOff disables GSO entirely: the stack builds MTU-sized segments
 	// one at a time.

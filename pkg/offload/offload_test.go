@@ -126,10 +126,41 @@ func TestDecide(t *testing.T) {
 			if d != want {
 				t.Errorf("got %+v, want %+v", d, want)
 			}
-			if d.Mode == ModeAuto {
-				t.Errorf("got mode %q, want a resolved mode", d.Mode)
-			}
 		})
+	}
+}
+
+// TestDecideResolves checks what holds for every mode on every kind of
+// link, beyond the table above: auto is always resolved, a requested
+// mode is kept, hardware only on a link that offers GSO, and every
+// decision gives its reason.
+func TestDecideResolves(t *testing.T) {
+	links := []LinkGSO{veth, gsoOff, {}, {GSO: true}, {MaxSize: 65536, GSO: true}, {MaxSegs: 1, GSO: true},
+		{MaxSize: 1, MaxSegs: 1, GSO: true}, {MaxSize: 65536, MaxSegs: 65535, TSO: true}}
+	for _, m := range Modes {
+		for _, l := range links {
+			d, err := Decide(m, l)
+			if err != nil {
+				if m != ModeHardware || l.Offers() || !errors.Is(err, ErrNoGSO) {
+					t.Errorf("Decide(%s, %+v): got error %v, want one only for hardware on a link without GSO", m, l, err)
+				}
+				continue
+			}
+			switch {
+			case d.Mode == ModeAuto:
+				t.Errorf("Decide(%s, %+v): got mode auto, want a resolved mode", m, l)
+			case m != ModeAuto && d.Mode != m:
+				t.Errorf("Decide(%s, %+v): got mode %s, want the requested one", m, l, d.Mode)
+			case d.Mode == ModeHardware && !l.Offers():
+				t.Errorf("Decide(%s, %+v): got hardware on a link without GSO", m, l)
+			case m == ModeAuto && l.Offers() != (d.Mode == ModeHardware):
+				t.Errorf("Decide(auto, %+v): got %s, want hardware exactly when the link offers GSO (%v)", l, d.Mode, l.Offers())
+			case !strings.HasPrefix(d.Reason, string(m)+": "):
+				t.Errorf("Decide(%s, %+v): reason %q does not start with the requested mode", m, l, d.Reason)
+			case d.Requested != m || d.Link != l:
+				t.Errorf("Decide(%s, %+v): got requested %s link %+v, want the inputs", m, l, d.Requested, d.Link)
+			}
+		}
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/cni-usernet/cni-usernet/pkg/steptime"
 	"os"
 	"slices"
 	"time"
@@ -36,11 +37,13 @@ func (u undo) run() {
 }
 
 func cmdAdd(args *skel.CmdArgs) (err error) {
+	steps := steptime.Start()
 	inv, err := start(args)
 	if err != nil {
 		return err
 	}
 	defer inv.close()
+	inv.steps = steps
 	lock, err := inv.store.Lock(args.ContainerID, args.IfName, lockTimeout)
 	if err != nil {
 		return cniError(types.ErrTryAgainLater, err)
@@ -52,7 +55,7 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 		inv.log.Error("ADD failed", "err", err)
 		return err
 	}
-	inv.log.Info("ADD done", "ips", result.IPs)
+	inv.log.Info("ADD done", "ips", result.IPs, steps.Attr("took"))
 	return types.PrintResult(result, inv.conf.CNIVersion)
 }
 
@@ -129,6 +132,7 @@ func (inv *invocation) add() (_ *current.Result, err error) {
 	// them (it keeps them for a restart); undo them with the rest.
 	td := teardown{inv: inv, containerID: args.ContainerID, ifName: args.IfName, netns: args.Netns, chained: att.Chained}
 	u.add(func() { td.cleanNetns() })
+	inv.step("state")
 	proc, err := launch.Start(launch.Options{
 		Args:         []string{"stack", "--config", p.config},
 		Netns:        args.Netns,
@@ -148,17 +152,20 @@ func (inv *invocation) add() (_ *current.Result, err error) {
 		return nil, cniError(types.ErrInternal, err)
 	}
 
+	inv.step("stack")
 	var st podstack.Status
 	if err := control.Status(p.socket, 5*time.Second, &st); err != nil {
 		return nil, errorf(types.ErrInternal, "reading the stack's status: %v", err)
 	}
 	att.GSO = st.GSO
+	inv.step("status")
 	if att.Result, err = json.Marshal(result); err != nil {
 		return nil, cniError(types.ErrInternal, err)
 	}
 	if err := inv.store.Save(att); err != nil {
 		return nil, errStateDir(conf.StateDir, err)
 	}
+	inv.step("record")
 	inv.log.Info("stack started", "pid", proc.PID, "gso", st.GSO.Mode, "reason", st.GSO.Reason, "source", modeSource)
 	inv.event(kube.EventNormal, "GSOMode", fmt.Sprintf("GSO %s (requested %s by %s): %s; stack pid %d",
 		st.GSO.Mode, mode, modeSource, st.GSO.Reason, proc.PID))
@@ -167,26 +174,7 @@ func (inv *invocation) add() (_ *current.Result, err error) {
 
 func (inv *invocation) writeStackConfig(p paths, mode offload.Mode) error {
 	conf := inv.conf
-	udpIdle := podstack.Duration(conf.UDPIdleDuration())
-	sc := podstack.Config{
-		IfName:              inv.args.IfName,
-		GSO:                 mode,
-		SpecPath:            p.spec,
-		ControlSocket:       p.socket,
-		TUNName:             conf.TUNName,
-		TUNMTU:              conf.TUNMTU,
-		TUNOffload:          conf.TUNOffload == nil || *conf.TUNOffload,
-		GSOMaxSize:          conf.GSOMaxSize,
-		GSOMaxSegs:          conf.GSOMaxSegs,
-		GRO:                 conf.GRO,
-		NoRXChecksumOffload: conf.RXChecksumOffload != nil && !*conf.RXChecksumOffload,
-		WireQueueLen:        conf.WireQueueLen,
-		AppQueueLen:         conf.AppQueueLen,
-		MaxTCP:              conf.MaxTCP,
-		MaxUDP:              conf.MaxUDP,
-		UDPIdle:             udpIdle,
-		PodLinkOffloadsOff:  conf.PodLinkOffloadsOff,
-	}
+	sc := conf.StackConfig(inv.args.IfName, mode, p.spec, p.socket)
 	if err := os.MkdirAll(p.stackDir, 0o700); err != nil {
 		return fmt.Errorf("creating %s: %w", p.stackDir, err)
 	}
@@ -229,6 +217,7 @@ func (inv *invocation) attachVeth(netns ns.NetNS, att *state.Attachment, u *undo
 	} else if desc != "" {
 		return nil, errLinkInTheWay(args.IfName, args.Netns, desc)
 	}
+	inv.step("checks")
 	r, err := ipam.ExecAdd(conf.IPAM.Type, args.StdinData)
 	if err != nil {
 		// Keep the IPAM plugin's own code, and say which plugin failed.
@@ -247,12 +236,14 @@ func (inv *invocation) attachVeth(netns ns.NetNS, att *state.Attachment, u *undo
 	if len(result.IPs) == 0 {
 		return nil, errorf(types.ErrInternal, "IPAM %s returned no address", conf.IPAM.Type)
 	}
+	inv.step("ipam")
 	att.HostVeth = hostVethName(args.ContainerID, args.IfName)
 	if err := setupVeth(netns, args.IfName, att.HostVeth, conf.MTU, result); err != nil {
 		delLink(att.HostVeth)
 		return nil, cniError(types.ErrInternal, err)
 	}
 	u.add(func() { delLink(att.HostVeth) })
+	inv.step("veth")
 	if conf.DNS.Nameservers != nil || conf.DNS.Domain != "" || len(conf.DNS.Search) > 0 {
 		result.DNS = conf.DNS
 	}

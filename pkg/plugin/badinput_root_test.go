@@ -20,6 +20,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 
@@ -154,12 +155,12 @@ func linkStateOf(t *testing.T, netns ns.NetNS, name string) linkState {
 	t.Helper()
 	var s linkState
 	err := nettest.In(netns, func() error {
-		l, err := netlink.LinkByName(name)
+		l, err := netlinksafe.LinkByName(name)
 		if err != nil {
 			return err
 		}
 		s = linkState{Index: l.Attrs().Index, Type: l.Type(), Up: l.Attrs().Flags&net.FlagUp != 0}
-		addrs, err := netlink.AddrList(l, netlink.FAMILY_V4)
+		addrs, err := netlinksafe.AddrList(l, netlink.FAMILY_V4)
 		for _, a := range addrs {
 			s.Addrs = append(s.Addrs, a.IPNet.String())
 		}
@@ -196,7 +197,7 @@ func TestAddInterfaceExists(t *testing.T) {
 				if err := c.make(); err != nil {
 					return err
 				}
-				l, err := netlink.LinkByName("eth0")
+				l, err := netlinksafe.LinkByName("eth0")
 				if err != nil {
 					return err
 				}

@@ -10,6 +10,7 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 
@@ -78,7 +79,7 @@ func (inv *invocation) check() error {
 	}
 	defer netns.Close()
 	return netns.Do(func(ns.NetNS) error {
-		tun, err := netlink.LinkByName(st.TUNName)
+		tun, err := netlinksafe.LinkByName(st.TUNName)
 		if err != nil {
 			return fmt.Errorf("TUN %s of the applications: %w", st.TUNName, err)
 		}
@@ -91,7 +92,7 @@ func (inv *invocation) check() error {
 				return fmt.Errorf("TUN %s lacks pod address %s", st.TUNName, ip)
 			}
 		}
-		link, err := netlink.LinkByName(args.IfName)
+		link, err := netlinksafe.LinkByName(args.IfName)
 		if err != nil {
 			return fmt.Errorf("pod link %s: %w", args.IfName, err)
 		}
@@ -134,7 +135,7 @@ func (inv *invocation) expectedIPs(att *state.Attachment) ([]netip.Addr, error) 
 }
 
 func addrsOf(link netlink.Link) ([]netip.Addr, error) {
-	addrs, err := netlink.AddrList(link, netlink.FAMILY_ALL)
+	addrs, err := netlinksafe.AddrList(link, netlink.FAMILY_ALL)
 	if err != nil {
 		return nil, fmt.Errorf("listing addresses of %s: %w", link.Attrs().Name, err)
 	}

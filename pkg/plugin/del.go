@@ -12,8 +12,8 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/vishvananda/netlink"
 
 	"github.com/cni-usernet/cni-usernet/pkg/ingressdrop"
 	"github.com/cni-usernet/cni-usernet/pkg/launch"
@@ -190,7 +190,7 @@ func (td *teardown) cleanNetns() error {
 		if err := ingressdrop.Remove(td.ifName); err != nil {
 			return err
 		}
-		if l, err := netlink.LinkByName(td.ifName); err == nil && isPeerOf(l, host) {
+		if l, err := netlinksafe.LinkByName(td.ifName); err == nil && isPeerOf(l, host) {
 			return delLink(td.ifName)
 		}
 		return nil

@@ -69,8 +69,9 @@ func (inv *invocation) loadAnnotations() error {
 	}
 }
 
-// event posts an Event on the pod, best effort: a pod's network never
-// waits for, or fails because of, its Events.
+// event posts an Event on the pod, best effort: ADD never fails because
+// of its Events, but it does wait for the post, up to apiTimeout (2 s)
+// when the API server is slow or unreachable.
 func (inv *invocation) event(typ, reason, msg string) {
 	uid := string(inv.pod.K8S_POD_UID)
 	if uid == "" || inv.conf.Kubeconfig == "" {

@@ -6,6 +6,7 @@ package plugin
 import (
 	"errors"
 	"fmt"
+	"github.com/cni-usernet/cni-usernet/pkg/steptime"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -27,12 +28,12 @@ var Version = "dev"
 // variables and the configuration on stdin, the result on stdout.
 func Main() {
 	skel.PluginMainFuncs(skel.CNIFuncs{
-		Add:    cmdAdd,
-		Del:    cmdDel,
-		Check:  cmdCheck,
+		Add:    recorded("ADD", cmdAdd),
+		Del:    recorded("DEL", cmdDel),
+		Check:  recorded("CHECK", cmdCheck),
 		GC:     cmdGC,
 		Status: cmdStatus,
-	}, version.PluginSupports("0.3.1", "0.4.0", "1.0.0", "1.1.0"), "cni-usernet "+Version+": a userspace TCP/IP stack per pod")
+	}, version.PluginSupports(netconf.CNIVersions...), "cni-usernet "+Version+": a userspace TCP/IP stack per pod")
 }
 
 // k8sArgs are the CNI_ARGS Kubernetes runtimes pass.
@@ -53,6 +54,15 @@ type invocation struct {
 	pod   k8sArgs
 	close func()
 	kube  *kube.Client // see kubeClient
+	// steps times an ADD's steps for its log line; nil in the other verbs.
+	steps *steptime.Steps
+}
+
+// step ends a timed step of ADD.
+func (inv *invocation) step(name string) {
+	if inv.steps != nil {
+		inv.steps.Done(name)
+	}
 }
 
 func start(args *skel.CmdArgs) (*invocation, error) {

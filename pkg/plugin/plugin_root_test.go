@@ -24,18 +24,20 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 
 	"github.com/cni-usernet/cni-usernet/pkg/launch"
+	"github.com/cni-usernet/cni-usernet/pkg/netconf"
 	"github.com/cni-usernet/cni-usernet/pkg/state"
 	"github.com/cni-usernet/cni-usernet/test/nettest"
 )
 
 // versions are the CNI versions the plugin declares.
-var versions = []string{"0.3.1", "0.4.0", "1.0.0", "1.1.0"}
+var versions = netconf.CNIVersions
 
-const latest = "1.1.0"
+var latest = netconf.LatestCNIVersion
 
 // cniErr asserts that err is the plugin's *types.Error and returns it.
 func cniErr(t *testing.T, err error) *types.Error {
@@ -126,11 +128,11 @@ func kernelV4(t *testing.T, netns ns.NetNS, link string) []string {
 	t.Helper()
 	var out []string
 	err := nettest.In(netns, func() error {
-		l, err := netlink.LinkByName(link)
+		l, err := netlinksafe.LinkByName(link)
 		if err != nil {
 			return err
 		}
-		addrs, err := netlink.AddrList(l, netlink.FAMILY_V4)
+		addrs, err := netlinksafe.AddrList(l, netlink.FAMILY_V4)
 		for _, a := range addrs {
 			out = append(out, a.IPNet.String())
 		}

@@ -8,7 +8,7 @@ import (
 	"path/filepath"
 
 	"github.com/cni-usernet/cni-usernet/pkg/netconf"
-	"github.com/cni-usernet/cni-usernet/pkg/podstack"
+	"github.com/cni-usernet/cni-usernet/pkg/stackconfig"
 	"github.com/cni-usernet/cni-usernet/pkg/state"
 )
 
@@ -41,9 +41,9 @@ func Reclaim(store state.Store, att *state.Attachment, cniPath string, log *slog
 // the config is unreadable (the namespace, and the TUN with it, is usually
 // gone by then anyway).
 func tunNameOf(configPath string) string {
-	var c podstack.Config
+	var c stackconfig.Config
 	if b, err := os.ReadFile(configPath); err == nil && json.Unmarshal(b, &c) == nil && c.TUNName != "" {
 		return c.TUNName
 	}
-	return podstack.DefaultTUNName
+	return stackconfig.DefaultTUNName
 }

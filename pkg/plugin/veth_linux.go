@@ -9,6 +9,7 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/plugins/pkg/ip"
 	"github.com/containernetworking/plugins/pkg/ipam"
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -45,7 +46,7 @@ func setupVeth(netns ns.NetNS, ifName, hostName string, mtu int, result *current
 		if err := ipam.ConfigureIface(ifName, result); err != nil {
 			return fmt.Errorf("configuring %s: %w", ifName, err)
 		}
-		link, err := netlink.LinkByName(ifName)
+		link, err := netlinksafe.LinkByName(ifName)
 		if err != nil {
 			return fmt.Errorf("looking up %s: %w", ifName, err)
 		}
@@ -76,7 +77,7 @@ func setupVeth(netns ns.NetNS, ifName, hostName string, mtu int, result *current
 	if err != nil {
 		return err
 	}
-	hv, err := netlink.LinkByName(hostName)
+	hv, err := netlinksafe.LinkByName(hostName)
 	if err != nil {
 		return fmt.Errorf("looking up %s: %w", hostName, err)
 	}
@@ -118,4 +119,27 @@ func disableDAD(ifName string) error {
 		return fmt.Errorf("disabling DAD on %s: %w", ifName, err)
 	}
 	return nil
+}
+
+// isPeerOf reports whether link is the pod end of the veth whose node end
+// has index hostIndex: only then is it this attachment's to delete.
+func isPeerOf(link netlink.Link, hostIndex int) bool {
+	if _, ok := link.(*netlink.Veth); !ok || hostIndex == 0 {
+		return false
+	}
+	peer, err := netlink.VethPeerIndex(link.(*netlink.Veth))
+	if err != nil {
+		return link.Attrs().ParentIndex == hostIndex
+	}
+	return peer == hostIndex
+}
+
+// hostIndex is the index of the attachment's node-side veth in the
+// calling thread's namespace; 0 when it is gone.
+func hostIndex(containerID, ifName string) int {
+	l, err := netlinksafe.LinkByName(hostVethName(containerID, ifName))
+	if err != nil {
+		return 0
+	}
+	return l.Attrs().Index
 }

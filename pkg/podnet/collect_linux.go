@@ -8,6 +8,7 @@ import (
 	"os"
 	"slices"
 
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -15,7 +16,7 @@ import (
 // Collect reads what the kernel has configured on ifName in the current
 // network namespace. It changes nothing.
 func Collect(ifName string) (*Spec, error) {
-	link, err := netlink.LinkByName(ifName)
+	link, err := netlinksafe.LinkByName(ifName)
 	if err != nil {
 		return nil, fmt.Errorf("looking up %s: %w", ifName, err)
 	}
@@ -26,7 +27,7 @@ func Collect(ifName string) (*Spec, error) {
 		MAC:     attrs.HardwareAddr.String(),
 		MTU:     uint32(attrs.MTU),
 	}
-	addrs, err := netlink.AddrList(link, netlink.FAMILY_ALL)
+	addrs, err := netlinksafe.AddrList(link, netlink.FAMILY_ALL)
 	if err != nil {
 		return nil, fmt.Errorf("listing addresses of %s: %w", ifName, err)
 	}
@@ -37,7 +38,7 @@ func Collect(ifName string) (*Spec, error) {
 		}
 		s.Addrs = append(s.Addrs, p)
 	}
-	routes, err := netlink.RouteListFiltered(netlink.FAMILY_ALL,
+	routes, err := netlinksafe.RouteListFiltered(netlink.FAMILY_ALL,
 		&netlink.Route{LinkIndex: attrs.Index, Table: unix.RT_TABLE_MAIN},
 		netlink.RT_FILTER_OIF|netlink.RT_FILTER_TABLE)
 	if err != nil {
@@ -55,7 +56,7 @@ func Collect(ifName string) (*Spec, error) {
 			s.Routes = append(s.Routes, rt)
 		}
 	}
-	neighs, err := netlink.NeighList(attrs.Index, netlink.FAMILY_ALL)
+	neighs, err := neighList(attrs.Index, netlink.FAMILY_ALL)
 	if err != nil {
 		return nil, fmt.Errorf("listing neighbours of %s: %w", ifName, err)
 	}
@@ -119,11 +120,11 @@ func routeOf(r netlink.Route) (Route, bool) {
 // MLD of its own. Already gone is not an error, so Strip can be repeated
 // after a restart.
 func Strip(ifName string) error {
-	link, err := netlink.LinkByName(ifName)
+	link, err := netlinksafe.LinkByName(ifName)
 	if err != nil {
 		return fmt.Errorf("looking up %s: %w", ifName, err)
 	}
-	routes, err := netlink.RouteListFiltered(netlink.FAMILY_ALL,
+	routes, err := netlinksafe.RouteListFiltered(netlink.FAMILY_ALL,
 		&netlink.Route{LinkIndex: link.Attrs().Index, Table: unix.RT_TABLE_UNSPEC},
 		netlink.RT_FILTER_OIF)
 	if err != nil {
@@ -137,7 +138,7 @@ func Strip(ifName string) error {
 			return fmt.Errorf("removing route %s of %s: %w", r, ifName, err)
 		}
 	}
-	addrs, err := netlink.AddrList(link, netlink.FAMILY_ALL)
+	addrs, err := netlinksafe.AddrList(link, netlink.FAMILY_ALL)
 	if err != nil {
 		return fmt.Errorf("listing addresses of %s: %w", ifName, err)
 	}

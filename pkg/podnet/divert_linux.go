@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"net"
 	"net/netip"
 	"os"
@@ -52,11 +53,11 @@ const (
 // thread's network namespace. It is idempotent: a restarted stack calls it
 // again with its new listeners' ports.
 func InstallDivert(d Divert) error {
-	tun, err := netlink.LinkByName(d.TUN)
+	tun, err := netlinksafe.LinkByName(d.TUN)
 	if err != nil {
 		return fmt.Errorf("looking up %s: %w", d.TUN, err)
 	}
-	lo, err := netlink.LinkByName("lo")
+	lo, err := netlinksafe.LinkByName("lo")
 	if err != nil {
 		return fmt.Errorf("looking up lo: %w", err)
 	}
@@ -254,7 +255,7 @@ func RemoveDivert() error {
 		return fmt.Errorf("removing nftables table %s: %w", DivertTableName, err)
 	}
 	for _, fam := range []int{unix.AF_INET, unix.AF_INET6} {
-		rules, err := netlink.RuleList(fam)
+		rules, err := netlinksafe.RuleList(fam)
 		if err != nil {
 			return fmt.Errorf("listing policy rules: %w", err)
 		}
@@ -266,7 +267,7 @@ func RemoveDivert() error {
 				return fmt.Errorf("removing the policy rule for marked packets: %w", err)
 			}
 		}
-		routes, err := netlink.RouteListFiltered(fam, &netlink.Route{Table: DivertTable}, netlink.RT_FILTER_TABLE)
+		routes, err := netlinksafe.RouteListFiltered(fam, &netlink.Route{Table: DivertTable}, netlink.RT_FILTER_TABLE)
 		if err != nil {
 			return fmt.Errorf("listing routes of table %d: %w", DivertTable, err)
 		}

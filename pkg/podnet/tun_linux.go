@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -44,7 +45,7 @@ func OpenTUN(name string) (*os.File, error) {
 
 // DeleteTUN removes the TUN device; already gone is success.
 func DeleteTUN(name string) error {
-	link, err := netlink.LinkByName(name)
+	link, err := netlinksafe.LinkByName(name)
 	if err != nil {
 		var nf netlink.LinkNotFoundError
 		if errors.As(err, &nf) {
@@ -63,7 +64,7 @@ func DeleteTUN(name string) error {
 // pod's own IPs and to loopback stays in the kernel (local table). It is
 // idempotent, for a restarted stack.
 func ConfigureTUN(name string, mtu uint32, s *Spec) error {
-	link, err := netlink.LinkByName(name)
+	link, err := netlinksafe.LinkByName(name)
 	if err != nil {
 		return fmt.Errorf("looking up %s: %w", name, err)
 	}

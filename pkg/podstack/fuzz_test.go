@@ -1,17 +1,20 @@
 package podstack
 
 import (
+	"bytes"
 	"context"
 	"net"
 	"net/netip"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/checksum"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 
 	"github.com/cni-usernet/cni-usernet/pkg/offload"
@@ -19,7 +22,7 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/relay"
 )
 
-// fuzzStack is one whole pod stack (both legs, relay, pinger) whose wire
+// fuzzStack is one whole pod stack (the wire leg, the relay, the pinger) whose wire
 // link and TUN are socketpairs: a frame written to wirePeer is what the
 // pod's eth0 would receive from the network.
 type fuzzStack struct {
@@ -64,22 +67,28 @@ func newFuzzStack() (*fuzzStack, error) {
 		LinkFD: wire[0],
 		// The test runs in the machine's own network namespace: nothing
 		// may be dialled there for the frames it makes up.
-		Pod:               relay.PodSide{TUN: os.NewFile(uintptr(tun[0]), "tun"), Dialer: refusingDialer{}},
-		GSO:               offload.Decision{Requested: offload.ModeOff, Mode: offload.ModeOff},
-		RXChecksumOffload: true,
-		WireQueueLen:      64,
+		Pod:          relay.PodSide{TUN: os.NewFile(uintptr(tun[0]), "tun"), Dialer: refusingDialer{}},
+		GSO:          offload.Decision{Requested: offload.ModeOff, Mode: offload.ModeOff},
+		WireQueueLen: 64,
 	})
 	if err != nil {
 		return nil, err
 	}
 	// Whatever the stack sends (SYN-ACKs, RSTs, relayed datagrams) is read
-	// and dropped, so its writes never block.
+	// and dropped, so its writes never block; the replies to the probes
+	// are noted.
 	for _, fd := range []int{wire[1], tun[1]} {
 		go func() {
 			buf := make([]byte, 1<<16)
 			for {
-				if _, err := unix.Read(fd, buf); err != nil && err != unix.EAGAIN && err != unix.EINTR {
+				n, err := unix.Read(fd, buf)
+				if err != nil && err != unix.EAGAIN && err != unix.EINTR {
 					return
+				}
+				if n > 0 && fd == wire[1] {
+					if seq, ok := probeReply(buf[:n]); ok {
+						fuzzReplied.Store(uint32(seq))
+					}
 				}
 				unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, 100)
 			}
@@ -110,8 +119,45 @@ func fuzzFrame(proto tcpip.TransportProtocolNumber, flags uint8, fragOff uint16,
 	return b
 }
 
-// fuzzProbe is an ICMP echo request to the pod, which the stack always reads.
-var fuzzProbe = fuzzFrame(header.ICMPv4ProtocolNumber, 0, 0, []byte{8, 0, 0xf7, 0xfe, 0, 1, 0, 0})
+// The probe is an ICMP echo request to the pod, which netstack answers
+// itself; its identifier and data (probeData) are what no fuzzed frame
+// carries by chance, its sequence number counts the inputs.
+const probeID = 0xc0de
+
+var (
+	probeData   = []byte("cni-usernet fuzz probe")
+	fuzzSeq     uint16
+	fuzzReplied atomic.Uint32 // sequence number of the last probe answered
+)
+
+func fuzzProbe(seq uint16) []byte {
+	icmp := make([]byte, header.ICMPv4MinimumSize+len(probeData))
+	h := header.ICMPv4(icmp)
+	h.SetType(header.ICMPv4Echo)
+	h.SetIdent(probeID)
+	h.SetSequence(seq)
+	copy(h.Payload(), probeData)
+	h.SetChecksum(^checksum.Checksum(icmp, 0))
+	return fuzzFrame(header.ICMPv4ProtocolNumber, 0, 0, icmp)
+}
+
+// probeReply returns the sequence number of frame when it is netstack's
+// echo reply to a probe.
+func probeReply(frame []byte) (uint16, bool) {
+	if len(frame) < header.EthernetMinimumSize+header.IPv4MinimumSize+header.ICMPv4MinimumSize ||
+		header.Ethernet(frame).Type() != header.IPv4ProtocolNumber {
+		return 0, false
+	}
+	ip := header.IPv4(frame[header.EthernetMinimumSize:])
+	if !ip.IsValid(len(ip)) || ip.TransportProtocol() != header.ICMPv4ProtocolNumber {
+		return 0, false
+	}
+	h := header.ICMPv4(ip.Payload())
+	if len(h) < header.ICMPv4MinimumSize || h.Type() != header.ICMPv4EchoReply || h.Ident() != probeID || !bytes.Equal(h.Payload(), probeData) {
+		return 0, false
+	}
+	return h.Sequence(), true
+}
 
 // FuzzWireFrames feeds arbitrary frames to a whole pod stack through its
 // wire link: every parser a frame from the network meets (Ethernet, ARP,
@@ -136,18 +182,20 @@ func FuzzWireFrames(f *testing.F) {
 		if len(frame) < header.EthernetMinimumSize || len(frame) > 1514 {
 			return // the kernel hands the stack no such frames
 		}
-		before := fuzzS.s.WireStats.RxPackets.Load()
-		// A well-formed frame after the fuzzed one: once the stack has
-		// read it, it has read (or dropped) the fuzzed one, so a crash
-		// points at this input, and a stack that stopped reading fails.
-		for _, fr := range [][]byte{frame, fuzzProbe} {
+		// A probe after the fuzzed frame: netstack handles a link's frames
+		// in order, so once it has answered the probe it has handled (or
+		// dropped) the fuzzed frame, a crash points at this input, and a
+		// stack that stopped reading or processing fails here.
+		fuzzSeq++
+		seq := fuzzSeq
+		for _, fr := range [][]byte{frame, fuzzProbe(seq)} {
 			if _, err := unix.Write(fuzzS.wirePeer, fr); err != nil {
 				t.Fatalf("writing a frame: %v", err)
 			}
 		}
-		for deadline := time.Now().Add(2 * time.Second); fuzzS.s.WireStats.RxPackets.Load() == before; {
+		for deadline := time.Now().Add(2 * time.Second); uint16(fuzzReplied.Load()) != seq; {
 			if time.Now().After(deadline) {
-				t.Fatalf("the stack read nothing within 2s after a %d-byte frame", len(frame))
+				t.Fatalf("no echo reply to probe %d within 2s after a %d-byte frame", seq, len(frame))
 			}
 			time.Sleep(100 * time.Microsecond)
 		}

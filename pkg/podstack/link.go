@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/header"
 	"gvisor.dev/gvisor/pkg/tcpip/link/nested"
 	"gvisor.dev/gvisor/pkg/tcpip/stack"
 )
@@ -22,6 +23,9 @@ type LinkStats struct {
 	// RxSynShed counts SYNs dropped before netstack beyond the new
 	// connection rate cap (see synRate).
 	RxSynShed atomic.Uint64
+	// RxSynCookied counts SYNs beyond the cap answered with a SYN cookie
+	// instead (relay.AnswerSYN).
+	RxSynCookied atomic.Uint64
 }
 
 // LinkSnapshot is a plain copy of LinkStats.
@@ -33,6 +37,7 @@ type LinkSnapshot struct {
 	RxPackets    uint64 `json:"rxPackets"`
 	RxBytes      uint64 `json:"rxBytes"`
 	RxSynShed    uint64 `json:"rxSynShed"`
+	RxSynCookied uint64 `json:"rxSynCookied"`
 }
 
 // Snapshot reads every counter.
@@ -40,7 +45,7 @@ func (s *LinkStats) Snapshot() LinkSnapshot {
 	return LinkSnapshot{
 		TxPackets: s.TxPackets.Load(), TxBytes: s.TxBytes.Load(), TxGSOBatches: s.TxGSOBatches.Load(),
 		TxErrors: s.TxErrors.Load(), RxPackets: s.RxPackets.Load(), RxBytes: s.RxBytes.Load(),
-		RxSynShed: s.RxSynShed.Load(),
+		RxSynShed: s.RxSynShed.Load(), RxSynCookied: s.RxSynCookied.Load(),
 	}
 }
 
@@ -49,6 +54,14 @@ type countingLink struct {
 	nested.Endpoint
 	stats *LinkStats
 	syns  *synBucket // nil: no cap
+	// answerSYN answers, with a SYN cookie, a SYN beyond the cap to a
+	// mirrored listener (relay.AnswerSYN); nil: such SYNs are dropped.
+	answerSYN func(ipPacket []byte, from tcpip.LinkAddress) bool
+	// cookiesSent reads netstack's count of SYN cookies its listeners
+	// sent: a listener answers with one only when its handshake backlog
+	// is full, a flood, most likely; nil: never under pressure.
+	cookiesSent func() uint64
+	pressure    synPressure
 }
 
 var (
@@ -88,9 +101,35 @@ func (l *countingLink) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Err
 func (l *countingLink) DeliverNetworkPacket(proto tcpip.NetworkProtocolNumber, pkt *stack.PacketBuffer) {
 	l.stats.RxPackets.Add(1)
 	l.stats.RxBytes.Add(uint64(pkt.Size()))
-	if l.syns != nil && isSYN(proto, pkt) && !l.syns.take(time.Now()) {
-		l.stats.RxSynShed.Add(1)
-		return
+	if l.syns != nil && isSYN(proto, pkt) {
+		now := time.Now()
+		// Under pressure netstack's listener would answer with a cookie
+		// too: the fast path sends the same one for a tenth of the CPU.
+		if l.answerSYN != nil && l.pressure.on(now, l.cookiesSent) && l.cookie(pkt) {
+			l.stats.RxSynCookied.Add(1)
+			return
+		}
+		if !l.syns.take(now) {
+			if l.answerSYN != nil && l.cookie(pkt) {
+				l.stats.RxSynCookied.Add(1)
+				return
+			}
+			l.stats.RxSynShed.Add(1)
+			return
+		}
 	}
 	l.Endpoint.DeliverNetworkPacket(proto, pkt)
+}
+
+// cookie hands a SYN the cap turned away to answerSYN.
+func (l *countingLink) cookie(pkt *stack.PacketBuffer) bool {
+	eth := pkt.LinkHeader().Slice()
+	if len(eth) < header.EthernetMinimumSize {
+		return false
+	}
+	ip, ok := pkt.Data().PullUp(pkt.Data().Size())
+	if !ok {
+		return false
+	}
+	return l.answerSYN(ip, header.Ethernet(eth).SourceAddress())
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/podnet"
 	"github.com/cni-usernet/cni-usernet/pkg/podsock"
 	"github.com/cni-usernet/cni-usernet/pkg/relay"
+	"github.com/cni-usernet/cni-usernet/pkg/steptime"
 )
 
 // listenBacklog is the applications' connections the TCP listener queues
@@ -20,7 +21,7 @@ const listenBacklog = 4096
 // (transparency needs CAP_NET_RAW), and diverts the applications' TCP and
 // UDP to them (podnet.InstallDivert). IPv6 listeners exist only when the
 // pod has an IPv6 address.
-func openPodSide(tun *os.File, spec *podnet.Spec) (*relay.PodSide, error) {
+func openPodSide(tun *os.File, spec *podnet.Spec, ph *steptime.Steps) (*relay.PodSide, error) {
 	p := &relay.PodSide{TUN: tun}
 	d := podnet.Divert{TUN: tun.Name()}
 	loopbacks := []netip.Addr{netip.MustParseAddr("127.0.0.1")}
@@ -51,6 +52,7 @@ func openPodSide(tun *os.File, spec *podnet.Spec) (*relay.PodSide, error) {
 			d.TCP6, d.UDP6 = tcp, udp
 		}
 	}
+	ph.Done("listeners")
 	diag, err := podsock.OpenDiag()
 	if err != nil {
 		p.Close()
@@ -61,5 +63,6 @@ func openPodSide(tun *os.File, spec *podnet.Spec) (*relay.PodSide, error) {
 		p.Close()
 		return nil, fmt.Errorf("diverting the applications' traffic to the stack: %w", err)
 	}
+	ph.Done("divert")
 	return p, nil
 }

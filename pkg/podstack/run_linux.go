@@ -7,7 +7,6 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
-	"os/exec"
 	"sync/atomic"
 	"time"
 
@@ -17,6 +16,8 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/packetsock"
 	"github.com/cni-usernet/cni-usernet/pkg/podnet"
 	"github.com/cni-usernet/cni-usernet/pkg/relay"
+	"github.com/cni-usernet/cni-usernet/pkg/stackconfig"
+	"github.com/cni-usernet/cni-usernet/pkg/steptime"
 	"golang.org/x/sys/unix"
 )
 
@@ -25,31 +26,35 @@ type Daemon struct {
 	linkFD int
 	// socketDrops accumulates packetsock.Drops, which resets on read.
 	socketDrops atomic.Uint64
-	cfg         Config
+	cfg         stackconfig.Config
 	log         *slog.Logger
 	spec        *podnet.Spec
 	gso         offload.Decision
 	stack       *Stack
 	ctl         *control.Server
 	started     time.Time
+	// Startup is how long each step of Start took.
+	Startup *steptime.Steps
 }
 
 // Start takes the interface over and brings the stack up in the current
 // network namespace. When it returns nil the stack carries traffic; on an
 // error, everything it did to the kernel is left so that a retry (or the
 // plugin's cleanup) finds the spec and can finish or undo.
-func Start(cfg Config, log *slog.Logger) (*Daemon, error) {
+func Start(cfg stackconfig.Config, log *slog.Logger) (*Daemon, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	d := &Daemon{cfg: cfg, log: log, started: time.Now()}
+	d := &Daemon{cfg: cfg, log: log, started: time.Now(), Startup: steptime.Start()}
+	ph := d.Startup
 	spec, err := loadOrCollect(cfg)
 	if err != nil {
 		return nil, err
 	}
 	d.spec = spec
+	ph.Done("spec")
 	if cfg.PodLinkOffloadsOff {
-		if err := linkOffloadsOff(cfg.IfName); err != nil {
+		if err := offload.LinkOffloadsOff(cfg.IfName); err != nil {
 			return nil, err
 		}
 	}
@@ -67,6 +72,7 @@ func Start(cfg Config, log *slog.Logger) (*Daemon, error) {
 		return nil, fmt.Errorf("link %s: %w", cfg.IfName, err)
 	}
 	log.Info("GSO decided", "mode", d.gso.Mode, "reason", d.gso.Reason)
+	ph.Done("gso")
 
 	if err := ingressdrop.Supported(); err != nil {
 		return nil, err
@@ -77,6 +83,7 @@ func Start(cfg Config, log *slog.Logger) (*Daemon, error) {
 	if err := podnet.Strip(cfg.IfName); err != nil {
 		return nil, fmt.Errorf("taking addresses and routes off %s: %w", cfg.IfName, err)
 	}
+	ph.Done("fence")
 	tun, err := podnet.OpenTUN(cfg.TUNName)
 	if err != nil {
 		return nil, err
@@ -85,7 +92,8 @@ func Start(cfg Config, log *slog.Logger) (*Daemon, error) {
 		tun.Close()
 		return nil, err
 	}
-	pod, err := openPodSide(tun, spec)
+	ph.Done("tun")
+	pod, err := openPodSide(tun, spec, ph)
 	if err != nil {
 		return nil, err
 	}
@@ -95,6 +103,7 @@ func Start(cfg Config, log *slog.Logger) (*Daemon, error) {
 		return nil, err
 	}
 	d.linkFD = linkFD
+	ph.Done("packetSocket")
 	wireQueue := cfg.WireQueueLen
 	if d.gso.Mode == offload.ModeOff {
 		wireQueue = 0
@@ -105,7 +114,7 @@ func Start(cfg Config, log *slog.Logger) (*Daemon, error) {
 		Pod:               *pod,
 		GSO:               d.gso,
 		GRO:               cfg.GRO,
-		RXChecksumOffload: !cfg.NoRXChecksumOffload,
+		VerifyRXChecksums: cfg.VerifyRXChecksums,
 		WireQueueLen:      wireQueue,
 		Relay: relay.Options{
 			MaxTCP:  cfg.MaxTCP,
@@ -119,14 +128,16 @@ func Start(cfg Config, log *slog.Logger) (*Daemon, error) {
 		unix.Close(linkFD)
 		return nil, err
 	}
+	ph.Done("netstack")
 	if d.ctl, err = control.Listen(cfg.ControlSocket, d); err != nil {
 		d.stack.Close()
 		return nil, err
 	}
+	ph.Done("control")
 	return d, nil
 }
 
-func loadOrCollect(cfg Config) (*podnet.Spec, error) {
+func loadOrCollect(cfg stackconfig.Config) (*podnet.Spec, error) {
 	spec, err := podnet.ReadSpec(cfg.SpecPath)
 	if err == nil {
 		if spec.IfName != cfg.IfName {
@@ -148,14 +159,6 @@ func loadOrCollect(cfg Config) (*podnet.Spec, error) {
 		return nil, fmt.Errorf("saving spec: %w", err)
 	}
 	return spec, nil
-}
-
-func linkOffloadsOff(ifName string) error {
-	out, err := exec.Command("ethtool", "-K", ifName, "tso", "off", "gso", "off", "sg", "off").CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("turning offloads off on %s: %w: %s", ifName, err, out)
-	}
-	return nil
 }
 
 // Run blocks until ctx ends, then shuts the stack down. The kernel-side
@@ -208,6 +211,13 @@ type LegStatus struct {
 	SynCookiesInvalid uint64 `json:"synCookiesInvalid"`
 	ListenSynDrops    uint64 `json:"listenSynDrops"`
 	ListenAckDrops    uint64 `json:"listenAckDrops"`
+	// Errors netstack counted on the wire leg: malformed IP packets
+	// received, IP packets it failed to send, TCP segments dropped as
+	// invalid or with a bad checksum (the node's metrics export them).
+	IPMalformed        uint64 `json:"ipMalformed"`
+	IPOutgoingErrors   uint64 `json:"ipOutgoingErrors"`
+	TCPInvalidSegments uint64 `json:"tcpInvalidSegments"`
+	TCPChecksumErrors  uint64 `json:"tcpChecksumErrors"`
 }
 
 // Status implements control.Source.
@@ -225,6 +235,8 @@ func (d *Daemon) Status() any {
 		SocketDrops:    d.socketDrops.Load(),
 		SynCookiesSent: ws.TCP.ListenOverflowSynCookieSent.Value(), SynCookiesValid: ws.TCP.ListenOverflowSynCookieRcvd.Value(),
 		SynCookiesInvalid: ws.TCP.ListenOverflowInvalidSynCookieRcvd.Value(),
-		ListenSynDrops:    ws.TCP.ListenOverflowSynDrop.Value(), ListenAckDrops: ws.TCP.ListenOverflowAckDrop.Value()}
+		ListenSynDrops:    ws.TCP.ListenOverflowSynDrop.Value(), ListenAckDrops: ws.TCP.ListenOverflowAckDrop.Value(),
+		IPMalformed: ws.IP.MalformedPacketsReceived.Value(), IPOutgoingErrors: ws.IP.OutgoingPacketErrors.Value(),
+		TCPInvalidSegments: ws.TCP.InvalidSegmentsReceived.Value(), TCPChecksumErrors: ws.TCP.ChecksumErrors.Value()}
 	return s
 }

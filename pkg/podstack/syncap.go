@@ -17,8 +17,10 @@ import (
 // SYN/s from one hping3). 30,000 new connections per second per pod is
 // below what the listener path serves when the stack has a core, and far
 // above what a pod's clients open; established connections, ARP and NDP
-// are never capped. Beyond it SYNs are dropped and counted
-// (LinkStats.RxSynShed); a real client's SYN retransmission gets in.
+// are never capped. Beyond it a SYN to a mirrored listener is answered
+// with a SYN cookie by the fast path (relay.AnswerSYN, counted in
+// LinkStats.RxSynCookied); any other is dropped and counted
+// (LinkStats.RxSynShed), and a real client's SYN retransmission gets in.
 const (
 	synRate  = 30000
 	synBurst = 3000
@@ -72,4 +74,36 @@ func isSYN(proto tcpip.NetworkProtocolNumber, pkt *stack.PacketBuffer) bool {
 	}
 	f := header.TCP(h[ipLen:]).Flags()
 	return f&(header.TCPFlagSyn|header.TCPFlagAck) == header.TCPFlagSyn
+}
+
+// synPressure says whether a mirrored listener is answering SYNs with
+// cookies, i.e. its handshake backlog is full: then every SYN to a
+// mirrored port takes the cookie fast path (relay.AnswerSYN), which sends
+// the SYN-ACK netstack would have sent without netstack's path. It reads
+// netstack's cookie count at most every pressureCheck and stays on for
+// pressureHold after the count last grew: the fast path's own cookies do
+// not count, and the backlog stays full of the flood's half-open
+// handshakes for longer than that. Used by the link's one receiving
+// goroutine only.
+type synPressure struct {
+	checked, grew time.Time
+	last          uint64
+}
+
+const (
+	pressureCheck = 100 * time.Millisecond
+	pressureHold  = time.Second
+)
+
+func (p *synPressure) on(now time.Time, cookiesSent func() uint64) bool {
+	if cookiesSent == nil {
+		return false
+	}
+	if now.Sub(p.checked) >= pressureCheck {
+		p.checked = now
+		if n := cookiesSent(); n != p.last {
+			p.last, p.grew = n, now
+		}
+	}
+	return !p.grew.IsZero() && now.Sub(p.grew) < pressureHold
 }

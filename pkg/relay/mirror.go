@@ -41,9 +41,10 @@ type mirrorKey struct {
 }
 
 type mirrored struct {
-	ep   tcpip.Endpoint
-	wq   *waiter.Queue
-	done chan struct{}
+	ep      tcpip.Endpoint
+	cookies *cookieKey // nil: the SYN cookie fast path does not serve it
+	wq      *waiter.Queue
+	done    chan struct{}
 }
 
 // mirrorSet is the wire leg's mirrored listeners.
@@ -68,7 +69,7 @@ func (r *Relay) mirrorListeners() {
 		r.syncMirror()
 		select {
 		case <-r.done:
-			m.closeAll()
+			r.closeMirrors()
 			return
 		case <-t.C:
 		case <-m.kick:
@@ -144,6 +145,12 @@ func (r *Relay) syncMirrorLocked() {
 	defer m.mu.Unlock()
 	defer func() { r.stats.TCPMirrored.Store(int64(len(m.eps))) }()
 	m.ports, m.listed = ports, listed
+	changes := r.stats.TCPMirrorChanges.Load()
+	defer func() {
+		if r.stats.TCPMirrorChanges.Load() != changes || r.cookieKeys.Load() == nil {
+			r.publishCookieKeys(m.eps)
+		}
+	}()
 	for k, e := range m.eps {
 		if !want[k] {
 			delete(m.eps, k)
@@ -161,6 +168,7 @@ func (r *Relay) syncMirrorLocked() {
 			r.opts.Logger.Debug("mirroring a listener", "port", k.port, "err", err)
 			continue
 		}
+		e.cookies = r.keyOf(e.ep)
 		m.eps[k] = e
 		r.stats.TCPMirrorChanges.Add(1)
 		r.wg.Add(1)
@@ -269,9 +277,11 @@ func (r *Relay) relayAccepted(ep tcpip.Endpoint, wq *waiter.Queue) {
 	r.start(newWireConn(ep, wq), app)
 }
 
-func (m *mirrorSet) closeAll() {
+func (r *Relay) closeMirrors() {
+	m := &r.mirror
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	defer r.publishCookieKeys(nil)
 	for k, e := range m.eps {
 		delete(m.eps, k)
 		close(e.done)

@@ -31,10 +31,10 @@ type pendingSet struct {
 
 // dialFirstShare: while at most 1/dialFirstShare of the set is in use, a
 // request dials the application before its handshake (refusals stay exact);
-// beyond, handshakes come first. A request that dials first binds the
-// peer's address on the app leg, where netstack scans every bound address
-// when it meets a new one: keeping those few keeps a flood from many
-// spoofed sources cheap per packet.
+// beyond, handshakes come first. A request that dials first holds a
+// transparent socket in the pod's kernel, bound to the peer's (possibly
+// spoofed) address, and a dial in progress: keeping those few keeps a
+// flood from many spoofed sources from reaching the applications.
 const dialFirstShare = 8
 
 // add registers a request. It returns the element to remove when the

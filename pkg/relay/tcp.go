@@ -325,8 +325,9 @@ func (r *Relay) wireToPod(w *wireConn, p podConn) error {
 			}
 			return errors.New(err.String())
 		}
-		_, werr := p.Write(buf[:res.Count])
+		n, werr := p.Write(buf[:res.Count])
 		putBuf(buf)
+		r.stats.ToAppBytes.Add(int64(n))
 		if werr != nil {
 			return werr
 		}
@@ -348,8 +349,14 @@ func (r *Relay) podToWire(p podConn, w *wireConn) error {
 			buf = r.getBuf()
 			n, rerr = unix.Read(int(fd), buf)
 			if rerr == unix.EAGAIN || rerr == unix.EINTR {
+				// Wait for readability holding no buffer. buf is
+				// forgotten with it: rc.Read may return an error (the
+				// socket closed meanwhile) without calling back, and
+				// a buffer returned twice would be handed to two
+				// connections at once, mixing their data.
 				putBuf(buf)
-				return false // wait for readability, holding no buffer
+				buf = nil
+				return false
 			}
 			return true
 		})
@@ -357,7 +364,9 @@ func (r *Relay) podToWire(p podConn, w *wireConn) error {
 			err = rerr
 		}
 		if err != nil {
-			putBuf(buf)
+			if buf != nil {
+				putBuf(buf)
+			}
 			return err
 		}
 		if n == 0 {
@@ -369,5 +378,6 @@ func (r *Relay) podToWire(p podConn, w *wireConn) error {
 		if werr != nil {
 			return werr
 		}
+		r.stats.FromAppBytes.Add(int64(n))
 	}
 }

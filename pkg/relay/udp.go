@@ -98,6 +98,7 @@ func (r *Relay) readOutboundUDP(l *net.UDPConn) {
 		if f.inbound {
 			f.sawReply()
 		}
+		r.stats.FromAppBytes.Add(int64(n))
 		if _, werr := f.wire.ep.Write(bytes.NewReader(buf[:n]), tcpip.WriteOptions{}); werr != nil {
 			r.stats.UDPDropped.Add(1)
 		}
@@ -378,6 +379,7 @@ func (f *udpFlow) podToWire() {
 		if f.inbound {
 			f.sawReply()
 		}
+		f.r.stats.FromAppBytes.Add(int64(n))
 		if _, werr := f.wire.ep.Write(bytes.NewReader((*bp)[:n]), tcpip.WriteOptions{}); werr != nil {
 			f.r.stats.UDPDropped.Add(1)
 		}
@@ -448,10 +450,13 @@ func (f *udpFlow) drainWire() bool {
 				continue
 			}
 			f.r.writeTUN(p)
+			f.r.stats.ToAppBytes.Add(int64(res.Count))
 			continue
 		}
 		if _, werr := f.pod.Write((*bp)[:res.Count]); werr != nil {
 			f.r.stats.UDPDropped.Add(1)
+		} else {
+			f.r.stats.ToAppBytes.Add(int64(res.Count))
 		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"gvisor.dev/gvisor/pkg/seccomp"
 )
@@ -23,6 +24,8 @@ type Report struct {
 	// FDs are the descriptors the process keeps, as /proc/self/fd shows
 	// them: after Apply it can use these and open no others.
 	FDs []string `json:"fds,omitempty"`
+	// Took is how long each step took.
+	Took map[string]time.Duration `json:"took,omitempty"`
 }
 
 // Apply sandboxes the whole process, all threads, for good: call it once
@@ -41,6 +44,13 @@ func Apply(mode Mode) (Report, error) {
 	default:
 		return rep, fmt.Errorf("unknown sandbox mode %q", mode)
 	}
+	rep.Took = map[string]time.Duration{}
+	last := time.Now()
+	step := func(name string) {
+		now := time.Now()
+		rep.Took[name] = now.Sub(last).Round(100 * time.Microsecond)
+		last = now
+	}
 	// Everything that reads files happens before the filter forbids it.
 	fds, err := openFDs()
 	if err != nil {
@@ -52,9 +62,11 @@ func Apply(mode Mode) (Report, error) {
 		return rep, err
 	}
 	rep.FilterLen = len(instrs)
+	step("program")
 	if err := dropCaps(); err != nil {
 		return rep, err
 	}
+	step("dropCaps")
 	rep.Mechanism = allThreadsMechanism
 	threads, err := ReadThreads(0)
 	if err != nil {
@@ -66,9 +78,11 @@ func Apply(mode Mode) (Report, error) {
 		}
 	}
 	rep.Threads = len(threads)
+	step("checkThreads")
 	if err := seccomp.SetFilter(instrs); err != nil {
 		return rep, fmt.Errorf("installing the seccomp filter: %w", err)
 	}
+	step("filter")
 	return rep, nil
 }
 

@@ -4,16 +4,11 @@ package dataplane
 
 import (
 	"bytes"
-	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net"
-	"net/http"
 	"net/netip"
-	"os/exec"
 	"strings"
 	"sync"
 	"syscall"
@@ -54,55 +49,18 @@ func stackStatusB(t testing.TB, env *nettest.Env, pod *nettest.Pod) podstack.Sta
 	return st
 }
 
-// httpClient dials from netns.
-func httpClient(netns ns.NetNS) *http.Client {
-	return &http.Client{
-		Timeout: 10 * time.Second,
-		Transport: &http.Transport{
-			DisableKeepAlives: true,
-			DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-				return nettest.Dial(netns, network, addr, 5*time.Second)
-			},
-		},
-	}
-}
-
-// serveRemoteAddr answers every request with the peer address it saw.
-func serveRemoteAddr(t *testing.T, ln net.Listener) {
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		fmt.Fprint(w, r.RemoteAddr)
-	})}
-	go srv.Serve(ln)
-	t.Cleanup(func() { srv.Close() })
-}
-
-func getPeer(t *testing.T, from ns.NetNS, to netip.Addr, port int) netip.Addr {
-	t.Helper()
-	resp, err := httpClient(from).Get("http://" + nettest.HostPort(to, port) + "/")
-	if err != nil {
-		t.Fatalf("GET %s: %v", to, err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	ap, err := netip.ParseAddrPort(string(body))
-	if err != nil {
-		t.Fatalf("server answered %q: %v", body, err)
-	}
-	return ap.Addr().Unmap()
-}
-
 // TestHTTPBothWays checks that each side sees the other's real address, in
 // both directions and both families.
 func TestHTTPBothWays(t *testing.T) {
 	env, pod := newPod(t, nil)
-	serveRemoteAddr(t, nettest.Listen(t, pod.NS, "tcp", ":8080"))
-	serveRemoteAddr(t, nettest.Listen(t, env.Node, "tcp", ":8081"))
+	nettest.ServeRemoteAddr(t, nettest.Listen(t, pod.NS, "tcp", ":8080"))
+	nettest.ServeRemoteAddr(t, nettest.Listen(t, env.Node, "tcp", ":8081"))
 	for _, fam := range []int{4, 6} {
 		t.Run(fmt.Sprintf("IPv%d", fam), func(t *testing.T) {
-			if got, want := getPeer(t, env.Node, pod.IP(fam), 8080), pod.Gateway(fam); got != want {
+			if got, want := nettest.GetPeer(t, env.Node, pod.IP(fam), 8080), pod.Gateway(fam); got != want {
 				t.Errorf("node→pod: pod saw client %s, want %s", got, want)
 			}
-			if got, want := getPeer(t, pod.NS, pod.Gateway(fam), 8081), pod.IP(fam); got != want {
+			if got, want := nettest.GetPeer(t, pod.NS, pod.Gateway(fam), 8081), pod.IP(fam); got != want {
 				t.Errorf("pod→node: node saw client %s, want %s", got, want)
 			}
 		})
@@ -126,90 +84,6 @@ func TestClosedPortRefused(t *testing.T) {
 		if d := time.Since(start); d > time.Second {
 			t.Errorf("%s: refusal took %s, want under 1s", c.name, d)
 		}
-	}
-}
-
-// pattern is a deterministic stream of pseudo-random bytes: a 1 MiB block
-// repeated, cheap to produce at several Gbit/s.
-func pattern(seed uint64) []byte {
-	b := make([]byte, 1<<20)
-	r := rand.New(rand.NewPCG(seed, seed))
-	for i := 0; i+8 <= len(b); i += 8 {
-		v := r.Uint64()
-		for j := range 8 {
-			b[i+j] = byte(v >> (8 * j))
-		}
-	}
-	return b
-}
-
-// sendHashed writes n bytes of the pattern and returns their hash.
-func sendHashed(w io.Writer, n int64, seed uint64) ([32]byte, error) {
-	block := pattern(seed)
-	h := sha256.New()
-	for sent := int64(0); sent < n; {
-		chunk := block[:min(int64(len(block)), n-sent)]
-		if _, err := w.Write(chunk); err != nil {
-			return [32]byte{}, err
-		}
-		h.Write(chunk)
-		sent += int64(len(chunk))
-	}
-	return [32]byte(h.Sum(nil)), nil
-}
-
-// transfer moves n bytes from a sender in one namespace to a receiver in
-// the other and compares hashes.
-func transfer(t *testing.T, srvNS, cliNS ns.NetNS, srvAddr netip.Addr, port int, n int64, serverSends bool) {
-	t.Helper()
-	ln := nettest.Listen(t, srvNS, "tcp", nettest.HostPort(srvAddr, port))
-	type res struct {
-		sum [32]byte
-		n   int64
-		err error
-	}
-	srvDone := make(chan res, 1)
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			srvDone <- res{err: err}
-			return
-		}
-		defer c.Close()
-		if serverSends {
-			sum, err := sendHashed(c, n, 7)
-			srvDone <- res{sum: sum, n: n, err: err}
-			return
-		}
-		h := sha256.New()
-		got, err := io.Copy(h, c)
-		srvDone <- res{sum: [32]byte(h.Sum(nil)), n: got, err: err}
-	}()
-	c, err := nettest.Dial(cliNS, "tcp", nettest.HostPort(srvAddr, port), 5*time.Second)
-	if err != nil {
-		t.Fatalf("dial: %v", err)
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(3 * time.Minute))
-	var local res
-	if serverSends {
-		h := sha256.New()
-		local.n, local.err = io.Copy(h, c)
-		local.sum = [32]byte(h.Sum(nil))
-	} else {
-		local.sum, local.err = sendHashed(c, n, 7)
-		local.n = n
-		c.(*net.TCPConn).CloseWrite()
-	}
-	remote := <-srvDone
-	if local.err != nil || remote.err != nil {
-		t.Fatalf("transfer errors: client %v, server %v", local.err, remote.err)
-	}
-	if local.n != n || remote.n != n {
-		t.Fatalf("moved %d and %d bytes, want %d", local.n, remote.n, n)
-	}
-	if local.sum != remote.sum {
-		t.Fatalf("hash mismatch: %x vs %x", local.sum[:8], remote.sum[:8])
 	}
 }
 
@@ -237,10 +111,14 @@ func TestBulkTransferPerMode(t *testing.T) {
 				t.Fatalf("GSO mode: got %s (%s), want %s", st.GSO.Mode, st.GSO.Reason, c.wantMode)
 			}
 			start := time.Now()
-			transfer(t, pod.NS, env.Node, pod.IP(4), 5001, size, false)
+			if err := (nettest.Transfer{Server: pod.NS, Client: env.Node, Addr: pod.IP(4), Port: 5001, Bytes: size}).Run(); err != nil {
+				t.Fatalf("node→pod: %v", err)
+			}
 			in := time.Since(start)
 			start = time.Now()
-			transfer(t, pod.NS, env.Node, pod.IP(4), 5002, size, true)
+			if err := (nettest.Transfer{Server: pod.NS, Client: env.Node, Addr: pod.IP(4), Port: 5002, Bytes: size, ServerSends: true}).Run(); err != nil {
+				t.Fatalf("pod→node: %v", err)
+			}
 			out := time.Since(start)
 			t.Logf("%s: node→pod %.2f Gbit/s, pod→node %.2f Gbit/s", c.name, gbps(size, in), gbps(size, out))
 			st = stackStatus(t, env, pod)
@@ -419,23 +297,8 @@ func TestUDPEcho(t *testing.T) {
 // TestPing: the stack answers pings to the pod IPs, and pings from the pod
 // reach the node.
 func TestPing(t *testing.T) {
-	if _, err := exec.LookPath("ping"); err != nil {
-		t.Fatal("ping not installed (iputils-ping)")
-	}
 	env, pod := newPod(t, nil)
-	for _, c := range []struct {
-		name string
-		from ns.NetNS
-		to   netip.Addr
-	}{
-		{"node→pod", env.Node, pod.IP(4)}, {"pod→node", pod.NS, pod.Gateway(4)},
-		{"node→pod v6", env.Node, pod.IP(6)}, {"pod→node v6", pod.NS, pod.Gateway(6)},
-	} {
-		out, err := exec.Command("nsenter", "--net="+c.from.Path(), "ping", "-c", "2", "-i", "0.2", "-W", "2", c.to.String()).CombinedOutput()
-		if err != nil {
-			t.Errorf("%s: ping %s: %v\n%s", c.name, c.to, err, out)
-		}
-	}
+	nettest.PingBothWays(t, env.Node, pod)
 }
 
 // TestLocalTrafficStaysLocal: the pod reaches its own IP and loopback

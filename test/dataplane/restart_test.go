@@ -17,8 +17,8 @@ import (
 // the pod serves again.
 func TestStackRestartsFromSpec(t *testing.T) {
 	env, pod := newPod(t, nil)
-	serveRemoteAddr(t, nettest.Listen(t, pod.NS, "tcp", ":8080"))
-	if got := getPeer(t, env.Node, pod.IP(4), 8080); got != pod.Gateway(4) {
+	nettest.ServeRemoteAddr(t, nettest.Listen(t, pod.NS, "tcp", ":8080"))
+	if got := nettest.GetPeer(t, env.Node, pod.IP(4), 8080); got != pod.Gateway(4) {
 		t.Fatalf("before restart: pod saw %s, want %s", got, pod.Gateway(4))
 	}
 	store := state.Store{Dir: filepath.Join(env.Dir, "state")}
@@ -56,12 +56,12 @@ func TestStackRestartsFromSpec(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, fam := range []int{4, 6} {
-		if got := getPeer(t, env.Node, pod.IP(fam), 8080); got != pod.Gateway(fam) {
+		if got := nettest.GetPeer(t, env.Node, pod.IP(fam), 8080); got != pod.Gateway(fam) {
 			t.Errorf("after restart, IPv%d: pod saw %s, want %s", fam, got, pod.Gateway(fam))
 		}
 	}
-	serveRemoteAddr(t, nettest.Listen(t, env.Node, "tcp", ":8081"))
-	if got := getPeer(t, pod.NS, pod.Gateway(4), 8081); got != pod.IP(4) {
+	nettest.ServeRemoteAddr(t, nettest.Listen(t, env.Node, "tcp", ":8081"))
+	if got := nettest.GetPeer(t, pod.NS, pod.Gateway(4), 8081); got != pod.IP(4) {
 		t.Errorf("after restart, pod→node: node saw %s, want %s", got, pod.IP(4))
 	}
 }

@@ -296,6 +296,7 @@ spec:
 		}
 	})
 
+	check("Metrics", func(t *testing.T) { checkPodMetrics(t, ns, pods) })
 	check("CaptureBothLegs", func(t *testing.T) { checkCapture(t, ns, "srv", podIP["srv"]) })
 
 	// Two nodes (hack/k8s/node2.sh): pods on node 2 reach and are reached
@@ -617,6 +618,8 @@ spec:
 			return s.consistent()
 		})
 	})
+
+	check("MetricsOfDeletedPodsGone", func(t *testing.T) { checkDeletedPodMetrics(t, ns, pods, keep) })
 
 	// Uninstall while pods still run, as an admin would: the README's
 	// `kubectl delete -f`, then the pods. The agent keeps the plugin and

@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -289,7 +290,7 @@ func (f *connectFlood) run(seed int, deadline time.Time) error {
 func sinkNode(t *testing.T, node ns.NetNS) {
 	t.Helper()
 	err := nettest.In(node, func() error {
-		lo, err := netlink.LinkByName("lo")
+		lo, err := netlinksafe.LinkByName("lo")
 		if err != nil {
 			return err
 		}
@@ -304,16 +305,7 @@ func sinkNode(t *testing.T, node ns.NetNS) {
 		t.Fatalf("node's sink addresses: %v", err)
 	}
 	for _, p := range sinkPorts {
-		ln := nettest.Listen(t, node, "tcp", ":"+strconv.Itoa(p))
-		go func() {
-			for {
-				c, err := ln.Accept()
-				if err != nil {
-					return
-				}
-				c.Close()
-			}
-		}()
+		nettest.Serve(nettest.Listen(t, node, "tcp", ":"+strconv.Itoa(p)), func(net.Conn) {})
 	}
 }
 
@@ -331,7 +323,7 @@ const guardTable = "hostile_guard"
 func guardNode(t *testing.T, node ns.NetNS, ours ...netip.Prefix) *nodeGuard {
 	t.Helper()
 	err := nettest.In(node, func() error {
-		routes, err := netlink.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
+		routes, err := netlinksafe.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
 		if err != nil {
 			return fmt.Errorf("listing routes: %w", err)
 		}
@@ -407,7 +399,7 @@ func linkStats(t *testing.T, netns ns.NetNS, name string) netlink.LinkStatistics
 	t.Helper()
 	var s netlink.LinkStatistics
 	err := nettest.In(netns, func() error {
-		l, err := netlink.LinkByName(name)
+		l, err := netlinksafe.LinkByName(name)
 		if err != nil {
 			return err
 		}

@@ -77,7 +77,7 @@ var sinkPorts = []int{9000, 9001, 9002, 9003}
 // 64 MiB download from the pod runs, first against a pod on the kernel
 // veth (ptp: logged, the comparison) and then against a cni-usernet pod
 // (asserted: >= 90 % of probes answered, none slower than 1 s, the
-// download byte-exact, the stack's RSS under Config.MemoryBound, a new
+// download byte-exact, the stack's RSS under podstack.MemoryBound, a new
 // connection after the flood). See docs/reliability/hostile.md.
 func TestSYNFlood(t *testing.T) {
 	if testing.Short() {
@@ -341,7 +341,7 @@ func measure(t *testing.T, env *nettest.Env, guard *nodeGuard, m measurement) *r
 		after := rawStatus(t, s.att) // after the download and the recovery
 		peak := s.rss.stop()
 		hwm, _ := procStatusBytes(s.att.StackPID, "VmHWM")
-		bound := rssBoundFor(t, s.att, s.load)
+		bound := rssBoundFor(s.load)
 		r.peaks = append(r.peaks, stackPeak{role: s.role, rss: peak, hwm: hwm, bound: bound})
 		t.Logf("%s: %s stack: peak RSS %.1f MiB (VmHWM %.1f MiB), bound %.1f MiB", m.name, s.role, mib(peak), mib(hwm), mib(bound))
 		t.Logf("%s: %s stack status before:        %s", m.name, s.role, statusSummary(s.before))
@@ -448,7 +448,7 @@ func (r *result) problems() (probes, out []string) {
 			out = append(out, fmt.Sprintf("%s stack RSS never sampled", p.role))
 		}
 		if p.rss > p.bound {
-			out = append(out, fmt.Sprintf("%s stack peak RSS: got %.1f MiB, want <= %.1f MiB (Config.MemoryBound)", p.role, mib(p.rss), mib(p.bound)))
+			out = append(out, fmt.Sprintf("%s stack peak RSS: got %.1f MiB, want <= %.1f MiB (podstack.MemoryBound)", p.role, mib(p.rss), mib(p.bound)))
 		}
 	}
 	return probes, out

@@ -21,6 +21,7 @@ import (
 	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/vishvananda/netlink"
@@ -87,7 +88,7 @@ func NewNS(t testing.TB) ns.NetNS {
 		testutils.UnmountNS(n)
 	})
 	err = n.Do(func(ns.NetNS) error {
-		lo, err := netlink.LinkByName("lo")
+		lo, err := netlinksafe.LinkByName("lo")
 		if err != nil {
 			return err
 		}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
@@ -164,7 +165,7 @@ func HostPort(a netip.Addr, port int) string {
 func (e *Env) Leaks() []string {
 	var leaks []string
 	_ = In(e.Node, func() error {
-		links, err := netlink.LinkList()
+		links, err := netlinksafe.LinkList()
 		if err != nil {
 			leaks = append(leaks, "listing links: "+err.Error())
 			return nil
@@ -236,7 +237,7 @@ func (e *Env) AssertNoLeaks(t testing.TB) {
 func NSLeaks(netns ns.NetNS) []string {
 	var leaks []string
 	err := In(netns, func() error {
-		links, err := netlink.LinkList()
+		links, err := netlinksafe.LinkList()
 		if err != nil {
 			return fmt.Errorf("listing links: %w", err)
 		}
@@ -258,7 +259,7 @@ func NSLeaks(netns ns.NetNS) []string {
 			leaks = append(leaks, "nftables table "+t.Name)
 		}
 		for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
-			rules, err := netlink.RuleList(fam)
+			rules, err := netlinksafe.RuleList(fam)
 			if err != nil {
 				return fmt.Errorf("listing policy rules: %w", err)
 			}
@@ -267,7 +268,7 @@ func NSLeaks(netns ns.NetNS) []string {
 					leaks = append(leaks, fmt.Sprintf("policy rule to table %d", r.Table))
 				}
 			}
-			routes, err := netlink.RouteListFiltered(fam, &netlink.Route{Table: podnet.DivertTable}, netlink.RT_FILTER_TABLE)
+			routes, err := netlinksafe.RouteListFiltered(fam, &netlink.Route{Table: podnet.DivertTable}, netlink.RT_FILTER_TABLE)
 			if err != nil {
 				return fmt.Errorf("listing routes: %w", err)
 			}

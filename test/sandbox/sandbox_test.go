@@ -7,11 +7,9 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
-	"fmt"
 	"io"
 	"net"
 	"net/http"
-	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,8 +18,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/containernetworking/plugins/pkg/ns"
 
 	"github.com/cni-usernet/cni-usernet/pkg/control"
 	"github.com/cni-usernet/cni-usernet/pkg/launch"
@@ -90,29 +86,17 @@ func checkSandboxedStack(t *testing.T, env *nettest.Env) {
 	}
 	t.Log(sandboxed)
 
-	serveRemoteAddr(t, nettest.Listen(t, pod.NS, "tcp", ":8080"))
-	serveRemoteAddr(t, nettest.Listen(t, env.Node, "tcp", ":8081"))
+	nettest.ServeRemoteAddr(t, nettest.Listen(t, pod.NS, "tcp", ":8080"))
+	nettest.ServeRemoteAddr(t, nettest.Listen(t, env.Node, "tcp", ":8081"))
 	for _, fam := range []int{4, 6} {
-		if got, want := getPeer(t, env.Node, pod.IP(fam), 8080), pod.Gateway(fam); got != want {
+		if got, want := nettest.GetPeer(t, env.Node, pod.IP(fam), 8080), pod.Gateway(fam); got != want {
 			t.Errorf("IPv%d node→pod: pod saw client %s, want %s", fam, got, want)
 		}
-		if got, want := getPeer(t, pod.NS, pod.Gateway(fam), 8081), pod.IP(fam); got != want {
+		if got, want := nettest.GetPeer(t, pod.NS, pod.Gateway(fam), 8081), pod.IP(fam); got != want {
 			t.Errorf("IPv%d pod→node: node saw client %s, want %s", fam, got, want)
 		}
 	}
-	for _, c := range []struct {
-		name string
-		from ns.NetNS
-		to   netip.Addr
-	}{
-		{"node→pod", env.Node, pod.IP(4)}, {"pod→node", pod.NS, pod.Gateway(4)},
-		{"node→pod v6", env.Node, pod.IP(6)}, {"pod→node v6", pod.NS, pod.Gateway(6)},
-	} {
-		out, err := exec.Command("nsenter", "--net="+c.from.Path(), "ping", "-c", "2", "-i", "0.2", "-W", "2", c.to.String()).CombinedOutput()
-		if err != nil {
-			t.Errorf("%s: ping %s: %v\n%s", c.name, c.to, err, out)
-		}
-	}
+	nettest.PingBothWays(t, env.Node, pod)
 
 	var st podstack.Status
 	if err := control.Status(att.ControlSocket, 5*time.Second, &st); err != nil {
@@ -200,33 +184,4 @@ func getControl(t *testing.T, sock, path string) []byte {
 		t.Fatalf("GET %s: %s, %v: %.200q", path, resp.Status, err, b)
 	}
 	return b
-}
-
-func serveRemoteAddr(t *testing.T, ln net.Listener) {
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		fmt.Fprint(w, r.RemoteAddr)
-	})}
-	go srv.Serve(ln)
-	t.Cleanup(func() { srv.Close() })
-}
-
-func getPeer(t *testing.T, from ns.NetNS, to netip.Addr, port int) netip.Addr {
-	t.Helper()
-	c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
-		DisableKeepAlives: true,
-		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			return nettest.Dial(from, network, addr, 5*time.Second)
-		},
-	}}
-	resp, err := c.Get("http://" + nettest.HostPort(to, port) + "/")
-	if err != nil {
-		t.Fatalf("GET %s: %v", to, err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	ap, err := netip.ParseAddrPort(string(body))
-	if err != nil {
-		t.Fatalf("server answered %q: %v", body, err)
-	}
-	return ap.Addr().Unmap()
 }

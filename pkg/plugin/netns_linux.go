@@ -3,18 +3,15 @@ package plugin
 import (
 	"errors"
 	"fmt"
-	"io/fs"
 	"strings"
 	"syscall"
 
 	"github.com/containernetworking/cni/pkg/types"
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
-
-// Errors for input ADD, DEL and CHECK cannot act on. Each says what was
-// found and what the user can do about it; see docs/reliability/badinput.md.
 
 // openNetNS opens CNI_NETNS and makes sure it is a network namespace:
 // ns.GetNS accepts any nsfs file, and a mount or PID namespace would only
@@ -79,7 +76,7 @@ func nsTypeName(t int) string {
 func linkInTheWay(netns ns.NetNS, ifName string) (string, error) {
 	var desc string
 	err := netns.Do(func(ns.NetNS) error {
-		l, err := netlink.LinkByName(ifName)
+		l, err := netlinksafe.LinkByName(ifName)
 		if err != nil {
 			if errors.As(err, &netlink.LinkNotFoundError{}) {
 				return nil
@@ -87,7 +84,7 @@ func linkInTheWay(netns ns.NetNS, ifName string) (string, error) {
 			return fmt.Errorf("looking up %s in %s: %w", ifName, netns.Path(), err)
 		}
 		var addrs []string
-		if as, err := netlink.AddrList(l, netlink.FAMILY_ALL); err == nil {
+		if as, err := netlinksafe.AddrList(l, netlink.FAMILY_ALL); err == nil {
 			for _, a := range as {
 				if !a.IP.IsLinkLocalUnicast() {
 					addrs = append(addrs, a.IPNet.String())
@@ -111,51 +108,4 @@ func errLinkInTheWay(ifName, netnsPath, desc string) error {
 		"interface %q already exists in netns %s (%s); cni-usernet creates the pod's interface itself and leaves this one alone: "+
 			"remove it, choose another CNI_IFNAME, or chain cni-usernet after the plugin that made it (the conflist passes its prevResult)",
 		ifName, netnsPath, desc)
-}
-
-// errUnreadableState is the error of a verb that needs the attachment's
-// state and finds a file it cannot read: corrupt (code 6) or of another
-// format version (code 6), or unreadable (code 5). DEL does not need it:
-// it undoes the attachment from its arguments and removes the file.
-func errUnreadableState(err error, containerID, ifName string) error {
-	code := types.ErrDecodingFailure
-	var pe *fs.PathError
-	if errors.As(err, &pe) {
-		code = types.ErrIOFailure
-	}
-	return types.NewError(code, fmt.Sprintf("%v; run DEL for container %s interface %s first (it cleans up from its arguments and removes the file), or remove the file", err, containerID, ifName), "")
-}
-
-// errStateDir is the error of a write into the state directory. A full
-// disk or quota gets named with what to do: ADD was undone, and will work
-// once there is room.
-func errStateDir(dir string, err error) error {
-	msg := fmt.Sprintf("state directory %s: %v", dir, err)
-	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
-		msg += `; free space there or point "stateDir" at another file system, then ADD again`
-	}
-	return types.NewError(types.ErrIOFailure, msg, "")
-}
-
-// isPeerOf reports whether link is the pod end of the veth whose node end
-// has index hostIndex: only then is it this attachment's to delete.
-func isPeerOf(link netlink.Link, hostIndex int) bool {
-	if _, ok := link.(*netlink.Veth); !ok || hostIndex == 0 {
-		return false
-	}
-	peer, err := netlink.VethPeerIndex(link.(*netlink.Veth))
-	if err != nil {
-		return link.Attrs().ParentIndex == hostIndex
-	}
-	return peer == hostIndex
-}
-
-// hostIndex is the index of the attachment's node-side veth in the
-// calling thread's namespace; 0 when it is gone.
-func hostIndex(containerID, ifName string) int {
-	l, err := netlink.LinkByName(hostVethName(containerID, ifName))
-	if err != nil {
-		return 0
-	}
-	return l.Attrs().Index
 }

@@ -1,4 +1,8 @@
-package podstack
+// Package stackconfig is the pod stack's configuration: the file the
+// plugin (or the agent, restarting a stack) writes and the stack process
+// reads, with its defaults in one place. It is a leaf: the conflist's
+// parser and the stack both import it, neither imports the other.
+package stackconfig
 
 import (
 	"encoding/json"
@@ -7,7 +11,6 @@ import (
 	"time"
 
 	"github.com/cni-usernet/cni-usernet/pkg/offload"
-	"github.com/cni-usernet/cni-usernet/pkg/relay"
 )
 
 // Config is what a launcher hands the stack process (as a JSON file): where
@@ -26,10 +29,11 @@ type Config struct {
 	TUNName string `json:"tunName,omitempty"`
 	// TUNMTU is the TUN's MTU. Zero: DefaultTUNMTU.
 	TUNMTU uint32 `json:"tunMTU,omitempty"`
-	// TUNOffload has no effect since the applications' TCP and UDP stopped
-	// crossing the TUN (podnet.Divert); kept so that configurations written
-	// for earlier versions still load.
-	TUNOffload bool `json:"tunOffload,omitempty"`
+	// LegacyTUNOffload and LegacyAppQueueLen have no effect since the
+	// applications' TCP and UDP stopped crossing the TUN (podnet.Divert);
+	// kept so that configurations written by earlier versions still load.
+	LegacyTUNOffload  bool `json:"tunOffload,omitempty"`
+	LegacyAppQueueLen int  `json:"appQueueLen,omitempty"`
 	// GSO is the requested mode. Zero: auto.
 	GSO offload.Mode `json:"gso,omitempty"`
 	// GSOMaxSize and GSOMaxSegs, when set, lower the limits detected on the
@@ -38,15 +42,19 @@ type Config struct {
 	GSOMaxSegs uint32 `json:"gsoMaxSegs,omitempty"`
 	// GRO enables netstack GRO on the wire leg.
 	GRO bool `json:"gro,omitempty"`
-	// NoRXChecksumOffload makes the wire leg verify every checksum.
-	NoRXChecksumOffload bool `json:"noRxChecksumOffload,omitempty"`
+	// VerifyRXChecksums makes the wire leg verify the checksum of every
+	// frame from the pod's link. Zero: trusted, as runsc does (both ends
+	// of a veth are the same kernel, which may hand over partial
+	// checksums).
+	VerifyRXChecksums bool `json:"verifyRxChecksums,omitempty"`
+	// LegacyNoRXChecksumOffload is VerifyRXChecksums as configurations
+	// written before it were named; Validate folds it in.
+	LegacyNoRXChecksumOffload bool `json:"noRxChecksumOffload,omitempty"`
 	// WireQueueLen sizes the queue in front of the wire link
 	// (Options.WireQueueLen). Zero: DefaultQueueLen; -1: none. GSO mode
 	// off never queues the wire leg: it is defined as one packet per
 	// system call, the baseline the other modes are measured against.
-	// AppQueueLen has no effect any more (see TUNOffload).
 	WireQueueLen int `json:"wireQueueLen,omitempty"`
-	AppQueueLen  int `json:"appQueueLen,omitempty"`
 	// MaxTCP, MaxUDP and UDPIdle bound the relay (see relay.Options).
 	MaxTCP  int      `json:"maxTCP,omitempty"`
 	MaxUDP  int      `json:"maxUDP,omitempty"`
@@ -80,14 +88,21 @@ func (d *Duration) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
-// DefaultQueueLen is the default depth of the legs' FIFO queues. Measured
-// (README "Queues"): queues on both legs raised one-stream TCP by 10-20 %
+// DefaultQueueLen is the default depth of the wire leg's FIFO queue.
+// Measured (README "Queues"): the queue raised one-stream TCP by 10-20 %
 // in hardware and software mode; 1024 packets hold a 4 MiB window of
 // full-size frames without drops.
 const DefaultQueueLen = 1024
 
 // DefaultTUNName is the app leg's device in the pod.
 const DefaultTUNName = "usernet0"
+
+// DefaultTUNMTU is the TUN's MTU. The applications' TCP and UDP do not
+// cross the TUN (podnet.Divert), but the kernel derives the MSS an
+// application's SYN announces from the route's MTU, and that SYN reaches
+// the stack's listener over loopback: 65520, like pasta and slirp4netns,
+// lets the loopback connection use large segments.
+const DefaultTUNMTU = 65520
 
 // Validate reports the first problem with c and fills in defaults.
 func (c *Config) Validate() error {
@@ -112,15 +127,16 @@ func (c *Config) Validate() error {
 	if c.GSO == "" {
 		c.GSO = offload.ModeAuto
 	}
-	for _, q := range []*int{&c.WireQueueLen, &c.AppQueueLen} {
-		switch {
-		case *q == 0:
-			*q = DefaultQueueLen
-		case *q == -1:
-			*q = 0
-		case *q < -1:
-			return fmt.Errorf("queue length %d: want a positive length, 0 for the default or -1 for none", *q)
-		}
+	if c.LegacyNoRXChecksumOffload {
+		c.VerifyRXChecksums, c.LegacyNoRXChecksumOffload = true, false
+	}
+	switch {
+	case c.WireQueueLen == 0:
+		c.WireQueueLen = DefaultQueueLen
+	case c.WireQueueLen == -1:
+		c.WireQueueLen = 0
+	case c.WireQueueLen < -1:
+		return fmt.Errorf("queue length %d: want a positive length, 0 for the default or -1 for none", c.WireQueueLen)
 	}
 	if _, err := offload.ParseMode(string(c.GSO)); err != nil {
 		return err
@@ -128,8 +144,8 @@ func (c *Config) Validate() error {
 	return nil
 }
 
-// ReadConfig loads and validates a config file.
-func ReadConfig(path string) (*Config, error) {
+// Read loads and validates a config file.
+func Read(path string) (*Config, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
@@ -142,61 +158,4 @@ func ReadConfig(path string) (*Config, error) {
 		return nil, fmt.Errorf("stack config %s: %w", path, err)
 	}
 	return &c, nil
-}
-
-// MemoryLoad is the legitimate load a memory bound allows for; whatever the
-// network sends on top of it is bounded by the configuration alone.
-type MemoryLoad struct {
-	// BulkTCP counts relayed TCP connections moving data as fast as they
-	// can (each may fill its buffers on both legs).
-	BulkTCP int
-	// AnsweredUDP counts UDP flows the pod answers (each may fill its
-	// receive queues on both legs).
-	AnsweredUDP int
-}
-
-// Per-item costs behind MemoryBound, from docs/reliability/hostile.md,
-// rounded up from measurements.
-const (
-	// memBase is an idle stack (15-20 MiB measured: binary, runtime,
-	// netstack's buffer pools) with room for what grows with the packet
-	// rate rather than with state: the buffer pools (the UDP relay's 64 KiB
-	// datagram buffers, netstack's chunks) and the garbage collector's
-	// headroom (GOGC 100: up to twice the live heap).
-	memBase = 64 << 20
-	// memPerPending is one inbound connection not yet established: a
-	// forwarder goroutine, a netstack endpoint in SYN-RCVD, for a few an
-	// app-leg endpoint too.
-	memPerPending = 32 << 10
-	// memPerUDPFlow is one UDP flow without queued data: two endpoints,
-	// two goroutines, a timer.
-	memPerUDPFlow = 32 << 10
-	// memUDPQueues is what one flow's receive queues may hold: netstack's
-	// 32 KiB default on each leg.
-	memUDPQueues = 2 * 32 << 10
-	// memFragments is IPv4 and IPv6 reassembly: netstack starts dropping
-	// at 4 MiB each (fragmentation.HighFragThreshold, not configurable),
-	// counted in payload bytes; small fragments occupy up to twice that.
-	memFragments = 2 * 2 * 4 << 20
-)
-
-// MemoryBound is the documented bound on the stack process's RSS under
-// load l plus anything the network sends (docs/reliability/hostile.md):
-//
-//	base + BulkTCP × 4 × TCP buffer
-//	     + MaxPendingInbound × per-pending
-//	     + (MaxUDPUnreplied + AnsweredUDP) × (per-flow + its queues)
-//	     + reassembly
-//
-// The kernel drops what the stack cannot read in time at the AF_PACKET
-// socket and the TUN, outside the process, and the links' FIFO queues hold
-// references to data already counted in the TCP buffers.
-func (c *Config) MemoryBound(l MemoryLoad) int64 {
-	tcpBuf := int64(defaultTCPBufferBytes)
-	udpFlows := int64(relay.DefaultMaxUDPUnreplied + l.AnsweredUDP)
-	return memBase +
-		int64(l.BulkTCP)*4*tcpBuf +
-		relay.DefaultMaxPendingInbound*memPerPending +
-		udpFlows*(memPerUDPFlow+memUDPQueues) +
-		memFragments
 }

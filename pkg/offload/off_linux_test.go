@@ -1,0 +1,127 @@
+package offload
+
+import (
+	"fmt"
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// TestLinkOffloadsOff turns the offloads off on a real veth and reads them
+// back through the ioctl and, where installed, through ethtool(8).
+func TestLinkOffloadsOff(t *testing.T) {
+	netns := newTestNS(t)
+	const name, peer = "off0", "off1"
+	features := []struct {
+		name string
+		get  uint32
+		// how ethtool -k names it
+		ethtool string
+	}{
+		{"TSO", unix.ETHTOOL_GTSO, "tcp-segmentation-offload"},
+		{"GSO", unix.ETHTOOL_GGSO, "generic-segmentation-offload"},
+		{"SG", unix.ETHTOOL_GSG, "scatter-gather"},
+	}
+	read := func(ifName string) (map[string]bool, error) {
+		fd, err := ioctlSocket()
+		if err != nil {
+			return nil, err
+		}
+		defer unix.Close(fd)
+		got := map[string]bool{}
+		for _, f := range features {
+			if got[f.name], err = ethtoolGet(fd, ifName, f.get); err != nil {
+				return nil, fmt.Errorf("reading %s of %s: %v", f.name, ifName, err)
+			}
+		}
+		return got, nil
+	}
+	err := netns.Do(func(ns.NetNS) error {
+		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: peer}); err != nil {
+			return fmt.Errorf("adding veth %s: %v", name, err)
+		}
+		before, err := read(name)
+		if err != nil {
+			return err
+		}
+		for _, f := range features {
+			if !before[f.name] {
+				return fmt.Errorf("fresh veth has %s off already, so the test would prove nothing: %v", f.name, before)
+			}
+		}
+		if err := LinkOffloadsOff(name); err != nil {
+			return fmt.Errorf("LinkOffloadsOff(%s): %v", name, err)
+		}
+		after, err := read(name)
+		if err != nil {
+			return err
+		}
+		for _, f := range features {
+			if after[f.name] {
+				t.Errorf("%s of %s after LinkOffloadsOff: got on, want off", f.name, name)
+			}
+		}
+		if p, err := read(peer); err != nil || !p["TSO"] || !p["GSO"] || !p["SG"] {
+			t.Errorf("peer %s: got %v, %v, want all on (untouched)", peer, p, err)
+		}
+		// Every feature ethtool -K would turn off, by name, including
+		// those the legacy commands do not know.
+		fd, err := ioctlSocket()
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		names, err := featureNames(fd, name)
+		if err != nil {
+			return err
+		}
+		active, err := activeFeatures(fd, name, len(names))
+		if err != nil {
+			return err
+		}
+		matched := 0
+		for bit, n := range names {
+			if turnedOff(n) {
+				matched++
+				if active[bit] {
+					t.Errorf("feature %s of %s: got on, want off", n, name)
+				}
+			}
+		}
+		if matched < 3 {
+			t.Errorf("only %d feature names matched %v in %v", matched, offPatterns, names)
+		}
+		if i := slices.Index(names, "tx-checksum-ip-generic"); i < 0 || !active[i] {
+			t.Errorf("tx-checksum-ip-generic of %s: got index %d, want it present and left on", name, i)
+		}
+		// ethtool(8) is an independent reader where the machine has it.
+		if path, err := exec.LookPath("ethtool"); err == nil {
+			out, err := exec.Command(path, "-k", name).CombinedOutput()
+			if err != nil {
+				return fmt.Errorf("ethtool -k %s: %v: %s", name, err, out)
+			}
+			for _, f := range features {
+				if !strings.Contains(string(out), "\n"+f.ethtool+": off") {
+					t.Errorf("ethtool -k %s: want %q off, got:\n%s", name, f.ethtool, out)
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestLinkOffloadsOffMissingLink(t *testing.T) {
+	netns := newTestNS(t)
+	err := netns.Do(func(ns.NetNS) error { return LinkOffloadsOff("nosuchlink0") })
+	if err == nil {
+		t.Fatal("LinkOffloadsOff(nosuchlink0): got nil error, want one")
+	}
+}
