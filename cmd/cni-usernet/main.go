@@ -15,6 +15,8 @@ const usage = `usage:
   cni-usernet stack --config FILE     run a pod's stack (started by the plugin)
   cni-usernet status [--json] [--state-dir DIR]
                                       every attachment on the node with its stack's health and GSO decision
+  cni-usernet capture [flags] <namespace>/<pod> | <containerID>
+                                      pcapng of a pod's traffic on both legs (root on the node)
   cni-usernet agent [flags]           the node agent (DaemonSet): install, supervise stacks, reconcile
   cni-usernet install|uninstall [flags]
                                       install the plugin and its CNI configuration by hand / restore the node
@@ -32,6 +34,8 @@ func main() {
 		err = runStack(os.Args[2:])
 	case "status":
 		err = runStatus(os.Args[2:], os.Stdout)
+	case "capture":
+		err = runCapture(os.Args[2:], os.Stdout, os.Stderr)
 	case "agent":
 		err = runAgent(os.Args[2:])
 	case "install":

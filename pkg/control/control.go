@@ -26,6 +26,12 @@ type Source interface {
 	Status() any
 }
 
+// Capturer is a Source that also streams packet captures (pkg/capture's
+// /capture and /capture/stop). Root only, like the rest of the socket.
+type Capturer interface {
+	CaptureHandler() http.Handler
+}
+
 // Server is a running control socket.
 type Server struct {
 	srv  *http.Server
@@ -61,6 +67,11 @@ func Listen(path string, src Source) (*Server, error) {
 		enc.SetIndent("", "  ")
 		_ = enc.Encode(src.Status())
 	})
+	if c, ok := src.(Capturer); ok {
+		h := c.CaptureHandler()
+		mux.Handle("GET /capture", h)
+		mux.Handle("POST /capture/stop", h)
+	}
 	// Profiles on demand, for the benchmark's "where does the time go":
 	//   curl --unix-socket SOCK http://stack/debug/pprof/profile?seconds=10
 	mux.HandleFunc("GET /debug/pprof/", pprof.Index)

@@ -94,6 +94,9 @@ type Stack struct {
 	Relay     *relay.Relay
 	WireStats LinkStats
 	opts      Options
+
+	// Capture taps the wire leg (capture_tap.go); idle, one atomic load.
+	Capture *wireTap
 }
 
 const wireNIC tcpip.NICID = 1
@@ -206,6 +209,7 @@ func (s *Stack) attachWire() error {
 	if o.GSO.Mode == offload.ModeSoftware {
 		ep = newSoftwareGSOLink(ep, o.LinkFD, softwareGSOMaxSize)
 	}
+	ep = s.tapWire(ep)
 	// Created disabled and enabled once configured, so that no packet
 	// meets a half-configured NIC.
 	link := newCountingLink(ep, &s.WireStats)

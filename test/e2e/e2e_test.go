@@ -364,6 +364,7 @@ spec:
 	})
 
 	check("Metrics", func(t *testing.T) { checkPodMetrics(t, ns, pods) })
+	check("CaptureBothLegs", func(t *testing.T) { checkCapture(t, ns, "srv", podIP["srv"]) })
 
 	// Two nodes (hack/k8s/node2.sh): pods on node 2 reach and are reached
 	// from node 1 through both pods' stacks, over the routes the agents

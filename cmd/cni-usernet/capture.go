@@ -1,0 +1,219 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	iofs "io/fs"
+	"net/netip"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/cni-usernet/cni-usernet/pkg/capture"
+	"github.com/cni-usernet/cni-usernet/pkg/control"
+	"github.com/cni-usernet/cni-usernet/pkg/launch"
+	"github.com/cni-usernet/cni-usernet/pkg/netconf"
+	"github.com/cni-usernet/cni-usernet/pkg/podstack"
+	"github.com/cni-usernet/cni-usernet/pkg/state"
+)
+
+const captureUsage = `usage: cni-usernet capture [flags] <namespace>/<pod> | <containerID>
+
+Captures a pod's traffic on both legs of its stack and writes pcapng:
+  wire  the pod's link (eth0) as the stack sees it
+  app   the pod's own kernel: loopback between the stack and the
+        applications (the pod's own 127.0.0.1 traffic left out), and the TUN
+
+  cni-usernet capture default/web | tcpdump -nn -e -r -
+  cni-usernet capture -w web.pcapng -c 100 --leg app default/web
+
+flags:
+`
+
+func runCapture(argv []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("capture", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, captureUsage)
+		fs.PrintDefaults()
+	}
+	out := fs.String("w", "", "write to this file instead of stdout")
+	leg := fs.String("leg", "both", "legs to capture: wire, app or both")
+	count := fs.Int("c", 0, "stop after this many packets (0: no limit)")
+	duration := fs.Duration("duration", 0, "stop after this long, e.g. 30s (0: until interrupted)")
+	snapLen := fs.Int("s", capture.DefaultSnapLen, "bytes of each packet kept")
+	ifName := fs.String("if", "", "the pod's interface, when it has several attachments")
+	stateDir := fs.String("state-dir", netconf.DefaultStateDir, "state directory of the plugin")
+	if err := fs.Parse(argv); err != nil {
+		return err
+	}
+	// Flags may also follow the pod, as with kubectl.
+	target := fs.Arg(0)
+	if fs.NArg() > 1 {
+		if err := fs.Parse(fs.Args()[1:]); err != nil {
+			return err
+		}
+		if fs.NArg() > 0 {
+			return fmt.Errorf("capture: one pod at a time, got %q and %q", target, fs.Arg(0))
+		}
+	}
+	if target == "" {
+		fs.Usage()
+		return fmt.Errorf("capture: which pod?")
+	}
+	o := capture.Options{Count: *count, Duration: *duration, SnapLen: *snapLen}
+	switch *leg {
+	case "wire":
+		o.Wire = true
+	case "app":
+		o.App = true
+	case "both":
+		o.Wire, o.App = true, true
+	default:
+		return fmt.Errorf("capture: --leg %q: want wire, app or both", *leg)
+	}
+	atts, errs := state.Store{Dir: *stateDir}.List()
+	if len(atts) == 0 && len(errs) > 0 {
+		if errors.Is(errs[0], iofs.ErrPermission) {
+			return fmt.Errorf("capture: %w (capturing needs root on the node)", errs[0])
+		}
+		return errs[0]
+	}
+	a, err := findAttachment(atts, target, *ifName)
+	if err != nil {
+		return fmt.Errorf("capture: %w", err)
+	}
+	if !launch.Alive(launch.Process{PID: a.StackPID, StartTime: a.StackStartTime}) {
+		return fmt.Errorf("capture: the stack of %s (pid %d) is not running; `cni-usernet status` says why", describe(a), a.StackPID)
+	}
+	var st podstack.Status
+	if err := control.Status(a.ControlSocket, 5*time.Second, &st); err != nil {
+		if errors.Is(err, iofs.ErrPermission) {
+			return fmt.Errorf("capture: %w (the control socket is root's only: capturing needs root on the node)", err)
+		}
+		return fmt.Errorf("capture: %w", err)
+	}
+	o.ControlSocket = a.ControlSocket
+	// The stack lives in the pod's network namespace: its /proc entry
+	// names it even when the runtime's netns path is gone.
+	o.Netns = fmt.Sprintf("/proc/%d/ns/net", a.StackPID)
+	o.WireDevice = st.IfName
+	o.AppDevices = []string{"lo", st.TUNName}
+	if st.Spec != nil {
+		for _, p := range st.Spec.Addrs {
+			o.PodIPs = append(o.PodIPs, p.Addr())
+		}
+	}
+	if len(o.PodIPs) == 0 {
+		for _, ip := range a.IPs {
+			if p, err := netip.ParsePrefix(ip); err == nil {
+				o.PodIPs = append(o.PodIPs, p.Addr())
+			}
+		}
+	}
+
+	o.Out = stdout
+	if *out != "" {
+		f, err := os.Create(*out)
+		if err != nil {
+			return fmt.Errorf("capture: %w", err)
+		}
+		defer f.Close()
+		o.Out = f
+	} else if f, ok := stdout.(*os.File); ok {
+		if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
+			return fmt.Errorf("capture: not writing pcap to a terminal: pipe it (| tcpdump -nn -e -r -) or use -w FILE")
+		}
+	}
+	// A reader that goes away (tcpdump -c) makes writes fail with EPIPE
+	// instead of killing the process, so that the summary is printed and
+	// the stack told to stop.
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	o.Started = func(ifaces []capture.Interface) {
+		// tcpdump prints the node's name of an interface index; these
+		// are the pod's.
+		var legs []string
+		for _, i := range ifaces {
+			legs = append(legs, fmt.Sprintf("%s %s (ifindex %d)", i.Leg, i.Name, i.IfIndex))
+		}
+		fmt.Fprintf(stderr, "cni-usernet capture: capturing %s: %s\n", describe(a), strings.Join(legs, ", "))
+	}
+	sum, err := capture.Run(ctx, o)
+	printSummary(stderr, sum)
+	if err != nil {
+		return fmt.Errorf("capture: %w", err)
+	}
+	if *out != "" {
+		if err := o.Out.(*os.File).Close(); err != nil {
+			return fmt.Errorf("capture: %w", err)
+		}
+	}
+	return nil
+}
+
+func describe(a *state.Attachment) string {
+	if a.PodName != "" {
+		return fmt.Sprintf("pod %s/%s (container %s, %s)", a.PodNS, a.PodName, shortID(a.ContainerID), a.IfName)
+	}
+	return fmt.Sprintf("container %s (%s)", shortID(a.ContainerID), a.IfName)
+}
+
+// findAttachment resolves <namespace>/<pod> (what the runtime passed in
+// CNI_ARGS) or a container ID or its prefix.
+func findAttachment(atts []*state.Attachment, target, ifName string) (*state.Attachment, error) {
+	var found []*state.Attachment
+	ns, name, byPod := strings.Cut(target, "/")
+	for _, a := range atts {
+		if ifName != "" && a.IfName != ifName {
+			continue
+		}
+		if byPod && a.PodNS == ns && a.PodName == name || !byPod && strings.HasPrefix(a.ContainerID, target) {
+			found = append(found, a)
+		}
+	}
+	switch len(found) {
+	case 0:
+		return nil, fmt.Errorf("no attachment of %q on this node (`cni-usernet status` lists them)", target)
+	case 1:
+		return found[0], nil
+	}
+	var names []string
+	for _, a := range found {
+		names = append(names, shortID(a.ContainerID)+"/"+a.IfName)
+	}
+	return nil, fmt.Errorf("%q names %d attachments (%s): give a longer container ID or --if", target, len(found), strings.Join(names, ", "))
+}
+
+func printSummary(w io.Writer, s capture.Summary) {
+	var parts []string
+	for _, i := range s.Ifaces {
+		parts = append(parts, fmt.Sprintf("%s (%s) %d", i.Name, i.Leg, i.Written))
+	}
+	how := ""
+	if s.CountReached {
+		how = ", the count reached"
+	}
+	fmt.Fprintf(w, "cni-usernet capture: %d packets written%s: %s\n", s.Written(), how, strings.Join(parts, ", "))
+	if n := s.Dropped(); n == 0 {
+		fmt.Fprintln(w, "cni-usernet capture: 0 packets dropped")
+	} else {
+		parts = parts[:0]
+		for _, i := range s.Ifaces {
+			if i.Dropped > 0 {
+				parts = append(parts, fmt.Sprintf("%s (%s): %s", i.Name, i.Leg, i.DroppedWhere))
+			}
+		}
+		fmt.Fprintf(w, "cni-usernet capture: %d packets DROPPED because the reader was too slow (the pod's traffic was not held up): %s\n",
+			n, strings.Join(parts, "; "))
+	}
+	if s.Incomplete != "" {
+		fmt.Fprintln(w, "cni-usernet capture: counts may be short:", s.Incomplete)
+	}
+}
