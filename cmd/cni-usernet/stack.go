@@ -13,9 +13,9 @@ import (
 	"time"
 
 	"github.com/cni-usernet/cni-usernet/pkg/launch"
-	"github.com/cni-usernet/cni-usernet/pkg/podstack"
 	"github.com/cni-usernet/cni-usernet/pkg/sandbox"
 	"github.com/cni-usernet/cni-usernet/pkg/stackconfig"
+	"github.com/cni-usernet/cni-usernet/pkg/stackproc"
 )
 
 // processStart is when the process began, as near as Go lets us see it.
@@ -58,7 +58,7 @@ func runStack(argv []string) error {
 		report("error: " + err.Error())
 		return err
 	}
-	d, err := podstack.Start(*cfg, log)
+	d, err := stackproc.Start(*cfg, log)
 	if err != nil {
 		log.Error("stack failed to start", "err", err)
 		report("error: " + err.Error())

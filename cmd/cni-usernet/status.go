@@ -14,7 +14,7 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/control"
 	"github.com/cni-usernet/cni-usernet/pkg/launch"
 	"github.com/cni-usernet/cni-usernet/pkg/netconf"
-	"github.com/cni-usernet/cni-usernet/pkg/podstack"
+	"github.com/cni-usernet/cni-usernet/pkg/stackproc"
 	"github.com/cni-usernet/cni-usernet/pkg/state"
 )
 
@@ -28,9 +28,9 @@ type attachmentStatus struct {
 	Healthy     bool     `json:"healthy"`
 	Problem     string   `json:"problem,omitempty"`
 	// Restarts is how often the node agent restarted the stack.
-	Restarts int              `json:"restarts"`
-	GSO      gsoStatus        `json:"gso"`
-	Stats    *podstack.Status `json:"stats,omitempty"`
+	Restarts int               `json:"restarts"`
+	GSO      gsoStatus         `json:"gso"`
+	Stats    *stackproc.Status `json:"stats,omitempty"`
 }
 
 type gsoStatus struct {
@@ -102,7 +102,7 @@ func statusOf(a *state.Attachment) attachmentStatus {
 		s.Problem = err.Error()
 		return s
 	}
-	var st podstack.Status
+	var st stackproc.Status
 	if err := control.Status(a.ControlSocket, time.Second, &st); err != nil {
 		s.Problem = err.Error()
 		return s

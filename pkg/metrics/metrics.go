@@ -15,7 +15,7 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/agent"
 	"github.com/cni-usernet/cni-usernet/pkg/control"
 	"github.com/cni-usernet/cni-usernet/pkg/oplog"
-	"github.com/cni-usernet/cni-usernet/pkg/podstack"
+	"github.com/cni-usernet/cni-usernet/pkg/stackproc"
 	"github.com/cni-usernet/cni-usernet/pkg/state"
 )
 
@@ -256,8 +256,8 @@ func (c *Collector) collectNode(ch chan<- prometheus.Metric) {
 // pod is what one scrape learned of one attachment.
 type pod struct {
 	att    *state.Attachment
-	status *podstack.Status // nil: the stack did not answer
-	usage  *procUsage       // nil: no live stack process
+	status *stackproc.Status // nil: the stack did not answer
+	usage  *procUsage        // nil: no live stack process
 }
 
 // query asks every stack for its status, Parallel at a time, within the
@@ -283,7 +283,7 @@ func (c *Collector) query(atts []*state.Attachment) []pod {
 			} else {
 				return // no stack to ask
 			}
-			var st podstack.Status
+			var st stackproc.Status
 			if err := control.Status(att.ControlSocket, min(left, c.opts.StatusTimeout), &st); err != nil {
 				c.opts.Log.Debug("stack status unavailable", "containerID", att.ContainerID, "err", err)
 				return

@@ -20,7 +20,7 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/kube"
 	"github.com/cni-usernet/cni-usernet/pkg/launch"
 	"github.com/cni-usernet/cni-usernet/pkg/offload"
-	"github.com/cni-usernet/cni-usernet/pkg/podstack"
+	"github.com/cni-usernet/cni-usernet/pkg/stackproc"
 	"github.com/cni-usernet/cni-usernet/pkg/state"
 )
 
@@ -153,7 +153,7 @@ func (inv *invocation) add() (_ *current.Result, err error) {
 	}
 
 	inv.step("stack")
-	var st podstack.Status
+	var st stackproc.Status
 	if err := control.Status(p.socket, 5*time.Second, &st); err != nil {
 		return nil, errorf(types.ErrInternal, "reading the stack's status: %v", err)
 	}

@@ -16,7 +16,7 @@ import (
 
 	"github.com/cni-usernet/cni-usernet/pkg/control"
 	"github.com/cni-usernet/cni-usernet/pkg/launch"
-	"github.com/cni-usernet/cni-usernet/pkg/podstack"
+	"github.com/cni-usernet/cni-usernet/pkg/stackproc"
 	"github.com/cni-usernet/cni-usernet/pkg/state"
 )
 
@@ -60,7 +60,7 @@ func (inv *invocation) check() error {
 	if err := control.Health(att.ControlSocket, 2*time.Second); err != nil {
 		return err
 	}
-	var st podstack.Status
+	var st stackproc.Status
 	if err := control.Status(att.ControlSocket, 2*time.Second, &st); err != nil {
 		return err
 	}

@@ -1,8 +1,6 @@
 package podstack
 
 import (
-	"net/http"
-
 	"github.com/cni-usernet/cni-usernet/pkg/capture"
 	"gvisor.dev/gvisor/pkg/tcpip/stack"
 )
@@ -18,7 +16,3 @@ func (s *Stack) tapWire(ep stack.LinkEndpoint) stack.LinkEndpoint {
 	s.Capture = capture.NewTap(ep)
 	return s.Capture
 }
-
-// CaptureHandler implements control.Capturer: `cni-usernet capture`
-// streams the wire leg from here.
-func (d *Daemon) CaptureHandler() http.Handler { return d.stack.Capture }

@@ -62,8 +62,8 @@ type Options struct {
 	Relay relay.Options
 }
 
-// defaultTCPBufferBytes is Options.TCPBufferBytes's default.
-const defaultTCPBufferBytes = 4 << 20
+// DefaultTCPBufferBytes is Options.TCPBufferBytes's default.
+const DefaultTCPBufferBytes = 4 << 20
 
 // softwareGSOMaxSize is the largest packet software GSO takes from TCP:
 // the IP length field's limit.
@@ -108,7 +108,7 @@ func Build(o Options) (*Stack, error) {
 		return nil, fmt.Errorf("pod stack options: %w", err)
 	}
 	if o.TCPBufferBytes == 0 {
-		o.TCPBufferBytes = defaultTCPBufferBytes
+		o.TCPBufferBytes = DefaultTCPBufferBytes
 	}
 	s := &Stack{opts: o}
 	mac, err := net.ParseMAC(o.Spec.MAC)
@@ -282,6 +282,9 @@ func configureWire(ns *stack.Stack, spec *podnet.Spec) error {
 	}
 	return nil
 }
+
+// WireUp reports whether the wire leg's NIC is enabled.
+func (s *Stack) WireUp() bool { return s.Wire.CheckNIC(wireNIC) }
 
 // Close stops relaying and tears the wire leg down.
 func (s *Stack) Close() {

@@ -162,7 +162,7 @@ type Options struct {
 }
 
 // Defaults of the limits a memory bound is computed from
-// (podstack.MemoryBound).
+// (stackproc.MemoryBound).
 const (
 	DefaultMaxUDP            = 4096
 	DefaultMaxUDPUnreplied   = 256

@@ -18,7 +18,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 
 	"github.com/cni-usernet/cni-usernet/pkg/control"
-	"github.com/cni-usernet/cni-usernet/pkg/podstack"
+	"github.com/cni-usernet/cni-usernet/pkg/stackproc"
 	"github.com/cni-usernet/cni-usernet/pkg/state"
 	"github.com/cni-usernet/cni-usernet/test/nettest"
 )
@@ -31,18 +31,18 @@ func newPod(t *testing.T, extra map[string]any) (*nettest.Env, *nettest.Pod) {
 	return env, env.NewPod(env.Conf(cniVersion, extra))
 }
 
-func stackStatus(t *testing.T, env *nettest.Env, pod *nettest.Pod) podstack.Status {
+func stackStatus(t *testing.T, env *nettest.Env, pod *nettest.Pod) stackproc.Status {
 	t.Helper()
 	return stackStatusB(t, env, pod)
 }
 
-func stackStatusB(t testing.TB, env *nettest.Env, pod *nettest.Pod) podstack.Status {
+func stackStatusB(t testing.TB, env *nettest.Env, pod *nettest.Pod) stackproc.Status {
 	t.Helper()
 	att, err := state.Store{Dir: env.Dir + "/state"}.Load(pod.ID, "eth0")
 	if err != nil {
 		t.Fatalf("loading state of %s: %v", pod.ID, err)
 	}
-	var st podstack.Status
+	var st stackproc.Status
 	if err := control.Status(att.ControlSocket, 5*time.Second, &st); err != nil {
 		t.Fatal(err)
 	}

@@ -28,8 +28,8 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip"
 
 	"github.com/cni-usernet/cni-usernet/pkg/control"
-	"github.com/cni-usernet/cni-usernet/pkg/podstack"
 	"github.com/cni-usernet/cni-usernet/pkg/relay"
+	"github.com/cni-usernet/cni-usernet/pkg/stackproc"
 	"github.com/cni-usernet/cni-usernet/pkg/state"
 	"github.com/cni-usernet/cni-usernet/test/nettest"
 )
@@ -182,7 +182,7 @@ func TestHostileTraffic(t *testing.T) {
 // cannot read in time the kernel drops at its socket; the transfer only
 // adds to the count), the relay and the mirrored listener saw at least half
 // of the SYNs, the relay half of the UDP datagrams, and its limits held.
-func checkCounters(t *testing.T, before, after podstack.Status, c floodCounts) {
+func checkCounters(t *testing.T, before, after stackproc.Status, c floodCounts) {
 	t.Helper()
 	rx := after.Wire.RxPackets - before.Wire.RxPackets
 	t.Logf("wire rx %d frames (flood %d)", rx, c.total())
@@ -220,9 +220,9 @@ func loadState(t *testing.T, env *nettest.Env, pod *nettest.Pod) *state.Attachme
 	return att
 }
 
-func status(t *testing.T, att *state.Attachment) podstack.Status {
+func status(t *testing.T, att *state.Attachment) stackproc.Status {
 	t.Helper()
-	var st podstack.Status
+	var st stackproc.Status
 	if err := control.Status(att.ControlSocket, 10*time.Second, &st); err != nil {
 		t.Fatalf("reading stack status: %v", err)
 	}
@@ -234,13 +234,13 @@ func status(t *testing.T, att *state.Attachment) podstack.Status {
 // UDP.
 func rssBound(t *testing.T, att *state.Attachment) int64 {
 	t.Helper()
-	return rssBoundFor(podstack.MemoryLoad{BulkTCP: 1})
+	return rssBoundFor(stackproc.MemoryLoad{BulkTCP: 1})
 }
 
 // rssBoundFor is the documented bound for the stack under load (the
 // relay's default limits: the tests' conflists leave them).
-func rssBoundFor(load podstack.MemoryLoad) int64 {
-	b := podstack.MemoryBound(load)
+func rssBoundFor(load stackproc.MemoryLoad) int64 {
+	b := stackproc.MemoryBound(load)
 	if raceEnabled {
 		// The race detector's shadow memory and bookkeeping cost 5-10x
 		// the program's own (Go's race detector documentation).

@@ -21,8 +21,8 @@ import (
 
 	"github.com/cni-usernet/cni-usernet/pkg/control"
 	"github.com/cni-usernet/cni-usernet/pkg/launch"
-	"github.com/cni-usernet/cni-usernet/pkg/podstack"
 	"github.com/cni-usernet/cni-usernet/pkg/sandbox"
+	"github.com/cni-usernet/cni-usernet/pkg/stackproc"
 	"github.com/cni-usernet/cni-usernet/pkg/state"
 	"github.com/cni-usernet/cni-usernet/test/nettest"
 )
@@ -98,7 +98,7 @@ func checkSandboxedStack(t *testing.T, env *nettest.Env) {
 	}
 	nettest.PingBothWays(t, env.Node, pod)
 
-	var st podstack.Status
+	var st stackproc.Status
 	if err := control.Status(att.ControlSocket, 5*time.Second, &st); err != nil {
 		t.Fatal(err)
 	}

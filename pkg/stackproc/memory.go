@@ -1,6 +1,9 @@
-package podstack
+package stackproc
 
-import "github.com/cni-usernet/cni-usernet/pkg/relay"
+import (
+	"github.com/cni-usernet/cni-usernet/pkg/podstack"
+	"github.com/cni-usernet/cni-usernet/pkg/relay"
+)
 
 // MemoryLoad is the legitimate load a memory bound allows for; whatever the
 // network sends on top of it is bounded by the configuration alone.
@@ -51,7 +54,7 @@ const (
 // socket and the TUN, outside the process, and the links' FIFO queues hold
 // references to data already counted in the TCP buffers.
 func MemoryBound(l MemoryLoad) int64 {
-	tcpBuf := int64(defaultTCPBufferBytes)
+	tcpBuf := int64(podstack.DefaultTCPBufferBytes)
 	udpFlows := int64(relay.DefaultMaxUDPUnreplied + l.AnsweredUDP)
 	return memBase +
 		int64(l.BulkTCP)*4*tcpBuf +

@@ -1,4 +1,9 @@
-package podstack
+// Package stackproc is a pod stack's process: it takes the pod's
+// interface over from the kernel, opens the pod side (listeners, the
+// divert, the TUN), has pkg/podstack assemble the netstack and the relay,
+// serves the control socket, and shuts down. pkg/podstack knows nothing
+// of files, sockets on disk or signals.
+package stackproc
 
 import (
 	"context"
@@ -6,6 +11,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"net/http"
 	"os"
 	"sync/atomic"
 	"time"
@@ -15,6 +21,7 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/offload"
 	"github.com/cni-usernet/cni-usernet/pkg/packetsock"
 	"github.com/cni-usernet/cni-usernet/pkg/podnet"
+	"github.com/cni-usernet/cni-usernet/pkg/podstack"
 	"github.com/cni-usernet/cni-usernet/pkg/relay"
 	"github.com/cni-usernet/cni-usernet/pkg/stackconfig"
 	"github.com/cni-usernet/cni-usernet/pkg/steptime"
@@ -30,7 +37,7 @@ type Daemon struct {
 	log         *slog.Logger
 	spec        *podnet.Spec
 	gso         offload.Decision
-	stack       *Stack
+	stack       *podstack.Stack
 	ctl         *control.Server
 	started     time.Time
 	// Startup is how long each step of Start took.
@@ -108,7 +115,7 @@ func Start(cfg stackconfig.Config, log *slog.Logger) (*Daemon, error) {
 	if d.gso.Mode == offload.ModeOff {
 		wireQueue = 0
 	}
-	d.stack, err = Build(Options{
+	d.stack, err = podstack.Build(podstack.Options{
 		Spec:              spec,
 		LinkFD:            linkFD,
 		Pod:               *pod,
@@ -173,7 +180,7 @@ func (d *Daemon) Run(ctx context.Context) {
 
 // Healthy implements control.Source.
 func (d *Daemon) Healthy() error {
-	if !d.stack.Wire.CheckNIC(wireNIC) {
+	if !d.stack.WireUp() {
 		return fmt.Errorf("wire NIC %s is down", d.cfg.IfName)
 	}
 	return nil
@@ -193,7 +200,7 @@ type Status struct {
 
 // LegStatus is the wire leg's counters.
 type LegStatus struct {
-	LinkSnapshot
+	podstack.LinkSnapshot
 	TCPRetransmits        uint64 `json:"tcpRetransmits"`
 	DroppedPackets        uint64 `json:"droppedPackets"`
 	TCPCurrentEstablished uint64 `json:"tcpEstablished"`
@@ -240,3 +247,7 @@ func (d *Daemon) Status() any {
 		TCPInvalidSegments: ws.TCP.InvalidSegmentsReceived.Value(), TCPChecksumErrors: ws.TCP.ChecksumErrors.Value()}
 	return s
 }
+
+// CaptureHandler implements control.Capturer: `cni-usernet capture`
+// streams the wire leg from here.
+func (d *Daemon) CaptureHandler() http.Handler { return d.stack.Capture }
