@@ -5,6 +5,7 @@ package main
 
 import (
 	"fmt"
+	"github.com/cni-usernet/cni-usernet/pkg/nodeagent"
 	"os"
 
 	"github.com/cni-usernet/cni-usernet/pkg/plugin"
@@ -37,7 +38,7 @@ func main() {
 	case "capture":
 		err = runCapture(os.Args[2:], os.Stdout, os.Stderr)
 	case "agent":
-		err = runAgent(os.Args[2:])
+		err = nodeagent.Run(os.Args[2:])
 	case "install":
 		err = installCommand(os.Args[2:])
 	case "uninstall":

@@ -1,4 +1,9 @@
-package main
+// Package nodeagent is the node agent, `cni-usernet agent`, the
+// DaemonSet's process: it installs the plugin and its configuration on the
+// node, keeps every pod's stack running through pkg/agent's supervisor,
+// reconciles, routes between nodes (standalone mode), serves the metrics,
+// and on uninstall drains before it restores the node.
+package nodeagent
 
 import (
 	"context"
@@ -98,11 +103,11 @@ func parseAgentFlags(args []string) (*agentFlags, error) {
 
 func (f *agentFlags) readyFile() string { return filepath.Join(f.runDir, "agent.ready") }
 
-// runAgent is the node agent: it installs the plugin, keeps every pod's
-// stack running and the node reconciled, and writes the CNI configuration
-// last, once all that works — until then the node stays NotReady, which is
-// the truth.
-func runAgent(args []string) error {
+// Run is the node agent with its command-line arguments: it installs the
+// plugin, keeps every pod's stack running and the node reconciled, and
+// writes the CNI configuration last, once all that works — until then the
+// node stays NotReady, which is the truth.
+func Run(args []string) error {
 	f, err := parseAgentFlags(args)
 	if err != nil {
 		return err
