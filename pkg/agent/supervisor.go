@@ -22,8 +22,8 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"golang.org/x/sys/unix"
 
+	"github.com/cni-usernet/cni-usernet/pkg/attachment"
 	"github.com/cni-usernet/cni-usernet/pkg/launch"
-	"github.com/cni-usernet/cni-usernet/pkg/plugin"
 	"github.com/cni-usernet/cni-usernet/pkg/state"
 )
 
@@ -286,7 +286,7 @@ func (s *Supervisor) handleExit(ctx context.Context, containerID, ifName string,
 	if gone, err := netnsGone(att.Netns); err != nil {
 		log.Error("checking netns", "netns", att.Netns, "err", err)
 	} else if gone {
-		err := plugin.Reclaim(s.cfg.Store, att, s.cfg.CNIPath, log)
+		err := attachment.Reclaim(s.cfg.Store, att, s.cfg.CNIPath, log)
 		lock.Release()
 		if err != nil {
 			log.Error("reclaiming attachment of a deleted netns", "err", err)
@@ -358,7 +358,7 @@ func (s *Supervisor) restart(containerID, ifName string, dead launch.Process, lo
 	}
 	proc, err := launch.Start(launch.Options{
 		Binary:       binary,
-		Args:         []string{"stack", "--config", att.ConfigPath},
+		Args:         attachment.StackArgs(att.ConfigPath),
 		Netns:        att.Netns,
 		LogPath:      att.LogPath,
 		ReadyTimeout: s.cfg.ReadyTimeout,
@@ -499,7 +499,7 @@ func (s *Supervisor) Reconcile() {
 			lock.Release()
 			continue
 		}
-		err = plugin.Reclaim(s.cfg.Store, att, s.cfg.CNIPath, log)
+		err = attachment.Reclaim(s.cfg.Store, att, s.cfg.CNIPath, log)
 		lock.Release()
 		if err != nil {
 			log.Error("reclaiming attachment of a deleted netns", "containerID", att.ContainerID, "err", err)

@@ -4,10 +4,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/cni-usernet/cni-usernet/pkg/steptime"
 	"os"
 	"slices"
 	"time"
+
+	"github.com/cni-usernet/cni-usernet/pkg/attachment"
+	"github.com/cni-usernet/cni-usernet/pkg/steptime"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
@@ -113,14 +115,14 @@ func (inv *invocation) add() (_ *current.Result, err error) {
 	p := inv.pathsFor(args.ContainerID, args.IfName)
 	// A spec left by an earlier failed ADD describes a link that no longer
 	// exists; the stack must collect afresh.
-	if err := os.RemoveAll(p.stackDir); err != nil {
-		return nil, errStateDir(conf.StateDir, fmt.Errorf("clearing %s: %w", p.stackDir, err))
+	if err := os.RemoveAll(p.StackDir); err != nil {
+		return nil, errStateDir(conf.StateDir, fmt.Errorf("clearing %s: %w", p.StackDir, err))
 	}
-	u.add(func() { os.RemoveAll(p.stackDir); os.Remove(p.socket) })
+	u.add(func() { os.RemoveAll(p.StackDir); os.Remove(p.Socket) })
 	if err := inv.writeStackConfig(p, mode); err != nil {
 		return nil, errStateDir(conf.StateDir, fmt.Errorf("writing the stack's configuration: %w", err))
 	}
-	att.ConfigPath, att.SpecPath, att.ControlSocket, att.LogPath = p.config, p.spec, p.socket, p.log
+	att.ConfigPath, att.SpecPath, att.ControlSocket, att.LogPath = p.Config, p.Spec, p.Socket, p.Log
 	// Saved before the stack starts, so that a plugin killed mid-ADD leaves
 	// a record DEL and GC can undo.
 	if err := inv.store.Save(att); err != nil {
@@ -130,20 +132,21 @@ func (inv *invocation) add() (_ *current.Result, err error) {
 
 	// A stack that fails after fencing the link and making its TUN leaves
 	// them (it keeps them for a restart); undo them with the rest.
-	td := teardown{inv: inv, containerID: args.ContainerID, ifName: args.IfName, netns: args.Netns, chained: att.Chained, ips: att.IPs}
-	u.add(func() { td.cleanNetns() })
+	td := inv.teardown(args.ContainerID, args.IfName, args.Netns)
+	td.Chained, td.IPs = att.Chained, att.IPs
+	u.add(func() { td.CleanNetns() })
 	inv.step("state")
 	proc, err := launch.Start(launch.Options{
-		Args:         []string{"stack", "--config", p.config},
+		Args:         attachment.StackArgs(p.Config),
 		Netns:        args.Netns,
-		LogPath:      p.log,
+		LogPath:      p.Log,
 		ReadyTimeout: conf.ReadyTimeoutDuration(),
 		CgroupPath:   conf.RuntimeConfig.CgroupPath,
 	})
 	if err != nil {
 		return nil, errorf(types.ErrInternal, "starting the pod's stack (gso %s from %s): %v", mode, modeSource, err)
 	}
-	u.add(func() { launch.Stop(proc, stopGrace) })
+	u.add(func() { launch.Stop(proc, attachment.StopGrace) })
 	att.StackPID, att.StackStartTime = proc.PID, proc.StartTime
 	if att.StackBinary, err = os.Executable(); err != nil {
 		return nil, cniError(types.ErrInternal, fmt.Errorf("finding own executable: %w", err))
@@ -154,7 +157,7 @@ func (inv *invocation) add() (_ *current.Result, err error) {
 
 	inv.step("stack")
 	var st stackproc.Status
-	if err := control.Status(p.socket, 5*time.Second, &st); err != nil {
+	if err := control.Status(p.Socket, 5*time.Second, &st); err != nil {
 		return nil, errorf(types.ErrInternal, "reading the stack's status: %v", err)
 	}
 	att.GSO = st.GSO
@@ -172,11 +175,11 @@ func (inv *invocation) add() (_ *current.Result, err error) {
 	return result, nil
 }
 
-func (inv *invocation) writeStackConfig(p paths, mode offload.Mode) error {
+func (inv *invocation) writeStackConfig(p attachment.Paths, mode offload.Mode) error {
 	conf := inv.conf
-	sc := conf.StackConfig(inv.args.IfName, mode, p.spec, p.socket)
-	if err := os.MkdirAll(p.stackDir, 0o700); err != nil {
-		return fmt.Errorf("creating %s: %w", p.stackDir, err)
+	sc := conf.StackConfig(inv.args.IfName, mode, p.Spec, p.Socket)
+	if err := os.MkdirAll(p.StackDir, 0o700); err != nil {
+		return fmt.Errorf("creating %s: %w", p.StackDir, err)
 	}
 	if err := os.MkdirAll(conf.RunDir, 0o700); err != nil {
 		return fmt.Errorf("creating %s: %w", conf.RunDir, err)
@@ -185,7 +188,7 @@ func (inv *invocation) writeStackConfig(p paths, mode offload.Mode) error {
 	if err != nil {
 		return err
 	}
-	return atomicfile.Write(p.config, b, 0o600)
+	return atomicfile.Write(p.Config, b, 0o600)
 }
 
 // takeOverPrevious finds the sandbox interface an earlier plugin reported
@@ -237,12 +240,12 @@ func (inv *invocation) attachVeth(netns ns.NetNS, att *state.Attachment, u *undo
 		return nil, errorf(types.ErrInternal, "IPAM %s returned no address", conf.IPAM.Type)
 	}
 	inv.step("ipam")
-	att.HostVeth = hostVethName(args.ContainerID, args.IfName)
+	att.HostVeth = attachment.HostVethName(args.ContainerID, args.IfName)
 	if err := setupVeth(netns, args.IfName, att.HostVeth, conf.MTU, result); err != nil {
-		delLink(att.HostVeth)
+		attachment.DelLink(att.HostVeth)
 		return nil, cniError(types.ErrInternal, err)
 	}
-	u.add(func() { delLink(att.HostVeth) })
+	u.add(func() { attachment.DelLink(att.HostVeth) })
 	inv.step("veth")
 	if conf.DNS.Nameservers != nil || conf.DNS.Domain != "" || len(conf.DNS.Search) > 0 {
 		result.DNS = conf.DNS

@@ -36,9 +36,9 @@ func cmdGC(args *skel.CmdArgs) error {
 			errs = append(errs, err)
 			continue
 		}
-		td := teardown{inv: inv, containerID: att.ContainerID, ifName: att.IfName, netns: att.Netns}
-		td.fromState(att)
-		err = td.run()
+		td := inv.teardown(att.ContainerID, att.IfName, att.Netns)
+		td.FromState(att)
+		err = td.Run()
 		lock.Release()
 		if err != nil {
 			errs = append(errs, fmt.Errorf("collecting %s/%s: %w", att.ContainerID, att.IfName, err))

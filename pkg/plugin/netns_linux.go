@@ -44,12 +44,6 @@ func openNetNS(path string) (ns.NetNS, error) {
 	return netns, nil
 }
 
-// isNetNS is false only for a namespace known to be of another type.
-func isNetNS(netns ns.NetNS) bool {
-	typ, err := unix.IoctlRetInt(int(netns.Fd()), unix.NS_GET_NSTYPE)
-	return err != nil || typ == unix.CLONE_NEWNET
-}
-
 func nsTypeName(t int) string {
 	switch t {
 	case unix.CLONE_NEWNS:

@@ -6,11 +6,13 @@ package plugin
 import (
 	"errors"
 	"fmt"
-	"github.com/cni-usernet/cni-usernet/pkg/steptime"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/cni-usernet/cni-usernet/pkg/attachment"
+	"github.com/cni-usernet/cni-usernet/pkg/steptime"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
@@ -111,32 +113,18 @@ func openLog(dir string, attrs ...any) (*slog.Logger, func()) {
 	return slog.New(slog.DiscardHandler), func() {}
 }
 
-// paths of an attachment's files.
-type paths struct {
-	stackDir, config, spec, socket, log string
+func (inv *invocation) pathsFor(containerID, ifName string) attachment.Paths {
+	return attachment.PathsFor(inv.conf.StateDir, inv.conf.RunDir, inv.conf.LogDir, containerID, ifName)
 }
 
-func (inv *invocation) pathsFor(containerID, ifName string) paths {
-	key := state.Key(containerID, ifName)
-	dir := filepath.Join(inv.conf.StateDir, "stacks", key)
-	return paths{
-		stackDir: dir,
-		config:   filepath.Join(dir, "config.json"),
-		spec:     filepath.Join(dir, "spec.json"),
-		socket:   filepath.Join(inv.conf.RunDir, key+".sock"),
-		log:      filepath.Join(inv.conf.LogDir, key+".log"),
+// teardown is the undo of containerID's ifName, from the network's
+// configuration; the caller adds what the state or the verb knows.
+func (inv *invocation) teardown(containerID, ifName, netns string) *attachment.Teardown {
+	return &attachment.Teardown{
+		Store: inv.store, Log: inv.log, RunDir: inv.conf.RunDir, LogDir: inv.conf.LogDir,
+		TUNName: inv.conf.TUNName, ContainerID: containerID, IfName: ifName, Netns: netns,
 	}
 }
-
-// hostVethName derives the node-side veth name from the attachment, so
-// that DEL can find it even when the state file is gone. 15 bytes: the
-// kernel's limit.
-func hostVethName(containerID, ifName string) string {
-	return "usn" + state.Key(containerID, ifName)[:12]
-}
-
-// stopGrace is how long a stack gets to close its connections on SIGTERM.
-const stopGrace = 5 * time.Second
 
 // lockTimeout bounds the wait for an attachment another verb or the node
 // agent is working on (the agent holds it for at most one stack start).

@@ -12,7 +12,6 @@ import (
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 )
 
 // setupVeth creates the veth and configures it like ptp: the pod gets its
@@ -103,43 +102,10 @@ func setupVeth(netns ns.NetNS, ifName, hostName string, mtu int, result *current
 	return nil
 }
 
-// delLink deletes a link in the current namespace; already gone is success.
-func delLink(name string) error {
-	// ENODEV: the kernel removed it between lookup and delete (a veth dies
-	// with its peer's namespace, asynchronously).
-	if err := ip.DelLinkByName(name); err != nil && !errors.Is(err, ip.ErrLinkNotFound) && !errors.Is(err, unix.ENODEV) {
-		return fmt.Errorf("deleting %s: %w", name, err)
-	}
-	return nil
-}
-
 func disableDAD(ifName string) error {
 	err := os.WriteFile("/proc/sys/net/ipv6/conf/"+ifName+"/accept_dad", []byte("0"), 0o644)
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("disabling DAD on %s: %w", ifName, err)
 	}
 	return nil
-}
-
-// isPeerOf reports whether link is the pod end of the veth whose node end
-// has index hostIndex: only then is it this attachment's to delete.
-func isPeerOf(link netlink.Link, hostIndex int) bool {
-	if _, ok := link.(*netlink.Veth); !ok || hostIndex == 0 {
-		return false
-	}
-	peer, err := netlink.VethPeerIndex(link.(*netlink.Veth))
-	if err != nil {
-		return link.Attrs().ParentIndex == hostIndex
-	}
-	return peer == hostIndex
-}
-
-// hostIndex is the index of the attachment's node-side veth in the
-// calling thread's namespace; 0 when it is gone.
-func hostIndex(containerID, ifName string) int {
-	l, err := netlinksafe.LinkByName(hostVethName(containerID, ifName))
-	if err != nil {
-		return 0
-	}
-	return l.Attrs().Index
 }
