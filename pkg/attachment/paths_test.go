@@ -1,0 +1,28 @@
+package attachment
+
+import (
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestNames: the node-side veth name fits the kernel's 15 bytes and
+// differs per interface of one container; the files of two attachments
+// never collide, and each sits in the directory it is asked for.
+func TestNames(t *testing.T) {
+	a, b := HostVethName("0123456789abcdef0123456789abcdef", "eth0"), HostVethName("0123456789abcdef0123456789abcdef", "net1")
+	if len(a) > 15 || !strings.HasPrefix(a, "usn") || a == b {
+		t.Fatalf("veth names %q, %q", a, b)
+	}
+	p, q := PathsFor("/s", "/r", "/l", "c1", "eth0"), PathsFor("/s", "/r", "/l", "c2", "eth0")
+	if p.Config == q.Config || p.Socket == q.Socket || p.Log == q.Log {
+		t.Fatalf("two attachments share files: %+v %+v", p, q)
+	}
+	if filepath.Dir(p.Config) != p.StackDir || filepath.Dir(p.Spec) != p.StackDir || !strings.HasPrefix(p.StackDir, "/s/") ||
+		filepath.Dir(p.Socket) != "/r" || filepath.Dir(p.Log) != "/l" {
+		t.Fatalf("paths in the wrong places: %+v", p)
+	}
+	if got := StackArgs(p.Config); len(got) != 3 || got[0] != "stack" || got[2] != p.Config {
+		t.Fatalf("stack args %q", got)
+	}
+}
