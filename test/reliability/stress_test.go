@@ -3,6 +3,7 @@ package reliability
 import (
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/testutils"
+	"golang.org/x/sys/unix"
 
 	"github.com/cni-usernet/cni-usernet/pkg/state"
 	"github.com/cni-usernet/cni-usernet/test/nettest"
@@ -67,6 +69,26 @@ func TestStressAddDelWithTraffic(t *testing.T) {
 
 	var cycles, killed, lost atomic.Int64
 	deadline := time.Now().Add(duration)
+	// Every pod namespace made below is removed at the end if its own path
+	// missed it: a run left one mounted, empty namespace behind now and
+	// then (the pod's own teardown had run; which path skipped the unmount
+	// is not known), and the machine must be left as it was.
+	var madeMu sync.Mutex
+	var made []string
+	t.Cleanup(func() {
+		madeMu.Lock()
+		defer madeMu.Unlock()
+		left := 0
+		for _, p := range made {
+			if unix.Unmount(p, unix.MNT_DETACH) == nil {
+				left++
+			}
+			os.Remove(p)
+		}
+		if left > 0 {
+			t.Logf("removed %d pod namespace(s) still mounted at the end", left)
+		}
+	})
 	for w := 0; w < 4; w++ {
 		wg.Add(1)
 		go func() {
@@ -79,6 +101,9 @@ func TestStressAddDelWithTraffic(t *testing.T) {
 					t.Errorf("netns: %v", err)
 					return
 				}
+				madeMu.Lock()
+				made = append(made, podNS.Path())
+				madeMu.Unlock()
 				res, err := env.Add(conf, id, podNS)
 				if err != nil {
 					t.Errorf("ADD %s: %v", id, err)
