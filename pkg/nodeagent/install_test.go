@@ -1,41 +1,22 @@
 package nodeagent
 
 import (
-	"bytes"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/cni-usernet/cni-usernet/pkg/state"
+	"github.com/cni-usernet/cni-usernet/test/nettest"
 )
-
-// syncBuffer is a log sink the drain goroutine writes while the test reads.
-type syncBuffer struct {
-	mu sync.Mutex // guards b
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // drainNode is an agent whose DaemonSet is gone, outside a cluster (no
 // DaemonSet check), with its state and run directories in t's temp dirs.
-func drainNode(t *testing.T) (*nodeInstall, state.Store, *syncBuffer) {
+func drainNode(t *testing.T) (*nodeInstall, state.Store, *nettest.LockedBuffer) {
 	t.Helper()
 	t.Setenv("KUBERNETES_SERVICE_HOST", "")
 	f := &agentFlags{stateDir: t.TempDir(), runDir: t.TempDir()}
-	return &nodeInstall{f: f}, state.Store{Dir: f.stateDir}, &syncBuffer{}
+	return &nodeInstall{f: f}, state.Store{Dir: f.stateDir}, &nettest.LockedBuffer{}
 }
 
 func TestDrainWaitsForTheLastAttachment(t *testing.T) {

@@ -16,7 +16,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -32,25 +31,8 @@ const cniVersion = "1.1.0"
 // capturer is a running `cni-usernet capture`.
 type capturer struct {
 	cmd    *exec.Cmd
-	stderr *syncBuffer
+	stderr *nettest.LockedBuffer
 	done   chan error
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // startCapture runs the capture command on the node (the test's root
@@ -59,7 +41,7 @@ func (s *syncBuffer) String() string {
 func startCapture(t *testing.T, env *nettest.Env, stdout io.Writer, args ...string) *capturer {
 	t.Helper()
 	argv := append([]string{"capture", "--state-dir", filepath.Join(env.Dir, "state")}, args...)
-	c := &capturer{cmd: exec.Command(filepath.Join(env.BinDir, "cni-usernet"), argv...), stderr: &syncBuffer{}, done: make(chan error, 1)}
+	c := &capturer{cmd: exec.Command(filepath.Join(env.BinDir, "cni-usernet"), argv...), stderr: &nettest.LockedBuffer{}, done: make(chan error, 1)}
 	c.cmd.Stdout = stdout
 	c.cmd.Stderr = c.stderr
 	if err := c.cmd.Start(); err != nil {

@@ -1,7 +1,6 @@
 package hostile
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -54,7 +53,7 @@ type hping3Flood struct {
 	port  int
 
 	cmd  *exec.Cmd
-	out  lockedBuffer
+	out  nettest.LockedBuffer
 	done chan error
 }
 
@@ -140,24 +139,6 @@ func sameNetns(pid int, netns ns.NetNS) error {
 		return fmt.Errorf("process %d is in network namespace %d, want the node's %d", pid, got.Ino, want.Ino)
 	}
 	return nil
-}
-
-// lockedBuffer collects a process's output from two writers.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // connectFlood is an application in pod opening TCP connections as fast
