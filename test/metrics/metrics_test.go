@@ -12,10 +12,8 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -301,63 +299,8 @@ func histCount(t *testing.T, fams map[string]*dto.MetricFamily, verb, result str
 	return h.GetSampleCount()
 }
 
-// startAgent runs `cni-usernet agent` in the node namespace, as the
-// DaemonSet's agent runs in the node's host network, until the test ends.
+// startAgent runs the node agent on the env, serving its metrics.
 func startAgent(t *testing.T, env *nettest.Env, extra ...string) {
 	t.Helper()
-	var mu sync.Mutex
-	var log bytes.Buffer
-	cmd := exec.Command(filepath.Join(env.BinDir, "cni-usernet"), append([]string{"agent", "--install=false",
-		"--state-dir", filepath.Join(env.Dir, "state"),
-		"--run-dir", filepath.Join(env.Dir, "agent"),
-		"--cni-path", env.BinDir,
-		"--mount-ns", "",
-		"--metrics-address", metricsAddr}, extra...)...)
-	cmd.Stdout = lockedWriter{&mu, &log}
-	cmd.Stderr = lockedWriter{&mu, &log}
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "GORACE=" + os.Getenv("GORACE")}
-	if err := nettest.In(env.Node, cmd.Start); err != nil {
-		t.Fatalf("starting agent: %v", err)
-	}
-	done := make(chan struct{})
-	go func() { cmd.Wait(); close(done) }()
-	t.Cleanup(func() {
-		cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			cmd.Process.Kill()
-			<-done
-		}
-		if t.Failed() {
-			mu.Lock()
-			t.Logf("agent log:\n%s", log.String())
-			mu.Unlock()
-		}
-	})
-	ready := filepath.Join(env.Dir, "agent", "agent.ready")
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if _, err := os.Stat(ready); err == nil {
-			return
-		}
-		select {
-		case <-done:
-			t.Fatalf("agent exited before it was ready")
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("agent not ready after 20s")
-		}
-	}
-}
-
-type lockedWriter struct {
-	mu *sync.Mutex
-	w  io.Writer
-}
-
-func (l lockedWriter) Write(b []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.Write(b)
+	env.StartAgent(t, append([]string{"--metrics-address", metricsAddr}, extra...)...)
 }

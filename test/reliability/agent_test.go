@@ -15,7 +15,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -29,96 +28,10 @@ import (
 	"github.com/cni-usernet/cni-usernet/test/nettest"
 )
 
-// agentProc is a node agent running in the env's node namespace, as the
-// DaemonSet's agent runs in the node's host network.
-type agentProc struct {
-	t    *testing.T
-	env  *nettest.Env
-	cmd  *exec.Cmd
-	log  *bytes.Buffer
-	args []string
-	mu   sync.Mutex
-}
-
-// startAgent runs `cni-usernet agent` supervising the env's state
-// directory (no install: the test is the runtime).
-func startAgent(t *testing.T, env *nettest.Env, extra ...string) *agentProc {
+// startAgent runs the node agent on the env, reconciling every second.
+func startAgent(t *testing.T, env *nettest.Env, extra ...string) *nettest.Agent {
 	t.Helper()
-	a := &agentProc{t: t, env: env, args: append([]string{
-		"agent", "--install=false",
-		"--state-dir", filepath.Join(env.Dir, "state"),
-		"--run-dir", filepath.Join(env.Dir, "agent"),
-		"--cni-path", env.BinDir,
-		"--mount-ns", "",
-		"--reconcile-interval", "1s",
-	}, extra...)}
-	a.start()
-	t.Cleanup(func() {
-		a.stop(syscall.SIGTERM)
-		if t.Failed() {
-			t.Logf("agent log:\n%s", a.output())
-		}
-	})
-	return a
-}
-
-func (a *agentProc) output() string {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.log.String()
-}
-
-type lockedWriter struct {
-	mu *sync.Mutex
-	w  io.Writer
-}
-
-func (l lockedWriter) Write(b []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.Write(b)
-}
-
-func (a *agentProc) start() {
-	a.t.Helper()
-	if a.log == nil {
-		a.log = &bytes.Buffer{}
-	}
-	cmd := exec.Command(filepath.Join(a.env.BinDir, "cni-usernet"), a.args...)
-	cmd.Stdout = lockedWriter{&a.mu, a.log}
-	cmd.Stderr = lockedWriter{&a.mu, a.log}
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "GORACE=" + os.Getenv("GORACE")}
-	if err := nettest.In(a.env.Node, cmd.Start); err != nil {
-		a.t.Fatalf("starting agent: %v", err)
-	}
-	a.cmd = cmd
-	// Ready once its first reconcile is done.
-	ready := filepath.Join(a.env.Dir, "agent", "agent.ready")
-	for deadline := time.Now().Add(20 * time.Second); ; {
-		if _, err := os.Stat(ready); err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			a.t.Fatalf("agent not ready after 20s:\n%s", a.output())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-func (a *agentProc) stop(sig syscall.Signal) {
-	if a.cmd == nil {
-		return
-	}
-	a.cmd.Process.Signal(sig)
-	done := make(chan struct{})
-	go func() { a.cmd.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(10 * time.Second):
-		a.cmd.Process.Kill()
-		<-done
-	}
-	a.cmd = nil
+	return env.StartAgent(t, append([]string{"--reconcile-interval", "1s"}, extra...)...)
 }
 
 func newEnvPod(t *testing.T, extra map[string]any) (*nettest.Env, *nettest.Pod) {
@@ -320,8 +233,8 @@ func TestAgentRestartKeepsTransfers(t *testing.T) {
 	before := stackOf(t, env, pod)
 	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL} {
 		want, err := send(pod.NS, addr, 128<<20, func() {
-			agent.stop(sig)
-			agent.start()
+			agent.Stop(sig)
+			agent.Start()
 		})
 		if err != nil {
 			t.Fatalf("transfer across an agent %s: %v", sig, err)
