@@ -186,6 +186,15 @@ func requireSandboxed(t *testing.T, pid int) {
 
 const body = "hello from the pod, captured"
 
+// serveBody answers HTTP on the pod's port 8080 with body until the test
+// ends.
+func serveBody(t *testing.T, pod *nettest.Pod) {
+	ln := nettest.Listen(t, pod.NS, "tcp", ":8080")
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, body) })}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+}
+
 // TestCaptureHTTP captures one HTTP exchange from the node to a server in
 // the pod, streamed into `tcpdump -r -`, and checks that both legs show the
 // SYN, the request line and the response with the client's real address
@@ -195,10 +204,7 @@ func TestCaptureHTTP(t *testing.T) {
 	env := nettest.NewEnv(t)
 	pod := env.NewPod(env.Conf(cniVersion, nil))
 	requireSandboxed(t, stackPID(t, env, pod))
-	ln := nettest.Listen(t, pod.NS, "tcp", ":8080")
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, body) })}
-	go srv.Serve(ln)
-	t.Cleanup(func() { srv.Close() })
+	serveBody(t, pod)
 	// The pod's own loopback chatter, which is not the relay's and must
 	// not be captured.
 	for _, addr := range []string{"127.0.0.1:9099", "[::1]:9099"} {
@@ -443,10 +449,7 @@ func TestCaptureSlowReader(t *testing.T) {
 func TestCaptureCountLegAndFile(t *testing.T) {
 	env := nettest.NewEnv(t)
 	pod := env.NewPod(env.Conf(cniVersion, nil))
-	ln := nettest.Listen(t, pod.NS, "tcp", ":8080")
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, body) })}
-	go srv.Serve(ln)
-	t.Cleanup(func() { srv.Close() })
+	serveBody(t, pod)
 	url := "http://" + nettest.HostPort(pod.IP(4), 8080) + "/"
 	wireIdx, loIdx := ifIndexIn(t, pod, "eth0"), ifIndexIn(t, pod, "lo")
 	for _, tc := range []struct {
@@ -494,10 +497,7 @@ func TestCaptureCountLegAndFile(t *testing.T) {
 func TestCaptureReaderExits(t *testing.T) {
 	env := nettest.NewEnv(t)
 	pod := env.NewPod(env.Conf(cniVersion, nil))
-	ln := nettest.Listen(t, pod.NS, "tcp", ":8080")
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, body) })}
-	go srv.Serve(ln)
-	t.Cleanup(func() { srv.Close() })
+	serveBody(t, pod)
 	tcpdump := exec.Command("tcpdump", "-nn", "-c", "3", "-r", "-")
 	pr, pw, err := os.Pipe()
 	if err != nil {
