@@ -10,7 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -75,22 +74,6 @@ func loadState(t *testing.T, env *nettest.Env, id string) *state.Attachment {
 		t.Fatalf("loading state of %s: %v", id, err)
 	}
 	return att
-}
-
-// serveEcho answers every connection on ln with what it reads.
-func serveEcho(t *testing.T, ln net.Listener) {
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				io.Copy(c, c)
-			}()
-		}
-	}()
 }
 
 // assertEcho sends a line from netns to addr and wants it back.
@@ -339,7 +322,7 @@ func TestAddIPAMExhausted(t *testing.T) {
 	if err := env.Check(nettest.WithPrevResult(t, conf, first.Result), first.ID, first.NS); err != nil {
 		t.Errorf("CHECK of the first pod after the failed ADD: %v", err)
 	}
-	serveEcho(t, nettest.Listen(t, first.NS, "tcp", ":7"))
+	nettest.Serve(nettest.Listen(t, first.NS, "tcp", ":7"), nettest.Echo)
 	assertEcho(t, env.Node, nettest.HostPort(first.IP(4), 7))
 
 	if err := env.Del(conf, first.ID, first.NS); err != nil {
@@ -631,7 +614,7 @@ func TestChainedAfterPtp(t *testing.T) {
 		t.Errorf("CHECK: %v", err)
 	}
 	podIP := podAddrs(res)[0].Addr()
-	serveEcho(t, nettest.Listen(t, pod, "tcp", ":8080"))
+	nettest.Serve(nettest.Listen(t, pod, "tcp", ":8080"), nettest.Echo)
 	assertEcho(t, env.Node, nettest.HostPort(podIP, 8080))
 
 	if err := env.Del(conf, id, pod); err != nil {
