@@ -127,7 +127,7 @@ func Build(o Options) (*Stack, error) {
 		s.Wire.Destroy()
 		return nil, err
 	}
-	if err := s.attachWire(); err != nil {
+	if err := s.attachWire(mac); err != nil {
 		s.Close()
 		return nil, fmt.Errorf("building the wire leg on %s: %w", o.Spec.IfName, err)
 	}
@@ -176,12 +176,8 @@ func newStack(bufMax int) (*stack.Stack, error) {
 
 func ptr[T any](v T) *T { return &v }
 
-func (s *Stack) attachWire() error {
+func (s *Stack) attachWire(mac net.HardwareAddr) error {
 	o := s.opts
-	mac, err := net.ParseMAC(o.Spec.MAC)
-	if err != nil {
-		return fmt.Errorf("parsing MAC %q: %w", o.Spec.MAC, err)
-	}
 	fo := fdbased.Options{
 		FDs:                []int{o.LinkFD},
 		MTU:                o.Spec.MTU,
@@ -202,8 +198,8 @@ func (s *Stack) attachWire() error {
 	if o.GSO.Mode == offload.ModeHardware {
 		fo.GSOMaxSize = o.GSO.Link.MaxBurst(o.Spec.MTU)
 	}
-	var ep stack.LinkEndpoint
-	if ep, err = fdbased.New(&fo); err != nil {
+	ep, err := fdbased.New(&fo)
+	if err != nil {
 		return fmt.Errorf("creating the link endpoint: %w", err)
 	}
 	if o.GSO.Mode == offload.ModeSoftware {
