@@ -4,11 +4,11 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"net"
 	"net/netip"
 	"os"
 
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"github.com/vishvananda/netlink"

@@ -53,15 +53,13 @@ func (s *LinkStats) Snapshot() LinkSnapshot {
 type countingLink struct {
 	nested.Endpoint
 	stats *LinkStats
-	syns  *synBucket // nil: no cap
-	// answerSYN answers, with a SYN cookie, a SYN beyond the cap to a
-	// mirrored listener (relay.AnswerSYN); nil: such SYNs are dropped.
+	// gate caps and answers the SYNs among the frames the link delivers;
+	// nil: none (a link socket whose SYNs synPath reads still carries the
+	// few its filter lets by: IPv6 ones behind extension headers).
+	gate *synGate
+	// answerSYN answers, with a SYN cookie, a SYN the gate turns away
+	// from netstack (relay.AnswerSYN); nil: such SYNs are dropped.
 	answerSYN func(ipPacket []byte, from tcpip.LinkAddress) bool
-	// cookiesSent reads netstack's count of SYN cookies its listeners
-	// sent: a listener answers with one only when its handshake backlog
-	// is full, a flood, most likely; nil: never under pressure.
-	cookiesSent func() uint64
-	pressure    synPressure
 }
 
 var (
@@ -101,19 +99,16 @@ func (l *countingLink) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Err
 func (l *countingLink) DeliverNetworkPacket(proto tcpip.NetworkProtocolNumber, pkt *stack.PacketBuffer) {
 	l.stats.RxPackets.Add(1)
 	l.stats.RxBytes.Add(uint64(pkt.Size()))
-	if l.syns != nil && isSYN(proto, pkt) {
-		now := time.Now()
-		// Under pressure netstack's listener would answer with a cookie
-		// too: the fast path sends the same one for a tenth of the CPU.
-		if l.answerSYN != nil && l.pressure.on(now, l.cookiesSent) && l.cookie(pkt) {
+	if l.gate != nil && isSYN(proto, pkt) {
+		var answer func() bool
+		if l.answerSYN != nil {
+			answer = func() bool { return l.cookie(pkt) }
+		}
+		switch l.gate.admit(time.Now(), answer) {
+		case synCookied:
 			l.stats.RxSynCookied.Add(1)
 			return
-		}
-		if !l.syns.take(now) {
-			if l.answerSYN != nil && l.cookie(pkt) {
-				l.stats.RxSynCookied.Add(1)
-				return
-			}
+		case synShed:
 			l.stats.RxSynShed.Add(1)
 			return
 		}
@@ -121,7 +116,15 @@ func (l *countingLink) DeliverNetworkPacket(proto tcpip.NetworkProtocolNumber, p
 	l.Endpoint.DeliverNetworkPacket(proto, pkt)
 }
 
-// cookie hands a SYN the cap turned away to answerSYN.
+// deliverAdmitted counts and passes to netstack a packet the gate has
+// already let through (synPath's SYNs).
+func (l *countingLink) deliverAdmitted(proto tcpip.NetworkProtocolNumber, pkt *stack.PacketBuffer) {
+	l.stats.RxPackets.Add(1)
+	l.stats.RxBytes.Add(uint64(pkt.Size()))
+	l.Endpoint.DeliverNetworkPacket(proto, pkt)
+}
+
+// cookie hands a SYN the gate turned away from netstack to answerSYN.
 func (l *countingLink) cookie(pkt *stack.PacketBuffer) bool {
 	eth := pkt.LinkHeader().Slice()
 	if len(eth) < header.EthernetMinimumSize {

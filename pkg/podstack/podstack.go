@@ -6,10 +6,12 @@ package podstack
 import (
 	"cmp"
 	"fmt"
+	"log/slog"
 	"net"
 	"slices"
 
 	"github.com/cni-usernet/cni-usernet/pkg/offload"
+	"github.com/cni-usernet/cni-usernet/pkg/packetsock"
 	"github.com/cni-usernet/cni-usernet/pkg/podnet"
 	"github.com/cni-usernet/cni-usernet/pkg/relay"
 	"gvisor.dev/gvisor/pkg/tcpip"
@@ -32,6 +34,10 @@ type Options struct {
 	// LinkFD is an AF_PACKET socket bound to Spec.IfName, with
 	// PACKET_VNET_HDR set exactly when GSO.Mode is hardware. Required.
 	LinkFD int
+	// SYN, when not nil, is the link's SYN socket (packetsock.OpenSYN):
+	// the new-connection SYNs are read from it, on a path of their own
+	// (synPath). Nil: LinkFD carries them too.
+	SYN *packetsock.SYNSocket
 	// Pod is the pod kernel's side: the TUN and the relay's listeners.
 	// Required.
 	Pod relay.PodSide
@@ -97,6 +103,8 @@ type Stack struct {
 
 	// Capture taps the wire leg (capture_tap.go); idle, one atomic load.
 	Capture *wireTap
+	// syn reads the link's SYN socket; nil without one (Options.SYNFD).
+	syn *synPath
 }
 
 const wireNIC tcpip.NICID = 1
@@ -209,9 +217,8 @@ func (s *Stack) attachWire(mac net.HardwareAddr) error {
 	// Created disabled and enabled once configured, so that no packet
 	// meets a half-configured NIC.
 	link := newCountingLink(ep, &s.WireStats)
-	link.syns = new(synBucket)
+	link.gate = &synGate{cookiesSent: s.Wire.Stats().TCP.ListenOverflowSynCookieSent.Value}
 	link.answerSYN = s.Relay.AnswerSYN
-	link.cookiesSent = s.Wire.Stats().TCP.ListenOverflowSynCookieSent.Value
 	nicOpts := stack.NICOptions{Name: o.Spec.IfName, Disabled: true}
 	if o.WireQueueLen > 0 {
 		nicOpts.QDisc = fifo.New(link, 1, o.WireQueueLen)
@@ -224,6 +231,22 @@ func (s *Stack) attachWire(mac net.HardwareAddr) error {
 	}
 	if err := s.Wire.EnableNIC(wireNIC); err != nil {
 		return fmt.Errorf("enabling NIC: %s", err)
+	}
+	// The SYN socket queues what arrives until its reader starts.
+	if o.SYN != nil {
+		p, err := newSYNPath(o.SYN, tcpip.LinkAddress(mac))
+		if err != nil {
+			return err
+		}
+		p.link, p.tap = link, s.Capture
+		p.answer, p.count = s.Relay.SYNCookieAnswer, s.Relay.CountFastCookies
+		p.rxChecksumValidated = !o.VerifyRXChecksums
+		p.log = o.Relay.Logger
+		if p.log == nil {
+			p.log = slog.Default()
+		}
+		s.syn = p
+		p.start()
 	}
 	return nil
 }
@@ -284,6 +307,9 @@ func (s *Stack) WireUp() bool { return s.Wire.CheckNIC(wireNIC) }
 
 // Close stops relaying and tears the wire leg down.
 func (s *Stack) Close() {
+	if s.syn != nil {
+		s.syn.close()
+	}
 	if s.Relay != nil {
 		s.Relay.Close()
 	}

@@ -1,6 +1,7 @@
 package podstack
 
 import (
+	"sync"
 	"time"
 
 	"gvisor.dev/gvisor/pkg/tcpip"
@@ -26,8 +27,8 @@ const (
 	synBurst = 3000
 )
 
-// synBucket is the token bucket. It is used by the link's one receiving
-// goroutine only.
+// synBucket is the token bucket. Not safe for concurrent use (synGate
+// guards it).
 type synBucket struct {
 	tokens float64
 	last   time.Time
@@ -85,7 +86,7 @@ func isSYN(proto tcpip.NetworkProtocolNumber, pkt *stack.PacketBuffer) bool {
 // SYNs keep arriving at pressureSYNRate or faster: the fast path's own
 // cookies do not count, and letting a flood back into netstack each time
 // its count stalled would cost netstack's path a burst of SYNs per hold.
-// Used by the link's one receiving goroutine only.
+// Not safe for concurrent use (synGate guards it).
 type synPressure struct {
 	checked, grew time.Time
 	last          uint64
@@ -115,4 +116,49 @@ func (p *synPressure) on(now time.Time, cookiesSent func() uint64) bool {
 		p.checked, p.syns = now, 0
 	}
 	return !p.grew.IsZero() && now.Sub(p.grew) < pressureHold
+}
+
+// synGate decides the fate of each SYN from the wire: handed to netstack,
+// answered with a cookie by the fast path, or shed. The link's receiving
+// goroutine asks it for the SYNs its socket gets and synPath's for the
+// rest, hence the lock (uncontended but for the moments both read SYNs).
+type synGate struct {
+	// cookiesSent reads netstack's count of SYN cookies its listeners
+	// sent: a listener answers with one only when its handshake backlog
+	// is full, a flood, most likely; nil: never under pressure.
+	cookiesSent func() uint64
+	mu          sync.Mutex
+	bucket      synBucket
+	pressure    synPressure
+}
+
+type synVerdict int
+
+const (
+	synPass    synVerdict = iota // to netstack
+	synCookied                   // answered by the fast path
+	synShed                      // dropped
+)
+
+// admit decides for one SYN arriving at now. answer, when not nil, tries
+// to answer it with a cookie and reports whether it did: under pressure
+// every SYN to a mirrored port is (netstack's listener would send the same
+// cookie, for ten times the CPU); beyond the cap, every SYN that can be.
+func (g *synGate) admit(now time.Time, answer func() bool) synVerdict {
+	g.mu.Lock()
+	under := answer != nil && g.pressure.on(now, g.cookiesSent)
+	g.mu.Unlock()
+	if under && answer() {
+		return synCookied
+	}
+	g.mu.Lock()
+	pass := g.bucket.take(now)
+	g.mu.Unlock()
+	switch {
+	case pass:
+		return synPass
+	case answer != nil && answer():
+		return synCookied
+	}
+	return synShed
 }

@@ -5,10 +5,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash"
 	"net/netip"
 	"reflect"
-	"sync"
 	"unsafe"
 
 	"gvisor.dev/gvisor/pkg/buffer"
@@ -60,11 +58,9 @@ func encodeCookieMSS(mss uint16) uint32 {
 	return 0
 }
 
-// cookieKey is one listener's SYN cookie key.
+// cookieKey is one listener's SYN cookie key. Read-only once made.
 type cookieKey struct {
 	nonce [2][sha1.BlockSize]byte
-	mu    sync.Mutex // guards h
-	h     hash.Hash
 }
 
 var errCookieLayout = errors.New("netstack's listener has no SYN cookie key where this build expects one")
@@ -85,26 +81,23 @@ func listenerCookieKey(ep tcpip.Endpoint) (*cookieKey, error) {
 		return nil, errCookieLayout
 	}
 	// The nonces are written when the listener is made and never again.
-	k := &cookieKey{h: sha1.New()}
+	k := &cookieKey{}
 	k.nonce = *(*[2][sha1.BlockSize]byte)(unsafe.Pointer(n.UnsafeAddr()))
 	return k, nil
 }
 
-// hash is tcp/accept.go's cookieHash.
+// hash is tcp/accept.go's cookieHash: SHA-1 over the ports, the time, one
+// nonce and the addresses, in that order. One sha1.Sum over a buffer on the
+// stack: no allocation and no lock, as it runs twice per flooding SYN.
 func (k *cookieKey) hash(local, remote []byte, localPort, remotePort uint16, ts uint32, nonce int) uint32 {
-	var payload [8]byte
-	binary.BigEndian.PutUint16(payload[0:], localPort)
-	binary.BigEndian.PutUint16(payload[2:], remotePort)
-	binary.BigEndian.PutUint32(payload[4:], ts)
-	var sum [sha1.Size]byte
-	k.mu.Lock()
-	k.h.Reset()
-	k.h.Write(payload[:])
-	k.h.Write(k.nonce[nonce][:])
-	k.h.Write(local)
-	k.h.Write(remote)
-	k.h.Sum(sum[:0])
-	k.mu.Unlock()
+	var in [8 + sha1.BlockSize + 2*16]byte
+	binary.BigEndian.PutUint16(in[0:], localPort)
+	binary.BigEndian.PutUint16(in[2:], remotePort)
+	binary.BigEndian.PutUint32(in[4:], ts)
+	n := 8 + copy(in[8:], k.nonce[nonce][:])
+	n += copy(in[n:], local)
+	n += copy(in[n:], remote)
+	sum := sha1.Sum(in[:n])
 	return binary.BigEndian.Uint32(sum[:])
 }
 
@@ -140,37 +133,64 @@ func (r *Relay) cookieKeyFor(dst netip.Addr, port uint16) *cookieKey {
 // link whose address is linkAddr, sent by the link address from) with a
 // SYN cookie, as the mirrored listener for its destination would, and
 // reports whether it did. It sends nothing for a SYN to a port without a
-// mirrored listener. Safe for concurrent use; allocation-light, as it runs
-// once per flooding SYN.
+// mirrored listener. Safe for concurrent use.
 func (r *Relay) AnswerSYN(pkt []byte, from tcpip.LinkAddress) bool {
+	p, proto, ok := r.SYNCookieAnswer(nil, pkt)
+	if !ok {
+		return false
+	}
+	if err := r.wire.Stack.WritePacketToRemote(r.wire.NIC, from, proto, buffer.MakeWithData(p)); err != nil {
+		if _, full := err.(*tcpip.ErrNoBufferSpace); !full || r.wire.WriteDirect == nil {
+			r.stats.TCPCookieFastErrors.Add(1)
+			return false
+		}
+		if err := r.wire.WriteDirect(from, proto, p); err != nil {
+			r.stats.TCPCookieFastErrors.Add(1)
+			return false
+		}
+		r.stats.TCPCookieFastDirect.Add(1)
+	}
+	r.stats.TCPCookieFast.Add(1)
+	return true
+}
+
+// SYNCookieAnswer builds, in buf when it is large enough (the IP packet
+// of a SYN-ACK takes at most 64 bytes), the answer AnswerSYN would send to
+// pkt, a SYN's IP packet, and returns it with its network protocol; ok is
+// false for a SYN to a port without a mirrored listener. For a caller
+// that sends the answers itself and reports the outcome with
+// CountFastCookies. Safe for concurrent use; allocation-free with a buf,
+// as it runs once per flooding SYN.
+func (r *Relay) SYNCookieAnswer(buf, pkt []byte) (answer []byte, proto tcpip.NetworkProtocolNumber, ok bool) {
 	ipLen, src, dst, ok := tcpHeaderAt(pkt)
 	if !ok || len(pkt) < ipLen+header.TCPMinimumSize {
-		return false
+		return nil, 0, false
 	}
 	syn := header.TCP(pkt[ipLen:])
 	off := int(syn.DataOffset())
 	if syn.Flags() != tcpFlagSYN || off < header.TCPMinimumSize || len(syn) < off {
-		return false
+		return nil, 0, false
 	}
 	k := r.cookieKeyFor(dst, syn.DestinationPort())
 	if k == nil {
-		return false
+		return nil, 0, false
 	}
 	opts := header.ParseSynOptions(syn[header.TCPMinimumSize:off], false)
 	// What netstack's listener advertises: the route's MTU less the TCP
 	// header (tcp.calculateAdvertisedMSS).
 	mss := r.wireMTU - header.IPv4MinimumSize - header.TCPMinimumSize
-	proto := ipv4.ProtocolNumber
+	proto = ipv4.ProtocolNumber
 	if dst.Is6() {
 		mss = r.wireMTU - header.IPv6MinimumSize - header.TCPMinimumSize
 		proto = ipv6.ProtocolNumber
 	}
-	dstB, srcB := dst.AsSlice(), src.AsSlice()
-	cookie := k.cookie(dstB, srcB, syn.DestinationPort(), syn.SourcePort(), syn.SequenceNumber(), encodeCookieMSS(opts.MSS), r.cookieTime())
+	dstB, srcB := addrBytes(dst), addrBytes(src)
+	n := dst.BitLen() / 8
+	cookie := k.cookie(dstB[:n], srcB[:n], syn.DestinationPort(), syn.SourcePort(), syn.SequenceNumber(), encodeCookieMSS(opts.MSS), r.cookieTime())
 
-	p, t := newIPPacket(dst, src, protoTCP, synAckHeaderLen)
+	p, t := putIPPacket(buf, dst, src, protoTCP, synAckHeaderLen)
 	if p == nil {
-		return false
+		return nil, 0, false
 	}
 	// Like netstack's cookie SYN-ACK: no window scaling (a cookie does
 	// not encode it), no SACK, no timestamps; the MSS option only.
@@ -186,19 +206,29 @@ func (r *Relay) AnswerSYN(pkt []byte, from tcpip.LinkAddress) bool {
 	t[20], t[21] = tcpOptionMSS, 4
 	binary.BigEndian.PutUint16(t[22:24], uint16(mss))
 	binary.BigEndian.PutUint16(t[16:18], transportChecksum(dst, src, protoTCP, t))
-	if err := r.wire.Stack.WritePacketToRemote(r.wire.NIC, from, proto, buffer.MakeWithData(p)); err != nil {
-		if _, full := err.(*tcpip.ErrNoBufferSpace); !full || r.wire.WriteDirect == nil {
-			r.stats.TCPCookieFastErrors.Add(1)
-			return false
-		}
-		if err := r.wire.WriteDirect(from, proto, p); err != nil {
-			r.stats.TCPCookieFastErrors.Add(1)
-			return false
-		}
-		r.stats.TCPCookieFastDirect.Add(1)
+	return p, proto, true
+}
+
+// addrBytes is a's bytes in the first 4 or 16 of an array: AsSlice
+// allocates.
+func addrBytes(a netip.Addr) (b [16]byte) {
+	if a.Is4() {
+		v4 := a.As4()
+		copy(b[:], v4[:])
+		return b
 	}
-	r.stats.TCPCookieFast.Add(1)
-	return true
+	return a.As16()
+}
+
+// CountFastCookies counts answers from SYNCookieAnswer that their caller
+// sent, and those it failed to send.
+func (r *Relay) CountFastCookies(sent, failed int) {
+	if sent > 0 {
+		r.stats.TCPCookieFast.Add(int64(sent))
+	}
+	if failed > 0 {
+		r.stats.TCPCookieFastErrors.Add(int64(failed))
+	}
 }
 
 // publishCookieKeys makes the fast path use the mirrored listeners in eps.

@@ -139,11 +139,17 @@ func buildUDP(src, dst netip.AddrPort, payload []byte) []byte {
 // from src to dst carrying proto, with l4Len zero bytes after the header,
 // and returns it and those bytes; nil when l4Len does not fit.
 func newIPPacket(src, dst netip.Addr, proto byte, l4Len int) (p, l4 []byte) {
+	return putIPPacket(nil, src, dst, proto, l4Len)
+}
+
+// putIPPacket is newIPPacket in buf when it is large enough (a caller
+// that answers a flood reuses its buffers), in a new slice otherwise.
+func putIPPacket(buf []byte, src, dst netip.Addr, proto byte, l4Len int) (p, l4 []byte) {
 	if src.Is4() {
 		if 20+l4Len > 65535 {
 			return nil, nil
 		}
-		p = make([]byte, 20+l4Len)
+		p = sized(buf, 20+l4Len)
 		p[0] = 0x45
 		binary.BigEndian.PutUint16(p[2:4], uint16(len(p)))
 		p[8] = 64
@@ -156,7 +162,7 @@ func newIPPacket(src, dst netip.Addr, proto byte, l4Len int) (p, l4 []byte) {
 	if l4Len > 65535 {
 		return nil, nil
 	}
-	p = make([]byte, 40+l4Len)
+	p = sized(buf, 40+l4Len)
 	p[0] = 0x60
 	binary.BigEndian.PutUint16(p[4:6], uint16(l4Len))
 	p[6] = proto
@@ -166,11 +172,23 @@ func newIPPacket(src, dst netip.Addr, proto byte, l4Len int) (p, l4 []byte) {
 	return p, p[40:]
 }
 
+// sized is buf[:n] zeroed, or a new slice when buf is too small.
+func sized(buf []byte, n int) []byte {
+	if cap(buf) < n {
+		return make([]byte, n)
+	}
+	buf = buf[:n]
+	clear(buf)
+	return buf
+}
+
 // transportChecksum is the TCP or UDP checksum of l4 (its checksum field
 // zero) under the pseudo-header of src, dst and proto.
 func transportChecksum(src, dst netip.Addr, proto byte, l4 []byte) uint16 {
-	sum := checksum.Checksum(src.AsSlice(), 0)
-	sum = checksum.Checksum(dst.AsSlice(), sum)
+	s, d := addrBytes(src), addrBytes(dst)
+	n := src.BitLen() / 8
+	sum := checksum.Checksum(s[:n], 0)
+	sum = checksum.Checksum(d[:n], sum)
 	sum = checksum.Combine(sum, uint16(proto))
 	sum = checksum.Combine(sum, uint16(len(l4)))
 	return ^checksum.Checksum(l4, sum)

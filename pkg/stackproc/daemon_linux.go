@@ -31,15 +31,18 @@ import (
 // Daemon is a pod stack process's whole life: take over, serve, shut down.
 type Daemon struct {
 	linkFD int
+	syn    *packetsock.SYNSocket // nil: none
 	// socketDrops accumulates packetsock.Drops, which resets on read.
 	socketDrops atomic.Uint64
-	cfg         stackconfig.Config
-	log         *slog.Logger
-	spec        *podnet.Spec
-	gso         offload.Decision
-	stack       *podstack.Stack
-	ctl         *control.Server
-	started     time.Time
+	// synSocketDrops is the same for the SYN socket.
+	synSocketDrops atomic.Uint64
+	cfg            stackconfig.Config
+	log            *slog.Logger
+	spec           *podnet.Spec
+	gso            offload.Decision
+	stack          *podstack.Stack
+	ctl            *control.Server
+	started        time.Time
 	// Startup is how long each step of Start took.
 	Startup *steptime.Steps
 }
@@ -110,6 +113,15 @@ func Start(cfg stackconfig.Config, log *slog.Logger) (*Daemon, error) {
 		return nil, err
 	}
 	d.linkFD = linkFD
+	// Without a SYN socket (a kernel without PACKET_IGNORE_OUTGOING) the
+	// link's socket carries the SYNs too: slower under a flood, the same
+	// otherwise.
+	syn, err := packetsock.OpenSYN(linkFD, packetsock.Options{IfName: cfg.IfName})
+	if err != nil {
+		log.Warn("no SYN socket: a SYN flood shares the link's receive path", "err", err)
+		syn = nil
+	}
+	d.syn = syn
 	ph.Done("packetSocket")
 	wireQueue := cfg.WireQueueLen
 	if d.gso.Mode == offload.ModeOff {
@@ -118,6 +130,7 @@ func Start(cfg stackconfig.Config, log *slog.Logger) (*Daemon, error) {
 	d.stack, err = podstack.Build(podstack.Options{
 		Spec:              spec,
 		LinkFD:            linkFD,
+		SYN:               syn,
 		Pod:               *pod,
 		GSO:               d.gso,
 		GRO:               cfg.GRO,
@@ -133,6 +146,9 @@ func Start(cfg stackconfig.Config, log *slog.Logger) (*Daemon, error) {
 	if err != nil {
 		pod.Close()
 		unix.Close(linkFD)
+		if syn != nil {
+			syn.Close()
+		}
 		return nil, err
 	}
 	ph.Done("netstack")
@@ -207,6 +223,10 @@ type LegStatus struct {
 	// SocketDrops counts frames the kernel dropped at the packet socket
 	// because the stack did not read them in time.
 	SocketDrops uint64 `json:"socketDrops"`
+	// SynSocketDrops counts SYNs the kernel dropped at the SYN socket
+	// (packetsock.OpenSYN) because the stack read them too slowly: what a
+	// flood beyond the SYN path's speed costs (a real client retransmits).
+	SynSocketDrops uint64 `json:"synSocketDrops"`
 	// SynCookiesSent counts SYNs the mirrored listeners answered with a
 	// SYN cookie (their handshake backlog was full: a flood, most likely),
 	// SynCookiesValid the handshakes completed with one, SynCookiesInvalid
@@ -237,9 +257,14 @@ func (d *Daemon) Status() any {
 	if n, err := packetsock.Drops(d.linkFD); err == nil {
 		d.socketDrops.Add(n)
 	}
+	if d.syn != nil {
+		if n, err := packetsock.Drops(d.syn.FD); err == nil {
+			d.synSocketDrops.Add(n)
+		}
+	}
 	s.Wire = LegStatus{LinkSnapshot: d.stack.WireStats.Snapshot(), TCPRetransmits: ws.TCP.Retransmits.Value(),
 		DroppedPackets: ws.DroppedPackets.Value(), TCPCurrentEstablished: ws.TCP.CurrentEstablished.Value(),
-		SocketDrops:    d.socketDrops.Load(),
+		SocketDrops: d.socketDrops.Load(), SynSocketDrops: d.synSocketDrops.Load(),
 		SynCookiesSent: ws.TCP.ListenOverflowSynCookieSent.Value(), SynCookiesValid: ws.TCP.ListenOverflowSynCookieRcvd.Value(),
 		SynCookiesInvalid: ws.TCP.ListenOverflowInvalidSynCookieRcvd.Value(),
 		ListenSynDrops:    ws.TCP.ListenOverflowSynDrop.Value(), ListenAckDrops: ws.TCP.ListenOverflowAckDrop.Value(),

@@ -1,0 +1,197 @@
+package podstack
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/cni-usernet/cni-usernet/pkg/packetsock"
+	"golang.org/x/sys/unix"
+	"gvisor.dev/gvisor/pkg/buffer"
+	"gvisor.dev/gvisor/pkg/rawfile"
+	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/header"
+	"gvisor.dev/gvisor/pkg/tcpip/stack"
+)
+
+// synPath serves the link's SYN socket (packetsock.OpenSYN): the
+// new-connection SYNs, and nothing else, read from its receive ring in
+// batches of up to synBatch. A SYN the
+// gate lets through becomes a packet buffer for netstack, as the link's
+// own reader would make it. Under a flood (the gate's pressure, or beyond
+// its cap) the SYNs are answered here instead, straight from the frame:
+// the cookie SYN-ACK is built in a frame kept for it and the batch's
+// answers go out in one sendmmsg on the same socket, without a packet
+// buffer, netstack's NIC or its queue (docs/reliability/hostile.md has
+// the cost per SYN).
+type synPath struct {
+	sock *packetsock.SYNSocket
+	stop int // eventfd: readable when the loop must end
+	done chan struct{}
+	mac  tcpip.LinkAddress
+	link *countingLink
+	tap  *wireTap
+	// answer builds the cookie SYN-ACK for a SYN's IP packet into buf
+	// (relay.SYNCookieAnswer); count reports what was sent
+	// (relay.CountFastCookies).
+	answer func(buf, ipPacket []byte) ([]byte, tcpip.NetworkProtocolNumber, bool)
+	count  func(sent, failed int)
+	// rxChecksumValidated is fdbased's RXChecksumOffload: the link's
+	// frames are trusted the same way whichever socket read them.
+	rxChecksumValidated bool
+	log                 *slog.Logger
+
+	out  [synBatch][]byte
+	outN [synBatch]int
+	outH [synBatch]rawfile.MMsgHdr
+	outV [synBatch]unix.Iovec
+}
+
+// synBatch is how many SYNs are read before their answers go out in one
+// system call.
+const synBatch = 64
+
+// synAnswerFrame holds an Ethernet header and the largest cookie SYN-ACK
+// (IPv6, 40 + 24 bytes).
+const synAnswerFrame = header.EthernetMinimumSize + 64
+
+func newSYNPath(sock *packetsock.SYNSocket, mac tcpip.LinkAddress) (*synPath, error) {
+	stop, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		return nil, fmt.Errorf("creating the SYN path's stop event: %w", err)
+	}
+	p := &synPath{sock: sock, stop: stop, done: make(chan struct{}), mac: mac}
+	for k := range synBatch {
+		p.out[k] = make([]byte, synAnswerFrame)
+		p.outV[k] = rawfile.IovecFromBytes(p.out[k])
+	}
+	return p, nil
+}
+
+func (p *synPath) start() { go p.run() }
+
+// close stops the loop, waits for it, and closes the socket.
+func (p *synPath) close() {
+	var one [8]byte
+	one[0] = 1 // host order: the eventfd counter is a native uint64
+	_, _ = unix.Write(p.stop, one[:])
+	<-p.done
+	unix.Close(p.stop)
+	p.sock.Close()
+}
+
+func (p *synPath) run() {
+	defer close(p.done)
+	for {
+		stopped, err := p.sock.Wait(p.stop)
+		if stopped {
+			return
+		}
+		if err != nil {
+			// Nothing reads the SYN socket any more: new connections
+			// time out while everything else keeps flowing. Loud.
+			p.log.Error("the SYN path stopped: new connections to the pod are no longer accepted", "err", err)
+			return
+		}
+		now := time.Now()
+		answers := 0
+		for range synBatch {
+			frame, cut, ok := p.sock.Next()
+			if !ok {
+				break
+			}
+			if p.handle(now, frame, cut, answers) {
+				answers++
+			}
+			p.sock.Release()
+		}
+		if answers > 0 {
+			p.send(answers)
+		}
+	}
+}
+
+// handle decides for one SYN frame and reports whether it left an answer
+// in p.out[slot]. A frame cut short by the ring (a SYN carrying more than
+// a ring frame holds) can be answered with a cookie, which needs only its
+// headers, but not handed to netstack: it is shed instead, and the client
+// retransmits it.
+func (p *synPath) handle(now time.Time, frame []byte, cut bool, slot int) bool {
+	if len(frame) < header.EthernetMinimumSize {
+		return false
+	}
+	eth := header.Ethernet(frame)
+	// As fdbased: frames for another host are not ours.
+	if dst := eth.DestinationAddress(); dst != p.mac && dst[0]&1 == 0 {
+		return false
+	}
+	p.tap.RecordFrame(false, frame)
+	proto := eth.Type()
+	ip := frame[header.EthernetMinimumSize:]
+	answered := false
+	var answer func() bool
+	if p.answer != nil {
+		answer = func() bool {
+			buf := p.out[slot]
+			a, _, ok := p.answer(buf[header.EthernetMinimumSize:header.EthernetMinimumSize], ip)
+			if !ok {
+				return false
+			}
+			header.Ethernet(buf).Encode(&header.EthernetFields{SrcAddr: p.mac, DstAddr: eth.SourceAddress(), Type: proto})
+			p.outN[slot] = header.EthernetMinimumSize + len(a)
+			answered = true
+			return true
+		}
+	}
+	stats := p.link.stats
+	verdict := p.link.gate.admit(now, answer)
+	if verdict == synPass && cut {
+		verdict = synShed
+	}
+	switch verdict {
+	case synPass:
+		pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: buffer.MakeWithData(frame)})
+		pkt.LinkHeader().Consume(header.EthernetMinimumSize)
+		pkt.NetworkProtocolNumber = proto
+		pkt.RXChecksumValidated = p.rxChecksumValidated
+		p.link.deliverAdmitted(proto, pkt)
+		pkt.DecRef()
+	case synCookied:
+		stats.RxPackets.Add(1)
+		stats.RxBytes.Add(uint64(len(ip)))
+		stats.RxSynCookied.Add(1)
+	case synShed:
+		stats.RxPackets.Add(1)
+		stats.RxBytes.Add(uint64(len(ip)))
+		stats.RxSynShed.Add(1)
+	}
+	return answered
+}
+
+// send writes the first n answers; what the socket refuses (its buffer
+// full) is dropped and counted: the client retransmits its SYN.
+func (p *synPath) send(n int) {
+	for k := range n {
+		p.outV[k].SetLen(p.outN[k])
+		p.outH[k] = rawfile.MMsgHdr{}
+		p.outH[k].Msg.Iov = &p.outV[k]
+		p.outH[k].Msg.SetIovlen(1)
+		p.tap.RecordFrame(true, p.out[k][:p.outN[k]])
+	}
+	sent := 0
+	for sent < n {
+		m, errno := rawfile.NonBlockingSendMMsg(p.sock.FD, p.outH[sent:n])
+		if errno == unix.EINTR {
+			continue
+		}
+		if errno != 0 || m <= 0 {
+			if !errors.Is(errno, unix.EAGAIN) && !errors.Is(errno, unix.ENOBUFS) {
+				p.log.Debug("sending SYN cookie answers", "err", errno)
+			}
+			break
+		}
+		sent += m
+	}
+	p.count(sent, n-sent)
+}
