@@ -45,6 +45,7 @@ type SYNSocket struct {
 	ring   []byte
 	frames int
 	next   int
+	poll   [2]unix.PollFd // Wait's, kept to not allocate per wait
 }
 
 // Close unmaps the ring and closes the socket.
@@ -92,7 +93,8 @@ func (s *SYNSocket) Wait(stop int) (stopped bool, err error) {
 		if atomic.LoadUint32(s.status(s.next))&unix.TP_STATUS_USER != 0 {
 			return false, nil
 		}
-		fds := []unix.PollFd{{Fd: int32(stop), Events: unix.POLLIN}, {Fd: int32(s.FD), Events: unix.POLLIN}}
+		s.poll = [2]unix.PollFd{{Fd: int32(stop), Events: unix.POLLIN}, {Fd: int32(s.FD), Events: unix.POLLIN}}
+		fds := s.poll[:]
 		if _, err := unix.Ppoll(fds, nil, nil); err != nil && err != unix.EINTR {
 			return false, fmt.Errorf("waiting for SYNs: %w", err)
 		}

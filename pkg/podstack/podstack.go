@@ -103,7 +103,7 @@ type Stack struct {
 
 	// Capture taps the wire leg (capture_tap.go); idle, one atomic load.
 	Capture *wireTap
-	// syn reads the link's SYN socket; nil without one (Options.SYNFD).
+	// syn reads the link's SYN socket; nil without one (Options.SYN).
 	syn *synPath
 }
 

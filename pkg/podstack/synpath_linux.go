@@ -17,9 +17,8 @@ import (
 
 // synPath serves the link's SYN socket (packetsock.OpenSYN): the
 // new-connection SYNs, and nothing else, read from its receive ring in
-// batches of up to synBatch. A SYN the
-// gate lets through becomes a packet buffer for netstack, as the link's
-// own reader would make it. Under a flood (the gate's pressure, or beyond
+// batches of up to synBatch. A SYN the gate lets through becomes a packet
+// buffer for netstack, as the link's own reader would make it. Under a flood (the gate's pressure, or beyond
 // its cap) the SYNs are answered here instead, straight from the frame:
 // the cookie SYN-ACK is built in a frame kept for it and the batch's
 // answers go out in one sendmmsg on the same socket, without a packet
@@ -115,8 +114,9 @@ func (p *synPath) run() {
 // handle decides for one SYN frame and reports whether it left an answer
 // in p.out[slot]. A frame cut short by the ring (a SYN carrying more than
 // a ring frame holds) can be answered with a cookie, which needs only its
-// headers, but not handed to netstack: it is shed instead, and the client
-// retransmits it.
+// headers, but not handed to netstack: it is shed instead (Linux's Fast
+// Open client, the one sender of SYNs with data, retransmits its SYN
+// without the data).
 func (p *synPath) handle(now time.Time, frame []byte, cut bool, slot int) bool {
 	if len(frame) < header.EthernetMinimumSize {
 		return false
@@ -159,11 +159,11 @@ func (p *synPath) handle(now time.Time, frame []byte, cut bool, slot int) bool {
 		pkt.DecRef()
 	case synCookied:
 		stats.RxPackets.Add(1)
-		stats.RxBytes.Add(uint64(len(ip)))
+		stats.RxBytes.Add(uint64(len(frame))) // as the link's counters: the frame
 		stats.RxSynCookied.Add(1)
 	case synShed:
 		stats.RxPackets.Add(1)
-		stats.RxBytes.Add(uint64(len(ip)))
+		stats.RxBytes.Add(uint64(len(frame)))
 		stats.RxSynShed.Add(1)
 	}
 	return answered
