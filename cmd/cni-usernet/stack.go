@@ -81,9 +81,9 @@ func runStack(argv []string) error {
 	log.Info("stack sandboxed", "sandbox", sb)
 	log.Info("stack ready", d.Startup.Attr("startup"), slog.Duration("sinceExec", time.Since(processStart).Round(100*time.Microsecond)))
 	report("ok")
-	d.Run(ctx)
+	err = d.Run(ctx)
 	// The shutdown path runs under the filter too; the tests look for this
 	// line to know it completed.
 	log.Info("stack stopped")
-	return nil
+	return err
 }

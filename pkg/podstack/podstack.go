@@ -6,9 +6,9 @@ package podstack
 import (
 	"cmp"
 	"fmt"
-	"log/slog"
 	"net"
 	"slices"
+	"sync"
 
 	"github.com/cni-usernet/cni-usernet/pkg/offload"
 	"github.com/cni-usernet/cni-usernet/pkg/packetsock"
@@ -105,6 +105,20 @@ type Stack struct {
 	Capture *wireTap
 	// syn reads the link's SYN socket; nil without one (Options.SYN).
 	syn *synPath
+	// failed gets, once, why a reader of the link stopped on its own.
+	failed   chan error
+	failOnce sync.Once
+}
+
+// Failed is readable when a reader of the pod's link stopped on its own:
+// the kernel reported an error on its socket (ENETDOWN when the pod's
+// interface was set down, which also unhooks the socket). The stack is
+// deaf from then on, even once the link is up again; its process should
+// exit so that the node agent starts a new one.
+func (s *Stack) Failed() <-chan error { return s.failed }
+
+func (s *Stack) fail(err error) {
+	s.failOnce.Do(func() { s.failed <- err })
 }
 
 const wireNIC tcpip.NICID = 1
@@ -118,7 +132,7 @@ func Build(o Options) (*Stack, error) {
 	if o.TCPBufferBytes == 0 {
 		o.TCPBufferBytes = DefaultTCPBufferBytes
 	}
-	s := &Stack{opts: o}
+	s := &Stack{opts: o, failed: make(chan error, 1)}
 	mac, err := net.ParseMAC(o.Spec.MAC)
 	if err != nil {
 		return nil, fmt.Errorf("parsing MAC %q: %w", o.Spec.MAC, err)
@@ -202,6 +216,13 @@ func (s *Stack) attachWire(mac net.HardwareAddr) error {
 		// backlog) instead of in the socket's receive buffer, where the
 		// kernel drops the excess.
 		ProcessorsPerChannel: 1,
+		// Called with nil when the endpoint is closed, with the error when
+		// its reader ended on one.
+		ClosedFunc: func(err tcpip.Error) {
+			if err != nil {
+				s.fail(fmt.Errorf("reading %s: %s", o.Spec.IfName, err))
+			}
+		},
 	}
 	if o.GSO.Mode == offload.ModeHardware {
 		fo.GSOMaxSize = o.GSO.Link.MaxBurst(o.Spec.MTU)
@@ -241,10 +262,7 @@ func (s *Stack) attachWire(mac net.HardwareAddr) error {
 		p.link, p.tap = link, s.Capture
 		p.answer, p.count = s.Relay.SYNCookieAnswer, s.Relay.CountFastCookies
 		p.rxChecksumValidated = !o.VerifyRXChecksums
-		p.log = o.Relay.Logger
-		if p.log == nil {
-			p.log = slog.Default()
-		}
+		p.failed = s.fail
 		s.syn = p
 		p.start()
 	}

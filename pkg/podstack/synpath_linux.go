@@ -1,9 +1,7 @@
 package podstack
 
 import (
-	"errors"
 	"fmt"
-	"log/slog"
 	"time"
 
 	"github.com/cni-usernet/cni-usernet/pkg/packetsock"
@@ -39,7 +37,8 @@ type synPath struct {
 	// rxChecksumValidated is fdbased's RXChecksumOffload: the link's
 	// frames are trusted the same way whichever socket read them.
 	rxChecksumValidated bool
-	log                 *slog.Logger
+	// failed reports that the loop ended on an error (Stack.Failed).
+	failed func(error)
 
 	out  [synBatch][]byte
 	outN [synBatch]int
@@ -88,9 +87,9 @@ func (p *synPath) run() {
 			return
 		}
 		if err != nil {
-			// Nothing reads the SYN socket any more: new connections
-			// time out while everything else keeps flowing. Loud.
-			p.log.Error("the SYN path stopped: new connections to the pod are no longer accepted", "err", err)
+			// Nothing would read the SYN socket any more: new
+			// connections would time out while the rest kept flowing.
+			p.failed(fmt.Errorf("SYN socket: %w", err))
 			return
 		}
 		now := time.Now()
@@ -186,10 +185,7 @@ func (p *synPath) send(n int) {
 			continue
 		}
 		if errno != 0 || m <= 0 {
-			if !errors.Is(errno, unix.EAGAIN) && !errors.Is(errno, unix.ENOBUFS) {
-				p.log.Debug("sending SYN cookie answers", "err", errno)
-			}
-			break
+			break // counted as failed below; the clients retransmit
 		}
 		sent += m
 	}

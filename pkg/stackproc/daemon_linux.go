@@ -184,14 +184,24 @@ func loadOrCollect(cfg stackconfig.Config) (*podnet.Spec, error) {
 	return spec, nil
 }
 
-// Run blocks until ctx ends, then shuts the stack down. The kernel-side
-// configuration (TUN, ingress drop) is left in place: a restarted stack
-// re-attaches to it, and DEL removes it with the pod.
-func (d *Daemon) Run(ctx context.Context) {
-	<-ctx.Done()
-	d.log.Info("shutting down")
+// Run blocks until ctx ends, or until the stack can no longer read the
+// pod's link (podstack.Stack.Failed), then shuts the stack down; the
+// latter is returned, so that the process exits with an error and the node
+// agent starts a new stack. The kernel-side configuration (TUN, ingress
+// drop) is left in place: a restarted stack re-attaches to it, and DEL
+// removes it with the pod.
+func (d *Daemon) Run(ctx context.Context) error {
+	var err error
+	select {
+	case <-ctx.Done():
+		d.log.Info("shutting down")
+	case err = <-d.stack.Failed():
+		err = fmt.Errorf("the stack no longer receives from the pod's link: %w", err)
+		d.log.Error("shutting down for a restart", "err", err)
+	}
 	d.ctl.Close()
 	d.stack.Close()
+	return err
 }
 
 // Healthy implements control.Source.
