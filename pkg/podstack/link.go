@@ -104,24 +104,25 @@ func (l *countingLink) DeliverNetworkPacket(proto tcpip.NetworkProtocolNumber, p
 		if l.answerSYN != nil {
 			answer = func() bool { return l.cookie(pkt) }
 		}
-		switch l.gate.admit(time.Now(), answer) {
-		case synCookied:
-			l.stats.RxSynCookied.Add(1)
-			return
-		case synShed:
-			l.stats.RxSynShed.Add(1)
+		if l.stats.turnedAway(l.gate.admit(time.Now(), answer)) {
 			return
 		}
 	}
 	l.Endpoint.DeliverNetworkPacket(proto, pkt)
 }
 
-// deliverAdmitted counts and passes to netstack a packet the gate has
-// already let through (synPath's SYNs).
-func (l *countingLink) deliverAdmitted(proto tcpip.NetworkProtocolNumber, pkt *stack.PacketBuffer) {
-	l.stats.RxPackets.Add(1)
-	l.stats.RxBytes.Add(uint64(pkt.Size()))
-	l.Endpoint.DeliverNetworkPacket(proto, pkt)
+// turnedAway counts a SYN the gate kept from netstack, and reports
+// whether it did.
+func (s *LinkStats) turnedAway(v synVerdict) bool {
+	switch v {
+	case synCookied:
+		s.RxSynCookied.Add(1)
+	case synShed:
+		s.RxSynShed.Add(1)
+	default:
+		return false
+	}
+	return true
 }
 
 // cookie hands a SYN the gate turned away from netstack to answerSYN.

@@ -126,9 +126,10 @@ func (p *synPath) handle(now time.Time, frame []byte, cut bool, slot int) bool {
 		return false
 	}
 	p.tap.RecordFrame(false, frame)
+	p.link.stats.RxPackets.Add(1)
+	p.link.stats.RxBytes.Add(uint64(len(frame))) // as the link counts: the frame
 	proto := eth.Type()
 	ip := frame[header.EthernetMinimumSize:]
-	answered := false
 	var answer func() bool
 	if p.answer != nil {
 		answer = func() bool {
@@ -139,33 +140,25 @@ func (p *synPath) handle(now time.Time, frame []byte, cut bool, slot int) bool {
 			}
 			header.Ethernet(buf).Encode(&header.EthernetFields{SrcAddr: p.mac, DstAddr: eth.SourceAddress(), Type: proto})
 			p.outN[slot] = header.EthernetMinimumSize + len(a)
-			answered = true
 			return true
 		}
 	}
-	stats := p.link.stats
 	verdict := p.link.gate.admit(now, answer)
 	if verdict == synPass && cut {
 		verdict = synShed
 	}
-	switch verdict {
-	case synPass:
-		pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: buffer.MakeWithData(frame)})
-		pkt.LinkHeader().Consume(header.EthernetMinimumSize)
-		pkt.NetworkProtocolNumber = proto
-		pkt.RXChecksumValidated = p.rxChecksumValidated
-		p.link.deliverAdmitted(proto, pkt)
-		pkt.DecRef()
-	case synCookied:
-		stats.RxPackets.Add(1)
-		stats.RxBytes.Add(uint64(len(frame))) // as the link's counters: the frame
-		stats.RxSynCookied.Add(1)
-	case synShed:
-		stats.RxPackets.Add(1)
-		stats.RxBytes.Add(uint64(len(frame)))
-		stats.RxSynShed.Add(1)
+	if p.link.stats.turnedAway(verdict) {
+		// Only a successful answer makes the verdict synCookied.
+		return verdict == synCookied
 	}
-	return answered
+	pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: buffer.MakeWithData(frame)})
+	pkt.LinkHeader().Consume(header.EthernetMinimumSize)
+	pkt.NetworkProtocolNumber = proto
+	pkt.RXChecksumValidated = p.rxChecksumValidated
+	// Counted above and admitted: past the link's own gate, to netstack.
+	p.link.Endpoint.DeliverNetworkPacket(proto, pkt)
+	pkt.DecRef()
+	return false
 }
 
 // send writes the first n answers; what the socket refuses (its buffer
