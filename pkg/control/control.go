@@ -74,8 +74,12 @@ func Listen(path string, src Source) (*Server, error) {
 	}
 	// Profiles on demand, for the benchmark's "where does the time go":
 	//   curl --unix-socket SOCK http://stack/debug/pprof/profile?seconds=10
+	// and the execution trace, for the wake-ups between goroutines that a
+	// CPU profile does not show (go tool trace):
+	//   curl --unix-socket SOCK http://stack/debug/pprof/trace?seconds=2
 	mux.HandleFunc("GET /debug/pprof/", pprof.Index)
 	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
 	s := &Server{srv: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}, ln: ln, path: path}
 	go s.srv.Serve(ln)
 	return s, nil

@@ -21,6 +21,12 @@ type Options struct {
 	// are not capped by net.core.[rw]mem_max (212 KiB by default, too small
 	// to absorb a burst at several Gbit/s). Zero: DefaultBufferBytes.
 	BufferBytes int
+	// SendOnly binds the socket to the interface with protocol 0: it
+	// sends, and receives nothing (the kernel hooks no receive handler for
+	// it). The link then has one socket read by the stack's own reader and
+	// one that netstack's link endpoint writes through (see
+	// podstack.Options.TXFD).
+	SendOnly bool
 }
 
 // DefaultBufferBytes is runsc's figure: 4 MiB holds about 2,700 full-size
@@ -61,6 +67,11 @@ func Open(o Options) (int, error) {
 		_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUF, size)
 	}
 	ll := unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: iface.Index}
+	if o.SendOnly {
+		// The kernel parses a SOCK_RAW frame's EtherType for its protocol
+		// when the socket has none.
+		ll.Protocol = 0
+	}
 	if err := unix.Bind(fd, &ll); err != nil {
 		return -1, fmt.Errorf("binding AF_PACKET socket to %s: %w", o.IfName, err)
 	}

@@ -24,10 +24,13 @@ import (
 
 // fuzzStack is one whole pod stack (the wire leg, the relay, the pinger) whose wire
 // link and TUN are socketpairs: a frame written to wirePeer is what the
-// pod's eth0 would receive from the network.
+// pod's eth0 would receive from the network (read by the stack's
+// linkReader, as in the stack process); what the stack sends arrives at
+// sentPeer.
 type fuzzStack struct {
 	s        *Stack
 	wirePeer int
+	sentPeer int
 }
 
 var (
@@ -44,6 +47,10 @@ var (
 
 func newFuzzStack() (*fuzzStack, error) {
 	wire, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	sent, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -65,6 +72,7 @@ func newFuzzStack() (*fuzzStack, error) {
 	s, err := Build(Options{
 		Spec:   spec,
 		LinkFD: wire[0],
+		TXFD:   sent[0],
 		// The test runs in the machine's own network namespace: nothing
 		// may be dialled there for the frames it makes up.
 		Pod:          relay.PodSide{TUN: os.NewFile(uintptr(tun[0]), "tun"), Dialer: refusingDialer{}},
@@ -77,7 +85,7 @@ func newFuzzStack() (*fuzzStack, error) {
 	// Whatever the stack sends (SYN-ACKs, RSTs, relayed datagrams) is read
 	// and dropped, so its writes never block; the replies to the probes
 	// are noted.
-	for _, fd := range []int{wire[1], tun[1]} {
+	for _, fd := range []int{sent[1], tun[1]} {
 		go func() {
 			buf := make([]byte, 1<<16)
 			for {
@@ -85,7 +93,7 @@ func newFuzzStack() (*fuzzStack, error) {
 				if err != nil && err != unix.EAGAIN && err != unix.EINTR {
 					return
 				}
-				if n > 0 && fd == wire[1] {
+				if n > 0 && fd == sent[1] {
 					if seq, ok := probeReply(buf[:n]); ok {
 						fuzzReplied.Store(uint32(seq))
 					}
@@ -94,7 +102,7 @@ func newFuzzStack() (*fuzzStack, error) {
 			}
 		}()
 	}
-	return &fuzzStack{s: s, wirePeer: wire[1]}, nil
+	return &fuzzStack{s: s, wirePeer: wire[1], sentPeer: sent[1]}, nil
 }
 
 // frame builds an Ethernet frame to the fuzz stack carrying an IPv4

@@ -34,6 +34,13 @@ type Options struct {
 	// LinkFD is an AF_PACKET socket bound to Spec.IfName, with
 	// PACKET_VNET_HDR set exactly when GSO.Mode is hardware. Required.
 	LinkFD int
+	// TXFD, when set, is a send-only packet socket on the same interface
+	// (packetsock.Options.SendOnly, with PACKET_VNET_HDR as LinkFD):
+	// netstack's link endpoint writes through it, and LinkFD is read by the
+	// stack's own reader on Go's netpoller (linkReader), so that what a
+	// frame wakes runs on the thread that read it. Zero: fdbased reads and
+	// writes LinkFD.
+	TXFD int
 	// SYN, when not nil, is the link's SYN socket (packetsock.OpenSYN):
 	// the new-connection SYNs are read from it, on a path of their own
 	// (synPath). Nil: LinkFD carries them too.
@@ -105,6 +112,8 @@ type Stack struct {
 	Capture *wireTap
 	// syn reads the link's SYN socket; nil without one (Options.SYN).
 	syn *synPath
+	// reader reads LinkFD; nil when fdbased does (no Options.TXFD).
+	reader *linkReader
 	// failed gets, once, why a reader of the link stopped on its own.
 	failed   chan error
 	failOnce sync.Once
@@ -137,7 +146,7 @@ func Build(o Options) (*Stack, error) {
 	if err != nil {
 		return nil, fmt.Errorf("parsing MAC %q: %w", o.Spec.MAC, err)
 	}
-	direct := &directWriter{fd: o.LinkFD, vnetHdr: o.GSO.Mode == offload.ModeHardware, mac: mac}
+	direct := &directWriter{fd: o.sendFD(), vnetHdr: o.GSO.Mode == offload.ModeHardware, mac: mac}
 	// Protocol handlers must be in place before the NIC delivers its first
 	// packet (netstack does not synchronise setting them), so the relay
 	// comes before the NIC.
@@ -154,6 +163,14 @@ func Build(o Options) (*Stack, error) {
 		return nil, fmt.Errorf("building the wire leg on %s: %w", o.Spec.IfName, err)
 	}
 	return s, nil
+}
+
+// sendFD is the socket frames are sent on.
+func (o *Options) sendFD() int {
+	if o.TXFD > 0 {
+		return o.TXFD
+	}
+	return o.LinkFD
 }
 
 func newStack(bufMax int) (*stack.Stack, error) {
@@ -201,7 +218,7 @@ func ptr[T any](v T) *T { return &v }
 func (s *Stack) attachWire(mac net.HardwareAddr) error {
 	o := s.opts
 	fo := fdbased.Options{
-		FDs:                []int{o.LinkFD},
+		FDs:                []int{o.sendFD()},
 		MTU:                o.Spec.MTU,
 		EthernetHeader:     true,
 		Address:            tcpip.LinkAddress(mac),
@@ -224,6 +241,11 @@ func (s *Stack) attachWire(mac net.HardwareAddr) error {
 			}
 		},
 	}
+	if o.TXFD > 0 {
+		// A fanout group needs a socket that receives (EINVAL on a
+		// send-only one), and one socket has nobody to share with.
+		fo.PreConfigured, fo.IsPacketSocket = true, []bool{true}
+	}
 	if o.GSO.Mode == offload.ModeHardware {
 		fo.GSOMaxSize = o.GSO.Link.MaxBurst(o.Spec.MTU)
 	}
@@ -232,7 +254,7 @@ func (s *Stack) attachWire(mac net.HardwareAddr) error {
 		return fmt.Errorf("creating the link endpoint: %w", err)
 	}
 	if o.GSO.Mode == offload.ModeSoftware {
-		ep = newSoftwareGSOLink(ep, o.LinkFD, softwareGSOMaxSize)
+		ep = newSoftwareGSOLink(ep, o.sendFD(), softwareGSOMaxSize)
 	}
 	ep = s.tapWire(ep)
 	// Created disabled and enabled once configured, so that no packet
@@ -253,7 +275,20 @@ func (s *Stack) attachWire(mac net.HardwareAddr) error {
 	if err := s.Wire.EnableNIC(wireNIC); err != nil {
 		return fmt.Errorf("enabling NIC: %s", err)
 	}
-	// The SYN socket queues what arrives until its reader starts.
+	// The sockets queue what arrives until their readers start.
+	if o.TXFD > 0 {
+		r, err := newLinkReader(o.LinkFD, o.GSO.Mode == offload.ModeHardware)
+		if err != nil {
+			return err
+		}
+		r.mac = tcpip.LinkAddress(mac)
+		r.rxChecksumValidated = !o.VerifyRXChecksums
+		r.gro.Init(o.GRO)
+		r.gro.Dispatcher = s.Capture
+		r.failed = s.fail
+		s.reader = r
+		r.start()
+	}
 	if o.SYN != nil {
 		p, err := newSYNPath(o.SYN, tcpip.LinkAddress(mac))
 		if err != nil {
@@ -325,6 +360,9 @@ func (s *Stack) WireUp() bool { return s.Wire.CheckNIC(wireNIC) }
 
 // Close stops relaying and tears the wire leg down.
 func (s *Stack) Close() {
+	if s.reader != nil {
+		s.reader.close()
+	}
 	if s.syn != nil {
 		s.syn.close()
 	}

@@ -122,6 +122,15 @@ func Start(cfg stackconfig.Config, log *slog.Logger) (*Daemon, error) {
 		syn = nil
 	}
 	d.syn = syn
+	// Frames are sent on a socket of their own so that the link's socket
+	// can be read on Go's netpoller (podstack.Options.TXFD). Without it
+	// fdbased reads the link as before: correct, with a thread hand-off
+	// more per received batch.
+	txFD, err := packetsock.Open(packetsock.Options{IfName: cfg.IfName, VnetHdr: d.gso.Mode == offload.ModeHardware, SendOnly: true})
+	if err != nil {
+		log.Warn("no send socket: the link is read by fdbased", "err", err)
+		txFD = 0
+	}
 	ph.Done("packetSocket")
 	wireQueue := cfg.WireQueueLen
 	if d.gso.Mode == offload.ModeOff {
@@ -130,6 +139,7 @@ func Start(cfg stackconfig.Config, log *slog.Logger) (*Daemon, error) {
 	d.stack, err = podstack.Build(podstack.Options{
 		Spec:              spec,
 		LinkFD:            linkFD,
+		TXFD:              txFD,
 		SYN:               syn,
 		Pod:               *pod,
 		GSO:               d.gso,
@@ -146,6 +156,9 @@ func Start(cfg stackconfig.Config, log *slog.Logger) (*Daemon, error) {
 	if err != nil {
 		pod.Close()
 		unix.Close(linkFD)
+		if txFD > 0 {
+			unix.Close(txFD)
+		}
 		if syn != nil {
 			syn.Close()
 		}

@@ -1,0 +1,213 @@
+package podstack
+
+import (
+	"fmt"
+	"os"
+	"sync/atomic"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+	"gvisor.dev/gvisor/pkg/buffer"
+	"gvisor.dev/gvisor/pkg/rawfile"
+	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/header"
+	"gvisor.dev/gvisor/pkg/tcpip/stack"
+	"gvisor.dev/gvisor/pkg/tcpip/stack/gro"
+)
+
+// linkReader reads the pod's link socket on Go's network poller and hands
+// each batch to netstack in its own goroutine.
+//
+// fdbased's reader blocks in ppoll inside a system call that gives its P
+// away (entersyscallblock). Everything the batch woke (netstack's TCP
+// processor, then the relay goroutine that writes to the application)
+// then waits for another OS thread to be woken to run it: 25-60 µs per
+// request on this kind of VM (go tool trace of a TCP_RR run, the stack's
+// /debug/pprof/trace). A goroutine parked on the netpoller instead leaves
+// its thread to exactly those goroutines, so a request crosses the stack
+// on the thread that read it. fdbased keeps the sending, on a socket of
+// its own that receives nothing (packetsock.Options.SendOnly).
+type linkReader struct {
+	file                *os.File // a dup of the link socket, registered with the netpoller
+	rc                  syscall.RawConn
+	mac                 tcpip.LinkAddress
+	vnetHdr             bool
+	rxChecksumValidated bool
+	// gro delivers (or merges first, with Options.GRO) to what fdbased
+	// would deliver to: the link endpoints above it.
+	gro      gro.GRO
+	failed   func(error)
+	done     chan struct{}
+	stopping atomic.Bool
+
+	bufs [linkReadBatch]rxBuffer
+	msgs [linkReadBatch]rawfile.MMsgHdr
+	n    int
+	err  unix.Errno
+}
+
+// linkReadBatch is how many frames one recvmmsg takes, as fdbased's.
+const linkReadBatch = 8
+
+// rxBufSizes shape a frame's buffer as fdbased's BufConfig does: small
+// frames take one small view, a GRO'd 64 KiB frame (hardware mode) all of
+// them, and only the views a frame used are replaced after it.
+var rxBufSizes = [...]int{128, 256, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768}
+
+type rxBuffer struct {
+	vnet   [virtioNetHdrLen]byte // filled by the kernel, not used: see deliver
+	views  [len(rxBufSizes)]*buffer.View
+	iovecs [len(rxBufSizes) + 1]unix.Iovec
+}
+
+func newLinkReader(fd int, vnetHdr bool) (*linkReader, error) {
+	dup, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("duplicating the link socket: %w", err)
+	}
+	if err := unix.SetNonblock(dup, true); err != nil {
+		unix.Close(dup)
+		return nil, fmt.Errorf("making the link socket non-blocking: %w", err)
+	}
+	// Non-blocking, so os.NewFile registers it with the netpoller.
+	f := os.NewFile(uintptr(dup), "link")
+	rc, err := f.SyscallConn()
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("link socket: %w", err)
+	}
+	return &linkReader{file: f, rc: rc, vnetHdr: vnetHdr, done: make(chan struct{})}, nil
+}
+
+func (r *linkReader) start() { go r.run() }
+
+// close stops the reader and waits for it. The link socket itself stays
+// open (its owner closes it).
+func (r *linkReader) close() {
+	r.stopping.Store(true)
+	r.file.Close()
+	<-r.done
+	for k := range r.bufs {
+		r.bufs[k].release()
+	}
+}
+
+func (r *linkReader) run() {
+	defer close(r.done)
+	for {
+		err := r.rc.Read(r.recv)
+		if err != nil {
+			if !r.stopping.Load() {
+				r.failed(fmt.Errorf("reading the link: %w", err))
+			}
+			return
+		}
+		if r.err != 0 {
+			// ENETDOWN: the interface went down, and the kernel unhooked
+			// the socket; nothing would arrive again (Stack.Failed).
+			r.failed(fmt.Errorf("reading the link: %w", r.err))
+			return
+		}
+		for k := range r.n {
+			r.deliver(k, int(r.msgs[k].Len))
+		}
+		r.gro.Flush()
+	}
+}
+
+// recv is rc.Read's callback: one non-blocking recvmmsg. It returns false
+// to wait for the socket to become readable.
+func (r *linkReader) recv(fd uintptr) bool {
+	for k := range r.msgs {
+		iov := r.bufs[k].iovecsFor(r.vnetHdr)
+		r.msgs[k] = rawfile.MMsgHdr{}
+		r.msgs[k].Msg.Iov = &iov[0]
+		r.msgs[k].Msg.SetIovlen(len(iov))
+	}
+	for {
+		n, _, errno := unix.Syscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&r.msgs[0])), uintptr(len(r.msgs)), unix.MSG_DONTWAIT, 0, 0)
+		switch errno {
+		case unix.EINTR:
+			continue
+		case unix.EAGAIN:
+			return false
+		case 0:
+			r.n, r.err = int(n), 0
+		default:
+			r.n, r.err = 0, errno
+		}
+		return true
+	}
+}
+
+// deliver hands frame k of the batch, n bytes as read, to netstack, as
+// fdbased would: the virtio-net header (hardware mode) is skipped, since
+// checksums are trusted or verified as fdbased is told
+// (rxChecksumValidated) and a GRO'd frame is taken whole; frames for
+// another host's MAC are dropped.
+func (r *linkReader) deliver(k, n int) {
+	b := &r.bufs[k]
+	if r.vnetHdr {
+		n -= virtioNetHdrLen
+	}
+	if n < header.EthernetMinimumSize {
+		return
+	}
+	eth := header.Ethernet(b.views[0].AsSlice())
+	if dst := eth.DestinationAddress(); dst != r.mac && dst[0]&1 == 0 {
+		return // the views are reused as they are
+	}
+	pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: b.take(n)})
+	defer pkt.DecRef()
+	pkt.LinkHeader().Consume(header.EthernetMinimumSize)
+	pkt.NetworkProtocolNumber = eth.Type()
+	pkt.RXChecksumValidated = r.rxChecksumValidated
+	r.gro.Enqueue(pkt)
+}
+
+// iovecsFor points the iovecs at the buffer's views, allocating those the
+// last frame took.
+func (b *rxBuffer) iovecsFor(vnetHdr bool) []unix.Iovec {
+	iov := b.iovecs[:0]
+	if vnetHdr {
+		iov = append(iov, rawfile.IovecFromBytes(b.vnet[:]))
+	}
+	for i, size := range rxBufSizes {
+		if b.views[i] == nil {
+			b.views[i] = buffer.NewViewSize(size)
+		}
+		iov = append(iov, unix.Iovec{Base: b.views[i].BasePtr()})
+		iov[len(iov)-1].SetLen(size)
+	}
+	return iov
+}
+
+// take moves the views holding a frame of n bytes into a buffer.
+func (b *rxBuffer) take(n int) buffer.Buffer {
+	var out buffer.Buffer
+	left := n
+	for i := range b.views {
+		if left <= 0 {
+			break
+		}
+		v := b.views[i]
+		b.views[i] = nil
+		if v.Size() > left {
+			v.CapLength(left)
+		}
+		left -= v.Size()
+		out.Append(v)
+	}
+	return out
+}
+
+// release frees the views (on close).
+func (b *rxBuffer) release() {
+	for i, v := range b.views {
+		if v != nil {
+			v.Release()
+			b.views[i] = nil
+		}
+	}
+}
