@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime"
 	rdebug "runtime/debug"
 	"strconv"
 	"syscall"
@@ -53,6 +54,11 @@ func runStack(argv []string) error {
 		return err
 	}
 	log = log.With("ifName", cfg.IfName)
+	// GOMAXPROCS in the environment (passed on by the plugin) is for
+	// experiments and wins over the configuration.
+	if os.Getenv("GOMAXPROCS") == "" {
+		runtime.GOMAXPROCS(cfg.Threads)
+	}
 	sandboxMode, err := sandbox.ModeFromEnv()
 	if err != nil {
 		report("error: " + err.Error())

@@ -58,6 +58,9 @@ type NetConf struct {
 	// accepted and ignored (see TUNOffload).
 	WireQueueLen int `json:"wireQueueLen,omitempty"`
 	AppQueueLen  int `json:"appQueueLen,omitempty"`
+	// StackThreads is how many threads run the pod stack's Go code at
+	// once (its GOMAXPROCS). Zero: stackconfig.DefaultThreads.
+	StackThreads int `json:"stackThreads,omitempty"`
 	// MaxTCP, MaxUDP and UDPIdle bound the relay.
 	MaxTCP  int    `json:"maxTCP,omitempty"`
 	MaxUDP  int    `json:"maxUDP,omitempty"`

@@ -304,14 +304,14 @@ func FuzzParse(f *testing.F) {
 func TestStackConfig(t *testing.T) {
 	c, err := netconf.Parse([]byte(`{"cniVersion":"1.1.0","name":"n","type":"cni-usernet","ipam":{"type":"host-local"},
 		"tunName":"tun7","tunMTU":9000,"gsoMaxSize":32768,"gsoMaxSegs":8,"gro":true,"rxChecksumOffload":false,
-		"wireQueueLen":-1,"maxTCP":10,"maxUDP":20,"udpIdle":"15s","podLinkOffloadsOff":true}`))
+		"wireQueueLen":-1,"stackThreads":2,"maxTCP":10,"maxUDP":20,"udpIdle":"15s","podLinkOffloadsOff":true}`))
 	if err != nil {
 		t.Fatal(err)
 	}
 	got := c.StackConfig("eth1", offload.ModeSoftware, "/spec", "/sock")
 	want := stackconfig.Config{IfName: "eth1", GSO: offload.ModeSoftware, SpecPath: "/spec", ControlSocket: "/sock",
 		TUNName: "tun7", TUNMTU: 9000, GSOMaxSize: 32768, GSOMaxSegs: 8, GRO: true, VerifyRXChecksums: true,
-		WireQueueLen: -1, MaxTCP: 10, MaxUDP: 20, UDPIdle: stackconfig.Duration(15 * time.Second), PodLinkOffloadsOff: true}
+		WireQueueLen: -1, Threads: 2, MaxTCP: 10, MaxUDP: 20, UDPIdle: stackconfig.Duration(15 * time.Second), PodLinkOffloadsOff: true}
 	if got != want {
 		t.Fatalf("got  %+v\nwant %+v", got, want)
 	}

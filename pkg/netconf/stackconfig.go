@@ -23,6 +23,7 @@ func (c *NetConf) StackConfig(ifName string, mode offload.Mode, specPath, contro
 		GRO:                c.GRO,
 		VerifyRXChecksums:  c.RXChecksumOffload != nil && !*c.RXChecksumOffload,
 		WireQueueLen:       c.WireQueueLen,
+		Threads:            c.StackThreads,
 		MaxTCP:             c.MaxTCP,
 		MaxUDP:             c.MaxUDP,
 		UDPIdle:            stackconfig.Duration(c.UDPIdleDuration()),

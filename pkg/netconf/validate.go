@@ -40,6 +40,9 @@ const (
 	// hold a 64 KiB GSO burst, so 65536 of them is already 4 GiB per leg,
 	// far past the 1024 that measured best (stackconfig.DefaultQueueLen).
 	maxQueueLen = 65536
+	// maxStackThreads bounds stackThreads: more than a node's CPUs only
+	// adds idle threads.
+	maxStackThreads = 1024
 	// minDuration: an idle UDP flow expired, or a stack given up on, in
 	// less than a second is a unit mistake ("30" meant as seconds is
 	// refused by the parser; "30ms" is caught here).
@@ -81,6 +84,7 @@ var accepted = map[string]string{
 	"tunMTU":       fmt.Sprintf("%d..%d; absent or 0: %d", minMTUv6, maxMTU, stackconfig.DefaultTUNMTU),
 	"wireQueueLen": fmt.Sprintf("a packet count 1..%d, -1 for no queue; absent or 0: %d", maxQueueLen, stackconfig.DefaultQueueLen),
 	"appQueueLen":  fmt.Sprintf("a packet count 1..%d or -1 (accepted and ignored since the applications' traffic left the TUN)", maxQueueLen),
+	"stackThreads": fmt.Sprintf("a thread count 1..%d; absent or 0: %d", maxStackThreads, stackconfig.DefaultThreads),
 	"maxTCP":       "a non-negative count of relayed TCP connections; absent or 0: the relay's default",
 	"maxUDP":       "a non-negative count of relayed UDP flows; absent or 0: the relay's default",
 	"udpIdle":      fmt.Sprintf(`a positive duration like "30s", at least %s; absent: the relay's default`, minDuration),
@@ -142,6 +146,9 @@ func (c *NetConf) validate(data []byte) error {
 		if q.n < -1 || q.n > maxQueueLen {
 			return badValue(q.key, strconv.Itoa(q.n))
 		}
+	}
+	if c.StackThreads < 0 || c.StackThreads > maxStackThreads {
+		return badValue("stackThreads", strconv.Itoa(c.StackThreads))
 	}
 	for _, m := range []struct {
 		key string

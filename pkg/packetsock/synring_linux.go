@@ -38,14 +38,13 @@ const (
 )
 
 // SYNSocket is the socket that receives a link's new-connection SYNs
-// (OpenSYN), with its receive ring. Next, Release and Wait are for one
+// (OpenSYN), with its receive ring. Next, Release and Ready are for one
 // reading goroutine.
 type SYNSocket struct {
 	FD     int
 	ring   []byte
 	frames int
 	next   int
-	poll   [2]unix.PollFd // Wait's, kept to not allocate per wait
 }
 
 // Close unmaps the ring and closes the socket.
@@ -86,25 +85,22 @@ func (s *SYNSocket) Release() {
 	}
 }
 
-// Wait blocks until the ring holds a SYN or stop (an eventfd) is
-// readable, and reports the latter.
-func (s *SYNSocket) Wait(stop int) (stopped bool, err error) {
-	for {
-		if atomic.LoadUint32(s.status(s.next))&unix.TP_STATUS_USER != 0 {
-			return false, nil
-		}
-		s.poll = [2]unix.PollFd{{Fd: int32(stop), Events: unix.POLLIN}, {Fd: int32(s.FD), Events: unix.POLLIN}}
-		fds := s.poll[:]
-		if _, err := unix.Ppoll(fds, nil, nil); err != nil && err != unix.EINTR {
-			return false, fmt.Errorf("waiting for SYNs: %w", err)
-		}
-		if fds[0].Revents&unix.POLLIN != 0 {
-			return true, nil
-		}
-		if fds[1].Revents&(unix.POLLERR|unix.POLLHUP|unix.POLLNVAL) != 0 {
-			return false, fmt.Errorf("waiting for SYNs: the socket reports %#x", fds[1].Revents)
-		}
+// Ready reports whether the ring holds a SYN for Next.
+func (s *SYNSocket) Ready() bool {
+	return atomic.LoadUint32(s.status(s.next))&unix.TP_STATUS_USER != 0
+}
+
+// Err takes the socket's pending error, if any (SO_ERROR): ENETDOWN once
+// the interface went down, which also unhooked the socket from it.
+func (s *SYNSocket) Err() error {
+	v, err := unix.GetsockoptInt(s.FD, unix.SOL_SOCKET, unix.SO_ERROR)
+	if err != nil {
+		return fmt.Errorf("reading the SYN socket's error: %w", err)
 	}
+	if v != 0 {
+		return unix.Errno(v)
+	}
+	return nil
 }
 
 // setupRing turns fd's receive path into the ring.

@@ -62,22 +62,33 @@ type rxBuffer struct {
 }
 
 func newLinkReader(fd int, vnetHdr bool) (*linkReader, error) {
+	f, rc, err := pollable(fd, "link socket")
+	if err != nil {
+		return nil, err
+	}
+	return &linkReader{file: f, rc: rc, vnetHdr: vnetHdr, done: make(chan struct{})}, nil
+}
+
+// pollable returns a duplicate of fd registered with Go's netpoller (fd
+// becomes non-blocking: they share the open file). Closing the file wakes
+// its reader with an error and leaves fd open.
+func pollable(fd int, what string) (*os.File, syscall.RawConn, error) {
 	dup, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
 	if err != nil {
-		return nil, fmt.Errorf("duplicating the link socket: %w", err)
+		return nil, nil, fmt.Errorf("duplicating the %s: %w", what, err)
 	}
 	if err := unix.SetNonblock(dup, true); err != nil {
 		unix.Close(dup)
-		return nil, fmt.Errorf("making the link socket non-blocking: %w", err)
+		return nil, nil, fmt.Errorf("making the %s non-blocking: %w", what, err)
 	}
 	// Non-blocking, so os.NewFile registers it with the netpoller.
-	f := os.NewFile(uintptr(dup), "link")
+	f := os.NewFile(uintptr(dup), what)
 	rc, err := f.SyscallConn()
 	if err != nil {
 		f.Close()
-		return nil, fmt.Errorf("link socket: %w", err)
+		return nil, nil, fmt.Errorf("%s: %w", what, err)
 	}
-	return &linkReader{file: f, rc: rc, vnetHdr: vnetHdr, done: make(chan struct{})}, nil
+	return f, rc, nil
 }
 
 func (r *linkReader) start() { go r.run() }

@@ -2,6 +2,9 @@ package podstack
 
 import (
 	"fmt"
+	"os"
+	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/cni-usernet/cni-usernet/pkg/packetsock"
@@ -24,11 +27,16 @@ import (
 // the cost per SYN).
 type synPath struct {
 	sock *packetsock.SYNSocket
-	stop int // eventfd: readable when the loop must end
-	done chan struct{}
-	mac  tcpip.LinkAddress
-	link *countingLink
-	tap  *wireTap
+	// file is a dup of the socket on Go's netpoller: the reader waits
+	// for SYNs there, never in a system call that holds its thread's P
+	// (see linkReader; with one P a blocked ppoll would stall the stack).
+	file     *os.File
+	rc       syscall.RawConn
+	stopping atomic.Bool
+	done     chan struct{}
+	mac      tcpip.LinkAddress
+	link     *countingLink
+	tap      *wireTap
 	// answer builds the cookie SYN-ACK for a SYN's IP packet into buf
 	// (relay.SYNCookieAnswer); count reports what was sent
 	// (relay.CountFastCookies).
@@ -55,11 +63,11 @@ const synBatch = 64
 const synAnswerFrame = header.EthernetMinimumSize + 64
 
 func newSYNPath(sock *packetsock.SYNSocket, mac tcpip.LinkAddress) (*synPath, error) {
-	stop, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	f, rc, err := pollable(sock.FD, "SYN socket")
 	if err != nil {
-		return nil, fmt.Errorf("creating the SYN path's stop event: %w", err)
+		return nil, err
 	}
-	p := &synPath{sock: sock, stop: stop, done: make(chan struct{}), mac: mac}
+	p := &synPath{sock: sock, file: f, rc: rc, done: make(chan struct{}), mac: mac}
 	for k := range synBatch {
 		p.out[k] = make([]byte, synAnswerFrame)
 		p.outV[k] = rawfile.IovecFromBytes(p.out[k])
@@ -71,25 +79,35 @@ func (p *synPath) start() { go p.run() }
 
 // close stops the loop, waits for it, and closes the socket.
 func (p *synPath) close() {
-	var one [8]byte
-	one[0] = 1 // host order: the eventfd counter is a native uint64
-	_, _ = unix.Write(p.stop, one[:])
+	p.stopping.Store(true)
+	p.file.Close()
 	<-p.done
-	unix.Close(p.stop)
 	p.sock.Close()
 }
 
 func (p *synPath) run() {
 	defer close(p.done)
 	for {
-		stopped, err := p.sock.Wait(p.stop)
-		if stopped {
-			return
+		var sockErr error
+		err := p.rc.Read(func(uintptr) bool {
+			if p.sock.Ready() {
+				return true
+			}
+			// An empty ring: before waiting, the error that woke us, if
+			// that is what did.
+			sockErr = p.sock.Err()
+			return sockErr != nil
+		})
+		if err == nil {
+			err = sockErr
 		}
 		if err != nil {
+			if p.stopping.Load() {
+				return
+			}
 			// Nothing would read the SYN socket any more: new
 			// connections would time out while the rest kept flowing.
-			p.failed(fmt.Errorf("SYN socket: %w", err))
+			p.failed(fmt.Errorf("SYN socket: waiting for SYNs: %w", err))
 			return
 		}
 		now := time.Now()

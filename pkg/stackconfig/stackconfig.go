@@ -55,6 +55,8 @@ type Config struct {
 	// off never queues the wire leg: it is defined as one packet per
 	// system call, the baseline the other modes are measured against.
 	WireQueueLen int `json:"wireQueueLen,omitempty"`
+	// Threads is the stack process's GOMAXPROCS. Zero: DefaultThreads.
+	Threads int `json:"threads,omitempty"`
 	// MaxTCP, MaxUDP and UDPIdle bound the relay (see relay.Options).
 	MaxTCP  int      `json:"maxTCP,omitempty"`
 	MaxUDP  int      `json:"maxUDP,omitempty"`
@@ -93,6 +95,16 @@ func (d *Duration) UnmarshalJSON(b []byte) error {
 // in hardware and software mode; 1024 packets hold a 4 MiB window of
 // full-size frames without drops.
 const DefaultQueueLen = 1024
+
+// DefaultThreads is the stack's GOMAXPROCS: one. With every reader of the
+// stack on Go's netpoller, the goroutines a frame wakes (netstack's TCP
+// processor, the relay, the wire queue) run one after the other on the
+// thread that read it; a second P only adds an idle thread that the
+// runtime wakes to spin for work at every hand-off, which cost the stack
+// 40 % of its CPU under request/response and took a core from the
+// applications and the peer on a 2-CPU node. Measured in one interleaved
+// run (BENCHMARKS.md, "Session 6"): one thread against two.
+const DefaultThreads = 1
 
 // DefaultTUNName is the app leg's device in the pod.
 const DefaultTUNName = "usernet0"
@@ -137,6 +149,12 @@ func (c *Config) Validate() error {
 		c.WireQueueLen = 0
 	case c.WireQueueLen < -1:
 		return fmt.Errorf("queue length %d: want a positive length, 0 for the default or -1 for none", c.WireQueueLen)
+	}
+	switch {
+	case c.Threads == 0:
+		c.Threads = DefaultThreads
+	case c.Threads < 0:
+		return fmt.Errorf("threads %d: want a positive count, 0 for the default", c.Threads)
 	}
 	if _, err := offload.ParseMode(string(c.GSO)); err != nil {
 		return err

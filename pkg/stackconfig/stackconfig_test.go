@@ -26,7 +26,7 @@ func TestRead(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.TUNName != DefaultTUNName || c.TUNMTU != DefaultTUNMTU || c.GSO != offload.ModeAuto || c.WireQueueLen != DefaultQueueLen || c.VerifyRXChecksums {
+	if c.TUNName != DefaultTUNName || c.TUNMTU != DefaultTUNMTU || c.GSO != offload.ModeAuto || c.WireQueueLen != DefaultQueueLen || c.Threads != DefaultThreads || c.VerifyRXChecksums {
 		t.Fatalf("defaults: %+v", c)
 	}
 	c, err = Read(write(`{"ifName":"eth0","specPath":"/s","controlSocket":"/c","noRxChecksumOffload":true,"tunOffload":true,"appQueueLen":5,"wireQueueLen":-1,"udpIdle":"30s"}`))
@@ -42,6 +42,7 @@ func TestRead(t *testing.T) {
 		`{"ifName":"eth0","specPath":"/s","controlSocket":"/c","tunMTU":100}`,
 		`{"ifName":"eth0","specPath":"/s","controlSocket":"/c","wireQueueLen":-2}`,
 		`{"ifName":"eth0","specPath":"/s","controlSocket":"/c","gso":"fast"}`,
+		`{"ifName":"eth0","specPath":"/s","controlSocket":"/c","threads":-1}`,
 		`{"ifName":"eth0","specPath":"/s","controlSocket":"/c","udpIdle":"-1s"}`,
 	} {
 		if _, err := Read(write(bad)); err == nil {
@@ -49,7 +50,7 @@ func TestRead(t *testing.T) {
 		}
 	}
 	// What the plugin writes reads back the same.
-	want := Config{IfName: "eth0", SpecPath: "/s", ControlSocket: "/c", TUNName: "tun9", TUNMTU: 9000, GSO: offload.ModeSoftware, WireQueueLen: 7, VerifyRXChecksums: true, MaxTCP: 3}
+	want := Config{IfName: "eth0", SpecPath: "/s", ControlSocket: "/c", TUNName: "tun9", TUNMTU: 9000, GSO: offload.ModeSoftware, WireQueueLen: 7, Threads: 2, VerifyRXChecksums: true, MaxTCP: 3}
 	b, _ := json.Marshal(want)
 	got, err := Read(write(string(b)))
 	if err != nil || *got != want {
