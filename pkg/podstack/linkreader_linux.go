@@ -43,8 +43,7 @@ type linkReader struct {
 
 	bufs [linkReadBatch]rxBuffer
 	msgs [linkReadBatch]rawfile.MMsgHdr
-	n    int
-	err  unix.Errno
+	err  unix.Errno // why serve ended
 }
 
 // linkReadBatch is how many frames one recvmmsg takes, as fdbased's.
@@ -106,49 +105,52 @@ func (r *linkReader) close() {
 
 func (r *linkReader) run() {
 	defer close(r.done)
-	for {
-		err := r.rc.Read(r.recv)
-		if err != nil {
-			if !r.stopping.Load() {
-				r.failed(fmt.Errorf("reading the link: %w", err))
-			}
-			return
-		}
-		if r.err != 0 {
-			// ENETDOWN: the interface went down, and the kernel unhooked
-			// the socket; nothing would arrive again (Stack.Failed).
-			r.failed(fmt.Errorf("reading the link: %w", r.err))
-			return
-		}
-		for k := range r.n {
-			r.deliver(k, int(r.msgs[k].Len))
-		}
-		r.gro.Flush()
+	// One RawRead for the reader's life: serve returns only on a socket
+	// error, and waits for readability by returning false.
+	err := r.rc.Read(r.serve)
+	switch {
+	case err != nil && r.stopping.Load():
+	case err != nil:
+		r.failed(fmt.Errorf("reading the link: %w", err))
+	default:
+		// ENETDOWN: the interface went down, and the kernel unhooked the
+		// socket; nothing would arrive again (Stack.Failed).
+		r.failed(fmt.Errorf("reading the link: %w", r.err))
 	}
 }
 
-// recv is rc.Read's callback: one non-blocking recvmmsg. It returns false
-// to wait for the socket to become readable.
-func (r *linkReader) recv(fd uintptr) bool {
-	for k := range r.msgs {
-		iov := r.bufs[k].iovecsFor(r.vnetHdr)
-		r.msgs[k] = rawfile.MMsgHdr{}
-		r.msgs[k].Msg.Iov = &iov[0]
-		r.msgs[k].Msg.SetIovlen(len(iov))
-	}
+// serve is rc.Read's callback: it reads and delivers batches until the
+// socket is empty, then returns false to wait for it to become readable,
+// or true on an error (r.err). A batch that was not full drained the
+// socket when it was read: whatever arrived since has marked the socket
+// readable for the wait, so serve waits without the recvmmsg that would
+// only say EAGAIN (one system call less per received request).
+func (r *linkReader) serve(fd uintptr) bool {
 	for {
+		for k := range r.msgs {
+			iov := r.bufs[k].iovecsFor(r.vnetHdr)
+			r.msgs[k] = rawfile.MMsgHdr{}
+			r.msgs[k].Msg.Iov = &iov[0]
+			r.msgs[k].Msg.SetIovlen(len(iov))
+		}
 		n, _, errno := unix.Syscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&r.msgs[0])), uintptr(len(r.msgs)), unix.MSG_DONTWAIT, 0, 0)
 		switch errno {
+		case 0:
 		case unix.EINTR:
 			continue
 		case unix.EAGAIN:
 			return false
-		case 0:
-			r.n, r.err = int(n), 0
 		default:
-			r.n, r.err = 0, errno
+			r.err = errno
+			return true
 		}
-		return true
+		for k := range int(n) {
+			r.deliver(k, int(r.msgs[k].Len))
+		}
+		r.gro.Flush()
+		if int(n) < len(r.msgs) {
+			return false
+		}
 	}
 }
 
