@@ -102,7 +102,7 @@ func (b *bench) selected() []*config {
 		if c.Baseline && b.o.BaselineBin == "" {
 			continue
 		}
-		if len(b.o.Only) == 0 && (c.Peer == "" || b.o.Peers) || slices.Contains(b.o.Only, c.Name) {
+		if len(b.o.Only) == 0 && !c.ByName && (c.Peer == "" || b.o.Peers) || slices.Contains(b.o.Only, c.Name) {
 			out = append(out, c)
 		}
 	}

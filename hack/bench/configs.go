@@ -42,6 +42,12 @@ type config struct {
 	// (--baseline-bin, run.sh --baseline REV): the old build beside the new
 	// one in the same interleaved run, for A/B checks of a change.
 	Baseline bool
+	// Keys are more conflist keys of cni-usernet: a setting's A/B beside
+	// its default (e.g. wireQueueLen, stackThreads).
+	Keys map[string]any
+	// ByName runs the configuration only when --only names it: A/B rows
+	// stay out of full runs.
+	ByName bool
 }
 
 func (c *config) usernet() bool { return c.Plugin == "cni-usernet" }
@@ -62,6 +68,10 @@ var allConfigs = []*config{
 	{Name: "usernet-off", Plugin: "cni-usernet", GSO: "off", Desc: `cni-usernet "gso": "off"`},
 	{Name: "usernet-auto-nooffload", Plugin: "cni-usernet", GSO: "auto", NoOffload: true, Desc: `cni-usernet "gso": "auto", tso/gso/sg off on the link`},
 	{Name: "usernet-segs2", Plugin: "cni-usernet", GSO: "hardware", GSOMaxSegs: 2, Desc: `cni-usernet "gso": "hardware", gso_max_segs 2 on the link`},
+	{Name: "usernet-hardware-noqueue", Plugin: "cni-usernet", GSO: "hardware", Keys: map[string]any{"wireQueueLen": -1}, ByName: true,
+		Desc: `cni-usernet "gso": "hardware", "wireQueueLen": -1 (no wire queue)`},
+	{Name: "usernet-hardware-2threads", Plugin: "cni-usernet", GSO: "hardware", Keys: map[string]any{"stackThreads": 2}, ByName: true,
+		Desc: `cni-usernet "gso": "hardware", "stackThreads": 2`},
 	{Name: "baseline-hardware", Plugin: "cni-usernet", GSO: "hardware", Baseline: true, Desc: `cni-usernet built from run.sh --baseline REV, "gso": "hardware" (only with --baseline-bin)`},
 	{Name: "runsc-hostgso", Plugin: "ptp", Peer: "runsc", PeerArgs: []string{"--gso=true"},
 		Desc:   "gVisor runsc netstack, host GSO (--gso=true)",
@@ -122,6 +132,9 @@ func (c *config) conflist(ipamDir, stateDir, logDir string, ipv6 bool) ([]byte, 
 		}
 		if c.GSOMaxSegs > 0 {
 			plugin["gsoMaxSegs"] = c.GSOMaxSegs
+		}
+		for k, v := range c.Keys {
+			plugin[k] = v
 		}
 	default:
 		return nil, fmt.Errorf("configuration %s has no CNI plugin (%q)", c.Name, c.Plugin)
