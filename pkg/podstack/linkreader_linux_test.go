@@ -12,9 +12,6 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
-	"gvisor.dev/gvisor/pkg/tcpip"
-	"gvisor.dev/gvisor/pkg/tcpip/checksum"
-	"gvisor.dev/gvisor/pkg/tcpip/header"
 
 	"github.com/cni-usernet/cni-usernet/pkg/offload"
 	"github.com/cni-usernet/cni-usernet/pkg/packetsock"
@@ -140,29 +137,12 @@ func readerStack(t *testing.T, mode offload.Mode) (*Stack, ns.NetNS, int) {
 	return s, netns, peer
 }
 
-// pingOnce sends one echo request from the gateway to the pod IP in a
-// frame to dst and waits up to 2s for the reply.
+// pingOnce sends the fuzz stack's probe (an echo request to the pod IP)
+// in a frame to dst and waits up to 2s for the reply.
 func pingOnce(t *testing.T, peer int, dst net.HardwareAddr, seq uint16) (uint16, bool) {
 	t.Helper()
-	icmp := make([]byte, header.ICMPv4MinimumSize+len(probeData))
-	h := header.ICMPv4(icmp)
-	h.SetType(header.ICMPv4Echo)
-	h.SetIdent(probeID)
-	h.SetSequence(seq)
-	copy(h.Payload(), probeData)
-	h.SetChecksum(^checksum.Checksum(icmp, 0))
-	frame := make([]byte, header.EthernetMinimumSize+header.IPv4MinimumSize+len(icmp))
-	header.Ethernet(frame).Encode(&header.EthernetFields{SrcAddr: "\x02\x00\x00\x00\x00\x01", DstAddr: tcpip.LinkAddress(dst), Type: header.IPv4ProtocolNumber})
-	ip := header.IPv4(frame[header.EthernetMinimumSize:])
-	ip.Encode(&header.IPv4Fields{
-		TotalLength: uint16(header.IPv4MinimumSize + len(icmp)),
-		TTL:         64,
-		Protocol:    uint8(header.ICMPv4ProtocolNumber),
-		SrcAddr:     tcpip.AddrFrom4(fuzzGw.As4()),
-		DstAddr:     tcpip.AddrFrom4(fuzzPodIP.As4()),
-	})
-	ip.SetChecksum(^ip.CalculateChecksum())
-	copy(frame[header.EthernetMinimumSize+header.IPv4MinimumSize:], icmp)
+	frame := fuzzProbe(seq)
+	copy(frame[:6], dst) // the Ethernet destination
 	if _, err := unix.Write(peer, frame); err != nil {
 		t.Fatalf("sending echo request %d: %v", seq, err)
 	}
