@@ -44,6 +44,10 @@ type linkReader struct {
 	bufs [linkReadBatch]rxBuffer
 	msgs [linkReadBatch]rawfile.MMsgHdr
 	err  unix.Errno // why serve ended
+	// refill is how many messages, from the first, the last batch filled
+	// and serve has not yet given new views: the others' iovecs still
+	// point at theirs.
+	refill int
 }
 
 // linkReadBatch is how many frames one recvmmsg takes, as fdbased's.
@@ -65,7 +69,7 @@ func newLinkReader(fd int, vnetHdr bool) (*linkReader, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &linkReader{file: f, rc: rc, vnetHdr: vnetHdr, done: make(chan struct{})}, nil
+	return &linkReader{file: f, rc: rc, vnetHdr: vnetHdr, done: make(chan struct{}), refill: linkReadBatch}, nil
 }
 
 // pollable returns a duplicate of fd registered with Go's netpoller (fd
@@ -127,12 +131,12 @@ func (r *linkReader) run() {
 // only say EAGAIN (one system call less per received request).
 func (r *linkReader) serve(fd uintptr) bool {
 	for {
-		for k := range r.msgs {
+		for k := range r.refill {
 			iov := r.bufs[k].iovecsFor(r.vnetHdr)
-			r.msgs[k] = rawfile.MMsgHdr{}
 			r.msgs[k].Msg.Iov = &iov[0]
 			r.msgs[k].Msg.SetIovlen(len(iov))
 		}
+		r.refill = 0
 		n, _, errno := unix.Syscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&r.msgs[0])), uintptr(len(r.msgs)), unix.MSG_DONTWAIT, 0, 0)
 		switch errno {
 		case 0:
@@ -148,7 +152,8 @@ func (r *linkReader) serve(fd uintptr) bool {
 			r.deliver(k, int(r.msgs[k].Len))
 		}
 		r.gro.Flush()
-		if int(n) < len(r.msgs) {
+		r.refill = int(n)
+		if r.refill < len(r.msgs) {
 			return false
 		}
 	}

@@ -87,44 +87,49 @@ func (p *synPath) close() {
 
 func (p *synPath) run() {
 	defer close(p.done)
-	for {
-		var sockErr error
-		err := p.rc.Read(func(uintptr) bool {
-			if p.sock.Ready() {
-				return true
-			}
-			// An empty ring: before waiting, the error that woke us, if
-			// that is what did.
+	// One RawRead for the loop's life, as linkReader's: serve returns
+	// false to wait for the ring, true on a socket error.
+	var sockErr error
+	err := p.rc.Read(func(uintptr) bool {
+		if !p.sock.Ready() {
+			// Woken (or started) with an empty ring: the error that woke
+			// us, if that is what did.
 			sockErr = p.sock.Err()
 			return sockErr != nil
-		})
-		if err == nil {
-			err = sockErr
 		}
-		if err != nil {
-			if p.stopping.Load() {
-				return
-			}
-			// Nothing would read the SYN socket any more: new
-			// connections would time out while the rest kept flowing.
-			p.failed(fmt.Errorf("SYN socket: waiting for SYNs: %w", err))
-			return
+		for p.sock.Ready() {
+			p.serveBatch()
 		}
-		now := time.Now()
-		answers := 0
-		for range synBatch {
-			frame, cut, ok := p.sock.Next()
-			if !ok {
-				break
-			}
-			if p.handle(now, frame, cut, answers) {
-				answers++
-			}
-			p.sock.Release()
+		return false
+	})
+	if err == nil {
+		err = sockErr
+	}
+	if p.stopping.Load() {
+		return
+	}
+	// Nothing would read the SYN socket any more: new connections would
+	// time out while the rest kept flowing.
+	p.failed(fmt.Errorf("SYN socket: waiting for SYNs: %w", err))
+}
+
+// serveBatch handles up to synBatch SYNs from the ring and sends their
+// answers in one system call.
+func (p *synPath) serveBatch() {
+	now := time.Now()
+	answers := 0
+	for range synBatch {
+		frame, cut, ok := p.sock.Next()
+		if !ok {
+			break
 		}
-		if answers > 0 {
-			p.send(answers)
+		if p.handle(now, frame, cut, answers) {
+			answers++
 		}
+		p.sock.Release()
+	}
+	if answers > 0 {
+		p.send(answers)
 	}
 }
 
