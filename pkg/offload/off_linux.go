@@ -13,18 +13,23 @@ import (
 // variants (tx-tcp-accecn-segmentation …) go off too, which the legacy
 // ETHTOOL_STSO command does not do.
 var offPatterns = []string{
-	"tx-tcp*-segmentation",    // tso
+	tsoPattern,
 	"tx-generic-segmentation", // gso
 	"tx-scatter-gather*",      // sg
 }
 
-func turnedOff(name string) bool {
-	for _, p := range offPatterns {
-		if ok, _ := path.Match(p, name); ok {
-			return true
+// tsoPattern is what "ethtool -K dev tso off" turns off.
+const tsoPattern = "tx-tcp*-segmentation"
+
+func matchesAny(patterns []string) func(name string) bool {
+	return func(name string) bool {
+		for _, p := range patterns {
+			if ok, _ := path.Match(p, name); ok {
+				return true
+			}
 		}
+		return false
 	}
-	return false
 }
 
 // LinkOffloadsOff turns TCP segmentation offload, generic segmentation
@@ -33,20 +38,37 @@ func turnedOff(name string) bool {
 // the ethtool ioctl rather than ethtool(8), which neither the image nor
 // every node has.
 func LinkOffloadsOff(ifName string) error {
+	if err := featuresOff(ifName, matchesAny(offPatterns)); err != nil {
+		return fmt.Errorf("turning offloads off on %s: %w", ifName, err)
+	}
+	return nil
+}
+
+// LinkTSOOff turns TCP segmentation offload off on ifName, as "ethtool -K
+// ifName tso off" does, so that the GSO packets the stack hands the kernel
+// in ModeSoftware are segmented by the kernel's GSO before the device
+// rather than passed to it whole. Generic segmentation offload and
+// scatter-gather stay on: the kernel's GSO then splits a packet without
+// copying its payload.
+func LinkTSOOff(ifName string) error {
+	if err := featuresOff(ifName, matchesAny([]string{tsoPattern})); err != nil {
+		return fmt.Errorf("turning TSO off on %s: %w", ifName, err)
+	}
+	return nil
+}
+
+func featuresOff(ifName string, off func(name string) bool) error {
 	if len(ifName) >= unix.IFNAMSIZ {
 		return fmt.Errorf("interface name %q longer than %d bytes", ifName, unix.IFNAMSIZ-1)
 	}
 	fd, err := ioctlSocket()
 	if err != nil {
-		return fmt.Errorf("turning offloads off on %s: %w", ifName, err)
+		return err
 	}
 	defer unix.Close(fd)
 	names, err := featureNames(fd, ifName)
 	if err != nil {
-		return fmt.Errorf("turning offloads off on %s: %w", ifName, err)
+		return err
 	}
-	if err := setFeaturesOff(fd, ifName, len(names), func(bit int) bool { return turnedOff(names[bit]) }); err != nil {
-		return fmt.Errorf("turning offloads off on %s: %w", ifName, err)
-	}
-	return nil
+	return setFeaturesOff(fd, ifName, len(names), func(bit int) bool { return off(names[bit]) })
 }

@@ -86,7 +86,7 @@ func TestLinkOffloadsOff(t *testing.T) {
 		}
 		matched := 0
 		for bit, n := range names {
-			if turnedOff(n) {
+			if matchesAny(offPatterns)(n) {
 				matched++
 				if active[bit] {
 					t.Errorf("feature %s of %s: got on, want off", n, name)
@@ -123,5 +123,49 @@ func TestLinkOffloadsOffMissingLink(t *testing.T) {
 	err := netns.Do(func(ns.NetNS) error { return LinkOffloadsOff("nosuchlink0") })
 	if err == nil {
 		t.Fatal("LinkOffloadsOff(nosuchlink0): got nil error, want one")
+	}
+}
+
+// TestLinkTSOOff turns only TSO off (software GSO mode): GSO and
+// scatter-gather, which let the kernel's GSO split a packet without copying
+// it, stay on; and auto detection still sees GSO on the link.
+func TestLinkTSOOff(t *testing.T) {
+	netns := newTestNS(t)
+	const name, peer = "tso0", "tso1"
+	err := netns.Do(func(ns.NetNS) error {
+		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: peer}); err != nil {
+			return fmt.Errorf("adding veth %s: %v", name, err)
+		}
+		if err := LinkTSOOff(name); err != nil {
+			return fmt.Errorf("LinkTSOOff(%s): %v", name, err)
+		}
+		fd, err := ioctlSocket()
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		for _, f := range []struct {
+			name string
+			cmd  uint32
+			want bool
+		}{{"TSO", unix.ETHTOOL_GTSO, false}, {"GSO", unix.ETHTOOL_GGSO, true}, {"SG", unix.ETHTOOL_GSG, true}} {
+			got, err := ethtoolGet(fd, name, f.cmd)
+			if err != nil {
+				return fmt.Errorf("reading %s of %s: %v", f.name, name, err)
+			}
+			if got != f.want {
+				t.Errorf("%s of %s after LinkTSOOff: got %v, want %v", f.name, name, got, f.want)
+			}
+		}
+		if on, err := ethtoolGet(fd, peer, unix.ETHTOOL_GTSO); err != nil || !on {
+			t.Errorf("TSO of peer %s: got %v, %v, want on (untouched)", peer, on, err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := netns.Do(func(ns.NetNS) error { return LinkTSOOff("nosuchlink0") }); err == nil || !strings.Contains(err.Error(), "nosuchlink0") {
+		t.Errorf("LinkTSOOff(nosuchlink0): got %v, want an error naming the link", err)
 	}
 }

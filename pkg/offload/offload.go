@@ -25,15 +25,21 @@ const (
 	// ModeHardware hands the link GSO packets with a virtio-net header and
 	// lets the kernel (or the device) segment them.
 	ModeHardware Mode = "hardware"
-	// ModeSoftware tells netstack the link takes GSO packets, segments
-	// each in the wire link endpoint (pkg/gso) and writes the MTU-sized
-	// frames to the link in one batch; it is not gVisor's own software
-	// GSO, which splits inside TCP.
+	// ModeSoftware hands the kernel 64 KiB GSO packets with a virtio-net
+	// header, as ModeHardware does, and has the kernel's GSO segment them
+	// in software on the way to the link, whatever the link offers (the
+	// stack turns the link's TSO off, see LinkTSOOff): MTU-sized frames on
+	// the wire, one system call and one copy per 64 KiB for the stack. It
+	// is not gVisor's own software GSO, which splits inside TCP.
 	ModeSoftware Mode = "software"
 	// ModeOff disables GSO entirely: the stack builds MTU-sized segments
 	// one at a time.
 	ModeOff Mode = "off"
 )
+
+// VnetHdr reports whether the link's packet sockets carry a virtio-net
+// header in mode m: the stack hands the kernel GSO packets.
+func (m Mode) VnetHdr() bool { return m == ModeHardware || m == ModeSoftware }
 
 // Modes lists the accepted values of Mode, in the order error messages show
 // them.

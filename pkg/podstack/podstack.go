@@ -32,7 +32,7 @@ type Options struct {
 	// Spec is what was taken over from the kernel. Required.
 	Spec *podnet.Spec
 	// LinkFD is an AF_PACKET socket bound to Spec.IfName, with
-	// PACKET_VNET_HDR set exactly when GSO.Mode is hardware. Required.
+	// PACKET_VNET_HDR set exactly when GSO.Mode.VnetHdr(). Required.
 	LinkFD int
 	// TXFD, when set, is a send-only packet socket on the same interface
 	// (packetsock.Options.SendOnly, with PACKET_VNET_HDR as LinkFD):
@@ -79,7 +79,8 @@ type Options struct {
 const DefaultTCPBufferBytes = 4 << 20
 
 // softwareGSOMaxSize is the largest packet software GSO takes from TCP:
-// the IP length field's limit.
+// the IP length field's limit. The kernel splits it before the device, so
+// the link's own limits do not apply.
 const softwareGSOMaxSize = 65535
 
 // Validate reports the first problem with o.
@@ -146,7 +147,7 @@ func Build(o Options) (*Stack, error) {
 	if err != nil {
 		return nil, fmt.Errorf("parsing MAC %q: %w", o.Spec.MAC, err)
 	}
-	direct := &directWriter{fd: o.sendFD(), vnetHdr: o.GSO.Mode == offload.ModeHardware, mac: mac}
+	direct := &directWriter{fd: o.sendFD(), vnetHdr: o.GSO.Mode.VnetHdr(), mac: mac}
 	// Protocol handlers must be in place before the NIC delivers its first
 	// packet (netstack does not synchronise setting them), so the relay
 	// comes before the NIC.
@@ -246,15 +247,20 @@ func (s *Stack) attachWire(mac net.HardwareAddr) error {
 		// send-only one), and one socket has nobody to share with.
 		fo.PreConfigured, fo.IsPacketSocket = true, []bool{true}
 	}
-	if o.GSO.Mode == offload.ModeHardware {
+	switch o.GSO.Mode {
+	case offload.ModeHardware:
 		fo.GSOMaxSize = o.GSO.Link.MaxBurst(o.Spec.MTU)
+	case offload.ModeSoftware:
+		// The kernel's GSO segments these on the way to the link (its
+		// TSO is off, see offload.LinkTSOOff): one system call and one
+		// copy per 64 KiB. Splitting them here and sending the frames
+		// with one sendmmsg measured 2.5-3.5x slower pod→node (BENCHMARKS.md,
+		// "Software GSO in the kernel").
+		fo.GSOMaxSize = softwareGSOMaxSize
 	}
 	ep, err := fdbased.New(&fo)
 	if err != nil {
 		return fmt.Errorf("creating the link endpoint: %w", err)
-	}
-	if o.GSO.Mode == offload.ModeSoftware {
-		ep = newSoftwareGSOLink(ep, o.sendFD(), softwareGSOMaxSize)
 	}
 	ep = s.tapWire(ep)
 	// Created disabled and enabled once configured, so that no packet
@@ -277,7 +283,7 @@ func (s *Stack) attachWire(mac net.HardwareAddr) error {
 	}
 	// The sockets queue what arrives until their readers start.
 	if o.TXFD > 0 {
-		r, err := newLinkReader(o.LinkFD, o.GSO.Mode == offload.ModeHardware)
+		r, err := newLinkReader(o.LinkFD, o.GSO.Mode.VnetHdr())
 		if err != nil {
 			return err
 		}

@@ -82,6 +82,15 @@ func Start(cfg stackconfig.Config, log *slog.Logger) (*Daemon, error) {
 		return nil, fmt.Errorf("link %s: %w", cfg.IfName, err)
 	}
 	log.Info("GSO decided", "mode", d.gso.Mode, "reason", d.gso.Reason)
+	if d.gso.Mode == offload.ModeSoftware {
+		// The kernel's GSO splits the stack's packets only for a device
+		// that cannot take them whole. Where TSO stays on anyway (a
+		// device with it fixed on), the device segments instead: the
+		// same frames on the wire.
+		if err := offload.LinkTSOOff(cfg.IfName); err != nil {
+			log.Warn("software GSO: TSO stays on, the link segments", "err", err)
+		}
+	}
 	ph.Done("gso")
 
 	if err := ingressdrop.Supported(); err != nil {
@@ -107,7 +116,7 @@ func Start(cfg stackconfig.Config, log *slog.Logger) (*Daemon, error) {
 	if err != nil {
 		return nil, err
 	}
-	linkFD, err := packetsock.Open(packetsock.Options{IfName: cfg.IfName, VnetHdr: d.gso.Mode == offload.ModeHardware})
+	linkFD, err := packetsock.Open(packetsock.Options{IfName: cfg.IfName, VnetHdr: d.gso.Mode.VnetHdr()})
 	if err != nil {
 		pod.Close()
 		return nil, err
@@ -126,7 +135,7 @@ func Start(cfg stackconfig.Config, log *slog.Logger) (*Daemon, error) {
 	// can be read on Go's netpoller (podstack.Options.TXFD). Without it
 	// fdbased reads the link as before: correct, with a thread hand-off
 	// more per received batch.
-	txFD, err := packetsock.Open(packetsock.Options{IfName: cfg.IfName, VnetHdr: d.gso.Mode == offload.ModeHardware, SendOnly: true})
+	txFD, err := packetsock.Open(packetsock.Options{IfName: cfg.IfName, VnetHdr: d.gso.Mode.VnetHdr(), SendOnly: true})
 	if err != nil {
 		log.Warn("no send socket: the link is read by fdbased", "err", err)
 		txFD = 0

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
 
 	"github.com/cni-usernet/cni-usernet/pkg/control"
 	"github.com/cni-usernet/cni-usernet/pkg/stackproc"
@@ -115,11 +116,24 @@ func TestBulkTransferPerMode(t *testing.T) {
 				t.Fatalf("node→pod: %v", err)
 			}
 			in := time.Since(start)
+			before := hostVethRx(t, env, pod)
 			start = time.Now()
 			if err := (nettest.Transfer{Server: pod.NS, Client: env.Node, Addr: pod.IP(4), Port: 5002, Bytes: size, ServerSends: true}).Run(); err != nil {
 				t.Fatalf("pod→node: %v", err)
 			}
 			out := time.Since(start)
+			// What the pod's frames looked like on the wire, at the node's
+			// end of the veth: bursts passed whole to the veth in hardware
+			// mode, segmented by the kernel before it in software mode.
+			after := hostVethRx(t, env, pod)
+			frame := (after.RxBytes - before.RxBytes) / max(after.RxPackets-before.RxPackets, 1)
+			const wireFrame = 1500 + 14 // MTU and Ethernet header
+			if c.wantMode == "hardware" && frame <= wireFrame {
+				t.Errorf("hardware: pod→node frames of %d bytes on average at the node, want GSO bursts (> %d)", frame, wireFrame)
+			}
+			if c.wantMode != "hardware" && frame > wireFrame {
+				t.Errorf("%s: pod→node frames of %d bytes on average at the node, want MTU-sized frames (≤ %d)", c.wantMode, frame, wireFrame)
+			}
 			t.Logf("%s: node→pod %.2f Gbit/s, pod→node %.2f Gbit/s", c.name, gbps(size, in), gbps(size, out))
 			st = stackStatus(t, env, pod)
 			batches := st.Wire.TxGSOBatches
@@ -131,6 +145,24 @@ func TestBulkTransferPerMode(t *testing.T) {
 			}
 		})
 	}
+}
+
+// hostVethRx reads the counters of the pod's veth on the node's side.
+func hostVethRx(t *testing.T, env *nettest.Env, pod *nettest.Pod) netlink.LinkStatistics {
+	t.Helper()
+	var st netlink.LinkStatistics
+	err := env.Node.Do(func(ns.NetNS) error {
+		l, err := netlink.LinkByName(pod.HostVeth())
+		if err != nil {
+			return err
+		}
+		st = *l.Attrs().Statistics
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("reading the counters of %s: %v", pod.HostVeth(), err)
+	}
+	return st
 }
 
 func gbps(n int64, d time.Duration) float64 { return float64(n*8) / d.Seconds() / 1e9 }
