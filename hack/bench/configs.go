@@ -73,6 +73,7 @@ var allConfigs = []*config{
 	{Name: "usernet-hardware-2threads", Plugin: "cni-usernet", GSO: "hardware", Keys: map[string]any{"stackThreads": 2}, ByName: true,
 		Desc: `cni-usernet "gso": "hardware", "stackThreads": 2`},
 	{Name: "baseline-hardware", Plugin: "cni-usernet", GSO: "hardware", Baseline: true, Desc: `cni-usernet built from run.sh --baseline REV, "gso": "hardware" (only with --baseline-bin)`},
+	{Name: "baseline-software", Plugin: "cni-usernet", GSO: "software", Baseline: true, Desc: `cni-usernet built from run.sh --baseline REV, "gso": "software" (only with --baseline-bin)`},
 	{Name: "runsc-hostgso", Plugin: "ptp", Peer: "runsc", PeerArgs: []string{"--gso=true"},
 		Desc:   "gVisor runsc netstack, host GSO (--gso=true)",
 		Method: "servers in one runsc sandbox (systrap, --network=sandbox) joined to the pod namespace; runsc takes over the ptp veth eth0 (AF_PACKET, PACKET_VNET_HDR) and its addresses and routes"},

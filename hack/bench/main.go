@@ -82,7 +82,7 @@ func parseOptions(args []string) (options, error) {
 	fs.IntVar(&o.Rounds, "rounds", 0, "interleaved rounds (default 3, 1 with --quick)")
 	fs.StringVar(&o.Out, "out", "", "results directory (default results/<UTC timestamp>)")
 	fs.StringVar(&o.BinDir, "bin", "", "directory with the CNI plugin binaries (required)")
-	fs.StringVar(&o.BaselineBin, "baseline-bin", "", "directory with the plugins and a cni-usernet of another revision: adds the baseline-hardware row (run.sh --baseline REV)")
+	fs.StringVar(&o.BaselineBin, "baseline-bin", "", "directory with the plugins and a cni-usernet of another revision: adds the baseline-hardware and baseline-software rows (run.sh --baseline REV)")
 	fs.StringVar(&only, "only", "", "comma-separated configuration names to run (default all; see -list)")
 	fs.BoolVar(&o.IPv6, "ipv6", true, "give pods an IPv6 address too (ptp's ADD then waits ~1-2 s for DAD)")
 	list := fs.Bool("list", false, "list the configurations and exit")
