@@ -4,7 +4,7 @@
 set -euo pipefail
 pkgs=(iproute2 ethtool iputils-ping curl util-linux python3 nftables iperf3
       redis-server redis-tools nginx-light apache2-utils python3-matplotlib
-      hping3 passt slirp4netns tcpdump)
+      hping3 passt slirp4netns tcpdump iptables)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
