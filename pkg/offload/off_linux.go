@@ -21,15 +21,13 @@ var offPatterns = []string{
 // tsoPattern is what "ethtool -K dev tso off" turns off.
 const tsoPattern = "tx-tcp*-segmentation"
 
-func matchesAny(patterns []string) func(name string) bool {
-	return func(name string) bool {
-		for _, p := range patterns {
-			if ok, _ := path.Match(p, name); ok {
-				return true
-			}
+func matchesAny(name string, patterns []string) bool {
+	for _, p := range patterns {
+		if ok, _ := path.Match(p, name); ok {
+			return true
 		}
-		return false
 	}
+	return false
 }
 
 // LinkOffloadsOff turns TCP segmentation offload, generic segmentation
@@ -38,7 +36,7 @@ func matchesAny(patterns []string) func(name string) bool {
 // the ethtool ioctl rather than ethtool(8), which neither the image nor
 // every node has.
 func LinkOffloadsOff(ifName string) error {
-	if err := featuresOff(ifName, matchesAny(offPatterns)); err != nil {
+	if err := featuresOff(ifName, offPatterns); err != nil {
 		return fmt.Errorf("turning offloads off on %s: %w", ifName, err)
 	}
 	return nil
@@ -51,13 +49,14 @@ func LinkOffloadsOff(ifName string) error {
 // scatter-gather stay on: the kernel's GSO then splits a packet without
 // copying its payload.
 func LinkTSOOff(ifName string) error {
-	if err := featuresOff(ifName, matchesAny([]string{tsoPattern})); err != nil {
+	if err := featuresOff(ifName, []string{tsoPattern}); err != nil {
 		return fmt.Errorf("turning TSO off on %s: %w", ifName, err)
 	}
 	return nil
 }
 
-func featuresOff(ifName string, off func(name string) bool) error {
+// featuresOff turns off the features of ifName whose names match patterns.
+func featuresOff(ifName string, patterns []string) error {
 	if len(ifName) >= unix.IFNAMSIZ {
 		return fmt.Errorf("interface name %q longer than %d bytes", ifName, unix.IFNAMSIZ-1)
 	}
@@ -70,5 +69,5 @@ func featuresOff(ifName string, off func(name string) bool) error {
 	if err != nil {
 		return err
 	}
-	return setFeaturesOff(fd, ifName, len(names), func(bit int) bool { return off(names[bit]) })
+	return setFeaturesOff(fd, ifName, len(names), func(bit int) bool { return matchesAny(names[bit], patterns) })
 }

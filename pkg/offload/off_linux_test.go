@@ -86,7 +86,7 @@ func TestLinkOffloadsOff(t *testing.T) {
 		}
 		matched := 0
 		for bit, n := range names {
-			if matchesAny(offPatterns)(n) {
+			if matchesAny(n, offPatterns) {
 				matched++
 				if active[bit] {
 					t.Errorf("feature %s of %s: got on, want off", n, name)
@@ -128,7 +128,7 @@ func TestLinkOffloadsOffMissingLink(t *testing.T) {
 
 // TestLinkTSOOff turns only TSO off (software GSO mode): GSO and
 // scatter-gather, which let the kernel's GSO split a packet without copying
-// it, stay on; and auto detection still sees GSO on the link.
+// it, stay on.
 func TestLinkTSOOff(t *testing.T) {
 	netns := newTestNS(t)
 	const name, peer = "tso0", "tso1"
