@@ -137,7 +137,7 @@ func (r *linkReader) serve(fd uintptr) bool {
 			r.msgs[k].Msg.SetIovlen(len(iov))
 		}
 		r.refill = 0
-		n, _, errno := unix.Syscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&r.msgs[0])), uintptr(len(r.msgs)), unix.MSG_DONTWAIT, 0, 0)
+		n, _, errno := unix.RawSyscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&r.msgs[0])), uintptr(len(r.msgs)), unix.MSG_DONTWAIT, 0, 0)
 		switch errno {
 		case 0:
 		case unix.EINTR:

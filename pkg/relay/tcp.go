@@ -307,6 +307,10 @@ func (r *Relay) ended(pr *pair, err error, closeWrite func() error) {
 // wireToPod moves what the wire leg receives to the application. It
 // returns nil at the peer's FIN.
 func (r *Relay) wireToPod(w *wireConn, p podConn) error {
+	rc, err := p.SyscallConn()
+	if err != nil {
+		return err
+	}
 	entry, readable := waiter.NewChannelEntry(waiter.ReadableEvents | waiter.EventHUp | waiter.EventErr)
 	w.wq.EventRegister(&entry)
 	defer w.wq.EventUnregister(&entry)
@@ -325,7 +329,7 @@ func (r *Relay) wireToPod(w *wireConn, p podConn) error {
 			}
 			return errors.New(err.String())
 		}
-		n, werr := p.Write(buf[:res.Count])
+		n, werr := writeAll(rc, buf[:res.Count])
 		putBuf(buf)
 		r.stats.ToAppBytes.Add(int64(n))
 		if werr != nil {
@@ -347,8 +351,9 @@ func (r *Relay) podToWire(p podConn, w *wireConn) error {
 		var rerr error
 		err := rc.Read(func(fd uintptr) bool {
 			buf = r.getBuf()
-			n, rerr = unix.Read(int(fd), buf)
-			if rerr == unix.EAGAIN || rerr == unix.EINTR {
+			var errno unix.Errno
+			n, errno = rawRead(fd, buf)
+			if errno == unix.EAGAIN {
 				// Wait for readability holding no buffer. buf is
 				// forgotten with it: rc.Read may return an error (the
 				// socket closed meanwhile) without calling back, and
@@ -357,6 +362,9 @@ func (r *Relay) podToWire(p podConn, w *wireConn) error {
 				putBuf(buf)
 				buf = nil
 				return false
+			}
+			if errno != 0 {
+				rerr = errno
 			}
 			return true
 		})

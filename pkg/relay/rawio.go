@@ -1,0 +1,64 @@
+package relay
+
+import (
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// The relay's reads and writes on the applications' sockets are
+// non-blocking system calls made without telling the Go scheduler
+// (RawSyscall: no entersyscall). With the stack's one P (stackconfig.
+// DefaultThreads), a P seen in a system call for a sysmon tick (20 µs; a
+// write that wakes the application over loopback often takes longer) is
+// taken from its thread and handed to a new spinning one, which finds
+// nothing to run and parks again: two thread wake-ups and a slow return
+// from the system call for every request, and sysmon itself polling every
+// 20 µs while that goes on. Measured under TCP_RR: BENCHMARKS.md,
+// "Session 8: system calls the scheduler does not see".
+
+// rawRead reads once into b; EAGAIN returns false to rc.Read's caller so
+// that it waits on the netpoller.
+func rawRead(fd uintptr, b []byte) (int, unix.Errno) {
+	if len(b) == 0 {
+		return 0, 0
+	}
+	for {
+		n, _, errno := unix.RawSyscall(unix.SYS_READ, fd, uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)))
+		if errno == unix.EINTR {
+			continue
+		}
+		if errno != 0 {
+			return 0, errno
+		}
+		return int(n), 0
+	}
+}
+
+// writeAll writes all of b to the socket behind rc, waiting on the
+// netpoller when its send buffer is full.
+func writeAll(rc syscall.RawConn, b []byte) (int, error) {
+	written := 0
+	var werr error
+	err := rc.Write(func(fd uintptr) bool {
+		for written < len(b) {
+			n, _, errno := unix.RawSyscall(unix.SYS_WRITE, fd, uintptr(unsafe.Pointer(&b[written])), uintptr(len(b)-written))
+			switch errno {
+			case 0:
+				written += int(n)
+			case unix.EINTR:
+			case unix.EAGAIN:
+				return false
+			default:
+				werr = errno
+				return true
+			}
+		}
+		return true
+	})
+	if err == nil {
+		err = werr
+	}
+	return written, err
+}
