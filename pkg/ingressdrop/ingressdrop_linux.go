@@ -3,6 +3,7 @@ package ingressdrop
 import (
 	"fmt"
 
+	"github.com/cni-usernet/cni-usernet/pkg/nfttable"
 	"github.com/google/nftables"
 	"golang.org/x/sys/unix"
 )
@@ -40,14 +41,13 @@ func Install(ifName string) error {
 	if err := validName(ifName); err != nil {
 		return fmt.Errorf("installing ingress drop: %w", err)
 	}
-	err := transact(func(c *nftables.Conn) {
+	err := transact(func(c *nftables.Conn) error {
 		t := &nftables.Table{Name: TableName(ifName), Family: nftables.TableFamilyNetdev}
-		// "add; delete; add" is nft's idiom for replacing a table whether or
-		// not it exists: the first add makes the delete valid.
-		c.AddTable(t)
-		c.DelTable(t)
-		c.AddTable(t)
+		if err := nfttable.Replace(c, t); err != nil {
+			return err
+		}
 		c.AddChain(dropChain(t, ifName, nftables.ChainPolicyDrop))
+		return nil
 	})
 	if err != nil {
 		return fmt.Errorf("installing ingress drop table %s on %s: %w", TableName(ifName), ifName, err)
@@ -63,10 +63,11 @@ func Remove(ifName string) error {
 	if err := validName(ifName); err != nil {
 		return fmt.Errorf("removing ingress drop: %w", err)
 	}
-	err := transact(func(c *nftables.Conn) {
+	err := transact(func(c *nftables.Conn) error {
 		t := &nftables.Table{Name: TableName(ifName), Family: nftables.TableFamilyNetdev}
 		c.AddTable(t) // makes the delete valid when the table is gone
 		c.DelTable(t)
+		return nil
 	})
 	if err != nil {
 		return fmt.Errorf("removing ingress drop table %s of %s: %w", TableName(ifName), ifName, err)
@@ -105,11 +106,12 @@ func Installed(ifName string) (bool, error) {
 // with a policy-accept ingress chain on lo and deletes it in the same
 // transaction, so nothing is left behind and no frame is dropped.
 func Supported() error {
-	err := transact(func(c *nftables.Conn) {
+	err := transact(func(c *nftables.Conn) error {
 		t := &nftables.Table{Name: probeTable, Family: nftables.TableFamilyNetdev}
 		c.AddTable(t)
 		c.AddChain(dropChain(t, probeDevice, nftables.ChainPolicyAccept))
 		c.DelTable(t)
+		return nil
 	})
 	if err != nil {
 		return fmt.Errorf("kernel lacks nftables netdev ingress support: %w", err)
@@ -132,13 +134,15 @@ func dropChain(t *nftables.Table, device string, policy nftables.ChainPolicy) *n
 
 // transact runs the messages batch adds as one nftables transaction on a
 // netlink socket opened in the calling thread's network namespace.
-func transact(batch func(*nftables.Conn)) error {
+func transact(batch func(*nftables.Conn) error) error {
 	c, err := nftables.New(nftables.AsLasting())
 	if err != nil {
 		return fmt.Errorf("opening netlink: %w", err)
 	}
 	defer c.CloseLasting()
-	batch(c)
+	if err := batch(c); err != nil {
+		return err
+	}
 	return c.Flush()
 }
 

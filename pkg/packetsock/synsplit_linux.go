@@ -67,54 +67,73 @@ func attachFilter(fd int, prog []unix.SockFilter) error {
 
 // OpenSYN opens the socket that receives the new-connection SYNs of
 // o.IfName (see above), with its receive ring, and makes main, the link's
-// socket from Open, stop receiving them. It also turns off, on both, the
-// frames the other one sends (PACKET_IGNORE_OUTGOING): each sees the
-// other's writes on the link otherwise, and would take the SYNs the pod
-// sends out as arriving ones. On error main is as it was. Between the two
-// filters a SYN may reach both sockets once: netstack takes a duplicate
-// SYN as a retransmission.
+// socket from Open, stop receiving them: NewSYNSocket, then Split.
 func OpenSYN(main int, o Options) (*SYNSocket, error) {
-	o.VnetHdr = false // SYNs are never GSO frames
-	fd, err := Open(o)
+	s, err := NewSYNSocket(o)
 	if err != nil {
 		return nil, err
 	}
-	s := &SYNSocket{FD: fd}
+	if err := s.Split(main, o.IfName); err != nil {
+		s.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// NewSYNSocket opens the socket that receives the new-connection SYNs of
+// o.IfName, with its receive ring; it ignores the frames the stack sends
+// (PACKET_IGNORE_OUTGOING), which it would take for arriving ones. Until
+// Split, the link's socket receives the SYNs too.
+//
+// It takes an RCU grace period (the ring: packet_set_ring's
+// synchronize_net, 4-16 ms on this project's VMs, even on an unbound
+// socket), which a caller can spend doing other work.
+func NewSYNSocket(o Options) (*SYNSocket, error) {
+	o.VnetHdr = false // SYNs are never GSO frames
+	s := &SYNSocket{}
+	// The filter and the ring come before the bind: the socket never
+	// queues anything but SYNs.
+	fd, err := open(o, func(fd int) error {
+		if err := unix.SetsockoptInt(fd, unix.SOL_PACKET, unix.PACKET_IGNORE_OUTGOING, 1); err != nil {
+			return fmt.Errorf("ignoring outgoing frames on %s: %w", o.IfName, err)
+		}
+		if err := attachFilter(fd, synFilter(wholeFrame, 0)); err != nil {
+			return fmt.Errorf("attaching the SYN filter on %s: %w", o.IfName, err)
+		}
+		var err error
+		if s.ring, s.frames, err = setupRing(fd); err != nil {
+			return fmt.Errorf("SYN socket on %s: %w", o.IfName, err)
+		}
+		return nil
+	})
+	if err != nil {
+		if s.ring != nil {
+			_ = unix.Munmap(s.ring)
+		}
+		return nil, err
+	}
+	s.FD = fd
+	return s, nil
+}
+
+// Split makes main, the link's socket from Open, stop receiving SYNs
+// (they are s's now) and the frames s's owner sends. On error main is as
+// it was. Between the two filters a SYN may reach both sockets once:
+// netstack takes a duplicate SYN as a retransmission.
+func (s *SYNSocket) Split(main int, ifName string) error {
 	ok := false
 	defer func() {
 		if !ok {
-			s.Close()
 			_ = unix.SetsockoptInt(main, unix.SOL_SOCKET, unix.SO_DETACH_FILTER, 0)
 			_ = unix.SetsockoptInt(main, unix.SOL_PACKET, unix.PACKET_IGNORE_OUTGOING, 0)
 		}
 	}()
-	for _, f := range []int{fd, main} {
-		if err := unix.SetsockoptInt(f, unix.SOL_PACKET, unix.PACKET_IGNORE_OUTGOING, 1); err != nil {
-			return nil, fmt.Errorf("ignoring outgoing frames on %s: %w", o.IfName, err)
-		}
-	}
-	if err := attachFilter(fd, synFilter(wholeFrame, 0)); err != nil {
-		return nil, fmt.Errorf("attaching the SYN filter on %s: %w", o.IfName, err)
-	}
-	// Frames queued before the filter are of any kind: drop them, a SYN
-	// among them is retransmitted.
-	drain(fd)
-	if s.ring, s.frames, err = setupRing(fd); err != nil {
-		return nil, fmt.Errorf("SYN socket on %s: %w", o.IfName, err)
+	if err := unix.SetsockoptInt(main, unix.SOL_PACKET, unix.PACKET_IGNORE_OUTGOING, 1); err != nil {
+		return fmt.Errorf("ignoring outgoing frames on %s: %w", ifName, err)
 	}
 	if err := attachFilter(main, synFilter(0, wholeFrame)); err != nil {
-		return nil, fmt.Errorf("keeping SYNs from the link's socket on %s: %w", o.IfName, err)
+		return fmt.Errorf("keeping SYNs from the link's socket on %s: %w", ifName, err)
 	}
 	ok = true
-	return s, nil
-}
-
-// drain discards what fd has queued.
-func drain(fd int) {
-	buf := make([]byte, 1)
-	for {
-		if _, _, err := unix.Recvfrom(fd, buf, unix.MSG_DONTWAIT|unix.MSG_TRUNC); err != nil {
-			return
-		}
-	}
+	return nil
 }

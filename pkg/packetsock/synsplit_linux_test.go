@@ -227,3 +227,13 @@ func TestSYNRingCutsSYNWithData(t *testing.T) {
 		}
 	}
 }
+
+// drain discards what fd has queued.
+func drain(fd int) {
+	buf := make([]byte, 1)
+	for {
+		if _, _, err := unix.Recvfrom(fd, buf, unix.MSG_DONTWAIT|unix.MSG_TRUNC); err != nil {
+			return
+		}
+	}
+}

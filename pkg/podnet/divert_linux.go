@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 
+	"github.com/cni-usernet/cni-usernet/pkg/nfttable"
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -102,9 +103,9 @@ func InstallDivert(d Divert) error {
 		return fmt.Errorf("opening nftables: %w", err)
 	}
 	t := &nftables.Table{Name: DivertTableName, Family: nftables.TableFamilyINet}
-	c.AddTable(t)
-	c.DelTable(t)
-	c.AddTable(t)
+	if err := nfttable.Replace(c, t); err != nil {
+		return fmt.Errorf("installing nftables table %s: %w", DivertTableName, err)
+	}
 	accept := nftables.ChainPolicyAccept
 	out := c.AddChain(&nftables.Chain{Name: "output", Table: t, Type: nftables.ChainTypeRoute,
 		Hooknum: nftables.ChainHookOutput, Priority: nftables.ChainPriorityMangle, Policy: &accept})

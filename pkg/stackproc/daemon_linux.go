@@ -57,6 +57,12 @@ func Start(cfg stackconfig.Config, log *slog.Logger) (*Daemon, error) {
 	}
 	d := &Daemon{cfg: cfg, log: log, started: time.Now(), Startup: steptime.Start()}
 	ph := d.Startup
+	// The SYN socket's ring costs a grace period of waiting, not work: it
+	// is opened while the steps below run.
+	synOpen := startPending(func() (*packetsock.SYNSocket, error) {
+		return packetsock.NewSYNSocket(packetsock.Options{IfName: cfg.IfName})
+	})
+	defer synOpen.discard()
 	spec, err := loadOrCollect(cfg)
 	if err != nil {
 		return nil, err
@@ -93,9 +99,9 @@ func Start(cfg stackconfig.Config, log *slog.Logger) (*Daemon, error) {
 	}
 	ph.Done("gso")
 
-	if err := ingressdrop.Supported(); err != nil {
-		return nil, err
-	}
+	// No ingressdrop.Supported probe first: Install fails just as clearly
+	// on a kernel without netdev ingress hooks, and the probe's delete
+	// costs a grace period (see package nfttable).
 	if err := ingressdrop.Install(cfg.IfName); err != nil {
 		return nil, fmt.Errorf("dropping kernel ingress on %s: %w", cfg.IfName, err)
 	}
@@ -125,7 +131,12 @@ func Start(cfg stackconfig.Config, log *slog.Logger) (*Daemon, error) {
 	// Without a SYN socket (a kernel without PACKET_IGNORE_OUTGOING) the
 	// link's socket carries the SYNs too: slower under a flood, the same
 	// otherwise.
-	syn, err := packetsock.OpenSYN(linkFD, packetsock.Options{IfName: cfg.IfName})
+	syn, err := synOpen.take()
+	if err == nil {
+		if err = syn.Split(linkFD, cfg.IfName); err != nil {
+			syn.Close()
+		}
+	}
 	if err != nil {
 		log.Warn("no SYN socket: a SYN flood shares the link's receive path", "err", err)
 		syn = nil
@@ -308,3 +319,39 @@ func (d *Daemon) Status() any {
 // CaptureHandler implements control.Capturer: `cni-usernet capture`
 // streams the wire leg from here.
 func (d *Daemon) CaptureHandler() http.Handler { return d.stack.Capture }
+
+// pendingSYN is a SYN socket being opened in the background.
+type pendingSYN struct {
+	done  chan struct{}
+	s     *packetsock.SYNSocket
+	err   error
+	taken bool
+}
+
+// startPending runs open in the background.
+func startPending(open func() (*packetsock.SYNSocket, error)) *pendingSYN {
+	p := &pendingSYN{done: make(chan struct{})}
+	go func() {
+		defer close(p.done)
+		p.s, p.err = open()
+	}()
+	return p
+}
+
+// take waits for the socket; it is the caller's from then on.
+func (p *pendingSYN) take() (*packetsock.SYNSocket, error) {
+	<-p.done
+	p.taken = true
+	return p.s, p.err
+}
+
+// discard closes the socket if nobody took it (Start failed first).
+func (p *pendingSYN) discard() {
+	if p.taken {
+		return
+	}
+	<-p.done
+	if p.s != nil {
+		p.s.Close()
+	}
+}

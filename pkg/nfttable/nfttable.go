@@ -1,0 +1,38 @@
+// Package nfttable makes an nftables table exist empty, deleting it first
+// only when it is there.
+//
+// "add; delete; add" in one transaction is nft's idiom for replacing a
+// table whether or not it exists. The delete has a price even when the
+// table was not there before the transaction: the kernel frees what it
+// deleted after an RCU grace period, in a work item, and closing the
+// netlink socket waits for that work (NETLINK_URELEASE flushes it under
+// the namespace's nftables mutex). On this project's VMs that is 4-30 ms
+// per table, and a pod's stack installs two of them as it starts
+// (stackproc's "fence" and "divert" phases: 25-33 and 14-16 ms of a
+// 66-76 ms start; BENCHMARKS.md, "Session 8"). A pod's namespace is
+// new, so the delete is only needed when a stack restarts.
+package nfttable
+
+import (
+	"fmt"
+
+	"github.com/google/nftables"
+)
+
+// Replace queues on c the messages that leave t existing and empty when c
+// is flushed: an add, preceded by "add; delete" if t exists now.
+func Replace(c *nftables.Conn, t *nftables.Table) error {
+	tables, err := c.ListTablesOfFamily(t.Family)
+	if err != nil {
+		return fmt.Errorf("listing nftables tables: %w", err)
+	}
+	for _, have := range tables {
+		if have.Name == t.Name {
+			c.AddTable(t) // the add makes the delete valid
+			c.DelTable(t)
+			break
+		}
+	}
+	c.AddTable(t)
+	return nil
+}
