@@ -14,6 +14,9 @@ import (
 // TCP_RR: one connection, one byte each way, as fast as the round trips go.
 
 // rrResult is what rr-client prints.
+// rrWarmup round trips open every rr-client run, unmeasured.
+const rrWarmup = 1000
+
 type rrResult struct {
 	N     int     `json:"n"`
 	P50US float64 `json:"p50Us"`
@@ -55,7 +58,7 @@ func rrServerMain(args []string) int {
 func rrClientMain(args []string) int {
 	fs := flag.NewFlagSet("rr-client", flag.ContinueOnError)
 	addr := fs.String("addr", "", "server address")
-	d := fs.Duration("time", 10*time.Second, "measurement duration (after 1000 warm-up round trips)")
+	d := fs.Duration("time", 10*time.Second, fmt.Sprintf("measurement duration (after %d warm-up round trips)", rrWarmup))
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -81,7 +84,7 @@ func rrClientMain(args []string) int {
 		}
 		return time.Since(start), nil
 	}
-	for range 1000 {
+	for range rrWarmup {
 		if _, err := rt(); err != nil {
 			fmt.Fprintln(os.Stderr, "warm-up:", err)
 			return 1

@@ -371,8 +371,10 @@ func (b *bench) tcpRR(ctx context.Context, r int, a *attachment) error {
 		return err
 	}
 	defer b.stop(srv)
+	sys0, stack0 := systemCPU(), processCPU(a.StackPID)
 	out, err := b.output(ctx, b.o.RRTime+time.Minute, nodeNS, b.self, "rr-client",
 		"-addr", net.JoinHostPort(a.IP, strconv.Itoa(rrPort)), "-time", b.o.RRTime.String())
+	sysS, stackS := systemCPU()-sys0, processCPU(a.StackPID)-stack0
 	if err != nil {
 		return err
 	}
@@ -382,6 +384,13 @@ func (b *bench) tcpRR(ctx context.Context, r int, a *attachment) error {
 	}
 	b.record(r, a.Config, "rr_p50_us", res.P50US)
 	b.record(r, a.Config, "rr_p99_us", res.P99US)
+	// core·ms per 1000 round trips, the client's warm-up included.
+	if krt := float64(res.N+rrWarmup) / 1000; res.N > 0 {
+		b.record(r, a.Config, "cpu_rr", sysS*1000/krt)
+		if a.StackPID > 0 {
+			b.record(r, a.Config, "stack_cpu_rr", stackS*1000/krt)
+		}
+	}
 	logf("  TCP_RR p50 %.1f µs, p99 %.1f µs (%d round trips)", res.P50US, res.P99US, res.N)
 	return nil
 }
