@@ -1,30 +1,18 @@
-package nfttable
+package nfttable_test
 
 import (
-	"runtime"
 	"testing"
 
-	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/containernetworking/plugins/pkg/testutils"
+	"github.com/cni-usernet/cni-usernet/pkg/nfttable"
+	"github.com/cni-usernet/cni-usernet/test/nettest"
 	"github.com/google/nftables"
 )
 
 // inNewNS runs f in a fresh network namespace.
 func inNewNS(t *testing.T, f func()) {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("needs root and network namespaces")
-	}
-	n, err := testutils.NewNS()
-	if err != nil {
-		t.Skipf("creating a network namespace: %v", err)
-	}
-	t.Cleanup(func() { n.Close(); testutils.UnmountNS(n) })
-	if err := n.Do(func(ns.NetNS) error {
-		runtime.LockOSThread()
-		f()
-		return nil
-	}); err != nil {
+	nettest.RequireRoot(t)
+	if err := nettest.In(nettest.NewNS(t), func() error { f(); return nil }); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -36,7 +24,7 @@ func replace(t *testing.T, tbl *nftables.Table, then func(*nftables.Conn)) {
 		t.Fatal(err)
 	}
 	defer c.CloseLasting()
-	if err := Replace(c, tbl); err != nil {
+	if err := nfttable.Replace(c, tbl); err != nil {
 		t.Fatal(err)
 	}
 	if then != nil {
@@ -47,6 +35,7 @@ func replace(t *testing.T, tbl *nftables.Table, then func(*nftables.Conn)) {
 	}
 }
 
+// chains lists the chains of tbl, nil if tbl does not exist.
 func chains(t *testing.T, tbl *nftables.Table) []string {
 	t.Helper()
 	c, err := nftables.New()
@@ -72,16 +61,8 @@ func tableExists(t *testing.T, tbl *nftables.Table) bool {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tables, err := c.ListTablesOfFamily(tbl.Family)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, have := range tables {
-		if have.Name == tbl.Name {
-			return true
-		}
-	}
-	return false
+	_, err = c.ListTableOfFamily(tbl.Name, tbl.Family)
+	return err == nil
 }
 
 // TestReplace: an absent table is created; a present one comes back

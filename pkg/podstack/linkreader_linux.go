@@ -137,6 +137,9 @@ func (r *linkReader) serve(fd uintptr) bool {
 			r.msgs[k].Msg.SetIovlen(len(iov))
 		}
 		r.refill = 0
+		// Raw, without entersyscall: MSG_DONTWAIT never blocks, and with
+		// the stack's one P a call that sysmon sees last a tick hands the
+		// P to a thread that has nothing to do (relay/rawio.go).
 		n, _, errno := unix.RawSyscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&r.msgs[0])), uintptr(len(r.msgs)), unix.MSG_DONTWAIT, 0, 0)
 		switch errno {
 		case 0:

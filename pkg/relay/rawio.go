@@ -18,8 +18,8 @@ import (
 // 20 µs while that goes on. Measured under TCP_RR: BENCHMARKS.md,
 // "Session 8: system calls the scheduler does not see".
 
-// rawRead reads once into b; EAGAIN returns false to rc.Read's caller so
-// that it waits on the netpoller.
+// rawRead reads once into b, again after EINTR. At EAGAIN the caller's
+// rc.Read callback returns false, to wait on the netpoller.
 func rawRead(fd uintptr, b []byte) (int, unix.Errno) {
 	if len(b) == 0 {
 		return 0, 0

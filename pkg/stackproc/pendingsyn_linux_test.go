@@ -5,8 +5,8 @@ import (
 	"testing"
 
 	"github.com/cni-usernet/cni-usernet/pkg/packetsock"
+	"github.com/cni-usernet/cni-usernet/test/nettest"
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -15,15 +15,9 @@ import (
 // taker's, is closed when Start gives up before taking it, and a missing
 // link is an error at take.
 func TestPendingSYN(t *testing.T) {
-	if testing.Short() {
-		t.Skip("needs root and network namespaces")
-	}
-	n, err := testutils.NewNS()
-	if err != nil {
-		t.Skipf("creating a network namespace: %v", err)
-	}
-	t.Cleanup(func() { n.Close(); testutils.UnmountNS(n) })
-	err = n.Do(func(ns.NetNS) error {
+	nettest.RequireRoot(t)
+	n := nettest.NewNS(t)
+	err := nettest.In(n, func() error {
 		v := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "d0"}, PeerName: "d1"}
 		if err := netlink.LinkAdd(v); err != nil {
 			return err
