@@ -38,7 +38,7 @@ const (
 )
 
 // SYNSocket is the socket that receives a link's new-connection SYNs
-// (OpenSYN), with its receive ring. Next, Release and Ready are for one
+// (NewSYNSocket), with its receive ring. Next, Release and Ready are for one
 // reading goroutine.
 type SYNSocket struct {
 	FD     int

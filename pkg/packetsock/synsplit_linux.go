@@ -65,21 +65,6 @@ func attachFilter(fd int, prog []unix.SockFilter) error {
 	return unix.SetsockoptSockFprog(fd, unix.SOL_SOCKET, unix.SO_ATTACH_FILTER, &unix.SockFprog{Len: uint16(len(prog)), Filter: &prog[0]})
 }
 
-// OpenSYN opens the socket that receives the new-connection SYNs of
-// o.IfName (see above), with its receive ring, and makes main, the link's
-// socket from Open, stop receiving them: NewSYNSocket, then Split.
-func OpenSYN(main int, o Options) (*SYNSocket, error) {
-	s, err := NewSYNSocket(o)
-	if err != nil {
-		return nil, err
-	}
-	if err := s.Split(main, o.IfName); err != nil {
-		s.Close()
-		return nil, err
-	}
-	return s, nil
-}
-
 // NewSYNSocket opens the socket that receives the new-connection SYNs of
 // o.IfName, with its receive ring; it ignores the frames the stack sends
 // (PACKET_IGNORE_OUTGOING), which it would take for arriving ones. Until

@@ -65,7 +65,11 @@ func splitLink(t *testing.T) (main int, syn *SYNSocket, peer int) {
 		if main, err = Open(Options{IfName: "a"}); err != nil {
 			return err
 		}
-		if syn, err = OpenSYN(main, Options{IfName: "a"}); err != nil {
+		if syn, err = NewSYNSocket(Options{IfName: "a"}); err != nil {
+			return err
+		}
+		if err := syn.Split(main, "a"); err != nil {
+			syn.Close()
 			return err
 		}
 		peer, err = Open(Options{IfName: "b"})
@@ -78,10 +82,10 @@ func splitLink(t *testing.T) (main int, syn *SYNSocket, peer int) {
 	return main, syn, peer
 }
 
-// TestOpenSYNSplitsTheLink: every frame reaches exactly one of the two
+// TestSYNSocketSplitsTheLink: every frame reaches exactly one of the two
 // sockets, the SYN socket exactly the new-connection SYNs; and neither
 // sees what the other sends.
-func TestOpenSYNSplitsTheLink(t *testing.T) {
+func TestSYNSocketSplitsTheLink(t *testing.T) {
 	main, syn, peer := splitLink(t)
 	// Whatever the link carried before the split (IPv6 router
 	// solicitations and the like) is not under test.

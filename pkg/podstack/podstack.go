@@ -41,7 +41,7 @@ type Options struct {
 	// frame wakes runs on the thread that read it. Zero: fdbased reads and
 	// writes LinkFD.
 	TXFD int
-	// SYN, when not nil, is the link's SYN socket (packetsock.OpenSYN):
+	// SYN, when not nil, is the link's SYN socket (packetsock.NewSYNSocket):
 	// the new-connection SYNs are read from it, on a path of their own
 	// (synPath). Nil: LinkFD carries them too.
 	SYN *packetsock.SYNSocket

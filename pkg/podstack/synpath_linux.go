@@ -16,7 +16,7 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/stack"
 )
 
-// synPath serves the link's SYN socket (packetsock.OpenSYN): the
+// synPath serves the link's SYN socket (packetsock.NewSYNSocket): the
 // new-connection SYNs, and nothing else, read from its receive ring in
 // batches of up to synBatch. A SYN the gate lets through becomes a packet
 // buffer for netstack, as the link's own reader would make it. Under a flood (the gate's pressure, or beyond

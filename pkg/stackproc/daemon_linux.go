@@ -267,7 +267,7 @@ type LegStatus struct {
 	// because the stack did not read them in time.
 	SocketDrops uint64 `json:"socketDrops"`
 	// SynSocketDrops counts SYNs the kernel dropped at the SYN socket
-	// (packetsock.OpenSYN) because the stack read them too slowly: what a
+	// (packetsock.NewSYNSocket) because the stack read them too slowly: what a
 	// flood beyond the SYN path's speed costs (a real client retransmits).
 	SynSocketDrops uint64 `json:"synSocketDrops"`
 	// SynCookiesSent counts SYNs the mirrored listeners answered with a
