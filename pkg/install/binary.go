@@ -10,15 +10,22 @@ import (
 	"path/filepath"
 )
 
-// binaryMode is what a runtime needs to execute the plugin.
+// binaryMode is what a runtime needs to execute the plugin and the stack.
 const binaryMode fs.FileMode = 0o755
 
-// InstallBinary copies Source to BinDir/Name through a temporary file in
-// BinDir (synced, mode 0755, renamed over the old one, so a runtime starting
-// the plugin at that moment runs either the old or the new binary, never a
-// partial one). It writes nothing when the installed binary already has
-// the same content and is executable. Before the first change it records
-// whether a binary was there and keeps a copy of it, for Uninstall.
+// InstallBinary installs the stack's binary StackSource as
+// BinDir/StackName(Name), when StackSource is given, then the plugin
+// binary Source as BinDir/Name. The stack goes first so that a runtime
+// never runs a new plugin beside a missing or older stack binary.
+//
+// Each is copied through a temporary file in BinDir (synced, mode 0755,
+// renamed over the old one, so a runtime starting it at that moment runs
+// either the old or the new binary, never a partial one). Nothing is
+// written for a file already installed with the same content and
+// executable. Before the first change to each file it records whether a
+// binary was there and keeps a copy of it, for Uninstall. changed says
+// whether either file changed, also with an error from the plugin binary
+// after the stack binary changed.
 func InstallBinary(o Options) (changed bool, err error) {
 	if err := o.Validate(); err != nil {
 		return false, fmt.Errorf("installing the binary: %w", err)
@@ -32,12 +39,31 @@ func InstallBinary(o Options) (changed bool, err error) {
 	}
 	defer unlock()
 
-	src, err := os.Open(o.Source)
+	if o.StackSource != "" {
+		c, err := installBinaryFile(&o, o.StackSource, StackName(o.Name), func(r *record) **binaryRecord { return &r.Stack })
+		if err != nil {
+			return false, fmt.Errorf("installing the stack binary: %w", err)
+		}
+		changed = c
+	}
+	c, err := installBinaryFile(&o, o.Source, o.Name, func(r *record) **binaryRecord { return &r.Binary })
+	if err != nil {
+		return changed, fmt.Errorf("installing the plugin binary: %w", err)
+	}
+	return changed || c, nil
+}
+
+// installBinaryFile installs the file at source as BinDir/name, with the
+// guarantees InstallBinary describes. slot picks the record's entry for
+// name; the record is read only when the file is about to change, so an
+// install that changes nothing does not depend on it.
+func installBinaryFile(o *Options, source, name string, slot func(*record) **binaryRecord) (changed bool, err error) {
+	src, err := os.Open(source)
 	if err != nil {
 		return false, fmt.Errorf("opening the binary to install: %w", err)
 	}
 	defer src.Close()
-	dest := filepath.Join(o.BinDir, o.Name)
+	dest := filepath.Join(o.BinDir, name)
 	cur, err := os.Lstat(dest)
 	exists := err == nil
 	switch {
@@ -65,26 +91,26 @@ func InstallBinary(o Options) (changed bool, err error) {
 	if exists {
 		meta.UID, meta.GID = metaOf(cur).UID, metaOf(cur).GID
 	}
-	if rec.Binary == nil {
-		rb := &binaryRecord{}
+	if rb := slot(rec); *rb == nil {
+		b := &binaryRecord{}
 		if exists {
-			rb.Existed, rb.Meta = true, metaOf(cur)
-			rb.Backup = filepath.Base(backupPath(o.RecordPath, o.Name))
-			if err := copyFile(dest, backupPath(o.RecordPath, o.Name), fileMeta{Mode: 0o600, UID: -1, GID: -1}); err != nil {
+			backup := backupPath(o.RecordPath, name)
+			b.Existed, b.Meta, b.Backup = true, metaOf(cur), filepath.Base(backup)
+			if err := copyFile(dest, backup, fileMeta{Mode: 0o600, UID: -1, GID: -1}); err != nil {
 				return false, fmt.Errorf("keeping a copy of the binary we replace: %w", err)
 			}
 		}
-		rec.Binary = rb
+		*rb = b
 		rec.BinDir = o.BinDir
 		if err := rec.saveBeforeChange(o.RecordPath); err != nil {
 			return false, err
 		}
 	}
 	if _, err := src.Seek(0, io.SeekStart); err != nil {
-		return false, fmt.Errorf("rewinding %s: %w", o.Source, err)
+		return false, fmt.Errorf("rewinding %s: %w", source, err)
 	}
 	if err := writeAtomic(dest, src, meta); err != nil {
-		return false, fmt.Errorf("installing the binary: %w", err)
+		return false, fmt.Errorf("writing %s: %w", dest, err)
 	}
 	return true, nil
 }

@@ -1,5 +1,6 @@
 // Package install puts cni-usernet on a node and takes it off again: the
-// plugin binary, the CNI configuration (our own conflist, or our plugin
+// plugin binary and, beside it, the binary the plugin starts pods' stacks
+// from (StackName), the CNI configuration (our own conflist, or our plugin
 // chained into the node's), and a record of what was there before so that
 // Uninstall leaves the node exactly as it found it.
 //
@@ -44,6 +45,11 @@ type Options struct {
 	// Source is the binary to install (the agent passes its own
 	// executable). Needed by InstallBinary only.
 	Source string
+	// StackSource is the stack's binary, installed by InstallBinary as
+	// BinDir/StackName(Name) beside the plugin (the plugin starts pods'
+	// stacks from it when present). Empty: only the plugin binary is
+	// installed.
+	StackSource string
 	// BinDir is the runtime's plugin directory, e.g. /host/opt/cni/bin.
 	// Uninstall falls back to the directory recorded at install time when
 	// it is empty.
@@ -93,15 +99,34 @@ var (
 	ErrModeChange = errors.New("configuration installed in another mode: uninstall first")
 )
 
+// StackName is the file name, in the plugin directory, of the stack's
+// binary that goes with the plugin binary named name.
+func StackName(name string) string { return name + "-stack" }
+
 // Validate checks what every operation needs.
 func (o *Options) Validate() error {
-	switch {
-	case o.Name == "":
+	if o.Name == "" {
 		return errors.New("no plugin name")
-	case strings.ContainsRune(o.Name, '/') || o.Name == "." || o.Name == "..":
-		return fmt.Errorf("plugin name %q is not a file name", o.Name)
-	case o.RecordPath == "":
+	}
+	if err := checkFileName("plugin", o.Name); err != nil {
+		return err
+	}
+	// Checked even without StackSource: Uninstall finds the stack binary
+	// by this name.
+	if err := checkFileName("stack binary", StackName(o.Name)); err != nil {
+		return err
+	}
+	if o.RecordPath == "" {
 		return errors.New("no record path")
+	}
+	return nil
+}
+
+// checkFileName refuses a name that would put a file outside BinDir, or
+// be BinDir itself.
+func checkFileName(what, name string) error {
+	if strings.ContainsRune(name, '/') || name == "." || name == ".." {
+		return fmt.Errorf("%s name %q is not a file name", what, name)
 	}
 	return nil
 }

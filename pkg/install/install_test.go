@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -27,6 +28,8 @@ type node struct {
 	confDir string
 	record  string
 	source  string
+	// stack is the stack's binary to install, used by stackOpts only.
+	stack string
 }
 
 func newNode(t *testing.T) *node {
@@ -38,6 +41,7 @@ func newNode(t *testing.T) *node {
 		confDir: filepath.Join(root, "etc/cni/net.d"),
 		record:  filepath.Join(root, "var/lib/cni-usernet/install.json"),
 		source:  filepath.Join(root, "build/cni-usernet"),
+		stack:   filepath.Join(root, "build/cni-usernet-stack"),
 	}
 	for _, d := range []string{n.binDir, n.confDir, filepath.Dir(n.source)} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
@@ -45,7 +49,22 @@ func newNode(t *testing.T) *node {
 		}
 	}
 	n.setSource("binary v1")
+	n.setStack("stack v1")
 	return n
+}
+
+func (n *node) setStack(content string) {
+	n.t.Helper()
+	if err := os.WriteFile(n.stack, []byte("\x7fELF "+content), 0o755); err != nil {
+		n.t.Fatal(err)
+	}
+}
+
+// stackOpts is opts with the stack's binary to install too.
+func (n *node) stackOpts(mode Mode) Options {
+	o := n.opts(mode)
+	o.StackSource = n.stack
+	return o
 }
 
 func (n *node) setSource(content string) {
@@ -534,6 +553,354 @@ func TestBinaryAlreadyThere(t *testing.T) {
 	}
 }
 
+// binaryState is the content and mode of a file in BinDir, or "absent".
+func binaryState(t *testing.T, path string) string {
+	t.Helper()
+	fi, err := os.Lstat(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return "absent"
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, _ := os.ReadFile(path)
+	return fmt.Sprintf("%q %v", data, fi.Mode())
+}
+
+// TestStackFreshInstall: both binaries land with mode 0755, and an
+// Uninstall given only what the uninstall command has takes both away.
+func TestStackFreshInstall(t *testing.T) {
+	n := newNode(t)
+	before := snapshot(t, n.binDir)
+	o := n.stackOpts(Standalone)
+	if changed, err := InstallBinary(o); err != nil || !changed {
+		t.Fatalf("InstallBinary: got changed=%v err=%v, want a change", changed, err)
+	}
+	for name, want := range map[string]string{"cni-usernet": "\x7fELF binary v1", StackName("cni-usernet"): "\x7fELF stack v1"} {
+		p := filepath.Join(n.binDir, name)
+		fi, err := os.Lstat(p)
+		if err != nil || fi.Mode() != 0o755 {
+			t.Errorf("%s: got %v, %v, want a file with mode 0755", name, fi, err)
+			continue
+		}
+		if got, _ := os.ReadFile(p); string(got) != want {
+			t.Errorf("%s: got %q, want %q", name, got, want)
+		}
+	}
+	noTemps(t, n.binDir, filepath.Dir(n.record))
+	rec, err := loadRecord(n.record)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.Binary == nil || rec.Stack == nil || rec.Binary.Existed || rec.Stack.Existed {
+		t.Errorf("record: binary %+v stack %+v, want both recorded as created", rec.Binary, rec.Stack)
+	}
+
+	mustUninstall(t, Options{Name: o.Name, RecordPath: o.RecordPath, BinDir: o.BinDir})
+	sameSnapshot(t, "bin dir after uninstall", snapshot(t, n.binDir), before)
+}
+
+// TestStackInstalledFirst: when the plugin binary is about to change, the
+// new stack binary is already in place.
+func TestStackInstalledFirst(t *testing.T) {
+	n := newNode(t)
+	bin, stack := filepath.Join(n.binDir, "cni-usernet"), filepath.Join(n.binDir, "cni-usernet-stack")
+	var seen []string
+	crashAfterRecord = func() error {
+		seen = append(seen, binaryState(t, bin)+" / "+binaryState(t, stack))
+		return nil
+	}
+	defer func() { crashAfterRecord = nil }()
+	if _, err := InstallBinary(n.stackOpts(Standalone)); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		"absent / absent",
+		`absent / "\x7fELF stack v1" -rwxr-xr-x`,
+	}
+	if !slices.Equal(seen, want) {
+		t.Errorf("before each change (plugin / stack): got %q, want %q", seen, want)
+	}
+}
+
+// TestStackReplacedRestored: binaries that were there before (a hand
+// install of an older version) come back byte for byte, with mode and
+// owner, each from a backup of its own.
+func TestStackReplacedRestored(t *testing.T) {
+	n := newNode(t)
+	bin, stack := filepath.Join(n.binDir, "cni-usernet"), filepath.Join(n.binDir, "cni-usernet-stack")
+	if err := os.WriteFile(bin, []byte("hand-installed plugin"), 0o750); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(stack, []byte("hand-installed stack"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if os.Geteuid() == 0 {
+		if err := os.Chown(stack, 1234, 5678); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := snapshot(t, n.binDir)
+	o := n.stackOpts(Standalone)
+	for _, v := range []string{"v1", "v2"} {
+		n.setSource("binary " + v)
+		n.setStack("stack " + v)
+		if changed, err := InstallBinary(o); err != nil || !changed {
+			t.Fatalf("install %s: got changed=%v err=%v", v, changed, err)
+		}
+	}
+	after := snapshot(t, n.binDir)
+	if g, w := after["cni-usernet-stack"], before["cni-usernet-stack"]; g.data != "\x7fELF stack v2" || g.mode != 0o755 || g.uid != w.uid || g.gid != w.gid {
+		t.Errorf("stack binary: got %q %v %d:%d, want v2, 0755, owner %d:%d kept", g.data, g.mode, g.uid, g.gid, w.uid, w.gid)
+	}
+	if g := after["cni-usernet"]; g.data != "\x7fELF binary v2" || g.mode != 0o755 {
+		t.Errorf("plugin binary: got %q %v, want v2, 0755", g.data, g.mode)
+	}
+	backups := []string{backupPath(n.record, "cni-usernet"), backupPath(n.record, StackName("cni-usernet"))}
+	if backups[0] == backups[1] {
+		t.Fatalf("one backup path for both binaries: %s", backups[0])
+	}
+	for i, want := range []string{"hand-installed plugin", "hand-installed stack"} {
+		if got, err := os.ReadFile(backups[i]); err != nil || string(got) != want {
+			t.Errorf("backup %s: got %q, %v, want %q", backups[i], got, err, want)
+		}
+	}
+
+	mustUninstall(t, Options{Name: o.Name, RecordPath: o.RecordPath, BinDir: o.BinDir})
+	sameSnapshot(t, "bin dir after uninstall", snapshot(t, n.binDir), before)
+	for _, b := range backups {
+		if _, err := os.Stat(b); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("backup %s left behind (err %v)", b, err)
+		}
+	}
+}
+
+// TestStackReinstall: identical binaries are not rewritten, and a new
+// stack build alone replaces only the stack binary.
+func TestStackReinstall(t *testing.T) {
+	n := newNode(t)
+	o := n.stackOpts(Standalone)
+	bin, stack := filepath.Join(n.binDir, "cni-usernet"), filepath.Join(n.binDir, "cni-usernet-stack")
+	if _, err := InstallBinary(o); err != nil {
+		t.Fatal(err)
+	}
+	stamps := func() map[string]stamp {
+		return map[string]stamp{bin: stampOf(t, bin), stack: stampOf(t, stack), n.record: stampOf(t, n.record)}
+	}
+	s1 := stamps()
+
+	time.Sleep(10 * time.Millisecond)
+	if changed, err := InstallBinary(o); err != nil || changed {
+		t.Fatalf("identical: got changed=%v err=%v, want no change", changed, err)
+	}
+	if got := stamps(); !maps.Equal(got, s1) {
+		t.Errorf("identical binaries rewritten: %+v, want %+v", got, s1)
+	}
+
+	n.setStack("stack v2")
+	if changed, err := InstallBinary(o); err != nil || !changed {
+		t.Fatalf("new stack build: got changed=%v err=%v, want a change", changed, err)
+	}
+	s2 := stamps()
+	if s2[stack] == s1[stack] {
+		t.Error("new stack build: stack binary not rewritten")
+	}
+	if got, _ := os.ReadFile(stack); string(got) != "\x7fELF stack v2" {
+		t.Errorf("stack binary: got %q", got)
+	}
+	// The record already says what was there before the first install.
+	if s2[bin] != s1[bin] || s2[n.record] != s1[n.record] {
+		t.Errorf("new stack build rewrote the plugin binary or the record")
+	}
+	noTemps(t, n.binDir)
+	mustUninstall(t, o)
+	for _, p := range []string{bin, stack} {
+		if _, err := os.Lstat(p); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("%s still there after uninstall (err %v)", p, err)
+		}
+	}
+}
+
+// TestStackNotRegular: something other than a file where the stack
+// binary goes is not ours to replace, and the plugin binary is not
+// upgraded without it.
+func TestStackNotRegular(t *testing.T) {
+	for _, tt := range []struct {
+		name  string
+		setup func(t *testing.T, path string)
+	}{
+		{"directory", func(t *testing.T, path string) {
+			if err := os.Mkdir(path, 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"symlink", func(t *testing.T, path string) {
+			real := filepath.Join(t.TempDir(), "cni-usernet-stack")
+			os.WriteFile(real, []byte("elsewhere"), 0o755)
+			if err := os.Symlink(real, path); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			n := newNode(t)
+			bin, stack := filepath.Join(n.binDir, "cni-usernet"), filepath.Join(n.binDir, "cni-usernet-stack")
+			if _, err := InstallBinary(n.opts(Standalone)); err != nil {
+				t.Fatal(err)
+			}
+			tt.setup(t, stack)
+			binBefore := snapshot(t, n.binDir)
+			recBefore, _ := os.ReadFile(n.record)
+			s := stampOf(t, bin)
+
+			n.setSource("binary v2")
+			changed, err := InstallBinary(n.stackOpts(Standalone))
+			if err == nil || !strings.Contains(err.Error(), "stack binary") || !strings.Contains(err.Error(), "not a regular file") {
+				t.Fatalf("got changed=%v err=%v, want an error about the stack binary not being a regular file", changed, err)
+			}
+			if changed {
+				t.Error("changed reported for a refused install")
+			}
+			sameSnapshot(t, "bin dir after refusal", snapshot(t, n.binDir), binBefore)
+			if stampOf(t, bin) != s {
+				t.Error("plugin binary rewritten")
+			}
+			if rec, _ := os.ReadFile(n.record); !bytes.Equal(rec, recBefore) {
+				t.Errorf("record changed by a refused install:\n%s\nwas\n%s", rec, recBefore)
+			}
+		})
+	}
+}
+
+// TestStackOldRecord: a record written before there was a stack binary
+// (no "stack") still uninstalls, and an upgrade installing the stack
+// binary over it records it too.
+func TestStackOldRecord(t *testing.T) {
+	// oldRecord is a record as the installer wrote it before the stack
+	// binary: the plugin binary replaced a hand-installed one.
+	oldRecord := func(n *node) {
+		n.t.Helper()
+		bin := filepath.Join(n.binDir, "cni-usernet")
+		if err := os.MkdirAll(filepath.Dir(n.record), 0o755); err != nil {
+			n.t.Fatal(err)
+		}
+		if err := os.WriteFile(backupPath(n.record, "cni-usernet"), []byte("hand-installed"), 0o600); err != nil {
+			n.t.Fatal(err)
+		}
+		rec := fmt.Sprintf(`{
+  "version": 1,
+  "binDir": %q,
+  "binary": {
+    "existed": true,
+    "backup": %q,
+    "meta": {
+      "mode": 488,
+      "uid": %d,
+      "gid": %d
+    }
+  }
+}
+`, n.binDir, filepath.Base(backupPath(n.record, "cni-usernet")), os.Geteuid(), os.Getegid())
+		if err := os.WriteFile(n.record, []byte(rec), 0o600); err != nil {
+			n.t.Fatal(err)
+		}
+		if err := os.WriteFile(bin, []byte("\x7fELF binary v1"), 0o755); err != nil {
+			n.t.Fatal(err)
+		}
+	}
+	want := map[string]fileState{"cni-usernet": {data: "hand-installed", mode: 0o750, uid: uint32(os.Geteuid()), gid: uint32(os.Getegid())}}
+	t.Run("uninstall", func(t *testing.T) {
+		n := newNode(t)
+		oldRecord(n)
+		mustUninstall(t, Options{Name: "cni-usernet", RecordPath: n.record})
+		sameSnapshot(t, "bin dir after uninstall", snapshot(t, n.binDir), want)
+	})
+	t.Run("upgrade, then uninstall", func(t *testing.T) {
+		n := newNode(t)
+		oldRecord(n)
+		if changed, err := InstallBinary(n.stackOpts(Standalone)); err != nil || !changed {
+			t.Fatalf("InstallBinary: got changed=%v err=%v, want the stack binary installed", changed, err)
+		}
+		rec, err := loadRecord(n.record)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rec.Stack == nil || rec.Stack.Existed || rec.Binary == nil || !rec.Binary.Existed {
+			t.Errorf("record: binary %+v stack %+v, want the old binary entry kept and the stack recorded as created", rec.Binary, rec.Stack)
+		}
+		mustUninstall(t, Options{Name: "cni-usernet", RecordPath: n.record})
+		sameSnapshot(t, "bin dir after uninstall", snapshot(t, n.binDir), want)
+	})
+}
+
+// TestCrashBetweenStackAndPlugin: the new stack binary is in place, the
+// record of the plugin binary is written, the plugin binary is not
+// replaced. Uninstall still restores both.
+func TestCrashBetweenStackAndPlugin(t *testing.T) {
+	for _, replacing := range []bool{false, true} {
+		t.Run(fmt.Sprintf("replacing=%v", replacing), func(t *testing.T) {
+			n := newNode(t)
+			bin, stack := filepath.Join(n.binDir, "cni-usernet"), filepath.Join(n.binDir, "cni-usernet-stack")
+			if replacing {
+				os.WriteFile(bin, []byte("old"), 0o755)
+				os.WriteFile(stack, []byte("old stack"), 0o755)
+			}
+			before := snapshot(t, n.binDir)
+			saves := 0
+			crashAfterRecord = func() error {
+				if saves++; saves == 2 {
+					return errCrash
+				}
+				return nil
+			}
+			_, err := InstallBinary(n.stackOpts(Standalone))
+			crashAfterRecord = nil
+			if !errors.Is(err, errCrash) {
+				t.Fatalf("got %v, want the simulated crash", err)
+			}
+			if got, _ := os.ReadFile(stack); string(got) != "\x7fELF stack v1" {
+				t.Errorf("stack binary after the crash: got %q, want the new one", got)
+			}
+			want := "absent"
+			if replacing {
+				want = `"old" -rwxr-xr-x`
+			}
+			if got := binaryState(t, bin); got != want {
+				t.Errorf("plugin binary after the crash: got %s, want %s", got, want)
+			}
+			mustUninstall(t, n.opts(Standalone))
+			sameSnapshot(t, "bin dir after uninstall", snapshot(t, n.binDir), before)
+		})
+	}
+}
+
+// TestStackUninstallKeepsRecordOnError: the stack binary's copy is gone;
+// the error says which binary, the record stays, and a second try with
+// the copy back finishes.
+func TestStackUninstallKeepsRecordOnError(t *testing.T) {
+	n := newNode(t)
+	os.WriteFile(filepath.Join(n.binDir, "cni-usernet"), []byte("old"), 0o755)
+	os.WriteFile(filepath.Join(n.binDir, "cni-usernet-stack"), []byte("old stack"), 0o755)
+	before := snapshot(t, n.binDir)
+	o := n.stackOpts(Standalone)
+	if _, err := InstallBinary(o); err != nil {
+		t.Fatal(err)
+	}
+	backup := backupPath(n.record, StackName("cni-usernet"))
+	saved, _ := os.ReadFile(backup)
+	os.Remove(backup)
+	err := Uninstall(o)
+	if err == nil || !strings.Contains(err.Error(), "stack binary") || !strings.Contains(err.Error(), "is gone") {
+		t.Fatalf("got %v, want an error about the stack binary's missing copy", err)
+	}
+	if _, err := os.Stat(n.record); err != nil {
+		t.Fatalf("record removed after a failed uninstall: %v", err)
+	}
+	os.WriteFile(backup, saved, 0o600)
+	mustUninstall(t, o)
+	sameSnapshot(t, "bin dir after uninstall", snapshot(t, n.binDir), before)
+}
+
 // chainCase is a node's configuration before cni-usernet is chained in.
 type chainCase struct {
 	name  string
@@ -866,6 +1233,7 @@ func TestCrashAfterRecord(t *testing.T) {
 		return func(n *node) error { _, _, err := InstallConfig(n.opts(mode)); return err }
 	}
 	binary := func(n *node) error { _, err := InstallBinary(n.opts(Standalone)); return err }
+	withStack := func(n *node) error { _, err := InstallBinary(n.stackOpts(Standalone)); return err }
 	tests := []struct {
 		name  string
 		setup func(n *node)
@@ -889,6 +1257,13 @@ func TestCrashAfterRecord(t *testing.T) {
 		{"binary replacing one", func(n *node) {
 			os.WriteFile(filepath.Join(n.binDir, "cni-usernet"), []byte("old"), 0o755)
 		}, nil, binary, nil},
+		// The stack's binary is the first change InstallBinary makes.
+		{"stack and binary, first install", func(*node) {}, nil, withStack, nil},
+		{"stack and binary replacing both", func(n *node) {
+			os.WriteFile(filepath.Join(n.binDir, "cni-usernet"), []byte("old"), 0o755)
+			os.WriteFile(filepath.Join(n.binDir, "cni-usernet-stack"), []byte("old stack"), 0o750)
+		}, nil, withStack, nil},
+		{"stack added to an installed binary", func(*node) {}, []install{binary}, withStack, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

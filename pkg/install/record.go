@@ -28,17 +28,22 @@ type record struct {
 	// the same directories (the host's instead of a container's).
 	BinDir  string `json:"binDir,omitempty"`
 	ConfDir string `json:"confDir,omitempty"`
-	// Binary is nil until InstallBinary first changed the binary.
+	// Binary is nil until InstallBinary first changed the plugin binary.
 	Binary *binaryRecord `json:"binary,omitempty"`
+	// Stack is nil until InstallBinary first changed the stack's binary
+	// (StackName(Name)). Records written before there was one lack it,
+	// which means the same.
+	Stack *binaryRecord `json:"stack,omitempty"`
 	// Files are the configuration files we changed, created or removed,
 	// in the order we first touched them.
 	Files []*fileRecord `json:"files,omitempty"`
 }
 
 type binaryRecord struct {
-	// Existed: a binary was at BinDir/Name before our first change; a
-	// copy of it is in Backup (a file name in the record's directory)
-	// with its Meta.
+	// Existed: a binary was at its place in BinDir (Name for Binary,
+	// StackName(Name) for Stack) before our first change; a copy of it
+	// is in Backup (a file name in the record's directory) with its
+	// Meta.
 	Existed bool     `json:"existed"`
 	Backup  string   `json:"backup,omitempty"`
 	Meta    fileMeta `json:"meta,omitzero"`
@@ -85,7 +90,7 @@ func (r *record) file(name string) *fileRecord {
 }
 
 func (r *record) empty() bool {
-	return r.Binary == nil && len(r.Files) == 0
+	return r.Binary == nil && r.Stack == nil && len(r.Files) == 0
 }
 
 // loadRecord reads the record; no file is an empty record.
@@ -120,7 +125,8 @@ func (r *record) save(path string) error {
 	return nil
 }
 
-// backupPath is where the copy of a binary we replaced is kept.
+// backupPath is where the copy of a binary we replaced is kept; name is
+// the binary's file name, so the plugin's and the stack's copies differ.
 func backupPath(recordPath, name string) string {
 	return recordPath + "." + name + ".orig"
 }

@@ -11,10 +11,12 @@ import (
 
 // Uninstall puts back what RecordPath says was there before: files we
 // created are removed, files we changed or removed get their old bytes,
-// mode and owner back, the binary is removed or the one we replaced is
-// restored; then the record goes. A configuration file that someone else
-// rewrote after our last change is not restored: only our plugin entry is
-// taken out of it, so their change survives. Nothing recorded is success.
+// mode and owner back, the plugin binary and the stack's binary beside
+// it are each removed or the one we replaced is restored; then the record
+// goes. It works from the record alone: StackSource and Source are not
+// needed. A configuration file that someone else rewrote after our last
+// change is not restored: only our plugin entry is taken out of it, so
+// their change survives. Nothing recorded is success.
 //
 // On error the record stays, so that running Uninstall again finishes the
 // job.
@@ -54,17 +56,32 @@ func Uninstall(o Options) error {
 			}
 		}
 	}
-	if len(errs) == 0 && rec.Binary != nil {
-		if err := restoreBinary(&o, filepath.Join(binDir, o.Name), rec.Binary); err != nil {
-			errs = append(errs, err)
+	// The plugin before the stack's binary, the reverse of
+	// InstallBinary: a plugin still installed must not find its stack
+	// binary gone or older, so a failure with the plugin leaves the stack
+	// binary alone.
+	binaries := []struct {
+		what, name string
+		rec        *binaryRecord
+	}{
+		{"plugin binary", o.Name, rec.Binary},
+		{"stack binary", StackName(o.Name), rec.Stack},
+	}
+	for _, b := range binaries {
+		if len(errs) == 0 && b.rec != nil {
+			if err := restoreBinary(&o, filepath.Join(binDir, b.name), b.rec); err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", b.what, err))
+			}
 		}
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("uninstalling (the record %s stays for another try): %w", o.RecordPath, errors.Join(errs...))
 	}
-	if rec.Binary != nil && rec.Binary.Backup != "" {
-		if err := removeFile(filepath.Join(filepath.Dir(o.RecordPath), rec.Binary.Backup)); err != nil {
-			return err
+	for _, b := range binaries {
+		if b.rec != nil && b.rec.Backup != "" {
+			if err := removeFile(filepath.Join(filepath.Dir(o.RecordPath), b.rec.Backup)); err != nil {
+				return err
+			}
 		}
 	}
 	return removeFile(o.RecordPath)
