@@ -7,8 +7,10 @@ LDFLAGS := -X github.com/cni-usernet/cni-usernet/pkg/plugin.Version=$(VERSION)
 
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/cni-usernet ./cmd/cni-usernet
+	CGO_ENABLED=0 $(GO) build -trimpath -o bin/cni-usernet-stack ./cmd/cni-usernet-stack
 	mkdir -p bin/cni
-	cp bin/cni-usernet bin/cni/.cni-usernet.new && mv -f bin/cni/.cni-usernet.new bin/cni/cni-usernet # a running stack keeps the old file
+	# a running stack keeps the old file
+	for b in cni-usernet-stack cni-usernet; do cp bin/$$b bin/cni/.$$b.new && mv -f bin/cni/.$$b.new bin/cni/$$b || exit 1; done
 	CGO_ENABLED=0 $(GO) build -o bin/cni/ github.com/containernetworking/plugins/plugins/ipam/host-local github.com/containernetworking/plugins/plugins/main/ptp
 	CGO_ENABLED=0 $(GO) build -o bin/ github.com/containernetworking/cni/cnitool
 

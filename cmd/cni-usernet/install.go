@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 
+	"github.com/cni-usernet/cni-usernet/pkg/attachment"
 	"github.com/cni-usernet/cni-usernet/pkg/install"
 )
 
@@ -30,6 +31,7 @@ func installCommand(args []string) error {
 	plugin := fs.String("plugin", "", "chain: file with the plugin object to add")
 	record := fs.String("record", installRecordDefault, "where to record what was there before, for uninstall")
 	source := fs.String("source", "", "binary to install (default: this executable)")
+	stackSource := fs.String("stack-source", "", "the stack's binary to install beside it (default: the source's name with -stack appended, when that file exists)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -37,7 +39,7 @@ func installCommand(args []string) error {
 		return fmt.Errorf("install: unexpected argument %q", fs.Arg(0))
 	}
 	o := install.Options{
-		Source: *source, BinDir: *binDir, ConfDir: *confDir, Name: installName,
+		Source: *source, StackSource: *stackSource, BinDir: *binDir, ConfDir: *confDir, Name: installName,
 		Mode: install.Mode(*mode), RecordPath: *record,
 		Log: slog.New(slog.NewTextHandler(os.Stderr, nil)),
 	}
@@ -64,12 +66,23 @@ func installCommand(args []string) error {
 			return fmt.Errorf("install: finding this executable: %w", err)
 		}
 	}
+	if o.StackSource == "" {
+		if sb := attachment.StackBinary(o.Source); sb != o.Source {
+			o.StackSource = sb
+		} else {
+			o.Log.Warn("no stack binary beside the source: pods' stacks will run from the plugin's binary, which costs more memory per pod", "want", o.Source+"-stack")
+		}
+	}
 
 	changed, err := install.InstallBinary(o)
 	if err != nil {
 		return err
 	}
-	fmt.Printf("binary %s/%s: %s\n", o.BinDir, o.Name, installChangeWord(changed))
+	what := o.Name
+	if o.StackSource != "" {
+		what += " and " + install.StackName(o.Name)
+	}
+	fmt.Printf("binaries %s in %s: %s\n", what, o.BinDir, installChangeWord(changed))
 	path, changed, err := install.InstallConfig(o)
 	if err != nil {
 		return err

@@ -1,6 +1,9 @@
-// Command cni-usernet is the whole of cni-usernet in one binary: the CNI
-// plugin (when called with CNI_COMMAND set, as runtimes do), the per-pod
-// stack process ("stack") and the node's status table ("status").
+// Command cni-usernet is the CNI plugin (when called with CNI_COMMAND set,
+// as runtimes do), the node agent ("agent"), the node's status table
+// ("status"), capture and the by-hand installer. Pods' stacks run from
+// cni-usernet-stack, installed beside it; "stack" stays here for stacks
+// of attachments recorded before the split and for a node that has only
+// this file.
 package main
 
 import (
@@ -9,11 +12,13 @@ import (
 	"os"
 
 	"github.com/cni-usernet/cni-usernet/pkg/plugin"
+	"github.com/cni-usernet/cni-usernet/pkg/stackcmd"
 )
 
 const usage = `usage:
   cni-usernet                         CNI plugin (CNI_COMMAND and friends in the environment)
-  cni-usernet stack --config FILE     run a pod's stack (started by the plugin)
+  cni-usernet stack --config FILE     run a pod's stack (the plugin starts cni-usernet-stack
+                                      instead when it is installed beside it)
   cni-usernet status [--json] [--state-dir DIR]
                                       every attachment on the node with its stack's health and GSO decision
   cni-usernet capture [flags] <namespace>/<pod> | <containerID>
@@ -32,7 +37,7 @@ func main() {
 	var err error
 	switch os.Args[1] {
 	case "stack":
-		err = runStack(os.Args[2:])
+		err = stackcmd.Run(os.Args[2:])
 	case "status":
 		err = runStatus(os.Args[2:], os.Stdout)
 	case "capture":

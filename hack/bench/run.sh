@@ -77,9 +77,9 @@ go build -o "$bin" \
 	github.com/containernetworking/plugins/plugins/ipam/host-local
 # Built as released (make build, hack/image.sh): static, without cgo, so
 # the stack sandboxes itself the way it does on users' nodes.
-if ! CGO_ENABLED=0 go build -trimpath -o "$bin/cni-usernet" ./cmd/cni-usernet >"$out/build-cni-usernet.log" 2>&1; then
+if ! CGO_ENABLED=0 go build -trimpath -o "$bin/" ./cmd/cni-usernet ./cmd/cni-usernet-stack >"$out/build-cni-usernet.log" 2>&1; then
 	echo "run.sh: cni-usernet does not build, its configurations are skipped: $(head -c 300 "$out/build-cni-usernet.log")" >&2
-	rm -f "$bin/cni-usernet"
+	rm -f "$bin/cni-usernet" "$bin/cni-usernet-stack"
 fi
 # runsc, from the gVisor module version go.mod names, built in its own
 # module (hack/bench/peers) so its dependencies stay out of ours.
@@ -107,7 +107,7 @@ if [[ -n "$baseline" ]]; then
 	mkdir -p "$bin/baseline"
 	echo "run.sh: building the baseline cni-usernet from $baseline" >&2
 	if git worktree add -q --detach "$wt/src" "$baseline" >&2 &&
-		(cd "$wt/src" && CGO_ENABLED=0 go build -trimpath -o "$bin/baseline/cni-usernet" ./cmd/cni-usernet) >"$out/build-baseline.log" 2>&1; then
+		(cd "$wt/src" && CGO_ENABLED=0 go build -trimpath -o "$bin/baseline/" ./cmd/cni-usernet $(ls -d ./cmd/cni-usernet-stack 2>/dev/null)) >"$out/build-baseline.log" 2>&1; then
 		cp "$bin/host-local" "$bin/ptp" "$bin/baseline/"
 		args+=(--baseline-bin "$bin/baseline")
 	else

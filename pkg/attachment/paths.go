@@ -7,6 +7,7 @@
 package attachment
 
 import (
+	"os"
 	"path/filepath"
 	"time"
 
@@ -49,3 +50,17 @@ const StopGrace = 5 * time.Second
 // ADD, the agent's restart) and find (a teardown without state) the stack
 // of the attachment whose stack configuration is at configPath.
 func StackArgs(configPath string) []string { return []string{"stack", "--config", configPath} }
+
+// StackBinary is the executable that runs pods' stacks for the plugin (or
+// agent) whose executable is exe: exe's name with "-stack" appended, beside
+// it, when that file is there and executable (cni-usernet-stack, which
+// carries only the stack's code: one runs per pod), else exe itself, whose
+// "stack" command does the same work in a bigger process (a node where
+// only the plugin's file was copied).
+func StackBinary(exe string) string {
+	p := exe + "-stack"
+	if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() && fi.Mode().Perm()&0o111 != 0 {
+		return p
+	}
+	return exe
+}

@@ -1,6 +1,7 @@
 package attachment
 
 import (
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -24,5 +25,42 @@ func TestNames(t *testing.T) {
 	}
 	if got := StackArgs(p.Config); len(got) != 3 || got[0] != "stack" || got[2] != p.Config {
 		t.Fatalf("stack args %q", got)
+	}
+}
+
+// TestStackBinary: the plugin runs stacks from cni-usernet-stack beside
+// it only when that is an executable file; anything else there, or
+// nothing, leaves the plugin's own binary (its stack command), so a node
+// where only the plugin was copied keeps working.
+func TestStackBinary(t *testing.T) {
+	dir := t.TempDir()
+	exe := filepath.Join(dir, "cni-usernet")
+	stack := exe + "-stack"
+	if err := os.WriteFile(exe, []byte("plugin"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if got := StackBinary(exe); got != exe {
+		t.Errorf("no stack binary: %s, want %s", got, exe)
+	}
+	if err := os.Mkdir(stack, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if got := StackBinary(exe); got != exe {
+		t.Errorf("a directory named like the stack binary: %s, want %s", got, exe)
+	}
+	if err := os.Remove(stack); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(stack, []byte("stack"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := StackBinary(exe); got != exe {
+		t.Errorf("stack binary not executable: %s, want %s", got, exe)
+	}
+	if err := os.Chmod(stack, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if got := StackBinary(exe); got != stack {
+		t.Errorf("stack binary present: %s, want %s", got, stack)
 	}
 }

@@ -21,6 +21,7 @@ import (
 
 	"github.com/cni-usernet/cni-usernet/pkg/agent"
 	"github.com/cni-usernet/cni-usernet/pkg/atomicfile"
+	"github.com/cni-usernet/cni-usernet/pkg/attachment"
 	"github.com/cni-usernet/cni-usernet/pkg/launch"
 	"github.com/cni-usernet/cni-usernet/pkg/netconf"
 	"github.com/cni-usernet/cni-usernet/pkg/state"
@@ -215,8 +216,8 @@ func probeAgent(path string) error {
 // restartNamespace decides where restarted stacks run. The node's mount
 // namespace when the agent can enter it (a privileged DaemonSet with
 // hostPID): recorded paths then mean what they meant to the plugin. When
-// /proc/1 is out of reach, the agent's own namespace, with its own
-// executable as the stack binary (the recorded one is a node path).
+// /proc/1 is out of reach, the agent's own namespace, with the stack
+// binary of its own image (the recorded one is a node path).
 func restartNamespace(path string, log *slog.Logger) (mountNS, stackBinary string) {
 	if path == "" {
 		return "", ""
@@ -232,8 +233,10 @@ func restartNamespace(path string, log *slog.Logger) (mountNS, stackBinary strin
 	exe, err := os.Executable()
 	if err != nil {
 		exe = ""
+	} else {
+		exe = attachment.StackBinary(exe)
 	}
-	log.Warn("cannot enter the node's mount namespace; restarted stacks run in the agent's, from its own binary",
+	log.Warn("cannot enter the node's mount namespace; restarted stacks run in the agent's, from its image's binary",
 		"mountNS", path, "err", errors.Join(err1, err2), "binary", exe)
 	return "", exe
 }

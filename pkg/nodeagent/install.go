@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cni-usernet/cni-usernet/pkg/attachment"
 	"github.com/cni-usernet/cni-usernet/pkg/install"
 	"github.com/cni-usernet/cni-usernet/pkg/kube"
 	"github.com/cni-usernet/cni-usernet/pkg/netconf"
@@ -57,12 +58,20 @@ func prepareInstall(ctx context.Context, f *agentFlags, log *slog.Logger) (*node
 	if err != nil {
 		return nil, fmt.Errorf("finding own executable: %w", err)
 	}
+	// The image carries cni-usernet-stack beside the agent's binary; an
+	// image without it installs the plugin alone, whose stack command
+	// then runs the stacks.
+	stackSource := attachment.StackBinary(self)
+	if stackSource == self {
+		stackSource = ""
+	}
 	n.opts = install.Options{
-		Source:  self,
-		BinDir:  f.cniBinDir,
-		ConfDir: f.cniConfDir,
-		Name:    "cni-usernet",
-		Mode:    install.Mode(f.mode),
+		Source:      self,
+		StackSource: stackSource,
+		BinDir:      f.cniBinDir,
+		ConfDir:     f.cniConfDir,
+		Name:        "cni-usernet",
+		Mode:        install.Mode(f.mode),
 		// A directory of its own: the state directory's top level is
 		// one file per attachment.
 		RecordPath: filepath.Join(f.stateDir, "install", "install.json"),
@@ -81,9 +90,9 @@ func prepareInstall(ctx context.Context, f *agentFlags, log *slog.Logger) (*node
 	}
 	changed, err := install.InstallBinary(n.opts)
 	if err != nil {
-		return nil, fmt.Errorf("installing the plugin binary: %w", err)
+		return nil, err
 	}
-	log.Info("plugin binary installed", "dir", f.cniBinDir, "changed", changed)
+	log.Info("plugin binaries installed", "dir", f.cniBinDir, "stack", n.opts.StackSource != "", "changed", changed)
 	return n, nil
 }
 

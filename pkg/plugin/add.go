@@ -136,7 +136,13 @@ func (inv *invocation) add() (_ *current.Result, err error) {
 	td.Chained, td.IPs = att.Chained, att.IPs
 	u.add(func() { td.CleanNetns() })
 	inv.step("state")
+	self, err := os.Executable()
+	if err != nil {
+		return nil, cniError(types.ErrInternal, fmt.Errorf("finding own executable: %w", err))
+	}
+	stackBinary := attachment.StackBinary(self)
 	proc, err := launch.Start(launch.Options{
+		Binary:       stackBinary,
 		Args:         attachment.StackArgs(p.Config),
 		Netns:        args.Netns,
 		LogPath:      p.Log,
@@ -148,9 +154,7 @@ func (inv *invocation) add() (_ *current.Result, err error) {
 	}
 	u.add(func() { launch.Stop(proc, attachment.StopGrace) })
 	att.StackPID, att.StackStartTime = proc.PID, proc.StartTime
-	if att.StackBinary, err = os.Executable(); err != nil {
-		return nil, cniError(types.ErrInternal, fmt.Errorf("finding own executable: %w", err))
-	}
+	att.StackBinary = stackBinary
 	if att.StackCgroups, err = launch.Cgroups(proc.PID); err != nil {
 		return nil, cniError(types.ErrInternal, err)
 	}

@@ -1,4 +1,8 @@
-package main
+// Package stackcmd is a pod's stack process: its command line, start-up,
+// sandbox and readiness report. It is the whole of cni-usernet-stack, the
+// small binary the plugin starts for each pod, and the `stack` command of
+// the multi-call cni-usernet (for attachments recorded before the split).
+package stackcmd
 
 import (
 	"context"
@@ -22,9 +26,9 @@ import (
 // processStart is when the process began, as near as Go lets us see it.
 var processStart = time.Now()
 
-// runStack is the pod's stack process. It reports readiness on
-// launch.ReadyFD when a launcher passed one.
-func runStack(argv []string) error {
+// Run is the pod's stack process; argv are the arguments after "stack".
+// It reports readiness on launch.ReadyFD when a launcher passed one.
+func Run(argv []string) error {
 	fs := flag.NewFlagSet("stack", flag.ContinueOnError)
 	configPath := fs.String("config", "", "stack configuration file (JSON)")
 	debug := fs.Bool("debug", false, "log at debug level")

@@ -187,8 +187,10 @@ func TestKubernetes(t *testing.T) {
 		}
 		network = name
 		t.Logf("node Ready; containerd uses %s (network %q)", file, network)
-		if _, err := os.Stat(installed); err != nil {
-			t.Fatal(err)
+		for _, f := range []string{installed, installedStack} {
+			if _, err := os.Stat(f); err != nil {
+				t.Fatal(err)
+			}
 		}
 		// Least privilege: what the agent and the plugin use, nothing more.
 		sa := "--as=system:serviceaccount:kube-system:cni-usernet"
@@ -276,6 +278,8 @@ spec:
 			}
 			if !stackAlive(row.PID) {
 				t.Errorf("%s: stack process %d is not running", name, row.PID)
+			} else if exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", row.PID)); err != nil || exe != installedStack {
+				t.Errorf("%s: stack process %d runs %s (%v), want %s", name, row.PID, exe, err, installedStack)
 			}
 			if !containsIP(row.IPs, podIP[name]) {
 				t.Errorf("%s: status IPs %v, pod IP %s", name, row.IPs, podIP[name])
@@ -750,8 +754,10 @@ spec:
 		})
 		// Meanwhile the pods keep their network, and what their DEL needs
 		// stays.
-		if _, err := os.Stat(installed); err != nil {
-			t.Errorf("plugin binary gone while pods use it: %v", err)
+		for _, f := range []string{installed, installedStack} {
+			if _, err := os.Stat(f); err != nil {
+				t.Errorf("plugin binary gone while pods use it: %v", err)
+			}
 		}
 		if _, _, types, err := conflistIn(cniConfDir); err != nil || !slices.Contains(types, "cni-usernet") {
 			t.Errorf("configuration gone while pods use it: plugins %v, %v", types, err)

@@ -19,13 +19,15 @@ import (
 
 // What the DaemonSet installs on the node, at the paths the manifest gives.
 const (
-	cniConfDir  = "/etc/cni/net.d"
-	cniBinDir   = "/opt/cni/bin"
-	installed   = cniBinDir + "/cni-usernet"
-	stateDir    = "/var/lib/cni-usernet"
-	stacksDir   = stateDir + "/stacks/"
-	leaseRoot   = "/var/lib/cni/networks"
-	hostVethPfx = "usn"
+	cniConfDir = "/etc/cni/net.d"
+	cniBinDir  = "/opt/cni/bin"
+	installed  = cniBinDir + "/cni-usernet"
+	// installedStack is what the plugin runs pods' stacks from.
+	installedStack = installed + "-stack"
+	stateDir       = "/var/lib/cni-usernet"
+	stacksDir      = stateDir + "/stacks/"
+	leaseRoot      = "/var/lib/cni/networks"
+	hostVethPfx    = "usn"
 )
 
 // statusRow is one attachment of `cni-usernet status --json`.

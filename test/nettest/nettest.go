@@ -47,8 +47,9 @@ func moduleRoot() string {
 	return filepath.Join(filepath.Dir(file), "..", "..")
 }
 
-// BinDir builds cni-usernet, host-local and ptp once per test binary and
-// returns the directory holding them (the CNI_PATH of the tests).
+// BinDir builds cni-usernet, cni-usernet-stack (the plugin starts stacks
+// from it), host-local and ptp once per test binary and returns the
+// directory holding them (the CNI_PATH of the tests).
 func BinDir(t testing.TB) string {
 	t.Helper()
 	buildOnce.Do(func() {
@@ -60,7 +61,7 @@ func BinDir(t testing.TB) string {
 		if raceEnabled {
 			args = append(args, "-race")
 		}
-		args = append(args, "./cmd/cni-usernet",
+		args = append(args, "./cmd/cni-usernet", "./cmd/cni-usernet-stack",
 			"github.com/containernetworking/plugins/plugins/ipam/host-local",
 			"github.com/containernetworking/plugins/plugins/main/ptp")
 		cmd := exec.Command("go", args...)

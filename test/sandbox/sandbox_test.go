@@ -142,13 +142,13 @@ func checkSandboxedStack(t *testing.T, env *nettest.Env) {
 	env.AssertNoLeaks(t)
 }
 
-// noCgoBinDir builds cni-usernet as the Makefile does (CGO_ENABLED=0) next
-// to copies of the reference plugins from dir.
+// noCgoBinDir builds cni-usernet and cni-usernet-stack as the Makefile
+// does (CGO_ENABLED=0) next to copies of the reference plugins from dir.
 func noCgoBinDir(t *testing.T, dir string) string {
 	t.Helper()
 	out := t.TempDir()
 	_, file, _, _ := runtime.Caller(0)
-	cmd := exec.Command("go", "build", "-o", out+"/", "./cmd/cni-usernet")
+	cmd := exec.Command("go", "build", "-o", out+"/", "./cmd/cni-usernet", "./cmd/cni-usernet-stack")
 	cmd.Dir = filepath.Join(filepath.Dir(file), "..", "..")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {
