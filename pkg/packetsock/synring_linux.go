@@ -49,10 +49,16 @@ type SYNSocket struct {
 
 // Close unmaps the ring and closes the socket.
 func (s *SYNSocket) Close() {
+	// Twice would unmap whatever reused the ring's addresses, and close
+	// whatever reused its descriptor.
 	if s.ring != nil {
 		_ = unix.Munmap(s.ring)
+		s.ring = nil
 	}
-	unix.Close(s.FD)
+	if s.FD >= 0 {
+		unix.Close(s.FD)
+		s.FD = -1
+	}
 }
 
 func (s *SYNSocket) status(i int) *uint32 {

@@ -133,6 +133,7 @@ func readerStack(t *testing.T, mode offload.Mode) (*Stack, ns.NetNS, int) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	linkFD, txFD = -1, -1 // the stack's now: its Close closes them
 	t.Cleanup(s.Close)
 	return s, netns, peer
 }
@@ -161,4 +162,34 @@ func pingOnce(t *testing.T, peer int, dst net.HardwareAddr, seq uint16) (uint16,
 		}
 	}
 	return seq, false
+}
+
+// TestCloseReleasesTheLinkSockets: Close releases the link's socket and
+// the send socket it was given (the process's exit no longer does it, one
+// grace period after another).
+func TestCloseReleasesTheLinkSockets(t *testing.T) {
+	s, _, _ := readerStack(t, offload.ModeHardware)
+	inodes := map[uint64]int{}
+	for _, fd := range []int{s.opts.LinkFD, s.opts.TXFD} {
+		var st unix.Stat_t
+		if err := unix.Fstat(fd, &st); err != nil {
+			t.Fatalf("fstat %d: %v", fd, err)
+		}
+		inodes[st.Ino] = fd
+	}
+	s.Close()
+	entries, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		var st unix.Stat_t
+		if unix.Stat("/proc/self/fd/"+e.Name(), &st) != nil {
+			continue
+		}
+		if fd, ok := inodes[st.Ino]; ok && st.Mode&unix.S_IFMT == unix.S_IFSOCK {
+			t.Errorf("socket %d (inode %d) still open after Close, as fd %s", fd, st.Ino, e.Name())
+		}
+	}
+	s.Close() // twice is harmless
 }

@@ -77,12 +77,12 @@ func newSYNPath(sock *packetsock.SYNSocket, mac tcpip.LinkAddress) (*synPath, er
 
 func (p *synPath) start() { go p.run() }
 
-// close stops the loop, waits for it, and closes the socket.
-func (p *synPath) close() {
+// stop stops the loop and waits for it; the socket stays open (Stack
+// closes it with the link's other sockets).
+func (p *synPath) stop() {
 	p.stopping.Store(true)
 	p.file.Close()
 	<-p.done
-	p.sock.Close()
 }
 
 func (p *synPath) run() {
