@@ -33,34 +33,33 @@ func TestNames(t *testing.T) {
 // nothing, leaves the plugin's own binary (its stack command), so a node
 // where only the plugin was copied keeps working.
 func TestStackBinary(t *testing.T) {
-	dir := t.TempDir()
-	exe := filepath.Join(dir, "cni-usernet")
-	stack := exe + "-stack"
-	if err := os.WriteFile(exe, []byte("plugin"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if got := StackBinary(exe); got != exe {
-		t.Errorf("no stack binary: %s, want %s", got, exe)
-	}
-	if err := os.Mkdir(stack, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if got := StackBinary(exe); got != exe {
-		t.Errorf("a directory named like the stack binary: %s, want %s", got, exe)
-	}
-	if err := os.Remove(stack); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(stack, []byte("stack"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if got := StackBinary(exe); got != exe {
-		t.Errorf("stack binary not executable: %s, want %s", got, exe)
-	}
-	if err := os.Chmod(stack, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if got := StackBinary(exe); got != stack {
-		t.Errorf("stack binary present: %s, want %s", got, stack)
+	for _, c := range []struct {
+		name     string
+		make     func(path string) error // nil: nothing at the stack's path
+		useStack bool
+	}{
+		{"absent", nil, false},
+		{"a directory", func(p string) error { return os.Mkdir(p, 0o755) }, false},
+		{"not executable", func(p string) error { return os.WriteFile(p, []byte("stack"), 0o644) }, false},
+		{"executable", func(p string) error { return os.WriteFile(p, []byte("stack"), 0o755) }, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			exe := filepath.Join(t.TempDir(), "cni-usernet")
+			if err := os.WriteFile(exe, []byte("plugin"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if c.make != nil {
+				if err := c.make(exe + "-stack"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			want := exe
+			if c.useStack {
+				want = exe + "-stack"
+			}
+			if got := StackBinary(exe); got != want {
+				t.Errorf("StackBinary = %s, want %s", got, want)
+			}
+		})
 	}
 }
