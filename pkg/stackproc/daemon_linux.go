@@ -224,6 +224,9 @@ func loadOrCollect(cfg stackconfig.Config) (*podnet.Spec, error) {
 // drop) is left in place: a restarted stack re-attaches to it, and DEL
 // removes it with the pod.
 func (d *Daemon) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go d.releaseWhenQuiet(ctx)
 	var err error
 	select {
 	case <-ctx.Done():
