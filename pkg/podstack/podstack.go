@@ -117,10 +117,8 @@ type Stack struct {
 	// reader reads LinkFD; nil when fdbased does (no Options.TXFD).
 	reader *linkReader
 	// failed gets, once, why a reader of the link stopped on its own.
-	failed   chan error
-	failOnce sync.Once
-	// built: Build succeeded, so the stack owns Options' descriptors.
-	built     bool
+	failed    chan error
+	failOnce  sync.Once
 	closeOnce sync.Once
 }
 
@@ -164,11 +162,9 @@ func Build(o Options) (*Stack, error) {
 		return nil, err
 	}
 	if err := s.attachWire(mac); err != nil {
-		s.shutdown()
-		s.closeSockets(false)
+		s.shutdown() // the descriptors stay the caller's
 		return nil, fmt.Errorf("building the wire leg on %s: %w", o.Spec.IfName, err)
 	}
-	s.built = true
 	return s, nil
 }
 
@@ -375,7 +371,7 @@ func (s *Stack) WireUp() bool { return s.Wire.CheckNIC(wireNIC) }
 func (s *Stack) Close() {
 	s.closeOnce.Do(func() {
 		s.shutdown()
-		s.closeSockets(s.built)
+		s.closeSockets()
 	})
 }
 
@@ -397,22 +393,20 @@ func (s *Stack) shutdown() {
 	}
 }
 
-// closeSockets closes the SYN socket and, when the stack owns them (Build
-// succeeded), the link's socket and the send socket: all at once, because
+// closeSockets closes the SYN socket, the link's socket and the send
+// socket, which the stack owns once Build succeeded: all at once, because
 // the kernel's release of a packet socket waits for an RCU grace period
 // (synchronize_net; the SYN socket's ring a second one). One after another,
 // as the process's exit closed them, those waits were 55–60 ms of a
 // stack's exit here, a third of a DEL; at once they overlap.
-func (s *Stack) closeSockets(owned bool) {
+func (s *Stack) closeSockets() {
 	var wg sync.WaitGroup
 	if s.syn != nil {
 		wg.Go(s.syn.sock.Close)
 	}
-	if owned {
-		wg.Go(func() { unix.Close(s.opts.LinkFD) })
-		if s.opts.TXFD > 0 {
-			wg.Go(func() { unix.Close(s.opts.TXFD) })
-		}
+	wg.Go(func() { unix.Close(s.opts.LinkFD) })
+	if s.opts.TXFD > 0 {
+		wg.Go(func() { unix.Close(s.opts.TXFD) })
 	}
 	wg.Wait()
 }
