@@ -4,6 +4,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cni-usernet/cni-usernet/pkg/wirequeue"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 	"gvisor.dev/gvisor/pkg/tcpip/link/nested"
@@ -26,6 +27,8 @@ type LinkStats struct {
 	// RxSynCookied counts SYNs beyond the cap answered with a SYN cookie
 	// instead (relay.AnswerSYN).
 	RxSynCookied atomic.Uint64
+	// Queue counts the wire queue's waits for room and its drops.
+	Queue wirequeue.Stats
 }
 
 // LinkSnapshot is a plain copy of LinkStats.
@@ -38,6 +41,11 @@ type LinkSnapshot struct {
 	RxBytes      uint64 `json:"rxBytes"`
 	RxSynShed    uint64 `json:"rxSynShed"`
 	RxSynCookied uint64 `json:"rxSynCookied"`
+	// TxQueueWaits counts packets that found the wire queue full and
+	// waited for room (back-pressure, not loss); TxQueueDrops those
+	// dropped after waiting wirequeue.MaxWait.
+	TxQueueWaits uint64 `json:"txQueueWaits"`
+	TxQueueDrops uint64 `json:"txQueueDrops"`
 }
 
 // Snapshot reads every counter.
@@ -46,6 +54,7 @@ func (s *LinkStats) Snapshot() LinkSnapshot {
 		TxPackets: s.TxPackets.Load(), TxBytes: s.TxBytes.Load(), TxGSOBatches: s.TxGSOBatches.Load(),
 		TxErrors: s.TxErrors.Load(), RxPackets: s.RxPackets.Load(), RxBytes: s.RxBytes.Load(),
 		RxSynShed: s.RxSynShed.Load(), RxSynCookied: s.RxSynCookied.Load(),
+		TxQueueWaits: s.Queue.Waits.Load(), TxQueueDrops: s.Queue.Drops.Load(),
 	}
 }
 

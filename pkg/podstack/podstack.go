@@ -14,10 +14,10 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/packetsock"
 	"github.com/cni-usernet/cni-usernet/pkg/podnet"
 	"github.com/cni-usernet/cni-usernet/pkg/relay"
+	"github.com/cni-usernet/cni-usernet/pkg/wirequeue"
 	"golang.org/x/sys/unix"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/link/fdbased"
-	"gvisor.dev/gvisor/pkg/tcpip/link/qdisc/fifo"
 	"gvisor.dev/gvisor/pkg/tcpip/network/arp"
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv6"
@@ -67,6 +67,8 @@ type Options struct {
 	// (A queue that sent inline when idle, to save a hand-off per lone
 	// packet, lost 20-60 % of bulk throughput and gained nothing on
 	// request/response: hack/bench/run.sh --quick --baseline, BENCHMARKS.md.)
+	// A full queue makes the sender wait (pkg/wirequeue): a packet dropped
+	// there is one netstack's TCP believes sent.
 	WireQueueLen int
 	// TCPBufferBytes is the largest send and receive buffer of a netstack
 	// TCP endpoint (auto-tuned up to it). Zero: 4 MiB, enough for the
@@ -272,7 +274,7 @@ func (s *Stack) attachWire(mac net.HardwareAddr) error {
 	link.answerSYN = s.Relay.AnswerSYN
 	nicOpts := stack.NICOptions{Name: o.Spec.IfName, Disabled: true}
 	if o.WireQueueLen > 0 {
-		nicOpts.QDisc = fifo.New(link, 1, o.WireQueueLen)
+		nicOpts.QDisc = wirequeue.New(link, o.WireQueueLen, &s.WireStats.Queue)
 	}
 	if err := s.Wire.CreateNICWithOptions(wireNIC, link, nicOpts); err != nil {
 		return fmt.Errorf("creating NIC: %s", err)

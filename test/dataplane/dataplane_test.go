@@ -147,6 +147,45 @@ func TestBulkTransferPerMode(t *testing.T) {
 	}
 }
 
+// TestDownloadsThroughAFullWireQueue sends from the pod on eight
+// connections at once with bursts of two segments (gsoMaxSegs 2) into a
+// wire queue of 64 packets: the queue is full most of the time. A packet
+// that finds it full must wait, not be dropped. Dropped, the tail of a
+// window is lost with nothing above it for the node to SACK, and
+// netstack's recovery then sent one segment per retransmission timeout
+// (make bench-quick's nginx 10 MiB hung on it with gso_max_segs 2).
+func TestDownloadsThroughAFullWireQueue(t *testing.T) {
+	env, pod := newPod(t, map[string]any{"gso": "hardware", "gsoMaxSegs": 2, "wireQueueLen": 64})
+	size := int64(32 << 20)
+	if testing.Short() {
+		size = 8 << 20
+	}
+	const conns = 8
+	errs := make(chan error, conns)
+	for i := range conns {
+		go func() {
+			errs <- (nettest.Transfer{Server: pod.NS, Client: env.Node, Addr: pod.IP(4), Port: 5100 + i,
+				Bytes: size, ServerSends: true, Timeout: time.Minute}).Run()
+		}()
+	}
+	for i := range conns {
+		if err := <-errs; err != nil {
+			t.Errorf("download %d: %v", i, err)
+		}
+	}
+	st := stackStatus(t, env, pod)
+	if st.GSO.Link.MaxSegs != 2 {
+		t.Errorf("stack's gso_max_segs: got %d, want 2", st.GSO.Link.MaxSegs)
+	}
+	if st.Wire.TxQueueWaits == 0 {
+		t.Errorf("wire queue waits: got 0, want > 0 (the queue never filled: the test checks nothing)")
+	}
+	if st.Wire.TxQueueDrops != 0 || st.Wire.IPOutgoingErrors != 0 {
+		t.Errorf("wire queue drops %d, IP outgoing errors %d: want 0, 0", st.Wire.TxQueueDrops, st.Wire.IPOutgoingErrors)
+	}
+	t.Logf("wire queue: %d waits; %d TCP retransmits", st.Wire.TxQueueWaits, st.Wire.TCPRetransmits)
+}
+
 // hostVethRx reads the counters of the pod's veth on the node's side.
 func hostVethRx(t *testing.T, env *nettest.Env, pod *nettest.Pod) netlink.LinkStatistics {
 	t.Helper()

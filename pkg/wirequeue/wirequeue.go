@@ -1,0 +1,178 @@
+// Package wirequeue owns the queue between netstack and the pod's wire
+// link: it hands the link batches from a goroutine of its own and, when
+// full, makes the sender wait for room instead of dropping the packet.
+//
+// Why not gVisor's fifo qdisc: fifo drops a packet that finds the queue
+// full, and netstack's TCP counts a packet its own stack dropped as sent.
+// The whole tail of a window can go that way (a GSO burst of 2 segments
+// under gso_max_segs 2 fills 1024 slots with 3 MB, less than five
+// connections' windows), and with nothing above the hole for the peer to
+// SACK, netstack's RACK recovery counts every lost segment as still in
+// flight (SetPipe ignores RACK's lost marks): the connection then sends one
+// segment per retransmission timeout, 14 KB/s, for minutes (make
+// bench-quick's nginx 10 MiB with gso_max_segs 2 hung in CI on it). Linux
+// never gets there: TCP small queues keep a socket's packets in the qdisc
+// to a few, and a packet the qdisc drops is reported back and not counted
+// as sent. Waiting for room is the same back-pressure for netstack: the
+// sender pauses for as long as the link takes to drain one batch.
+package wirequeue
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/stack"
+)
+
+// BatchSize is the most packets handed to the link in one call: a 64 KiB
+// burst that netstack segments itself (software GSO) is 46 segments and a
+// short one, as in gVisor's fifo.
+const BatchSize = 47
+
+// MaxWait bounds how long a sender waits for room before the packet is
+// dropped after all. Draining one batch takes microseconds; a link that
+// takes this long to accept one is wedged, and dropping keeps netstack's
+// timers and the other connections going.
+const MaxWait = 100 * time.Millisecond
+
+// Stats counts what the queue did besides passing packets on.
+type Stats struct {
+	// Waits counts packets that found the queue full and waited for room.
+	Waits atomic.Uint64
+	// Drops counts packets dropped after waiting MaxWait, or offered
+	// after Close.
+	Drops atomic.Uint64
+}
+
+// Queue is a stack.QueueingDiscipline that never drops for lack of room
+// unless the link stops draining it.
+type Queue struct {
+	lower stack.LinkWriter
+	stats *Stats
+
+	mu sync.Mutex
+	// ring holds the queued packets from head on, n of them, each with a
+	// reference of its own.
+	ring    []*stack.PacketBuffer
+	head, n int
+	// room is closed, and replaced, whenever the dispatcher takes
+	// packets out of a full queue: the waiting senders' wake-up.
+	room   chan struct{}
+	closed bool
+	// kick wakes the dispatcher (one pending wake-up is enough); sent to
+	// and closed under mu, so that no send follows the close.
+	kick chan struct{}
+
+	done chan struct{}
+}
+
+var _ stack.QueueingDiscipline = (*Queue)(nil)
+
+// New starts a queue of up to limit packets in front of lower. stats may
+// be nil.
+func New(lower stack.LinkWriter, limit int, stats *Stats) *Queue {
+	if stats == nil {
+		stats = new(Stats)
+	}
+	q := &Queue{
+		lower: lower,
+		stats: stats,
+		ring:  make([]*stack.PacketBuffer, max(limit, 1)),
+		room:  make(chan struct{}),
+		kick:  make(chan struct{}, 1),
+		done:  make(chan struct{}),
+	}
+	go q.dispatch()
+	return q
+}
+
+// WritePacket queues pkt, waiting for room when the queue is full.
+func (q *Queue) WritePacket(pkt *stack.PacketBuffer) tcpip.Error {
+	var deadline *time.Timer
+	q.mu.Lock()
+	for !q.closed && q.n == len(q.ring) {
+		room := q.room
+		q.mu.Unlock()
+		if deadline == nil {
+			q.stats.Waits.Add(1)
+			deadline = time.NewTimer(MaxWait)
+			defer deadline.Stop()
+		}
+		select {
+		case <-room:
+		case <-deadline.C:
+			q.stats.Drops.Add(1)
+			return &tcpip.ErrNoBufferSpace{}
+		}
+		q.mu.Lock()
+	}
+	if q.closed {
+		q.mu.Unlock()
+		q.stats.Drops.Add(1)
+		return &tcpip.ErrClosedForSend{}
+	}
+	q.ring[(q.head+q.n)%len(q.ring)] = pkt.IncRef()
+	q.n++
+	select {
+	case q.kick <- struct{}{}:
+	default:
+	}
+	q.mu.Unlock()
+	return nil
+}
+
+// dispatch hands the queued packets to the link in batches until Close.
+func (q *Queue) dispatch() {
+	defer close(q.done)
+	var batch stack.PacketBufferList
+	for range q.kick {
+		for q.take(&batch) {
+			// Errors are the link's to count: a send that fails is a
+			// packet lost on the wire, which TCP recovers from.
+			_, _ = q.lower.WritePackets(batch)
+			batch.Reset()
+		}
+	}
+}
+
+// take moves up to BatchSize packets from the queue into batch, waking the
+// senders waiting for room, and reports whether there were any.
+func (q *Queue) take(batch *stack.PacketBufferList) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed || q.n == 0 {
+		return false
+	}
+	wasFull := q.n == len(q.ring)
+	for range min(q.n, BatchSize) {
+		batch.PushBack(q.ring[q.head])
+		q.ring[q.head] = nil
+		q.head = (q.head + 1) % len(q.ring)
+		q.n--
+	}
+	if wasFull {
+		close(q.room)
+		q.room = make(chan struct{})
+	}
+	return true
+}
+
+// Close drops what is still queued, wakes the waiting senders and stops
+// the dispatcher.
+func (q *Queue) Close() {
+	q.mu.Lock()
+	if !q.closed {
+		q.closed = true
+		close(q.room)
+		close(q.kick)
+		for ; q.n > 0; q.n-- {
+			q.ring[q.head].DecRef()
+			q.ring[q.head] = nil
+			q.head = (q.head + 1) % len(q.ring)
+		}
+	}
+	q.mu.Unlock()
+	<-q.done
+}
