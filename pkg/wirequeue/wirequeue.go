@@ -22,6 +22,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"gvisor.dev/gvisor/pkg/sleep"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/stack"
 )
@@ -61,11 +62,12 @@ type Queue struct {
 	// packets out of a full queue: the waiting senders' wake-up.
 	room   chan struct{}
 	closed bool
-	// kick wakes the dispatcher (one pending wake-up is enough); sent to
-	// and closed under mu, so that no send follows the close.
-	kick chan struct{}
 
-	done chan struct{}
+	// newPacket and closing wake the dispatcher: gVisor's wakers, as in
+	// its fifo, so that a lone packet's hand-off costs what it did.
+	newPacket sleep.Waker
+	closing   sleep.Waker
+	done      chan struct{}
 }
 
 var _ stack.QueueingDiscipline = (*Queue)(nil)
@@ -81,7 +83,6 @@ func New(lower stack.LinkWriter, limit int, stats *Stats) *Queue {
 		stats: stats,
 		ring:  make([]*stack.PacketBuffer, max(limit, 1)),
 		room:  make(chan struct{}),
-		kick:  make(chan struct{}, 1),
 		done:  make(chan struct{}),
 	}
 	go q.dispatch()
@@ -115,19 +116,20 @@ func (q *Queue) WritePacket(pkt *stack.PacketBuffer) tcpip.Error {
 	}
 	q.ring[(q.head+q.n)%len(q.ring)] = pkt.IncRef()
 	q.n++
-	select {
-	case q.kick <- struct{}{}:
-	default:
-	}
 	q.mu.Unlock()
+	q.newPacket.Assert()
 	return nil
 }
 
 // dispatch hands the queued packets to the link in batches until Close.
 func (q *Queue) dispatch() {
 	defer close(q.done)
+	var sleeper sleep.Sleeper
+	sleeper.AddWaker(&q.newPacket)
+	sleeper.AddWaker(&q.closing)
+	defer sleeper.Done()
 	var batch stack.PacketBufferList
-	for range q.kick {
+	for sleeper.Fetch(true) != &q.closing {
 		for q.take(&batch) {
 			// Errors are the link's to count: a send that fails is a
 			// packet lost on the wire, which TCP recovers from.
@@ -166,7 +168,6 @@ func (q *Queue) Close() {
 	if !q.closed {
 		q.closed = true
 		close(q.room)
-		close(q.kick)
 		for ; q.n > 0; q.n-- {
 			q.ring[q.head].DecRef()
 			q.ring[q.head] = nil
@@ -174,5 +175,6 @@ func (q *Queue) Close() {
 		}
 	}
 	q.mu.Unlock()
+	q.closing.Assert()
 	<-q.done
 }
