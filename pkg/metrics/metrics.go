@@ -80,7 +80,7 @@ var (
 	descGSOBatches = podDesc("gso_batches_total",
 		"Frames the wire leg handed to the link as one GSO batch larger than a segment.")
 	descDropped = podDesc("dropped_packets_total",
-		"Packets the pod's stack dropped, by reason: netstack (netstack's own drops), packet_socket (the kernel's packet socket overflowed), syn_socket (the same for the socket that carries the link's new-connection SYNs, a flood's), syn_rate_limit (SYNs shed beyond the admission cap), wire_queue (packets to the pod link dropped after the full queue in front of it stayed full for 100 ms: a wedged link), listen_syn_queue and listen_ack_queue (a mirrored listener's queue was full), udp (datagrams the relay could not deliver), app_protocol (application packets of a protocol the relay does not carry).",
+		"Packets the pod's stack dropped, by reason: netstack (netstack's own drops), packet_socket (the kernel's packet socket overflowed), syn_socket (the same for the socket that carries the link's new-connection SYNs, a flood's), syn_rate_limit (SYNs shed beyond the admission cap), wire_queue (packets to the pod link dropped because the link took nothing from the full queue in front of it for 200 ms: a wedged link), listen_syn_queue and listen_ack_queue (a mirrored listener's queue was full), udp (datagrams the relay could not deliver), app_protocol (application packets of a protocol the relay does not carry).",
 		"reason")
 	descErrors = podDesc("errors_total",
 		"Errors on the pod's wire leg, by kind: transmit (link write failures), ip_malformed, ip_outgoing, tcp_invalid_segment, tcp_checksum, syn_cookie_answer (fast-path SYN-ACKs the link's queue refused).",

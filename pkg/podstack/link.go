@@ -43,7 +43,7 @@ type LinkSnapshot struct {
 	RxSynCookied uint64 `json:"rxSynCookied"`
 	// TxQueueWaits counts packets that found the wire queue full and
 	// waited for room (back-pressure, not loss); TxQueueDrops those
-	// dropped after waiting wirequeue.MaxWait.
+	// dropped because the link stalled (wirequeue.StallTime).
 	TxQueueWaits uint64 `json:"txQueueWaits"`
 	TxQueueDrops uint64 `json:"txQueueDrops"`
 }

@@ -125,9 +125,9 @@ func TestFullQueueWaitsForRoom(t *testing.T) {
 	}
 }
 
-// TestWedgedLinkDropsAfterMaxWait: a link that stops taking packets
-// costs a sender MaxWait, then the packet, so that netstack goes on.
-func TestWedgedLinkDropsAfterMaxWait(t *testing.T) {
+// TestWedgedLinkDrops: a link that stops taking packets costs a sender two
+// StallTimes, then the packet, so that netstack goes on.
+func TestWedgedLinkDrops(t *testing.T) {
 	link := newGatedLink(false)
 	var stats Stats
 	q := New(link, 1, &stats)
@@ -148,11 +148,52 @@ func TestWedgedLinkDropsAfterMaxWait(t *testing.T) {
 	if _, ok := err.(*tcpip.ErrNoBufferSpace); !ok {
 		t.Fatalf("packet 3 to a wedged link: got %v, want %v", err, &tcpip.ErrNoBufferSpace{})
 	}
-	if waited := time.Since(start); waited < MaxWait {
-		t.Errorf("dropped after %v, want after waiting %v", waited, MaxWait)
+	if waited := time.Since(start); waited < 2*StallTime {
+		t.Errorf("dropped after %v, want after waiting %v", waited, 2*StallTime)
 	}
 	if w, d := stats.Waits.Load(), stats.Drops.Load(); w != 1 || d != 1 {
 		t.Errorf("waits, drops: got %d, %d, want 1, 1", w, d)
+	}
+}
+
+// slowLink takes every batch, each after a pause.
+type slowLink struct {
+	pause time.Duration
+	mu    sync.Mutex
+	n     int
+}
+
+func (l *slowLink) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error) {
+	time.Sleep(l.pause)
+	l.mu.Lock()
+	l.n += pkts.Len()
+	l.mu.Unlock()
+	return pkts.Len(), nil
+}
+
+// TestSlowLinkNeverDrops: senders queued behind each other wait for
+// longer than the link's stall time in all, but the link keeps taking
+// batches, so none of them drops.
+func TestSlowLinkNeverDrops(t *testing.T) {
+	link := &slowLink{pause: StallTime * 6 / 10}
+	var stats Stats
+	q := New(link, 1, &stats)
+	t.Cleanup(q.Close)
+	const senders = 6
+	errs := make(chan tcpip.Error, senders)
+	for i := range senders {
+		go func() { errs <- write(q, byte(i)) }()
+	}
+	for range senders {
+		if err := <-errs; err != nil {
+			t.Errorf("sender: got %v, want its packet queued", err)
+		}
+	}
+	if d := stats.Drops.Load(); d != 0 {
+		t.Errorf("drops: got %d, want 0 (the link never stalled)", d)
+	}
+	if w := stats.Waits.Load(); w < senders-2 {
+		t.Errorf("waits: got %d, want at least %d (the test checks nothing)", w, senders-2)
 	}
 }
 
