@@ -76,6 +76,20 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
+// busyLink writes packet 1 and waits until the dispatcher has taken it
+// into a gated link that is closed, so that the link holds the dispatcher.
+func busyLink(t *testing.T, q *Queue) {
+	t.Helper()
+	if err := write(q, 1); err != nil {
+		t.Fatalf("packet 1: %v", err)
+	}
+	waitFor(t, "the dispatcher to take packet 1", func() bool {
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		return q.n == 0
+	})
+}
+
 // TestFullQueueWaitsForRoom: with the link busy and the queue full, a
 // sender waits; when the link drains, its packet goes out after the
 // others, in order, and none is dropped.
@@ -87,14 +101,7 @@ func TestFullQueueWaitsForRoom(t *testing.T) {
 
 	// The dispatcher takes the first packet and blocks in the link; two
 	// more fill the queue.
-	if err := write(q, 1); err != nil {
-		t.Fatalf("packet 1: %v", err)
-	}
-	waitFor(t, "the dispatcher to take packet 1", func() bool {
-		q.mu.Lock()
-		defer q.mu.Unlock()
-		return q.n == 0
-	})
+	busyLink(t, q)
 	for b := byte(2); b <= 3; b++ {
 		if err := write(q, b); err != nil {
 			t.Fatalf("packet %d: %v", b, err)
@@ -132,14 +139,7 @@ func TestWedgedLinkDrops(t *testing.T) {
 	var stats Stats
 	q := New(link, 1, &stats)
 	t.Cleanup(func() { link.setOpen(true); q.Close() })
-	if err := write(q, 1); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, "the dispatcher to take packet 1", func() bool {
-		q.mu.Lock()
-		defer q.mu.Unlock()
-		return q.n == 0
-	})
+	busyLink(t, q)
 	if err := write(q, 2); err != nil {
 		t.Fatal(err)
 	}
@@ -202,14 +202,7 @@ func TestSlowLinkNeverDrops(t *testing.T) {
 func TestCloseReleasesEverything(t *testing.T) {
 	link := newGatedLink(false)
 	q := New(link, 1, nil)
-	if err := write(q, 1); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, "the dispatcher to take packet 1", func() bool {
-		q.mu.Lock()
-		defer q.mu.Unlock()
-		return q.n == 0
-	})
+	busyLink(t, q)
 	queued := packet(2)
 	if err := q.WritePacket(queued); err != nil {
 		t.Fatal(err)
