@@ -205,10 +205,11 @@ func newStack(bufMax int) (*stack.Stack, error) {
 		// flight: after a window's tail is lost with nothing above it for
 		// the peer to SACK, every ACK of a retransmission re-entered
 		// recovery with the whole tail "in flight", and the connection
-		// sent one segment per RTO. Measured with the old dropping wire
-		// queue (TestDownloadsThroughAFullWireQueue, 8 × 32 MiB): 25 s
-		// with RACK, 6-8 s without, 2 s with no drops. Tailscale turned
-		// RACK off in its netstack too (tailscale#14896).
+		// sent one segment per RTO. Without RACK, in one interleaved
+		// run against the build before (BENCHMARKS.md, "Session 10"),
+		// software mode's pod→node gained 60 % (the wire queue alone: 5 %),
+		// the other rows level. Tailscale turned RACK off in its netstack
+		// too (tailscale#14896).
 		ptr(tcpip.TCPRecovery(0)),
 		ptr(tcpip.TCPModerateReceiveBufferOption(true)),
 		// A new connection's receive window starts at the largest buffer
