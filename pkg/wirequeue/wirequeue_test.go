@@ -90,14 +90,21 @@ func busyLink(t *testing.T, q *Queue) {
 	})
 }
 
+// newClosedQueue starts a queue of limit packets in front of a gated link
+// that is closed; cleanup opens it and closes the queue.
+func newClosedQueue(t *testing.T, limit int) (*gatedLink, *Queue, *Stats) {
+	link := newGatedLink(false)
+	stats := new(Stats)
+	q := New(link, limit, stats)
+	t.Cleanup(func() { link.setOpen(true); q.Close() })
+	return link, q, stats
+}
+
 // TestFullQueueWaitsForRoom: with the link busy and the queue full, a
 // sender waits; when the link drains, its packet goes out after the
 // others, in order, and none is dropped.
 func TestFullQueueWaitsForRoom(t *testing.T) {
-	link := newGatedLink(false)
-	var stats Stats
-	q := New(link, 2, &stats)
-	t.Cleanup(func() { link.setOpen(true); q.Close() })
+	link, q, stats := newClosedQueue(t, 2)
 
 	// The dispatcher takes the first packet and blocks in the link; two
 	// more fill the queue.
@@ -135,10 +142,7 @@ func TestFullQueueWaitsForRoom(t *testing.T) {
 // TestWedgedLinkDrops: a link that stops taking packets costs a sender two
 // StallTimes, then the packet, so that netstack goes on.
 func TestWedgedLinkDrops(t *testing.T) {
-	link := newGatedLink(false)
-	var stats Stats
-	q := New(link, 1, &stats)
-	t.Cleanup(func() { link.setOpen(true); q.Close() })
+	_, q, stats := newClosedQueue(t, 1)
 	busyLink(t, q)
 	if err := write(q, 2); err != nil {
 		t.Fatal(err)
