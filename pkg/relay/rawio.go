@@ -62,3 +62,37 @@ func writeAll(rc syscall.RawConn, b []byte) (int, error) {
 	}
 	return written, err
 }
+
+// rawWritev writes iovs once, again after EINTR; it returns what the
+// socket took and EAGAIN when that was nothing.
+func rawWritev(fd uintptr, iovs []unix.Iovec) (int, unix.Errno) {
+	if len(iovs) == 0 {
+		return 0, 0
+	}
+	for {
+		n, _, errno := unix.RawSyscall(unix.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&iovs[0])), uintptr(len(iovs)))
+		if errno == unix.EINTR {
+			continue
+		}
+		if errno != 0 {
+			return 0, errno
+		}
+		return int(n), 0
+	}
+}
+
+// rawPeekLen is how many bytes, up to max, the socket holds to read,
+// without copying or taking them (MSG_PEEK|MSG_TRUNC): 0 at its end,
+// EAGAIN when empty.
+func rawPeekLen(fd uintptr, max int) (int, unix.Errno) {
+	for {
+		n, _, errno := unix.RawSyscall6(unix.SYS_RECVFROM, fd, 0, uintptr(max), unix.MSG_PEEK|unix.MSG_TRUNC|unix.MSG_DONTWAIT, 0, 0)
+		if errno == unix.EINTR {
+			continue
+		}
+		if errno != 0 {
+			return 0, errno
+		}
+		return int(n), 0
+	}
+}

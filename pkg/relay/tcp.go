@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
 	"net/netip"
 	"sync"
@@ -234,6 +235,12 @@ type wireConn struct {
 	ep             tcpip.Endpoint
 	wq             *waiter.Queue
 	abortOnce      sync.Once
+	// peekMu is held while wireToPod writes to the application straight
+	// from the segments netstack still holds (see wireToPod). Abort frees
+	// those segments' buffers to a pool the link reader fills again, so
+	// it waits for such a write to end. Never held while waiting for the
+	// application's socket or for netstack.
+	peekMu sync.Mutex
 }
 
 func newWireConn(ep tcpip.Endpoint, wq *waiter.Queue) *wireConn {
@@ -242,7 +249,13 @@ func newWireConn(ep tcpip.Endpoint, wq *waiter.Queue) *wireConn {
 
 // abort resets the connection: the peer sees a RST, as it would from a
 // kernel whose other side was reset.
-func (c *wireConn) abort() { c.abortOnce.Do(c.ep.Abort) }
+func (c *wireConn) abort() {
+	c.abortOnce.Do(func() {
+		c.peekMu.Lock()
+		defer c.peekMu.Unlock()
+		c.ep.Abort()
+	})
+}
 
 // podConn is the pod kernel's end.
 type podConn struct{ *net.TCPConn }
@@ -260,21 +273,10 @@ func (p *pair) Close() error {
 	return nil
 }
 
-var bufPool sync.Pool
-
-func (r *Relay) getBuf() []byte {
-	if b, ok := bufPool.Get().(*[]byte); ok && len(*b) == r.opts.CopyBufferBytes {
-		return *b
-	}
-	return make([]byte, r.opts.CopyBufferBytes)
-}
-
-func putBuf(b []byte) { bufPool.Put(&b) }
-
 // splice copies both directions until both are done. A FIN is carried as a
-// half-close; an error (RST, or shutdown) on either side aborts both. A
-// direction holds a copy buffer only while it has data to move, never
-// while it waits: thousands of idle connections cost no buffers.
+// half-close; an error (RST, or shutdown) on either side aborts both. The
+// data moves between netstack's buffers and the application's socket with
+// no buffer of the relay's: thousands of idle connections cost none.
 func (r *Relay) splice(w *wireConn, p podConn) {
 	pr := &pair{w, p}
 	r.conns.add(pr)
@@ -306,6 +308,14 @@ func (r *Relay) ended(pr *pair, err error, closeWrite func() error) {
 
 // wireToPod moves what the wire leg receives to the application. It
 // returns nil at the peer's FIN.
+//
+// Nothing is copied on the way: the payload is peeked in netstack's
+// receive queue, written to the application's socket with one writev from
+// netstack's own buffers, and only the bytes the socket took are then
+// consumed. A copy through a buffer of ours was 7 % of the stack's CPU
+// receiving bulk data (BENCHMARKS.md, "Session 11"). Peeked data stays
+// valid because only this goroutine consumes the queue and only Abort
+// (under peekMu) or Close (after this returns) frees it.
 func (r *Relay) wireToPod(w *wireConn, p podConn) error {
 	rc, err := p.SyscallConn()
 	if err != nil {
@@ -315,77 +325,206 @@ func (r *Relay) wireToPod(w *wireConn, p podConn) error {
 	w.wq.EventRegister(&entry)
 	defer w.wq.EventUnregister(&entry)
 	for {
-		buf := r.getBuf()
-		sw := tcpip.SliceWriter(buf)
-		res, err := w.ep.Read(&sw, tcpip.ReadOptions{})
-		if err != nil {
-			putBuf(buf)
-			switch err.(type) {
-			case *tcpip.ErrWouldBlock:
-				<-readable
-				continue
-			case *tcpip.ErrClosedForReceive:
-				return nil
+		var rerr tcpip.Error
+		var werr error
+		err := rc.Write(func(fd uintptr) bool {
+			w.peekMu.Lock()
+			defer w.peekMu.Unlock()
+			g := getGather(r.opts.CopyBufferBytes)
+			defer putGather(g)
+			if _, rerr = w.ep.Read(g, tcpip.ReadOptions{Peek: true}); rerr != nil {
+				return true
 			}
-			return errors.New(err.String())
+			if testHookPeeked != nil {
+				testHookPeeked(w)
+			}
+			n, errno := rawWritev(fd, g.iovs)
+			if n > 0 {
+				consume(w.ep, n)
+				r.stats.ToAppBytes.Add(int64(n))
+			}
+			switch errno {
+			case 0:
+				return true
+			case unix.EAGAIN:
+				return false // the socket is full: wait for room
+			default:
+				werr = errno
+				return true
+			}
+		})
+		if err == nil {
+			err = werr
 		}
-		n, werr := writeAll(rc, buf[:res.Count])
-		putBuf(buf)
-		r.stats.ToAppBytes.Add(int64(n))
-		if werr != nil {
-			return werr
+		if err != nil {
+			return err
+		}
+		switch rerr.(type) {
+		case nil:
+		case *tcpip.ErrWouldBlock:
+			<-readable
+		case *tcpip.ErrClosedForReceive:
+			return nil
+		default:
+			return errors.New(rerr.String())
 		}
 	}
 }
 
+// testHookPeeked, set by tests, runs while wireToPod holds data it peeked
+// and has not written yet.
+var testHookPeeked func(*wireConn)
+
+// gatherMaxIovecs bounds one writev: a 64 KiB segment from the link
+// reader spans about ten views.
+const gatherMaxIovecs = 256
+
+var errGatherFull = errors.New("gather full")
+
+// gather is the io.Writer a peeking netstack Read fills: it keeps iovecs
+// pointing into netstack's buffers instead of copying, up to about max
+// bytes (a view is taken whole) and gatherMaxIovecs views. A connection
+// holds one only while it writes, as it held a copy buffer before.
+type gather struct {
+	iovs  []unix.Iovec
+	bytes int
+	max   int
+}
+
+var gatherPool = sync.Pool{New: func() any { return &gather{iovs: make([]unix.Iovec, 0, gatherMaxIovecs)} }}
+
+func getGather(max int) *gather {
+	g := gatherPool.Get().(*gather)
+	g.max = max
+	return g
+}
+
+// putGather forgets the pointers into netstack's buffers, which the pool
+// would otherwise keep from the garbage collector.
+func putGather(g *gather) {
+	clear(g.iovs)
+	g.iovs, g.bytes = g.iovs[:0], 0
+	gatherPool.Put(g)
+}
+
+func (g *gather) Write(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	if g.bytes >= g.max || len(g.iovs) == cap(g.iovs) {
+		return 0, errGatherFull
+	}
+	g.iovs = append(g.iovs, unix.Iovec{Base: &p[0]})
+	g.iovs[len(g.iovs)-1].SetLen(len(p))
+	g.bytes += len(p)
+	return len(p), nil
+}
+
+// consume drops the first n bytes of ep's receive queue, which the caller
+// peeked and wrote.
+func consume(ep tcpip.Endpoint, n int) {
+	ep.Read(&tcpip.LimitedWriter{W: io.Discard, N: int64(n)}, tcpip.ReadOptions{})
+}
+
 // podToWire moves what the application sends to the wire leg. It returns
 // nil at the application's FIN.
+//
+// netstack reads the application's socket itself: the relay hands its
+// Write an appReader, whose Read is the read system call into netstack's
+// own buffer, sized by what the socket holds. Reading into a
+// buffer of ours and writing that to netstack cost a copy, and netstack
+// clears every buffer chunk it takes, so a Write sized by the send window
+// rather than the data cleared memory never filled (BENCHMARKS.md,
+// "Session 11").
 func (r *Relay) podToWire(p podConn, w *wireConn) error {
 	rc, err := p.SyscallConn()
 	if err != nil {
 		return err
 	}
+	entry, writable := waiter.NewChannelEntry(waiter.WritableEvents | waiter.EventHUp | waiter.EventErr)
+	w.wq.EventRegister(&entry)
+	defer w.wq.EventUnregister(&entry)
 	for {
-		var buf []byte
-		var n int
-		var rerr error
+		var werr tcpip.Error
+		var src appReader
+		eof := false
 		err := rc.Read(func(fd uintptr) bool {
-			buf = r.getBuf()
-			var errno unix.Errno
-			n, errno = rawRead(fd, buf)
-			if errno == unix.EAGAIN {
-				// Wait for readability holding no buffer. buf is
-				// forgotten with it: rc.Read may return an error (the
-				// socket closed meanwhile) without calling back, and
-				// a buffer returned twice would be handed to two
-				// connections at once, mixing their data.
-				putBuf(buf)
-				buf = nil
-				return false
+			for {
+				// What the socket holds, its end or its emptiness, in one
+				// call that copies nothing (MSG_PEEK|MSG_TRUNC). It comes
+				// round to EAGAIN before every wait, as a read loop does:
+				// a FIN that arrived with the last data raised no event
+				// of its own.
+				inq, errno := rawPeekLen(fd, r.opts.CopyBufferBytes)
+				switch {
+				case errno == unix.EAGAIN:
+					return false
+				case errno != 0:
+					src.err = errno
+					return true
+				case inq == 0:
+					eof = true
+					return true
+				}
+				src.fd, src.left = fd, inq
+				n, e := w.ep.Write(&src, tcpip.WriteOptions{})
+				r.stats.FromAppBytes.Add(n)
+				if e != nil || src.err != 0 {
+					werr = e
+					return true
+				}
 			}
-			if errno != 0 {
-				rerr = errno
-			}
-			return true
 		})
-		if err == nil {
-			err = rerr
-		}
-		if err != nil {
-			if buf != nil {
-				putBuf(buf)
-			}
+		switch {
+		case err != nil:
 			return err
-		}
-		if n == 0 {
-			putBuf(buf)
+		case src.err != 0:
+			return src.err
+		case eof:
 			return nil
 		}
-		_, werr := w.Write(buf[:n])
-		putBuf(buf)
-		if werr != nil {
-			return werr
+		switch werr.(type) {
+		case *tcpip.ErrWouldBlock:
+			<-writable
+		default:
+			return errors.New(werr.String())
 		}
-		r.stats.FromAppBytes.Add(int64(n))
 	}
+}
+
+// appReader is the tcpip.Payloader podToWire gives netstack's Write. Its
+// Len is exactly what it will deliver (left: what a peek found, which
+// stays readable since only the relay reads the socket), because
+// netstack's copy keeps asking for the rest of Len until it has it.
+type appReader struct {
+	fd   uintptr
+	left int
+	err  unix.Errno
+}
+
+func (a *appReader) Len() int { return a.left }
+
+func (a *appReader) Read(p []byte) (int, error) {
+	if len(p) == 0 || a.left == 0 {
+		if a.left == 0 {
+			return 0, io.EOF
+		}
+		return 0, nil
+	}
+	if a.err != 0 {
+		return 0, a.err
+	}
+	n, errno := rawRead(a.fd, p[:min(len(p), a.left)])
+	switch {
+	case errno != 0:
+		// Reset meanwhile (a RST empties the socket). netstack drops
+		// what this Write read; the connection is reset anyway.
+		a.err = errno
+		return 0, errno
+	case n == 0:
+		a.err = unix.ECONNRESET
+		return 0, a.err
+	}
+	a.left -= n
+	return n, nil
 }
