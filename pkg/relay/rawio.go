@@ -80,19 +80,3 @@ func rawWritev(fd uintptr, iovs []unix.Iovec) (int, unix.Errno) {
 		return int(n), 0
 	}
 }
-
-// rawPeekLen is how many bytes, up to max, the socket holds to read,
-// without copying or taking them (MSG_PEEK|MSG_TRUNC): 0 at its end,
-// EAGAIN when empty.
-func rawPeekLen(fd uintptr, max int) (int, unix.Errno) {
-	for {
-		n, _, errno := unix.RawSyscall6(unix.SYS_RECVFROM, fd, 0, uintptr(max), unix.MSG_PEEK|unix.MSG_TRUNC|unix.MSG_DONTWAIT, 0, 0)
-		if errno == unix.EINTR {
-			continue
-		}
-		if errno != 0 {
-			return 0, errno
-		}
-		return int(n), 0
-	}
-}

@@ -148,9 +148,10 @@ type Options struct {
 	// SYN retransmission starts either again. Zero: 1024.
 	MaxOutboundPending int
 	// CopyBufferBytes is the most one relayed direction moves per system
-	// call and per netstack read or write (the relay copies through no
-	// buffer of its own: see wireToPod, podToWire). Zero: 256 KiB: four
-	// maximum-size segments.
+	// call and per netstack read or write: the buffer podToWire copies
+	// through (held only while it has data to move), and the most
+	// wireToPod writes from netstack's buffers at once. Zero: 256 KiB:
+	// four maximum-size segments.
 	// Against 64 KiB, in one interleaved run (hack/bench/run.sh --quick
 	// --baseline, 3 rounds, loaded machine): bulk +40 % node→pod and
 	// +54 % pod→node, nginx 10 MiB +50 %, stack CPU per GB pod→node -23 %.
