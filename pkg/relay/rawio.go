@@ -1,7 +1,6 @@
 package relay
 
 import (
-	"syscall"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -34,33 +33,6 @@ func rawRead(fd uintptr, b []byte) (int, unix.Errno) {
 		}
 		return int(n), 0
 	}
-}
-
-// writeAll writes all of b to the socket behind rc, waiting on the
-// netpoller when its send buffer is full.
-func writeAll(rc syscall.RawConn, b []byte) (int, error) {
-	written := 0
-	var werr error
-	err := rc.Write(func(fd uintptr) bool {
-		for written < len(b) {
-			n, _, errno := unix.RawSyscall(unix.SYS_WRITE, fd, uintptr(unsafe.Pointer(&b[written])), uintptr(len(b)-written))
-			switch errno {
-			case 0:
-				written += int(n)
-			case unix.EINTR:
-			case unix.EAGAIN:
-				return false
-			default:
-				werr = errno
-				return true
-			}
-		}
-		return true
-	})
-	if err == nil {
-		err = werr
-	}
-	return written, err
 }
 
 // rawWritev writes iovs once, again after EINTR; it returns what the
