@@ -23,16 +23,7 @@ func rawRead(fd uintptr, b []byte) (int, unix.Errno) {
 	if len(b) == 0 {
 		return 0, 0
 	}
-	for {
-		n, _, errno := unix.RawSyscall(unix.SYS_READ, fd, uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)))
-		if errno == unix.EINTR {
-			continue
-		}
-		if errno != 0 {
-			return 0, errno
-		}
-		return int(n), 0
-	}
+	return rawCall(unix.SYS_READ, fd, uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)))
 }
 
 // rawWritev writes iovs once, again after EINTR; it returns what the
@@ -41,8 +32,13 @@ func rawWritev(fd uintptr, iovs []unix.Iovec) (int, unix.Errno) {
 	if len(iovs) == 0 {
 		return 0, 0
 	}
+	return rawCall(unix.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&iovs[0])), uintptr(len(iovs)))
+}
+
+// rawCall makes a non-blocking system call, again after EINTR.
+func rawCall(trap, a1, a2, a3 uintptr) (int, unix.Errno) {
 	for {
-		n, _, errno := unix.RawSyscall(unix.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&iovs[0])), uintptr(len(iovs)))
+		n, _, errno := unix.RawSyscall(trap, a1, a2, a3)
 		if errno == unix.EINTR {
 			continue
 		}

@@ -126,59 +126,46 @@ func readSlowly(r io.Reader) ([]byte, error) {
 func TestWireToPodDeliversExactBytes(t *testing.T) {
 	rig := newSpliceRig(t)
 	rig.pod.SetWriteBuffer(64 << 10) // partial writes: the socket is often full
-	want := pattern(16<<20, 1)
-	sent := make(chan error, 1)
-	go func() {
-		err := writeChunks(rig.peer, want, 2)
-		rig.peer.CloseWrite()
-		sent <- err
-	}()
-	relayed := make(chan error, 1)
-	go func() {
-		err := rig.r.wireToPod(rig.wire, rig.pod)
-		rig.pod.CloseWrite()
-		relayed <- err
-	}()
-	rig.app.SetReadDeadline(time.Now().Add(time.Minute)) // a lost FIN fails, not hangs
-	got, err := readSlowly(rig.app)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := <-sent; err != nil {
-		t.Fatal(err)
-	}
-	if err := <-relayed; err != nil {
-		t.Fatalf("wireToPod at the peer's FIN: %v", err)
-	}
-	if !bytes.Equal(got, want) {
-		t.Fatalf("the application received %d bytes, not the %d sent (or other bytes)", len(got), len(want))
-	}
-	if n := rig.r.stats.ToAppBytes.Load(); n != int64(len(want)) {
-		t.Fatalf("ToAppBytes %d, want %d", n, len(want))
-	}
+	relayExactly(t, pattern(16<<20, 1), rig.peer, rig.app,
+		func() error { return rig.r.wireToPod(rig.wire, rig.pod) }, rig.pod.CloseWrite, rig.r.stats.ToAppBytes.Load)
 }
 
 // TestPodToWireDeliversExactBytes: what the application writes reaches
-// the network byte for byte although netstack reads it from the socket
-// itself, against a slow reader that keeps netstack's send buffer full,
-// and the application's FIN ends the direction cleanly.
+// the network byte for byte, against a slow reader that keeps netstack's
+// send buffer full, and the application's FIN ends the direction cleanly.
 func TestPodToWireDeliversExactBytes(t *testing.T) {
 	rig := newSpliceRig(t)
-	want := pattern(16<<20, 3)
+	relayExactly(t, pattern(16<<20, 3), rig.app, rig.peer,
+		func() error { return rig.r.podToWire(rig.pod, rig.wire) }, rig.wire.CloseWrite, rig.r.stats.FromAppBytes.Load)
+}
+
+// halfConn is a connection end a test writes to or reads from.
+type halfConn interface {
+	io.ReadWriter
+	CloseWrite() error
+	SetReadDeadline(time.Time) error
+}
+
+// relayExactly writes want to src in pieces and half-closes it while relay
+// runs (closeWrite passing its end on), and reads dst slowly to its end. It
+// fails unless dst got exactly want, relay returned nil at the FIN, and
+// counted (the relay's byte counter) saw every byte.
+func relayExactly(t *testing.T, want []byte, src, dst halfConn, relay, closeWrite func() error, counted func() int64) {
+	t.Helper()
 	sent := make(chan error, 1)
 	go func() {
-		err := writeChunks(rig.app, want, 4)
-		rig.app.CloseWrite()
+		err := writeChunks(src, want, int64(len(want)))
+		src.CloseWrite()
 		sent <- err
 	}()
 	relayed := make(chan error, 1)
 	go func() {
-		err := rig.r.podToWire(rig.pod, rig.wire)
-		rig.wire.CloseWrite()
+		err := relay()
+		closeWrite()
 		relayed <- err
 	}()
-	rig.peer.SetReadDeadline(time.Now().Add(time.Minute)) // a lost FIN fails, not hangs
-	got, err := readSlowly(rig.peer)
+	dst.SetReadDeadline(time.Now().Add(time.Minute)) // a lost FIN fails, not hangs
+	got, err := readSlowly(dst)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -186,13 +173,13 @@ func TestPodToWireDeliversExactBytes(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := <-relayed; err != nil {
-		t.Fatalf("podToWire at the application's FIN: %v", err)
+		t.Fatalf("the relay at the sender's FIN: %v", err)
 	}
 	if !bytes.Equal(got, want) {
-		t.Fatalf("the peer received %d bytes, not the %d sent (or other bytes)", len(got), len(want))
+		t.Fatalf("received %d bytes, not the %d sent (or other bytes)", len(got), len(want))
 	}
-	if n := rig.r.stats.FromAppBytes.Load(); n != int64(len(want)) {
-		t.Fatalf("FromAppBytes %d, want %d", n, len(want))
+	if n := counted(); n != int64(len(want)) {
+		t.Fatalf("the relay counted %d bytes, want %d", n, len(want))
 	}
 }
 
