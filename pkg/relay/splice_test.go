@@ -322,24 +322,12 @@ func connectWire(t *testing.T, s *stack.Stack, port uint16) (*wireConn, *gonet.T
 func TestPodToWireReturnsBufferOnce(t *testing.T) {
 	// One P: the pool's per-P slots are then all the test's to see.
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	c, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	rig := newSpliceRig(t)
+	c := rig.pod
 	// A size no other test uses, so only this test's buffers match.
 	r := &Relay{opts: Options{CopyBufferBytes: 4099}}
 	done := make(chan error, 1)
-	go func() { done <- r.podToWire(podConn{c.(*net.TCPConn)}, nil) }()
+	go func() { done <- r.podToWire(c, nil) }()
 	// Let it find nothing to read and wait (the EAGAIN path).
 	time.Sleep(100 * time.Millisecond)
 	c.Close()
