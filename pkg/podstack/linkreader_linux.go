@@ -53,10 +53,17 @@ type linkReader struct {
 // linkReadBatch is how many frames one recvmmsg takes, as fdbased's.
 const linkReadBatch = 8
 
-// rxBufSizes shape a frame's buffer as fdbased's BufConfig does: small
-// frames take one small view, a GRO'd 64 KiB frame (hardware mode) all of
-// them, and only the views a frame used are replaced after it.
-var rxBufSizes = [...]int{128, 256, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768}
+// rxBufSizes shape a frame's buffer: a frame up to 2 KiB (an MTU frame,
+// an ACK, a request) takes the small view, a GSO frame from the node
+// (up to 64 KiB) both, and only the views a frame used are replaced after
+// it. fdbased's shape (ten views, 128 B to 32 KiB, same total) had a 64
+// KiB frame take ten pool chunks, ten views for netstack to clone and
+// walk and ten iovecs to the application: with two, node→pod moved
+// 9.8–11.2 against 8.6–10.0 Gbit/s at 0.62–0.73 against 0.73–0.86
+// core·s per GB, TCP_RR and redis level (lab, alternated; BENCHMARKS.md,
+// "Session 11"). A frame between 2 and 64 KiB has the whole large view
+// cleared for it by gVisor's pool.
+var rxBufSizes = [...]int{2048, 63616}
 
 type rxBuffer struct {
 	vnet   [virtioNetHdrLen]byte // filled by the kernel, not used: see deliver
