@@ -317,9 +317,8 @@ func (r *Relay) ended(pr *pair, err error, closeWrite func() error) {
 // consumed. A copy through a buffer of ours was 7 % of the stack's CPU
 // receiving bulk data, and held 256 KiB per connection whose application
 // reads slowly (throughput measured level: BENCHMARKS.md, "Session 11").
-// Peeked data stays
-// valid because only this goroutine consumes the queue and only Abort
-// (under peekMu) or Close (after this returns) frees it.
+// Peeked data stays valid because only this goroutine consumes the queue
+// and only Abort (under peekMu) or Close (after this returns) frees it.
 func (r *Relay) wireToPod(w *wireConn, p podConn) error {
 	rc, err := p.SyscallConn()
 	if err != nil {
