@@ -42,8 +42,11 @@ type NetConf struct {
 	// GSOMaxSize and GSOMaxSegs lower the limits detected on the link.
 	GSOMaxSize uint32 `json:"gsoMaxSize,omitempty"`
 	GSOMaxSegs uint32 `json:"gsoMaxSegs,omitempty"`
-	// GRO turns on netstack GRO on the wire leg.
-	GRO bool `json:"gro,omitempty"`
+	// GRO: nil or true merges the wire leg's consecutive segments of a
+	// flow before netstack's TCP sees them (netstack GRO); false turns it
+	// off. On by default since it costs nothing measurable where the node
+	// sends large frames and lifts node→pod where it does not.
+	GRO *bool `json:"gro,omitempty"`
 	// RXChecksumOffload: nil or true trusts the checksums of frames from
 	// the pod's veth (the host kernel); false verifies them all.
 	RXChecksumOffload *bool `json:"rxChecksumOffload,omitempty"`
@@ -110,6 +113,9 @@ func Parse(data []byte) (*NetConf, error) {
 	}
 	return &c, nil
 }
+
+// GROEnabled is GRO resolved: on unless the conflist says false.
+func (c *NetConf) GROEnabled() bool { return c.GRO == nil || *c.GRO }
 
 // UDPIdleDuration is UDPIdle parsed (zero: the relay's default).
 func (c *NetConf) UDPIdleDuration() time.Duration { return c.udpIdle }

@@ -46,6 +46,8 @@ func TestParseDefaults(t *testing.T) {
 		{"UDPIdleDuration", c.UDPIdleDuration(), time.Duration(0)},
 		{"Chained", c.Chained(), false},
 		{"RXChecksumOffload", c.RXChecksumOffload == nil, true},
+		{"GROEnabled", c.GROEnabled(), true},
+		{"StackConfig GRO", c.StackConfig("eth0", offload.ModeHardware, "/spec", "/sock").GRO, true},
 	} {
 		if f.got != f.want {
 			t.Errorf("%s: got %v, want %v", f.name, f.got, f.want)
@@ -55,7 +57,7 @@ func TestParseDefaults(t *testing.T) {
 
 func TestParseKeepsValues(t *testing.T) {
 	c, err := netconf.Parse(conf(t, map[string]any{
-		"mtu": 9000, "gso": "software", "gsoMaxSize": 32768, "gsoMaxSegs": 16, "gro": true,
+		"mtu": 9000, "gso": "software", "gsoMaxSize": 32768, "gsoMaxSegs": 16, "gro": false,
 		"rxChecksumOffload": false, "tunName": "tun7", "tunMTU": 9000, "maxTCP": 10, "maxUDP": 20,
 		"udpIdle": "45s", "podLinkOffloadsOff": true, "stateDir": "/s", "logDir": "/l", "runDir": "/r",
 		"readyTimeout": "1m",
@@ -75,7 +77,7 @@ func TestParseKeepsValues(t *testing.T) {
 		{"GSO", c.GSO, "software"},
 		{"GSOMaxSize", c.GSOMaxSize, uint32(32768)},
 		{"GSOMaxSegs", c.GSOMaxSegs, uint32(16)},
-		{"GRO", c.GRO, true},
+		{"GROEnabled", c.GROEnabled(), false},
 		{"RXChecksumOffload", c.RXChecksumOffload != nil && !*c.RXChecksumOffload, true},
 		{"TUNName", c.TUNName, "tun7"},
 		{"TUNMTU", c.TUNMTU, uint32(9000)},
@@ -303,14 +305,14 @@ func FuzzParse(f *testing.F) {
 // meaning (rxChecksumOffload false: the stack verifies).
 func TestStackConfig(t *testing.T) {
 	c, err := netconf.Parse([]byte(`{"cniVersion":"1.1.0","name":"n","type":"cni-usernet","ipam":{"type":"host-local"},
-		"tunName":"tun7","tunMTU":9000,"gsoMaxSize":32768,"gsoMaxSegs":8,"gro":true,"rxChecksumOffload":false,
+		"tunName":"tun7","tunMTU":9000,"gsoMaxSize":32768,"gsoMaxSegs":8,"gro":false,"rxChecksumOffload":false,
 		"wireQueueLen":-1,"stackThreads":2,"maxTCP":10,"maxUDP":20,"udpIdle":"15s","podLinkOffloadsOff":true}`))
 	if err != nil {
 		t.Fatal(err)
 	}
 	got := c.StackConfig("eth1", offload.ModeSoftware, "/spec", "/sock")
 	want := stackconfig.Config{IfName: "eth1", GSO: offload.ModeSoftware, SpecPath: "/spec", ControlSocket: "/sock",
-		TUNName: "tun7", TUNMTU: 9000, GSOMaxSize: 32768, GSOMaxSegs: 8, GRO: true, VerifyRXChecksums: true,
+		TUNName: "tun7", TUNMTU: 9000, GSOMaxSize: 32768, GSOMaxSegs: 8, GRO: false, VerifyRXChecksums: true,
 		WireQueueLen: -1, Threads: 2, MaxTCP: 10, MaxUDP: 20, UDPIdle: stackconfig.Duration(15 * time.Second), PodLinkOffloadsOff: true}
 	if got != want {
 		t.Fatalf("got  %+v\nwant %+v", got, want)

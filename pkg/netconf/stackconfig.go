@@ -20,7 +20,7 @@ func (c *NetConf) StackConfig(ifName string, mode offload.Mode, specPath, contro
 		TUNMTU:             c.TUNMTU,
 		GSOMaxSize:         c.GSOMaxSize,
 		GSOMaxSegs:         c.GSOMaxSegs,
-		GRO:                c.GRO,
+		GRO:                c.GROEnabled(),
 		VerifyRXChecksums:  c.RXChecksumOffload != nil && !*c.RXChecksumOffload,
 		WireQueueLen:       c.WireQueueLen,
 		Threads:            c.StackThreads,

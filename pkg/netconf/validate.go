@@ -75,7 +75,7 @@ var accepted = map[string]string{
 	"gsoMaxSize": fmt.Sprintf("a byte count %d..%d; absent or 0: the link's gso_max_size",
 		minGSOMaxSize, maxGSOMaxSize),
 	"gsoMaxSegs":         fmt.Sprintf("a segment count 1..%d; absent or 0: the link's gso_max_segs", maxGSOMaxSegs),
-	"gro":                "true or false; absent: false",
+	"gro":                "true or false; absent: true",
 	"rxChecksumOffload":  "true or false; absent: true",
 	"tunOffload":         "true or false (accepted and ignored since the applications' traffic left the TUN)",
 	"podLinkOffloadsOff": "true or false; absent: false",
