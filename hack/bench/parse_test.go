@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"slices"
 	"testing"
 )
 
@@ -132,5 +133,23 @@ func TestShortReason(t *testing.T) {
 	got := shortReason("redis-benchmark -h 10.199.3.1 -p 6379: exit status 1: Error: Connection reset by peer\n\"test\",\"rps\"")
 	if want := "exit status 1: Error: Connection reset by peer"; got != want {
 		t.Errorf("got %q, want %q", got, want)
+	}
+}
+
+// TestRoundOrder: odd rounds keep the order, even rounds reverse it, and
+// the caller's slice is left alone.
+func TestRoundOrder(t *testing.T) {
+	rows := []string{"kernel", "usernet-hardware", "usernet-software"}
+	for r, want := range map[int][]string{
+		1: {"kernel", "usernet-hardware", "usernet-software"},
+		2: {"usernet-software", "usernet-hardware", "kernel"},
+		3: {"kernel", "usernet-hardware", "usernet-software"},
+	} {
+		if got := roundOrder(rows, r); !slices.Equal(got, want) {
+			t.Errorf("round %d: got %v, want %v", r, got, want)
+		}
+	}
+	if rows[0] != "kernel" || rows[2] != "usernet-software" {
+		t.Errorf("roundOrder changed its argument: %v", rows)
 	}
 }

@@ -296,7 +296,7 @@ func (b *bench) writeReport() error {
 
 	var w strings.Builder
 	fmt.Fprintf(&w, "# cni-usernet benchmark\n\n")
-	fmt.Fprintf(&w, "%s, kernel %s, %d CPUs; %d round(s), configurations interleaved; iperf3 %s per direction, redis-benchmark -n %d, ab -n %d -c 5 (10 MiB), TCP_RR %s, ADD of %d pods %d at a time.\n\n",
+	fmt.Fprintf(&w, "%s, kernel %s, %d CPUs; %d round(s), configurations interleaved (reversed in even rounds); iperf3 %s per direction, redis-benchmark -n %d, ab -n %d -c 5 (10 MiB), TCP_RR %s, ADD of %d pods %d at a time.\n\n",
 		b.started.UTC().Format("2006-01-02 15:04 UTC"), meta["kernel"], runtime.NumCPU(), b.o.Rounds, b.o.IperfTime, b.o.RedisN, b.o.NginxN, b.o.RRTime, b.o.AddPods, b.o.AddParallel)
 	fmt.Fprintf(&w, "Cells: median (min–max over rounds) ×ratio to the `%s` row (ADD rows: to `add-ptp`). For ratios of µs, ms, retransmits, cores and MiB, lower is better.\n", baseline)
 	b.summary(&w, cells)
