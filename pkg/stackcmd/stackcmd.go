@@ -95,7 +95,7 @@ func Run(argv []string) error {
 	// dumps) that an idle stack would hold forever: its heap never grows
 	// to the next collection. Collecting once now and returning the free
 	// pages keeps them out of every idle pod's RSS.
-	go rdebug.FreeOSMemory()
+	go stackproc.ReleaseFreeHeap()
 	err = d.Run(ctx)
 	// The shutdown path runs under the filter too; the tests look for this
 	// line to know it completed.
