@@ -93,8 +93,8 @@ func Run(argv []string) error {
 	report("ok")
 	// Starting leaves garbage (the seccomp program's build, netlink
 	// dumps) that an idle stack would hold forever: its heap never grows
-	// to the next collection. Collecting once now and returning the free
-	// pages keeps them out of every idle pod's RSS.
+	// to the next collection. Collecting now and returning the free pages
+	// keeps them out of every idle pod's RSS.
 	go stackproc.ReleaseFreeHeap()
 	err = d.Run(ctx)
 	// The shutdown path runs under the filter too; the tests look for this
