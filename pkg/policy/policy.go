@@ -109,7 +109,7 @@ type PodPolicy struct {
 	Version int `json:"version"`
 	// Generation increases with every change the agent makes to any pod's
 	// policy on the node; a stack ignores a push older than what it has.
-	Generation uint64 `json:"generation"`
+	Generation uint64    `json:"generation"`
 	Ingress    Direction `json:"ingress"`
 	Egress     Direction `json:"egress"`
 	// Node is the node's own addresses: connections from them are always
