@@ -7,15 +7,20 @@
 package control
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/pprof"
 	"os"
+	"strings"
 	"time"
+
+	"github.com/cni-usernet/cni-usernet/pkg/policy"
 )
 
 // Source provides what the socket serves.
@@ -31,6 +36,19 @@ type Source interface {
 type Capturer interface {
 	CaptureHandler() http.Handler
 }
+
+// PolicySetter is a Source that takes the node agent's network policy
+// pushes (PUT /policy, docs/policy.md).
+type PolicySetter interface {
+	// SetPolicy puts p in force and returns its generation; the error
+	// wraps policy.ErrStale for a push older than the policy in force,
+	// policy.ErrOff when the stack does not enforce policy.
+	SetPolicy(p *policy.PodPolicy) (uint64, error)
+}
+
+// maxPolicyBytes bounds a pushed policy: far above a namespace's worth of
+// rules and a cluster's Services, far below what would hurt the stack.
+const maxPolicyBytes = 32 << 20
 
 // Server is a running control socket.
 type Server struct {
@@ -67,6 +85,9 @@ func Listen(path string, src Source) (*Server, error) {
 		enc.SetIndent("", "  ")
 		_ = enc.Encode(src.Status())
 	})
+	if ps, ok := src.(PolicySetter); ok {
+		mux.HandleFunc("PUT /policy", func(w http.ResponseWriter, r *http.Request) { putPolicy(w, r, ps) })
+	}
 	if c, ok := src.(Capturer); ok {
 		h := c.CaptureHandler()
 		mux.Handle("GET /capture", h)
@@ -83,6 +104,79 @@ func Listen(path string, src Source) (*Server, error) {
 	s := &Server{srv: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}, ln: ln, path: path}
 	go s.srv.Serve(ln)
 	return s, nil
+}
+
+// putPolicy serves PUT /policy: 200 {"generation": N} once the policy is in
+// force; 400 with the reason for a policy the stack cannot read; 409 for
+// one older than the policy in force, or when the stack does not enforce
+// policy.
+func putPolicy(w http.ResponseWriter, r *http.Request, ps PolicySetter) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxPolicyBytes))
+	if err != nil {
+		http.Error(w, fmt.Sprintf("reading the policy: %v", err), http.StatusBadRequest)
+		return
+	}
+	p, err := policy.Unmarshal(body)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	gen, err := ps.SetPolicy(p)
+	switch {
+	case errors.Is(err, policy.ErrStale), errors.Is(err, policy.ErrOff):
+		http.Error(w, err.Error(), http.StatusConflict)
+		return
+	case err != nil:
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(PolicyReply{Generation: gen})
+}
+
+// PolicyReply is PUT /policy's answer.
+type PolicyReply struct {
+	Generation uint64 `json:"generation"`
+}
+
+// RefusedError is a policy push the stack refused: Status 400 (the stack
+// cannot read it) or 409 (older than the policy in force, or enforcement
+// is off), with the stack's reason.
+type RefusedError struct {
+	Status int
+	Reason string
+}
+
+func (e *RefusedError) Error() string {
+	return fmt.Sprintf("stack refused the policy (HTTP %d): %s", e.Status, e.Reason)
+}
+
+// PutPolicy pushes p to the stack at path and returns the generation in
+// force; a refusal is a *RefusedError.
+func PutPolicy(path string, timeout time.Duration, p *policy.PodPolicy) (uint64, error) {
+	b, err := policy.Marshal(p)
+	if err != nil {
+		return 0, fmt.Errorf("encoding policy: %w", err)
+	}
+	req, err := http.NewRequest(http.MethodPut, "http://stack/policy", bytes.NewReader(b))
+	if err != nil {
+		return 0, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := client(path, timeout).Do(req)
+	if err != nil {
+		return 0, fmt.Errorf("pushing policy to stack at %s: %w", path, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		return 0, &RefusedError{Status: resp.StatusCode, Reason: strings.TrimSpace(string(msg))}
+	}
+	var reply PolicyReply
+	if err := json.NewDecoder(resp.Body).Decode(&reply); err != nil {
+		return 0, fmt.Errorf("decoding policy reply of stack at %s: %w", path, err)
+	}
+	return reply.Generation, nil
 }
 
 // Close stops serving and removes the socket.

@@ -11,6 +11,10 @@ import (
 // ErrStale is the error of a push older than the policy in force.
 var ErrStale = errors.New("policy is older than the one in force")
 
+// ErrOff is the error of a push to a stack that does not enforce policy
+// (stackconfig.Config.Policy false).
+var ErrOff = errors.New("policy enforcement is off")
+
 // Enforcer holds the policy a stack enforces, shared by the wire leg and
 // the relay, and counts its denials. The verdict sites ask For(d): nil
 // when d allows everything, so that a pod no policy selects pays one
@@ -43,9 +47,24 @@ func NewEnforcer(p *PodPolicy) (*Enforcer, error) {
 	return e, nil
 }
 
+// AllowAll is an Enforcer that allows everything, for a stack that does
+// not enforce policy.
+func AllowAll() *Enforcer {
+	e, err := NewEnforcer(&PodPolicy{Version: FormatVersion})
+	if err != nil {
+		panic(err) // the empty policy is valid
+	}
+	return e
+}
+
 // For is the matcher to ask for a new connection or flow in direction d,
 // nil when d allows everything.
-func (e *Enforcer) For(d Dir) *Matcher { return e.dirs[d].Load() }
+func (e *Enforcer) For(d Dir) *Matcher {
+	if e == nil {
+		return nil
+	}
+	return e.dirs[d].Load()
+}
 
 // Current is the matcher in force.
 func (e *Enforcer) Current() *Matcher { return e.cur.Load() }
