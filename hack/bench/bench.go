@@ -352,6 +352,11 @@ func (b *bench) attach(ctx context.Context, c *config) (*attachment, error) {
 		if err := checkGSO(c, st); err != nil {
 			b.fail(0, c.Name, "gso-check", err) // measured anyway; the exit status says it
 		}
+		if c.PolicyRules > 0 {
+			if err := b.pushPolicy(c, a, &res); err != nil {
+				return nil, fmt.Errorf("pushing the policy: %w", err)
+			}
+		}
 	}
 	return a, nil
 }

@@ -2,8 +2,12 @@ package main
 
 import (
 	"encoding/json"
+	"net/netip"
 	"slices"
+	"strings"
 	"testing"
+
+	"github.com/cni-usernet/cni-usernet/pkg/policy"
 )
 
 func TestParseRedis(t *testing.T) {
@@ -151,5 +155,33 @@ func TestRoundOrder(t *testing.T) {
 	}
 	if rows[0] != "kernel" || rows[2] != "usernet-software" {
 		t.Errorf("roundOrder changed its argument: %v", rows)
+	}
+}
+
+// TestBenchPolicy: the policy row's conflist turns enforcement on, and its
+// policy has the rules asked for, the last one letting the node through
+// both ways on any port while the others do not.
+func TestBenchPolicy(t *testing.T) {
+	c := configByName("usernet-policy1k")
+	raw, err := c.conflist("/i", "/s", "/l", true)
+	if err != nil || !strings.Contains(string(raw), `"networkPolicy": true`) {
+		t.Fatalf("conflist of %s: %s, %v; want networkPolicy on", c.Name, raw, err)
+	}
+	node := netip.MustParseAddr("10.199.0.1")
+	p := benchPolicy(c.PolicyRules, []netip.Addr{node, netip.MustParseAddr("fd99::1")})
+	if len(p.Ingress.Rules) != 1000 || len(p.Egress.Rules) != 1000 || len(p.Node) != 0 {
+		t.Fatalf("got %d/%d rules, node %v; want 1000 each way, no node", len(p.Ingress.Rules), len(p.Egress.Rules), p.Node)
+	}
+	m, err := policy.Compile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []policy.Dir{policy.Ingress, policy.Egress} {
+		if ok, _ := m.Allow(d, node, policy.ProtoTCP, 6379); !ok {
+			t.Errorf("%s: node denied", d)
+		}
+		if ok, _ := m.Allow(d, netip.MustParseAddr("172.20.0.1"), policy.ProtoTCP, 6379); ok {
+			t.Errorf("%s: a rule's peer allowed on another port", d)
+		}
 	}
 }
