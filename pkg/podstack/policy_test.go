@@ -137,3 +137,29 @@ func TestAdmitIngress(t *testing.T) {
 		t.Error("no denial counted")
 	}
 }
+
+// FuzzAdmitIngress feeds arbitrary IP packets to the ingress verdict of an
+// isolated pod: it must not crash, and must judge the bytes of a frame and
+// the same bytes in a packet buffer alike.
+func FuzzAdmitIngress(f *testing.F) {
+	f.Add(uint16(header.IPv4ProtocolNumber), ipv4Packet(deniedV4, policy.ProtoTCP, 0, 0, tcpSeg(80, header.TCPFlagSyn)))
+	f.Add(uint16(header.IPv4ProtocolNumber), ipv4Packet(deniedV4, policy.ProtoTCP, header.IPv4FlagMoreFragments, 0, []byte{1}))
+	f.Add(uint16(header.IPv6ProtocolNumber), ipv6Packet(deniedV6, uint8(header.IPv6FragmentExtHdrIdentifier), fragHeader(policy.ProtoTCP, 0, true), tcpSeg(80, 0)))
+	f.Add(uint16(header.IPv6ProtocolNumber), ipv6Packet(deniedV6, uint8(header.IPv6HopByHopOptionsExtHdrIdentifier), optHeader(policy.ProtoICMPv6), []byte{128, 0}))
+	e, err := policy.NewEnforcer(&policy.PodPolicy{Version: policy.FormatVersion,
+		Ingress: policy.Direction{Isolated: true, Rules: []policy.Rule{{Peers: []policy.Peer{{CIDR: netip.MustParsePrefix("10.1.0.0/16")}},
+			Ports: []policy.PortRange{{Protocol: policy.TCP, First: 80}}}}}})
+	if err != nil {
+		f.Fatal(err)
+	}
+	m := e.For(policy.Ingress)
+	f.Fuzz(func(t *testing.T, proto uint16, packet []byte) {
+		p := tcpip.NetworkProtocolNumber(proto)
+		got := admitIngress(m, p, frameHeaders(packet))
+		pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: buffer.MakeWithData(packet)})
+		defer pkt.DecRef()
+		if again := admitIngress(m, p, pktHeaders{pkt}); again != got {
+			t.Fatalf("frame bytes: %v, packet buffer: %v", got, again)
+		}
+	})
+}
