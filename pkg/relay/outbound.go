@@ -80,6 +80,12 @@ func (r *Relay) outboundSYN(k flowKey, syn []byte) {
 		}
 		return
 	}
+	// Before the limit: a denied connection must not evict a dial.
+	dst, ok := r.egressTo(k, policy.ProtoTCP)
+	if !ok {
+		s.mu.Unlock()
+		return // dropped: the application's connect times out
+	}
 	if s.dialing.Len() >= s.max {
 		oldest := s.dialing.Front().Value.(flowKey)
 		old := s.m[oldest]
@@ -93,11 +99,6 @@ func (r *Relay) outboundSYN(k flowKey, syn []byte) {
 		old.elem = nil
 		old.cancel()
 		r.stats.TCPOutboundDropped.Add(1)
-	}
-	dst, ok := r.egressTo(k, policy.ProtoTCP)
-	if !ok {
-		s.mu.Unlock()
-		return // dropped: the application's connect times out
 	}
 	if !r.admitTCP() {
 		s.mu.Unlock()
