@@ -376,6 +376,7 @@ func TestUnmarshalRoundTrip(t *testing.T) {
 		`{"version":1,"egress":{"isolated":true,"rules":[{"peers":[{"cidr":"10.0.0.0/8","except":["fd00::/8"]}]}]}}`,
 		`{"version":1,"egress":{"isolated":true,"rules":[{"peers":[{}]}]}}`,
 		`{"version":1,"services":[{"protocol":"TCP"}]}`,
+		`{"version":1,"services":[{"protocol":"TCP","vip":"10.96.0.1:80","backends":[{}]}]}`,
 		`{"version":1,"generation":-1}`,
 		`not json`,
 	} {
