@@ -508,6 +508,38 @@ func TestRestartKeepsPolicy(t *testing.T) {
 	wantTCP(t, "node after the restart", r.env.Node, r.pod.IP(4), tcpPort, true)
 }
 
+// TestAgentRestartKeepsPolicy: the node agent's supervisor restarts a
+// killed stack from its configuration, and the new stack holds the
+// policy the file says before it carries a frame.
+func TestAgentRestartKeepsPolicy(t *testing.T) {
+	r := newRig(t)
+	r.push(t, r.ingressOnly(policy.Rule{Policy: "test/in", Peers: []policy.Peer{{CIDR: hostCIDR(r.allowed.IP(4))}}}))
+	want := r.status(t).Policy.Generation
+	r.env.StartAgent(t, "--reconcile-interval", "1s")
+	store := state.Store{Dir: filepath.Join(r.env.Dir, "state")}
+	old := launch.Process{PID: r.att.StackPID, StartTime: r.att.StackStartTime}
+	if err := syscall.Kill(old.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		att, err := store.Load(r.pod.ID, "eth0")
+		if err == nil && att.StackPID != old.PID && launch.Alive(launch.Process{PID: att.StackPID, StartTime: att.StackStartTime}) {
+			var st stackproc.Status
+			if control.Status(att.ControlSocket, time.Second, &st) == nil && st.PID == att.StackPID {
+				if st.Policy == nil || st.Policy.Generation != want || !st.Policy.IngressIsolated {
+					t.Fatalf("restarted stack's policy: got %+v, want generation %d, ingress isolated", st.Policy, want)
+				}
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the agent did not restart the stack within 20 s")
+		}
+	}
+	wantTCP(t, "allowed peer after the restart", r.allowed.NS, r.pod.IP(4), tcpPort, true)
+	wantTCP(t, "other peer after the restart", r.other.NS, r.pod.IP(4), tcpPort, false)
+}
+
 // TestPolicyOff: a stack that does not enforce policy refuses a push and
 // reports no policy.
 func TestPolicyOff(t *testing.T) {
