@@ -737,3 +737,45 @@ func TestMetricsDocumented(t *testing.T) {
 		}
 	}
 }
+
+// The repository speaks of dates and commits, not of how its authors
+// organised their working days: no numbered working periods ("S 12",
+// "S12-full", "this S", "S 9's tree", S being the word built below) in
+// docs, code, tables or file names. Another sense (a capture's S, a
+// process S) stays. The word is assembled here so that a grep of the tree
+// for it finds only real uses.
+func TestNoWorkingPeriods(t *testing.T) {
+	w := "ses" + "sion"
+	period := regexp.MustCompile(`(?i)\b` + w + `s?[ -]?\d+|\b(this|previous|next|last|that) ` + w + `\b|\b` + w + `'s (tree|build|run|start|time|changes?)\b`)
+	exts := []string{".go", ".md", ".sh", ".py", ".yaml", ".yml", ".json", ".conflist", ".tpl", ".txt"}
+	for _, dir := range []string{"README.md", "BENCHMARKS.md", "Makefile", "docs", "pkg", "cmd", "hack", "test", "manifests", "charts", ".ci"} {
+		err := filepath.WalkDir(filepath.Join(repo, dir), func(p string, d os.DirEntry, err error) error {
+			if err != nil {
+				return err
+			}
+			rel, _ := filepath.Rel(repo, p)
+			if period.MatchString(d.Name()) {
+				t.Errorf("%s: a file name that cites a working period; name it by date and subject", rel)
+			}
+			if d.IsDir() {
+				return nil
+			}
+			if !slices.Contains(exts, filepath.Ext(p)) && d.Name() != "Makefile" && filepath.Dir(rel) != ".ci" {
+				return nil
+			}
+			b, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			for i, line := range strings.Split(string(b), "\n") {
+				if m := period.FindString(line); m != "" {
+					t.Errorf("%s:%d: %q: cite the date and/or commit it refers to", rel, i+1, m)
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+}
