@@ -52,10 +52,14 @@ type Compiler struct {
 	policies map[string][]*compiledPolicy
 	snap     *Snapshot
 
-	mu sync.Mutex // guards podSets
+	mu sync.Mutex // guards the three below
 	// podSets are the pods a peer's selectors select, by the selectors'
-	// canonical form (policies often repeat the same peer).
-	podSets map[string][]*peerPod
+	// canonical form; peerSets a rule's peers, resolved; namedGroups an
+	// egress rule's named ports resolved on its peers. Policies often
+	// repeat the same peers: each is resolved once.
+	podSets     map[string][]*peerPod
+	peerSets    map[string]*peerSet
+	namedGroups map[string][]portGroup
 
 	servicesOnce     sync.Once
 	services         []policy.Service
@@ -114,11 +118,13 @@ type namedPort struct {
 // does not show an address for yet (during its ADD) is already a peer.
 func NewCompiler(snap *Snapshot, local []LocalPod) *Compiler {
 	c := &Compiler{
-		nsLabels: make(map[string]map[string]string),
-		podsByNs: make(map[string][]*peerPod),
-		policies: make(map[string][]*compiledPolicy),
-		podSets:  make(map[string][]*peerPod),
-		snap:     snap,
+		nsLabels:    make(map[string]map[string]string),
+		podsByNs:    make(map[string][]*peerPod),
+		policies:    make(map[string][]*compiledPolicy),
+		podSets:     make(map[string][]*peerPod),
+		peerSets:    make(map[string]*peerSet),
+		namedGroups: make(map[string][]portGroup),
+		snap:        snap,
 	}
 	for key, ns := range snap.Namespaces {
 		name := cmp.Or(ns.Metadata.Name, key)
@@ -394,10 +400,13 @@ func (c *Compiler) compileBody(cp *compiledPolicy) *policyBody {
 	return b
 }
 
-// peerSet is a rule's from or to, resolved.
+// peerSet is a rule's from or to, resolved. Rules that name the same
+// peers share one (read-only).
 type peerSet struct {
 	// all: the rule names no peer, every address is one.
 	all bool
+	// key identifies the peers, for sharing what is resolved from them.
+	key string
 	// prefixes are the ipBlocks and the selected pods' addresses, sorted;
 	// nil when all.
 	prefixes []policy.Peer
@@ -407,11 +416,24 @@ type peerSet struct {
 	blocks []policy.Peer
 }
 
-func (c *Compiler) resolvePeers(ns string, peers []NetworkPolicyPeer, where string, warn func(string, ...any)) peerSet {
+var allPeers = &peerSet{all: true, key: "*"}
+
+// peerSelectors is a selector peer, checked.
+type peerSelectors struct {
+	pod selector
+	ns  *selector // nil: the policy's namespace
+}
+
+func (c *Compiler) resolvePeers(ns string, peers []NetworkPolicyPeer, where string, warn func(string, ...any)) *peerSet {
 	if len(peers) == 0 {
-		return peerSet{all: true}
+		return allPeers
 	}
-	var s peerSet
+	// Check every peer first (each warns on its own), then resolve what
+	// is left, once for all the rules that name the same.
+	var blocks []policy.Peer
+	var sels []peerSelectors
+	var key strings.Builder
+	key.WriteString(ns)
 	for i, p := range peers {
 		switch {
 		case p.IPBlock != nil:
@@ -424,75 +446,103 @@ func (c *Compiler) resolvePeers(ns string, peers []NetworkPolicyPeer, where stri
 				warn("%s peer %d: %v, skipped", where, i, err)
 				continue
 			}
-			s.blocks = append(s.blocks, blk)
+			blocks = append(blocks, blk)
+			fmt.Fprintf(&key, "\x00b%s%v", blk.CIDR, blk.Except)
 		case p.PodSelector == nil && p.NamespaceSelector == nil:
 			warn("%s peer %d: neither a selector nor an ipBlock, skipped", where, i)
 		default:
-			s.pods = append(s.pods, c.selectPods(ns, p.PodSelector, p.NamespaceSelector, fmt.Sprintf("%s peer %d", where, i), warn)...)
+			var ps peerSelectors
+			if p.PodSelector != nil {
+				var err error
+				if ps.pod, err = newSelector(p.PodSelector); err != nil {
+					warn("%s peer %d: podSelector selects no pod: %v", where, i, err)
+				}
+			}
+			if p.NamespaceSelector != nil {
+				nsel, err := newSelector(p.NamespaceSelector)
+				if err != nil {
+					warn("%s peer %d: namespaceSelector selects no namespace: %v", where, i, err)
+				}
+				ps.ns = &nsel
+			}
+			if ps.pod.nothing || ps.ns != nil && ps.ns.nothing {
+				continue
+			}
+			sels = append(sels, ps)
+			key.WriteString(ps.key())
 		}
 	}
-	slices.SortFunc(s.pods, func(a, b *peerPod) int { return strings.Compare(a.key, b.key) })
-	s.pods = slices.Compact(s.pods)
-	prefixes := slices.Clone(s.blocks)
+	k := key.String()
+	c.mu.Lock()
+	s, ok := c.peerSets[k]
+	c.mu.Unlock()
+	if ok {
+		return s
+	}
+
+	s = &peerSet{key: k, blocks: blocks}
+	for _, ps := range sels {
+		s.pods = append(s.pods, c.selectPods(ns, ps)...)
+	}
+	if len(sels) > 1 {
+		slices.SortFunc(s.pods, func(a, b *peerPod) int { return strings.Compare(a.key, b.key) })
+		s.pods = slices.Compact(s.pods)
+	}
+	prefixes := slices.Clone(blocks)
 	for _, p := range s.pods {
 		for _, a := range p.addrs {
 			prefixes = append(prefixes, hostPeer(a))
 		}
 	}
 	s.prefixes = sortPeers(prefixes)
+	c.mu.Lock()
+	c.peerSets[k] = s
+	c.mu.Unlock()
 	return s
 }
 
-// selectPods is the pods a peer's selectors select: podSelector alone, in
-// the policy's namespace; namespaceSelector alone, every pod of the
-// namespaces it selects; both, the pods of those namespaces that
-// podSelector selects.
-func (c *Compiler) selectPods(ns string, podSel, nsSel *LabelSelector, where string, warn func(string, ...any)) []*peerPod {
-	everyPod := selector{}
-	psel := &everyPod
-	if podSel != nil {
-		s, err := newSelector(podSel)
-		if err != nil {
-			warn("%s: podSelector selects no pod: %v", where, err)
-		}
-		psel = &s
+func (ps *peerSelectors) key() string {
+	if ps.ns == nil {
+		return "\x00p" + ps.pod.canon
 	}
-	var nsel selector
-	key := psel.canon + "\x00ns=" + ns
-	if nsSel != nil {
-		var err error
-		if nsel, err = newSelector(nsSel); err != nil {
-			warn("%s: namespaceSelector selects no namespace: %v", where, err)
-		}
-		key = psel.canon + "\x00nssel=" + nsel.canon
-	}
-	if psel.nothing || nsel.nothing {
-		return nil
-	}
+	return "\x00p" + ps.pod.canon + "\x00n" + ps.ns.canon
+}
 
+// selectPods is the pods a peer's selectors select, sorted: podSelector
+// alone, in the policy's namespace; namespaceSelector alone, every pod of
+// the namespaces it selects; both, the pods of those namespaces that
+// podSelector selects.
+func (c *Compiler) selectPods(ns string, ps peerSelectors) []*peerPod {
+	key := ps.key()
+	if ps.ns == nil {
+		key = ns + key
+	}
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	if pods, ok := c.podSets[key]; ok {
+	pods, ok := c.podSets[key]
+	c.mu.Unlock()
+	if ok {
 		return pods
 	}
-	var pods []*peerPod
 	pick := func(candidates []*peerPod) {
 		for _, p := range candidates {
-			if psel.matches(p.labels) {
+			if ps.pod.matches(p.labels) {
 				pods = append(pods, p)
 			}
 		}
 	}
-	if nsSel == nil {
+	if ps.ns == nil {
 		pick(c.podsByNs[ns])
 	} else {
 		for _, name := range c.nsNames {
-			if nsel.matches(c.nsLabels[name]) {
+			if ps.ns.matches(c.nsLabels[name]) {
 				pick(c.podsByNs[name])
 			}
 		}
+		slices.SortFunc(pods, func(a, b *peerPod) int { return strings.Compare(a.key, b.key) })
 	}
+	c.mu.Lock()
 	c.podSets[key] = pods
+	c.mu.Unlock()
 	return pods
 }
 
@@ -502,7 +552,32 @@ func (c *Compiler) selectPods(ns string, podSel, nsSel *LabelSelector, where str
 // are the pods the rule's selectors select, the pods whose addresses its
 // ipBlocks hold (those addresses only), or every pod when the rule names no
 // peer; an address that is no pod's has no named port, and matches none.
-func (c *Compiler) namedEgress(name string, peers peerSet, named []namedPort) []policy.Rule {
+func (c *Compiler) namedEgress(name string, peers *peerSet, named []namedPort) []policy.Rule {
+	key := fmt.Sprintf("%s\x00%v", peers.key, named)
+	c.mu.Lock()
+	groups, ok := c.namedGroups[key]
+	c.mu.Unlock()
+	if !ok {
+		groups = c.resolveNamed(peers, named)
+		c.mu.Lock()
+		c.namedGroups[key] = groups
+		c.mu.Unlock()
+	}
+	rules := make([]policy.Rule, len(groups))
+	for i, g := range groups {
+		rules[i] = policy.Rule{Policy: name, Peers: g.peers, Ports: g.ports}
+	}
+	return rules
+}
+
+// portGroup is the destinations that resolve a rule's named ports to the
+// same port.
+type portGroup struct {
+	peers []policy.Peer
+	ports []policy.PortRange // one
+}
+
+func (c *Compiler) resolveNamed(peers *peerSet, named []namedPort) []portGroup {
 	byPort := make(map[policy.PortRange][]netip.Addr)
 	add := func(p *peerPod, addrs []netip.Addr) {
 		for _, n := range named {
@@ -538,15 +613,15 @@ func (c *Compiler) namedEgress(name string, peers peerSet, named []namedPort) []
 		ports = append(ports, pr)
 	}
 	slices.SortFunc(ports, comparePorts)
-	rules := make([]policy.Rule, 0, len(ports))
+	groups := make([]portGroup, 0, len(ports))
 	for _, pr := range ports {
-		var ps []policy.Peer
+		ps := make([]policy.Peer, 0, len(byPort[pr]))
 		for _, a := range byPort[pr] {
 			ps = append(ps, hostPeer(a))
 		}
-		rules = append(rules, policy.Rule{Policy: name, Peers: sortPeers(ps), Ports: []policy.PortRange{pr}})
+		groups = append(groups, portGroup{peers: sortPeers(ps), ports: []policy.PortRange{pr}})
 	}
-	return rules
+	return groups
 }
 
 // resolvePorts reads a rule's ports: all when it names none; else the

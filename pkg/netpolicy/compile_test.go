@@ -1,6 +1,7 @@
 package netpolicy
 
 import (
+	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
@@ -478,5 +479,35 @@ func TestNoPodObject(t *testing.T) {
 	}
 	if strings.Join(p.Ingress.Policies, ",") != "(pending)" {
 		t.Errorf("got policies %v", p.Ingress.Policies)
+	}
+}
+
+// TestConcurrentCompile compiles the same pods from several goroutines
+// sharing one Compiler (run it with -race): the results are the ones a
+// lone compile gives.
+func TestConcurrentCompile(t *testing.T) {
+	s, locals := benchCluster(10, 10, 200, 10)
+	c := NewCompiler(s, locals)
+	want := make([]*policy.PodPolicy, len(locals))
+	for i, lp := range locals {
+		want[i], _ = NewCompiler(s, locals).Compile(lp, nodeAddrs, 1)
+	}
+	errs := make(chan error, 4*len(locals))
+	for range 4 {
+		go func() {
+			for i, lp := range locals {
+				got, _ := c.Compile(lp, nodeAddrs, 1)
+				if !policy.Equal(got, want[i]) {
+					errs <- fmt.Errorf("%s: concurrent compile differs", lp.Pod.Metadata.Name)
+					continue
+				}
+				errs <- nil
+			}
+		}()
+	}
+	for range 4 * len(locals) {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
 	}
 }
