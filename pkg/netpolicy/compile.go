@@ -422,6 +422,8 @@ var allPeers = &peerSet{all: true, key: "*"}
 type peerSelectors struct {
 	pod selector
 	ns  *selector // nil: the policy's namespace
+	// key is the selectors' canonical form.
+	key string
 }
 
 func (c *Compiler) resolvePeers(ns string, peers []NetworkPolicyPeer, where string, warn func(string, ...any)) *peerSet {
@@ -468,8 +470,12 @@ func (c *Compiler) resolvePeers(ns string, peers []NetworkPolicyPeer, where stri
 			if ps.pod.nothing || ps.ns != nil && ps.ns.nothing {
 				continue
 			}
+			ps.key = "\x00p" + ps.pod.canonical()
+			if ps.ns != nil {
+				ps.key += "\x00n" + ps.ns.canonical()
+			}
 			sels = append(sels, ps)
-			key.WriteString(ps.key())
+			key.WriteString(ps.key)
 		}
 	}
 	k := key.String()
@@ -488,7 +494,11 @@ func (c *Compiler) resolvePeers(ns string, peers []NetworkPolicyPeer, where stri
 		slices.SortFunc(s.pods, func(a, b *peerPod) int { return strings.Compare(a.key, b.key) })
 		s.pods = slices.Compact(s.pods)
 	}
-	prefixes := slices.Clone(blocks)
+	n := len(blocks)
+	for _, p := range s.pods {
+		n += len(p.addrs)
+	}
+	prefixes := append(make([]policy.Peer, 0, n), blocks...)
 	for _, p := range s.pods {
 		for _, a := range p.addrs {
 			prefixes = append(prefixes, hostPeer(a))
@@ -501,19 +511,12 @@ func (c *Compiler) resolvePeers(ns string, peers []NetworkPolicyPeer, where stri
 	return s
 }
 
-func (ps *peerSelectors) key() string {
-	if ps.ns == nil {
-		return "\x00p" + ps.pod.canon
-	}
-	return "\x00p" + ps.pod.canon + "\x00n" + ps.ns.canon
-}
-
 // selectPods is the pods a peer's selectors select, sorted: podSelector
 // alone, in the policy's namespace; namespaceSelector alone, every pod of
 // the namespaces it selects; both, the pods of those namespaces that
 // podSelector selects.
 func (c *Compiler) selectPods(ns string, ps peerSelectors) []*peerPod {
-	key := ps.key()
+	key := ps.key
 	if ps.ns == nil {
 		key = ns + key
 	}

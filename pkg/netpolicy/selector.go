@@ -3,6 +3,7 @@ package netpolicy
 import (
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 )
 
@@ -23,9 +24,6 @@ type selector struct {
 	// operator, In without values): it matches no object, so that a bad
 	// peer opens nothing.
 	nothing bool
-	// canon identifies what the selector matches, for sharing the pods it
-	// selects between the peers that use it.
-	canon string
 }
 
 type requirement struct {
@@ -45,14 +43,14 @@ func newSelector(s *LabelSelector) (selector, error) {
 		switch r.Operator {
 		case opIn, opNotIn:
 			if len(r.Values) == 0 {
-				return selector{nothing: true, canon: "!"}, fmt.Errorf("label selector: %s %s without values", r.Key, r.Operator)
+				return selector{nothing: true}, fmt.Errorf("label selector: %s %s without values", r.Key, r.Operator)
 			}
 		case opExists, opDoesNotExist:
 			if len(r.Values) != 0 {
-				return selector{nothing: true, canon: "!"}, fmt.Errorf("label selector: %s %s with values", r.Key, r.Operator)
+				return selector{nothing: true}, fmt.Errorf("label selector: %s %s with values", r.Key, r.Operator)
 			}
 		default:
-			return selector{nothing: true, canon: "!"}, fmt.Errorf("label selector: unknown operator %q on key %q", r.Operator, r.Key)
+			return selector{nothing: true}, fmt.Errorf("label selector: unknown operator %q on key %q", r.Operator, r.Key)
 		}
 		values := slices.Clone(r.Values)
 		slices.Sort(values)
@@ -67,13 +65,30 @@ func newSelector(s *LabelSelector) (selector, error) {
 		}
 		return slices.Compare(a.values, b.values)
 	})
-	var b strings.Builder
-	for _, r := range sel.reqs {
-		// %q keeps keys and values containing the separators apart.
-		fmt.Fprintf(&b, "%q %s %q;", r.key, r.op, r.values)
-	}
-	sel.canon = b.String()
 	return sel, nil
+}
+
+// canonical is what sel matches as a string, for sharing the pods it
+// selects between the peers that use it: two selectors with the same
+// canonical form match the same objects.
+func (sel *selector) canonical() string {
+	if sel.nothing {
+		return "!"
+	}
+	var b []byte
+	for _, r := range sel.reqs {
+		// Quoted, so that keys and values holding the separators stay
+		// apart.
+		b = strconv.AppendQuote(b, r.key)
+		b = append(b, ' ')
+		b = append(b, r.op...)
+		for _, v := range r.values {
+			b = append(b, ' ')
+			b = strconv.AppendQuote(b, v)
+		}
+		b = append(b, ';')
+	}
+	return string(b)
 }
 
 // everything reports whether sel matches every object.

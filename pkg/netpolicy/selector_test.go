@@ -59,11 +59,11 @@ func TestSelectorCanon(t *testing.T) {
 	// never do.
 	a, _ := newSelector(&LabelSelector{MatchLabels: map[string]string{"b": "2", "a": "1"}})
 	b, _ := newSelector(&LabelSelector{MatchExpressions: []LabelSelectorRequirement{{Key: "a", Operator: "In", Values: []string{"1"}}, {Key: "b", Operator: "In", Values: []string{"2"}}}})
-	if a.canon != b.canon {
-		t.Errorf("got %q and %q for the same selector", a.canon, b.canon)
+	if a.canonical() != b.canonical() {
+		t.Errorf("got %q and %q for the same selector", a.canonical(), b.canonical())
 	}
 	c, _ := newSelector(&LabelSelector{MatchLabels: map[string]string{"a": "1;\"b\" In [\"2\"]"}})
-	if a.canon == c.canon {
-		t.Errorf("got %q for two selectors", a.canon)
+	if a.canonical() == c.canonical() {
+		t.Errorf("got %q for two selectors", a.canonical())
 	}
 }
