@@ -416,7 +416,9 @@ type peerSet struct {
 	blocks []policy.Peer
 }
 
-var allPeers = &peerSet{all: true, key: "*"}
+// allPeers is a rule without peers. Its key is the only empty one: the
+// others start with the policy's namespace's.
+var allPeers = &peerSet{all: true}
 
 // peerSelectors is a selector peer, checked.
 type peerSelectors struct {
@@ -435,7 +437,7 @@ func (c *Compiler) resolvePeers(ns string, peers []NetworkPolicyPeer, where stri
 	var blocks []policy.Peer
 	var sels []peerSelectors
 	var key strings.Builder
-	key.WriteString(ns)
+	key.WriteString("n" + ns)
 	for i, p := range peers {
 		switch {
 		case p.IPBlock != nil:
