@@ -90,6 +90,23 @@ func TestBadInput(t *testing.T) {
 			`ingress rule 3 peer 0: ipBlock 0.0.0.0/0 except "10.2.0.0/16 "`, `ingress rule 4 peer 1: ipBlock ::/0 except "not-a-prefix"`,
 			`egress rule 0 peer 0: ipBlock cidr "1.2.3.4"`},
 	}, {
+		name: "an egress rule whose peers are all malformed allows nothing, named ports included",
+		policies: []*NetworkPolicy{netpol("x", "bad-egress-peers", NetworkPolicySpec{
+			PodSelector: *labels("pod", "a"),
+			PolicyTypes: []string{"Egress"},
+			Egress: []NetworkPolicyEgressRule{
+				{To: []NetworkPolicyPeer{block("bad")}, Ports: []NetworkPolicyPort{namePort("", "serve-80-tcp"), numPort("", 81)}},
+				{To: []NetworkPolicyPeer{{PodSelector: expr("pod", "Bogus")}}, Ports: []NetworkPolicyPort{namePort("", "serve-80-tcp")}},
+				{To: []NetworkPolicyPeer{{}}},
+			},
+		})},
+		probes: []probe{
+			{"TCP", 80, newTruth(true).set("x/a", "", false), nil},
+			{"TCP", 81, newTruth(true).set("x/a", "", false), nil},
+			{"TCP", 8080, newTruth(true).set("x/a", "", false), nil},
+		},
+		warnings: []string{`egress rule 0 peer 0: ipBlock cidr "bad"`, `egress rule 1 peer 0: podSelector selects no pod`, "egress rule 2 peer 0: neither"},
+	}, {
 		name: "an except of the other family excludes nothing",
 		policies: []*NetworkPolicy{netpol("x", "mixed-except", NetworkPolicySpec{
 			PodSelector: *labels("pod", "a"),
