@@ -117,6 +117,9 @@ type namedPort struct {
 // their attachments have them are added to the API's, so that a pod the API
 // does not show an address for yet (during its ADD) is already a peer.
 func NewCompiler(snap *Snapshot, local []LocalPod) *Compiler {
+	if snap == nil {
+		snap = &Snapshot{}
+	}
 	c := &Compiler{
 		nsLabels:    make(map[string]map[string]string),
 		podsByNs:    make(map[string][]*peerPod),
@@ -127,6 +130,9 @@ func NewCompiler(snap *Snapshot, local []LocalPod) *Compiler {
 		snap:        snap,
 	}
 	for key, ns := range snap.Namespaces {
+		if ns == nil {
+			continue
+		}
 		name := cmp.Or(ns.Metadata.Name, key)
 		c.nsLabels[name] = namespaceLabels(name, ns.Metadata.Labels)
 	}
@@ -139,6 +145,9 @@ func NewCompiler(snap *Snapshot, local []LocalPod) *Compiler {
 	}
 	seen := make(map[string]bool, len(snap.Pods))
 	for key, pod := range snap.Pods {
+		if pod == nil {
+			continue
+		}
 		k := objectKey(pod.Metadata, key)
 		seen[k] = true
 		c.addPeerPod(k, pod, localIPs[k])
@@ -165,6 +174,9 @@ func NewCompiler(snap *Snapshot, local []LocalPod) *Compiler {
 	slices.Sort(c.nsNames)
 
 	for key, np := range snap.Policies {
+		if np == nil {
+			continue
+		}
 		cp := newCompiledPolicy(np, key)
 		ns := np.Metadata.Namespace
 		c.policies[ns] = append(c.policies[ns], cp)

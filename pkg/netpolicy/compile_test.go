@@ -511,3 +511,17 @@ func TestConcurrentCompile(t *testing.T) {
 		}
 	}
 }
+
+func TestEmptyAndNilSnapshot(t *testing.T) {
+	pod := testPod("x", "a")
+	for name, s := range map[string]*Snapshot{
+		"nil":       nil,
+		"empty":     {},
+		"nil items": {Policies: map[string]*NetworkPolicy{"x/p": nil}, Pods: map[string]*Pod{"x/b": nil}, Namespaces: map[string]*Namespace{"x": nil}, Services: map[string]*Service{"x/s": nil}, EndpointSlices: map[string]*EndpointSlice{"x/s": nil}},
+	} {
+		p := Compile(s, LocalPod{Pod: pod}, nil, 1)
+		if err := p.Validate(); err != nil || p.Ingress.Isolated || p.Egress.Isolated {
+			t.Errorf("%s snapshot: got %+v (%v), want an open policy", name, p, err)
+		}
+	}
+}

@@ -23,6 +23,9 @@ func (c *Compiler) serviceList() ([]policy.Service, []Warning) {
 func compileServices(snap *Snapshot) ([]policy.Service, []Warning) {
 	slicesOf := make(map[string][]*EndpointSlice)
 	for _, es := range snap.EndpointSlices {
+		if es == nil {
+			continue
+		}
 		if svc := es.Metadata.Labels[ServiceNameLabel]; svc != "" {
 			k := es.Metadata.Namespace + "/" + svc
 			slicesOf[k] = append(slicesOf[k], es)
@@ -31,6 +34,9 @@ func compileServices(snap *Snapshot) ([]policy.Service, []Warning) {
 	var out []policy.Service
 	var warnings []Warning
 	for key, svc := range snap.Services {
+		if svc == nil {
+			continue
+		}
 		name := objectKey(svc.Metadata, key)
 		warn := func(format string, args ...any) {
 			warnings = append(warnings, Warning{Object: name, Message: fmt.Sprintf(format, args...)})
