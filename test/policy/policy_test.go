@@ -520,15 +520,25 @@ func TestRestartKeepsPolicy(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	proc, err := launch.Start(launch.Options{
-		Binary:       r.att.StackBinary,
-		Args:         attachment.StackArgs(r.att.ConfigPath),
-		Netns:        r.pod.NS.Path(),
-		LogPath:      r.att.LogPath,
-		ReadyTimeout: 20 * time.Second,
-	})
-	if err != nil {
-		t.Fatalf("restarting the stack: %v", err)
+	// The leader thread is a zombie before the other threads let go of
+	// the TUN: until they have, the new stack cannot attach to it (EBUSY),
+	// and is started again, as the agent's supervisor would.
+	var proc launch.Process
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		var err error
+		proc, err = launch.Start(launch.Options{
+			Binary:       r.att.StackBinary,
+			Args:         attachment.StackArgs(r.att.ConfigPath),
+			Netns:        r.pod.NS.Path(),
+			LogPath:      r.att.LogPath,
+			ReadyTimeout: 20 * time.Second,
+		})
+		if err == nil {
+			break
+		}
+		if !strings.Contains(err.Error(), "device or resource busy") || time.Now().After(deadline) {
+			t.Fatalf("restarting the stack: %v", err)
+		}
 	}
 	store := state.Store{Dir: filepath.Join(r.env.Dir, "state")}
 	r.att.StackPID, r.att.StackStartTime = proc.PID, proc.StartTime
