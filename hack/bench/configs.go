@@ -125,8 +125,10 @@ func configByName(name string) *config {
 }
 
 // conflist renders the CNI network configuration list for c. stateDir and
-// logDir are only used by cni-usernet, ipamDir by host-local.
-func (c *config) conflist(ipamDir, stateDir, logDir string, ipv6 bool) ([]byte, error) {
+// logDir are only used by cni-usernet, ipamDir by host-local; runDir by
+// a configuration with PolicyRules (its control sockets, and the node
+// agent's socket its ADD asks, served by the benchmark: standInAgent).
+func (c *config) conflist(ipamDir, stateDir, logDir, runDir string, ipv6 bool) ([]byte, error) {
 	ranges := [][]map[string]string{{{"subnet": subnet4}}}
 	routes := []map[string]string{{"dst": "0.0.0.0/0"}}
 	if ipv6 {
@@ -150,6 +152,9 @@ func (c *config) conflist(ipamDir, stateDir, logDir string, ipv6 bool) ([]byte, 
 		}
 		for k, v := range c.Keys {
 			plugin[k] = v
+		}
+		if c.PolicyRules > 0 {
+			plugin["runDir"] = runDir
 		}
 	default:
 		return nil, fmt.Errorf("configuration %s has no CNI plugin (%q)", c.Name, c.Plugin)

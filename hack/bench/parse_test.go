@@ -96,7 +96,7 @@ func TestCheckGSO(t *testing.T) {
 }
 
 func TestConflistKnobs(t *testing.T) {
-	raw, err := configByName("usernet-auto-nooffload").conflist("/i", "/s", "/l", true)
+	raw, err := configByName("usernet-auto-nooffload").conflist("/i", "/s", "/l", "/r", true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,7 +163,7 @@ func TestRoundOrder(t *testing.T) {
 // both ways on any port while the others do not.
 func TestBenchPolicy(t *testing.T) {
 	c := configByName("usernet-policy1k")
-	raw, err := c.conflist("/i", "/s", "/l", true)
+	raw, err := c.conflist("/i", "/s", "/l", "/r", true)
 	if err != nil || !strings.Contains(string(raw), `"networkPolicy": true`) {
 		t.Fatalf("conflist of %s: %s, %v; want networkPolicy on", c.Name, raw, err)
 	}

@@ -1,8 +1,12 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
+	"net"
+	"net/http"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"time"
 
@@ -68,5 +72,47 @@ func (b *bench) pushPolicy(c *config, a *attachment, res *current.Result) error 
 		return err
 	}
 	logf("  %d-rule policy in force in %s", c.PolicyRules, time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+// standInAgent serves the node agent's socket in the policy row's run
+// directory: with networkPolicy on, ADD asks the agent for the pod's
+// policy (docs/policy.md) and returns once the stack holds it. It pushes
+// the row's policy, allowing host-local's gateways (the first address of
+// each subnet), as the agent would push the pod's.
+func (b *bench) standInAgent(c *config) error {
+	dir := filepath.Join(b.tmp, "run")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	ln, err := net.Listen("unix", filepath.Join(dir, "agent.sock"))
+	if err != nil {
+		return fmt.Errorf("serving the node agent's socket: %w", err)
+	}
+	var peers []netip.Addr
+	for _, s := range []string{subnet4, subnet6} {
+		peers = append(peers, netip.MustParsePrefix(s).Addr().Next())
+	}
+	p := benchPolicy(c.PolicyRules, peers)
+	go (&http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var q struct {
+			ControlSocket string `json:"controlSocket"`
+			PolicyPath    string `json:"policyPath"`
+		}
+		if err := json.NewDecoder(r.Body).Decode(&q); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		if err := policy.WriteFile(q.PolicyPath, p); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		g, err := control.PutPolicy(q.ControlSocket, 20*time.Second, p)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintf(w, `{"generation": %d}`, g)
+	})}).Serve(ln)
 	return nil
 }
