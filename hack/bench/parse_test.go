@@ -1,12 +1,19 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"net/netip"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
+	"github.com/cni-usernet/cni-usernet/pkg/control"
 	"github.com/cni-usernet/cni-usernet/pkg/policy"
 )
 
@@ -183,5 +190,54 @@ func TestBenchPolicy(t *testing.T) {
 		if ok, _ := m.Allow(d, netip.MustParseAddr("172.20.0.1"), policy.ProtoTCP, 6379); ok {
 			t.Errorf("%s: a rule's peer allowed on another port", d)
 		}
+	}
+}
+
+// policySink is a stack's control source that keeps the pushed policy.
+type policySink struct{ got chan *policy.PodPolicy }
+
+func (s policySink) Healthy() error { return nil }
+func (s policySink) Status() any    { return nil }
+func (s policySink) SetPolicy(p *policy.PodPolicy) (uint64, error) {
+	s.got <- p
+	return p.Generation, nil
+}
+
+// TestStandInAgent: ADD's request to the node agent's socket gets the
+// row's policy written to the pod's policy file and pushed to its stack.
+func TestStandInAgent(t *testing.T) {
+	b := &bench{tmp: t.TempDir()}
+	c := configByName("usernet-policy1k")
+	if err := b.standInAgent(c); err != nil {
+		t.Fatal(err)
+	}
+	sink := policySink{got: make(chan *policy.PodPolicy, 1)}
+	sock := filepath.Join(b.tmp, "stack.sock")
+	srv, err := control.Listen(sock, sink)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	file := filepath.Join(b.tmp, "policy.json")
+	body := fmt.Sprintf(`{"containerID":"c","ifName":"eth0","namespace":"bench","pod":"p","podIPs":["10.199.0.2/24"],"controlSocket":%q,"policyPath":%q}`, sock, file)
+	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", filepath.Join(b.tmp, "run", "agent.sock"))
+	}}}
+	resp, err := hc.Post("http://agent/v1/policy", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	answer, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(answer), `"generation": 1`) {
+		t.Fatalf("agent answered %d %s", resp.StatusCode, answer)
+	}
+	p := <-sink.got
+	if len(p.Ingress.Rules) != c.PolicyRules {
+		t.Errorf("pushed %d ingress rules, want %d", len(p.Ingress.Rules), c.PolicyRules)
+	}
+	if f, err := policy.ReadFile(file); err != nil || !policy.Equal(f, p) {
+		t.Errorf("policy file: %v, %v; want the pushed policy", f, err)
 	}
 }
