@@ -111,7 +111,7 @@ var (
 		"SYN cookies of the pod's wire leg, by result: sent (a mirrored listener's handshake backlog was full), fast_path (SYNs the link answered with the listener's cookie itself, during a flood), valid and invalid (the ACKs that came back).",
 		"result")
 	descPolicyDenied = podDesc("policy_denied_total",
-		"New connections and flows the pod's network policy denied (dropped, unanswered), by direction (ingress: from the network; egress: the applications') and policy (the isolating NetworkPolicies, \"namespace/name\" joined with \",\"; \"(pending)\" before the node agent's first push).",
+		"Packets that would have opened a connection or flow the pod's network policy denied (dropped, unanswered; a client's SYN retransmissions count each), by direction (ingress: from the network; egress: the applications') and policy (the isolating NetworkPolicies, \"namespace/name\" joined with \",\"; \"(pending)\" before the node agent's first push).",
 		"direction", "policy")
 	descPolicyGeneration = podDesc("policy_generation",
 		"Generation of the network policy the pod's stack enforces (absent when the stack does not enforce policy).")
