@@ -344,10 +344,6 @@ func (d *Daemon) Status() any {
 		PID: os.Getpid(), StartTime: d.started, IfName: d.cfg.IfName, TUNName: d.cfg.TUNName,
 		Spec: d.spec, GSO: d.gso, Relay: d.stack.Relay.Stats().Snapshot(),
 	}
-	if d.policy != nil {
-		ps := d.policy.Status()
-		s.Policy = &ps
-	}
 	ws := d.stack.Wire.Stats()
 	if n, err := packetsock.Drops(d.linkFD); err == nil {
 		d.socketDrops.Add(n)
@@ -365,6 +361,10 @@ func (d *Daemon) Status() any {
 		ListenSynDrops:    ws.TCP.ListenOverflowSynDrop.Value(), ListenAckDrops: ws.TCP.ListenOverflowAckDrop.Value(),
 		IPMalformed: ws.IP.MalformedPacketsReceived.Value(), IPOutgoingErrors: ws.IP.OutgoingPacketErrors.Value(),
 		TCPInvalidSegments: ws.TCP.InvalidSegmentsReceived.Value(), TCPChecksumErrors: ws.TCP.ChecksumErrors.Value()}
+	if d.policy != nil {
+		ps := d.policy.Status()
+		s.Policy = &ps
+	}
 	return s
 }
 
