@@ -2,8 +2,8 @@ package install
 
 import (
 	"bytes"
-	"fmt"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
