@@ -158,11 +158,11 @@ func (l *lab) link() {
 
 // pod is a sandbox attached through the whole list.
 type pod struct {
-	id   string
+	id    string
 	netns ns.NetNS
-	rt   *libcni.RuntimeConf
-	ip   string
-	host string // the host side of its veth
+	rt    *libcni.RuntimeConf
+	ip    string
+	host  string // the host side of its veth
 }
 
 // add attaches a new pod with the capability arguments a runtime passes
