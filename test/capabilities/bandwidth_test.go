@@ -46,30 +46,6 @@ func (r *iperf3Result) rates() []float64 {
 	return out
 }
 
-// steadyRate is the mean of the per-second rates once the token bucket's
-// initial burst is spent: containerd passes a burst of 2^32-1 bits with
-// every bandwidth annotation, which the first seconds carry at whatever
-// speed the path has. The first second at or under 125 % of the target
-// marks the bucket empty; the one after it starts the mean. It returns
-// the burst's seconds too.
-func steadyRate(rates []float64, target float64) (mean float64, burst []float64, err error) {
-	for i, r := range rates {
-		if r > 1.25*target {
-			continue
-		}
-		steady := rates[min(i+1, len(rates)):]
-		if len(steady) < 5 {
-			return 0, rates[:i], fmt.Errorf("only %d seconds after the burst: %v", len(steady), rates)
-		}
-		sum := 0.0
-		for _, s := range steady {
-			sum += s
-		}
-		return sum / float64(len(steady)), rates[:i], nil
-	}
-	return 0, rates, fmt.Errorf("never at the target: %v", rates)
-}
-
 // iperf3 runs a client in from against the server at addr for seconds,
 // reversed (the server sends) or not, and returns the receiver's
 // per-second rates.
@@ -152,7 +128,7 @@ func TestBandwidth(t *testing.T) {
 		{"egress (from the pod)", true, egressRate},
 	} {
 		rates := iperf3(t, l.other, p.ip, 20, dir.reverse)
-		mean, burst, err := steadyRate(rates, dir.target)
+		mean, burst, err := nettest.SteadyRate(rates, dir.target)
 		if err != nil {
 			t.Errorf("%s: %v", dir.name, err)
 			continue
