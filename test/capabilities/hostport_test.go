@@ -78,7 +78,7 @@ func TestHostPort(t *testing.T) {
 	if _, err := exec.LookPath("iptables"); err != nil {
 		t.Skip("portmap's iptables backend needs iptables")
 	}
-	l := newLab(t)
+	l := newLab(t, nil)
 	a := l.add("web-a", map[string]any{"portMappings": []map[string]any{
 		{"hostPort": 8080, "containerPort": 80, "protocol": "tcp", "hostIP": nodeIP},
 		{"hostPort": 9090, "containerPort": 90, "protocol": "tcp"},

@@ -79,7 +79,8 @@ type lab struct {
 	list  *libcni.NetworkConfigList
 }
 
-func newLab(t *testing.T) *lab {
+// newLab makes the lab; extra keys go into cni-usernet's plugin object.
+func newLab(t *testing.T, extra map[string]any) *lab {
 	t.Helper()
 	env := nettest.NewEnv(t)
 	env.Subnet6 = "" // portmap's IPv4 path is what the lab's cluster runs
@@ -87,7 +88,7 @@ func newLab(t *testing.T) *lab {
 	l.link()
 
 	var plugin map[string]any
-	if err := json.Unmarshal(env.Conf("1.0.0", nil), &plugin); err != nil {
+	if err := json.Unmarshal(env.Conf("1.0.0", extra), &plugin); err != nil {
 		t.Fatal(err)
 	}
 	delete(plugin, "cniVersion")
