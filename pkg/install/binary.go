@@ -142,13 +142,9 @@ func installHelper(o *Options, h Helper) (changed bool, err error) {
 	if err != nil {
 		return false, fmt.Errorf("reading %s: %w", h.Source, err)
 	}
-	rec, err := loadRecord(o.RecordPath)
-	if err != nil {
-		return false, err
-	}
-	hr := rec.helper(h.Name)
 	dest := filepath.Join(o.BinDir, h.Name)
 	cur, err := os.Lstat(dest)
+	exists := err == nil
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 	case err != nil:
@@ -157,18 +153,26 @@ func installHelper(o *Options, h Helper) (changed bool, err error) {
 		// A link to the distribution's plugins, say: the node's own.
 		o.log().Info("keeping the node's own plugin binary", "path", dest, "type", cur.Mode().Type().String())
 		return false, nil
-	default:
-		curSum, err := pathSum(dest)
-		if err != nil {
+	}
+	var curSum string
+	if exists {
+		if curSum, err = pathSum(dest); err != nil {
 			return false, err
 		}
-		if hr == nil || !hr.wrote(curSum) {
-			o.log().Info("keeping the node's own plugin binary", "path", dest)
-			return false, nil
-		}
+		// Ours or the node's, nothing to do: the record is read only when
+		// something may change.
 		if curSum == srcSum && cur.Mode().Perm()&0o111 != 0 {
 			return false, nil
 		}
+	}
+	rec, err := loadRecord(o.RecordPath)
+	if err != nil {
+		return false, err
+	}
+	hr := rec.helper(h.Name)
+	if exists && (hr == nil || !hr.wrote(curSum)) {
+		o.log().Info("keeping the node's own plugin binary", "path", dest)
+		return false, nil
 	}
 	if hr == nil {
 		hr = &helperRecord{Name: h.Name}
