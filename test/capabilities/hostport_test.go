@@ -78,7 +78,12 @@ func TestHostPort(t *testing.T) {
 	if _, err := exec.LookPath("iptables"); err != nil {
 		t.Skip("portmap's iptables backend needs iptables")
 	}
-	l := newLab(t, nil)
+	t.Run("standalone", func(t *testing.T) { testHostPort(t, labOptions{}) })
+	t.Run("chained", func(t *testing.T) { testHostPort(t, labOptions{Chained: true}) })
+}
+
+func testHostPort(t *testing.T, o labOptions) {
+	l := newLab(t, o)
 	a := l.add("web-a", map[string]any{"portMappings": []map[string]any{
 		{"hostPort": 8080, "containerPort": 80, "protocol": "tcp", "hostIP": nodeIP},
 		{"hostPort": 9090, "containerPort": 90, "protocol": "tcp"},
