@@ -73,12 +73,13 @@ func ask(netns ns.NetNS, network, addr string) (name, peer string, err error) {
 // client's address preserved) and from the node itself (its own address
 // and 127.0.0.1); two pods share a hostPort on different hostIPs, and
 // another with different protocols; DEL takes only the deleted pod's
-// mappings away.
+// mappings away. Standalone pods are dual-stack, and their hostPorts
+// answer on the node's IPv6 address too; chained behind ptp, IPv4.
 func TestHostPort(t *testing.T) {
 	if _, err := exec.LookPath("iptables"); err != nil {
 		t.Skip("portmap's iptables backend needs iptables")
 	}
-	t.Run("standalone", func(t *testing.T) { testHostPort(t, labOptions{}) })
+	t.Run("standalone", func(t *testing.T) { testHostPort(t, labOptions{IPv6: true}) })
 	t.Run("chained", func(t *testing.T) { testHostPort(t, labOptions{Chained: true}) })
 }
 
@@ -111,6 +112,12 @@ func testHostPort(t *testing.T, o labOptions) {
 		{"node", "tcp", nodeIP2 + ":9090", "web-a", nodeIP2},
 		{"node", "udp", nodeIP + ":9090", "web-b", nodeIP},
 		{"node", "tcp", "127.0.0.1:9090", "web-a", ""},
+	}
+	if o.IPv6 {
+		probes = append(probes,
+			probe{"other", "tcp", "[" + nodeIP6 + "]:9090", "web-a", otherIP6},
+			probe{"other", "udp", "[" + nodeIP6 + "]:9090", "web-b", otherIP6},
+			probe{"node", "tcp", "[" + nodeIP6 + "]:9090", "web-a", nodeIP6})
 	}
 	from := map[string]ns.NetNS{"other": l.other, "node": l.env.Node}
 	run := func(probes []probe) {

@@ -25,6 +25,7 @@ import (
 	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/cni-usernet/cni-usernet/test/nettest"
 )
@@ -37,6 +38,8 @@ const (
 	nodeIP2     = "10.198.1.1"
 	otherIP     = "10.198.0.2"
 	otherIP2    = "10.198.1.2"
+	nodeIP6     = "fd98::1"
+	otherIP6    = "fd98::2"
 	linkNode    = "n-other"
 	linkOther   = "o-node"
 	networkName = "usernet-test"
@@ -89,12 +92,17 @@ type labOptions struct {
 	Chained bool
 	// GSO is cni-usernet's "gso"; "" is the plugin's default (auto).
 	GSO string
+	// IPv6: dual-stack pods (standalone only), and IPv6 on the link
+	// between the nodes.
+	IPv6 bool
 }
 
 func newLab(t *testing.T, o labOptions) *lab {
 	t.Helper()
 	env := nettest.NewEnv(t)
-	env.Subnet6 = "" // portmap's IPv4 path is what the lab's cluster runs
+	if !o.IPv6 || o.Chained {
+		env.Subnet6 = ""
+	}
 	l := &lab{t: t, env: env, other: nettest.NewNS(t), chained: o.Chained}
 	l.link()
 
@@ -149,8 +157,8 @@ func (l *lab) link() {
 		addrs []string
 		route bool
 	}{
-		{l.env.Node, linkNode, []string{nodeIP, nodeIP2}, false},
-		{l.other, linkOther, []string{otherIP, otherIP2}, true},
+		{l.env.Node, linkNode, []string{nodeIP + "/24", nodeIP2 + "/24", nodeIP6 + "/64"}, false},
+		{l.other, linkOther, []string{otherIP + "/24", otherIP2 + "/24", otherIP6 + "/64"}, true},
 	} {
 		err := nettest.In(side.netns, func() error {
 			link, err := netlink.LinkByName(side.link)
@@ -158,7 +166,8 @@ func (l *lab) link() {
 				return err
 			}
 			for _, a := range side.addrs {
-				addr, _ := netlink.ParseAddr(a + "/24")
+				addr, _ := netlink.ParseAddr(a)
+				addr.Flags = unix.IFA_F_NODAD // ours alone: no DAD wait
 				if err := netlink.AddrAdd(link, addr); err != nil {
 					return fmt.Errorf("adding %s: %w", a, err)
 				}
@@ -170,7 +179,14 @@ func (l *lab) link() {
 				return nil
 			}
 			_, pods, _ := net.ParseCIDR(l.env.Subnet)
-			return netlink.RouteAdd(&netlink.Route{LinkIndex: link.Attrs().Index, Dst: pods, Gw: net.ParseIP(nodeIP)})
+			if err := netlink.RouteAdd(&netlink.Route{LinkIndex: link.Attrs().Index, Dst: pods, Gw: net.ParseIP(nodeIP)}); err != nil {
+				return err
+			}
+			if l.env.Subnet6 == "" {
+				return nil
+			}
+			_, pods6, _ := net.ParseCIDR(l.env.Subnet6)
+			return netlink.RouteAdd(&netlink.Route{LinkIndex: link.Attrs().Index, Dst: pods6, Gw: net.ParseIP(nodeIP6)})
 		})
 		if err != nil {
 			l.t.Fatalf("configuring %s: %v", side.link, err)
