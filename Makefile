@@ -11,7 +11,8 @@ build:
 	mkdir -p bin/cni
 	# a running stack keeps the old file
 	for b in cni-usernet-stack cni-usernet; do cp bin/$$b bin/cni/.$$b.new && mv -f bin/cni/.$$b.new bin/cni/$$b || exit 1; done
-	CGO_ENABLED=0 $(GO) build -o bin/cni/ github.com/containernetworking/plugins/plugins/ipam/host-local github.com/containernetworking/plugins/plugins/main/ptp
+	CGO_ENABLED=0 $(GO) build -o bin/cni/ github.com/containernetworking/plugins/plugins/ipam/host-local github.com/containernetworking/plugins/plugins/main/ptp \
+	  github.com/containernetworking/plugins/plugins/meta/portmap github.com/containernetworking/plugins/plugins/meta/bandwidth
 	CGO_ENABLED=0 $(GO) build -o bin/ github.com/containernetworking/cni/cnitool
 
 demo:

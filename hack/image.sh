@@ -1,8 +1,11 @@
 #!/bin/bash
 # image.sh — build cni-usernet's container image without a container engine:
-# static binaries of ./cmd/cni-usernet and ./cmd/cni-usernet-stack and an OCI
-# image-layout tarball holding only them (entrypoint /cni-usernet; the agent
-# installs both on the node), which `ctr images import` accepts. Users with a registry can build Containerfile instead.
+# static binaries of ./cmd/cni-usernet and ./cmd/cni-usernet-stack, and of the
+# portmap and bandwidth plugins (containernetworking/plugins at go.mod's
+# version) that the agent chains after cni-usernet, and an OCI image-layout
+# tarball holding only them (entrypoint /cni-usernet; the agent installs them
+# on the node, portmap and bandwidth only where the node has none), which
+# `ctr images import` accepts. Users with a registry can build Containerfile instead.
 #   hack/image.sh [OUT_TAR]     default bin/cni-usernet-image.tar
 #   IMAGE=registry.example/cni-usernet:v1 hack/image.sh    another reference
 # The image is reproducible: same sources, same Go, same bytes.
@@ -22,6 +25,9 @@ CGO_ENABLED=0 GOOS=linux $GO build -trimpath \
   -o "$rootfs/cni-usernet" ./cmd/cni-usernet
 CGO_ENABLED=0 GOOS=linux $GO build -trimpath -ldflags "-s -w" \
   -o "$rootfs/cni-usernet-stack" ./cmd/cni-usernet-stack
-chmod 0755 "$rootfs/cni-usernet" "$rootfs/cni-usernet-stack"
+CGO_ENABLED=0 GOOS=linux $GO build -trimpath -ldflags "-s -w" -o "$rootfs/" \
+  github.com/containernetworking/plugins/plugins/meta/portmap \
+  github.com/containernetworking/plugins/plugins/meta/bandwidth
+chmod 0755 "$rootfs/cni-usernet" "$rootfs/cni-usernet-stack" "$rootfs/portmap" "$rootfs/bandwidth"
 mkdir -p "$(dirname "$out")"
 ARCH=$arch hack/k8s/images/mkimage.sh "$IMAGE" "$rootfs" "$out" '["/cni-usernet"]'

@@ -2,6 +2,8 @@ package install
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -24,8 +26,11 @@ const binaryMode fs.FileMode = 0o755
 // written for a file already installed with the same content and
 // executable. Before the first change to each file it records whether a
 // binary was there and keeps a copy of it, for Uninstall. changed says
-// whether either file changed, also with an error from the plugin binary
+// whether any file changed, also with an error from the plugin binary
 // after the stack binary changed.
+//
+// The meta plugins' binaries (Helpers) go first, each only where the
+// node has no binary of that name or has one we installed.
 func InstallBinary(o Options) (changed bool, err error) {
 	if err := o.Validate(); err != nil {
 		return false, fmt.Errorf("installing the binary: %w", err)
@@ -39,6 +44,15 @@ func InstallBinary(o Options) (changed bool, err error) {
 	}
 	defer unlock()
 
+	// The helpers first: the plugin's configuration names them, and the
+	// configuration is written after InstallBinary.
+	for _, h := range o.Helpers {
+		c, err := installHelper(&o, h)
+		if err != nil {
+			return changed, fmt.Errorf("installing the %s plugin: %w", h.Name, err)
+		}
+		changed = changed || c
+	}
 	if o.StackSource != "" {
 		c, err := installBinaryFile(&o, o.StackSource, StackName(o.Name), func(r *record) **binaryRecord { return &r.Stack })
 		if err != nil {
@@ -113,6 +127,95 @@ func installBinaryFile(o *Options, source, name string, slot func(*record) **bin
 		return false, fmt.Errorf("writing %s: %w", dest, err)
 	}
 	return true, nil
+}
+
+// installHelper installs h.Source as BinDir/h.Name when the node has no
+// binary of that name, or has one we wrote (an older version of ours);
+// a binary of the node's own stays as it is.
+func installHelper(o *Options, h Helper) (changed bool, err error) {
+	src, err := os.Open(h.Source)
+	if err != nil {
+		return false, fmt.Errorf("opening the binary to install: %w", err)
+	}
+	defer src.Close()
+	srcSum, err := readerSum(src)
+	if err != nil {
+		return false, fmt.Errorf("reading %s: %w", h.Source, err)
+	}
+	dest := filepath.Join(o.BinDir, h.Name)
+	cur, err := os.Lstat(dest)
+	exists := err == nil
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+	case err != nil:
+		return false, fmt.Errorf("examining installed binary: %w", err)
+	case !cur.Mode().IsRegular():
+		// A link to the distribution's plugins, say: the node's own.
+		o.log().Info("keeping the node's own plugin binary", "path", dest, "type", cur.Mode().Type().String())
+		return false, nil
+	}
+	var curSum string
+	if exists {
+		if curSum, err = pathSum(dest); err != nil {
+			return false, err
+		}
+		// Ours or the node's, nothing to do: the record is read only when
+		// something may change.
+		if curSum == srcSum && cur.Mode().Perm()&0o111 != 0 {
+			return false, nil
+		}
+	}
+	rec, err := loadRecord(o.RecordPath)
+	if err != nil {
+		return false, err
+	}
+	hr := rec.helper(h.Name)
+	if exists && (hr == nil || !hr.wrote(curSum)) {
+		o.log().Info("keeping the node's own plugin binary", "path", dest)
+		return false, nil
+	}
+	if hr == nil {
+		hr = &helperRecord{Name: h.Name}
+		rec.Helpers = append(rec.Helpers, hr)
+	}
+	if !hr.wrote(srcSum) {
+		hr.Written = append(hr.Written, srcSum)
+	}
+	rec.BinDir = o.BinDir
+	if err := rec.saveBeforeChange(o.RecordPath); err != nil {
+		return false, err
+	}
+	if _, err := src.Seek(0, io.SeekStart); err != nil {
+		return false, fmt.Errorf("rewinding %s: %w", h.Source, err)
+	}
+	if err := writeAtomic(dest, src, fileMeta{Mode: binaryMode, UID: -1, GID: -1}); err != nil {
+		return false, fmt.Errorf("writing %s: %w", dest, err)
+	}
+	return true, nil
+}
+
+func readerSum(r io.ReadSeeker) (string, error) {
+	if _, err := r.Seek(0, io.SeekStart); err != nil {
+		return "", err
+	}
+	h := sha256.New()
+	if _, err := io.Copy(h, r); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+func pathSum(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", fmt.Errorf("opening %s: %w", path, err)
+	}
+	defer f.Close()
+	s, err := readerSum(f)
+	if err != nil {
+		return "", fmt.Errorf("reading %s: %w", path, err)
+	}
+	return s, nil
 }
 
 // sameContent compares src (from its start) with the file at path.

@@ -2,6 +2,7 @@ package install
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"path/filepath"
 	"sort"
@@ -51,7 +52,7 @@ func InstallConfig(o Options) (path string, changed bool, err error) {
 	if o.Mode == Standalone {
 		target, steps, err = planStandalone(&o, rec, files)
 	} else {
-		target, steps, err = planChain(&o, files)
+		target, steps, err = planChain(&o, rec, files)
 	}
 	if err != nil {
 		return "", false, err
@@ -76,6 +77,9 @@ type step struct {
 	path string
 	data []byte
 	meta fileMeta
+	// added are the plugin objects of Options.After this write puts
+	// into the list.
+	added []json.RawMessage
 }
 
 // planStandalone writes the conflist as 05-<name>.conflist, or as
@@ -152,7 +156,7 @@ func planStandalone(o *Options, rec *record, files []string) (string, []step, er
 // .conflist of the same base name, written first, and the original file is
 // removed afterwards, so that at every moment one of the two is the first
 // configuration.
-func planChain(o *Options, files []string) (string, []step, error) {
+func planChain(o *Options, rec *record, files []string) (string, []step, error) {
 	if len(files) == 0 {
 		return "", nil, fmt.Errorf("chaining into %s: %w: no CNI configuration in it", o.ConfDir, ErrNothingToChain)
 	}
@@ -189,7 +193,24 @@ func planChain(o *Options, files []string) (string, []step, error) {
 	if err := o.checkVersion(first, version); err != nil {
 		return "", nil, fmt.Errorf("chaining: %w", err)
 	}
+	target := first
+	if !isList {
+		target = strings.TrimSuffix(first, filepath.Ext(first)) + ".conflist"
+	}
 	changed := c.chain(o.Name, o.Plugin)
+	wanted := map[string]bool{}
+	for _, a := range o.After {
+		wanted[pluginType(a)] = true
+	}
+	if e := rec.file(filepath.Base(target)); e != nil {
+		if c.stripSame(e.Added, func(typ string) bool { return wanted[typ] }) {
+			changed = true
+		}
+	}
+	added := c.addAfter(o.Name, o.After)
+	if len(added) > 0 {
+		changed = true
+	}
 	if isList && !changed {
 		return first, nil, nil
 	}
@@ -201,15 +222,14 @@ func planChain(o *Options, files []string) (string, []step, error) {
 		return "", nil, fmt.Errorf("chaining into %s: the result does not load: %w", first, err)
 	}
 	if isList {
-		return first, []step{{path: first, data: out, meta: meta}}, nil
+		return first, []step{{path: first, data: out, meta: meta, added: added}}, nil
 	}
-	target := strings.TrimSuffix(first, filepath.Ext(first)) + ".conflist"
 	for _, f := range files[1:] {
 		if f < target {
 			return "", nil, fmt.Errorf("chaining into %s: %s would sort before %s once %s is gone", first, f, target, filepath.Base(first))
 		}
 	}
-	return target, []step{{path: target, data: out, meta: meta}, {path: first}}, nil
+	return target, []step{{path: target, data: out, meta: meta, added: added}, {path: first}}, nil
 }
 
 // apply records the state each step is about to change and then makes the
@@ -236,12 +256,13 @@ func apply(o *Options, rec *record, steps []step) (bool, error) {
 			// First change, or someone (Calico's installer, flannel's
 			// init container, an operator) rewrote the file after us:
 			// what is there now is what Uninstall restores.
-			*e = fileRecord{Name: name, Existed: exists, Data: cur, Meta: meta}
-			// In chain mode our entry in it came from an earlier run of
+			// What we added to it earlier stays ours to take out.
+			*e = fileRecord{Name: name, Existed: exists, Data: cur, Meta: meta, Added: e.Added}
+			// In chain mode our entries in it came from an earlier run of
 			// ours and must not come back with the restore. A standalone
 			// file is restored whole: it was someone's configuration.
 			if exists && s.data != nil && o.Mode == Chain {
-				if c, err := parseConflist(cur); err == nil && c.has(o.Name) {
+				if c, err := parseConflist(cur); err == nil && (c.has(o.Name) || c.hasAny(e.Added)) {
 					e.StripOnly = true
 				}
 			}
@@ -251,6 +272,7 @@ func apply(o *Options, rec *record, steps []step) (bool, error) {
 		} else {
 			e.Removed = false
 			e.addWritten(s.data)
+			e.addAdded(s.added)
 			if exists {
 				s.meta = meta
 			}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"reflect"
+	"slices"
 )
 
 // object is a JSON object that keeps its members in order, so that a
@@ -208,6 +209,59 @@ func (c *conflist) chain(name string, plugin json.RawMessage) bool {
 	}
 	c.plugins = out
 	return true
+}
+
+// hasAny says whether the list holds an entry equal to one of objs.
+func (c *conflist) hasAny(objs []json.RawMessage) bool {
+	for _, p := range c.plugins {
+		if slices.ContainsFunc(objs, func(o json.RawMessage) bool { return sameJSON(o, p) }) {
+			return true
+		}
+	}
+	return false
+}
+
+// addAfter puts each of objs after our entry (name), unless the list
+// already has a plugin of its type, and returns the ones it added. They go
+// after ours so that each gets our result as prevResult: the pod's
+// addresses and, in a standalone list, the host side of the veth that
+// bandwidth shapes.
+func (c *conflist) addAfter(name string, objs [][]byte) []json.RawMessage {
+	var added []json.RawMessage
+	for _, o := range objs {
+		if c.has(pluginType(o)) {
+			continue
+		}
+		at := len(c.plugins)
+		for i := len(c.plugins) - 1; i >= 0; i-- {
+			if pluginType(c.plugins[i]) == name {
+				at = i + 1
+				break
+			}
+		}
+		// After the ones added before it, in the order given.
+		for at < len(c.plugins) && slices.ContainsFunc(added, func(a json.RawMessage) bool { return sameJSON(a, c.plugins[at]) }) {
+			at++
+		}
+		c.plugins = slices.Insert(c.plugins, at, json.RawMessage(o))
+		added = append(added, json.RawMessage(o))
+	}
+	return added
+}
+
+// stripSame removes the entries equal to one of objs (the ones we added)
+// whose type keep does not name, and says whether there were any.
+func (c *conflist) stripSame(objs []json.RawMessage, keep func(typ string) bool) bool {
+	out := c.plugins[:0:0]
+	for _, p := range c.plugins {
+		ours := slices.ContainsFunc(objs, func(o json.RawMessage) bool { return sameJSON(o, p) })
+		if !ours || keep(pluginType(p)) {
+			out = append(out, p)
+		}
+	}
+	changed := len(out) != len(c.plugins)
+	c.plugins = out
+	return changed
 }
 
 // strip removes our entries from the list and says whether there were any.

@@ -70,6 +70,19 @@ type Options struct {
 	// Plugin is, in Chain mode, the plugin object to insert, with
 	// "type": Name.
 	Plugin []byte
+	// After are, in Chain mode, plugin objects (portmap, bandwidth) put
+	// after ours, each only when the list has no plugin of its type
+	// (flannel's list brings its own portmap; Calico's both): a second
+	// portmap would map every hostPort twice. An entry we added earlier
+	// whose type is no longer among them is taken out again. Nil: none.
+	After [][]byte
+	// Helpers are the binaries of the meta plugins the configuration
+	// chains (portmap, bandwidth), installed by InstallBinary as
+	// BinDir/Name. A node that has a binary of that name keeps it (its
+	// distribution's or its primary network plugin's, which other
+	// configurations may run too); only a binary we installed ourselves
+	// is updated, and only those are removed by Uninstall. Nil: none.
+	Helpers []Helper
 	// RecordPath is where Install records what it replaced and created,
 	// for Uninstall (the agent passes /var/lib/cni-usernet/install.json).
 	// Its directory also holds a copy of a binary we replaced and a lock
@@ -82,6 +95,14 @@ type Options struct {
 	CNIVersions []string
 	// Log receives what Uninstall leaves alone and why. Nil discards.
 	Log *slog.Logger
+}
+
+// Helper is a meta plugin's binary to install beside ours.
+type Helper struct {
+	// Name is the file name in BinDir, the plugin's "type". Required.
+	Name string
+	// Source is the binary to copy. Required.
+	Source string
 }
 
 // Errors a caller may want to tell apart with errors.Is.
@@ -119,6 +140,14 @@ func (o *Options) Validate() error {
 	if o.RecordPath == "" {
 		return errors.New("no record path")
 	}
+	for _, h := range o.Helpers {
+		if err := checkFileName("helper", h.Name); err != nil {
+			return err
+		}
+		if h.Name == "" || h.Name == o.Name || h.Name == StackName(o.Name) || h.Source == "" {
+			return fmt.Errorf("helper %q: want a source and a name of its own", h.Name)
+		}
+	}
 	return nil
 }
 
@@ -153,6 +182,11 @@ func (o *Options) validateConfig() error {
 		}
 		if t := pluginType(o.Plugin); t != o.Name {
 			return fmt.Errorf("plugin object to chain has type %q, want %q", t, o.Name)
+		}
+		for _, a := range o.After {
+			if t := pluginType(a); t == "" || t == o.Name {
+				return fmt.Errorf("plugin object to chain after ours has type %q: want another plugin's", t)
+			}
 		}
 	default:
 		return fmt.Errorf("mode %q: want %q or %q", o.Mode, Standalone, Chain)

@@ -34,9 +34,33 @@ type record struct {
 	// (StackName(Name)). Records written before there was one lack it,
 	// which means the same.
 	Stack *binaryRecord `json:"stack,omitempty"`
+	// Helpers are the meta plugins' binaries we created in BinDir
+	// (Options.Helpers); a binary the node had is never recorded, as we
+	// never touch it.
+	Helpers []*helperRecord `json:"helpers,omitempty"`
 	// Files are the configuration files we changed, created or removed,
 	// in the order we first touched them.
 	Files []*fileRecord `json:"files,omitempty"`
+}
+
+type helperRecord struct {
+	// Name is the binary's name in BinDir.
+	Name string `json:"name"`
+	// Written are the SHA-256 sums of every version we wrote there: a
+	// binary with another content was put there by someone else after
+	// us, and is theirs.
+	Written []string `json:"written"`
+}
+
+func (h *helperRecord) wrote(sum string) bool { return slices.Contains(h.Written, sum) }
+
+func (r *record) helper(name string) *helperRecord {
+	for _, h := range r.Helpers {
+		if h.Name == name {
+			return h
+		}
+	}
+	return nil
 }
 
 type binaryRecord struct {
@@ -68,6 +92,18 @@ type fileRecord struct {
 	// whose content is one of them is ours to undo; any other content
 	// was written by someone else after us.
 	Written []string `json:"written,omitempty"`
+	// Added are the plugin objects (Options.After) we put into the list
+	// beside ours: taken out with ours when only our entries can be
+	// removed (StripOnly, or a file someone rewrote since).
+	Added []json.RawMessage `json:"added,omitempty"`
+}
+
+func (f *fileRecord) addAdded(objs []json.RawMessage) {
+	for _, o := range objs {
+		if !slices.ContainsFunc(f.Added, func(a json.RawMessage) bool { return sameJSON(a, o) }) {
+			f.Added = append(f.Added, o)
+		}
+	}
 }
 
 func (f *fileRecord) wrote(data []byte) bool {
@@ -90,7 +126,7 @@ func (r *record) file(name string) *fileRecord {
 }
 
 func (r *record) empty() bool {
-	return r.Binary == nil && r.Stack == nil && len(r.Files) == 0
+	return r.Binary == nil && r.Stack == nil && len(r.Helpers) == 0 && len(r.Files) == 0
 }
 
 // loadRecord reads the record; no file is an empty record.

@@ -74,6 +74,14 @@ func Uninstall(o Options) error {
 			}
 		}
 	}
+	// The helpers last: a configuration still naming them is gone.
+	for _, h := range rec.Helpers {
+		if len(errs) == 0 {
+			if err := removeHelper(&o, filepath.Join(binDir, h.Name), h); err != nil {
+				errs = append(errs, fmt.Errorf("the %s plugin: %w", h.Name, err))
+			}
+		}
+	}
 	if len(errs) > 0 {
 		return fmt.Errorf("uninstalling (the record %s stays for another try): %w", o.RecordPath, errors.Join(errs...))
 	}
@@ -123,7 +131,8 @@ func restoreFile(o *Options, path string, f *fileRecord) error {
 		log.Warn("leaving a configuration we did not write and cannot parse", "err", err)
 		return nil
 	}
-	if !c.strip(o.Name) {
+	ours := c.strip(o.Name)
+	if added := c.stripSame(f.Added, func(string) bool { return false }); !ours && !added {
 		return nil
 	}
 	if len(c.plugins) == 0 {
@@ -138,6 +147,30 @@ func restoreFile(o *Options, path string, f *fileRecord) error {
 	if err := writeAtomic(path, bytes.NewReader(out), meta); err != nil {
 		return fmt.Errorf("removing our plugin: %w", err)
 	}
+	return nil
+}
+
+// removeHelper removes a meta plugin's binary we installed, unless
+// someone has replaced it since (a package of the node's installing its
+// own): that one is theirs.
+func removeHelper(o *Options, path string, h *helperRecord) error {
+	cur, err := os.Lstat(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("examining %s: %w", path, err)
+	}
+	if cur.Mode().IsRegular() {
+		s, err := pathSum(path)
+		if err != nil {
+			return err
+		}
+		if h.wrote(s) {
+			return removeFile(path)
+		}
+	}
+	o.log().Info("leaving a plugin binary someone replaced after us", "path", path)
 	return nil
 }
 

@@ -77,16 +77,18 @@ func prepareInstall(ctx context.Context, f *agentFlags, log *slog.Logger) (*node
 		RecordPath: filepath.Join(f.stateDir, "install", "install.json"),
 		Log:        log,
 	}
+	if n.opts.Helpers, err = helperBinaries(filepath.Dir(self), f); err != nil {
+		return nil, err
+	}
 	plugin, err := n.pluginConf(ctx)
 	if err != nil {
 		return nil, err
 	}
 	if f.mode == "chain" {
 		n.opts.Plugin = plugin
+		n.opts.After = metaPlugins(f)
 	} else {
-		if n.opts.Conflist, err = n.conflist(ctx, plugin); err != nil {
-			return nil, err
-		}
+		n.opts.Conflist = standaloneConflist(plugin, metaPlugins(f))
 	}
 	changed, err := install.InstallBinary(n.opts)
 	if err != nil {
@@ -141,13 +143,66 @@ func (n *nodeInstall) pluginConf(ctx context.Context) ([]byte, error) {
 	return json.Marshal(p)
 }
 
-func (n *nodeInstall) conflist(ctx context.Context, plugin []byte) ([]byte, error) {
-	return json.MarshalIndent(map[string]any{
+// standaloneConflist is the conflist of standalone mode: our plugin,
+// then the meta plugins, which get our result (the pod's addresses, the
+// host side of its veth) as prevResult.
+func standaloneConflist(plugin []byte, meta [][]byte) []byte {
+	plugins := []json.RawMessage{plugin}
+	for _, m := range meta {
+		plugins = append(plugins, m)
+	}
+	b, _ := json.MarshalIndent(map[string]any{
 		// 1.0.0: the newest version containerd 1.6's libcni accepts.
 		"cniVersion": "1.0.0",
 		"name":       "cni-usernet",
-		"plugins":    []json.RawMessage{plugin},
+		"plugins":    plugins,
 	}, "", "  ")
+	return b
+}
+
+// The meta plugins --port-map and --bandwidth chain after ours, in the
+// form the Kubernetes runtimes pass the pod's hostPorts and bandwidth
+// annotations to (the capabilities), as flannel's and Calico's lists
+// carry them.
+var (
+	portmapPlugin   = []byte(`{"type":"portmap","capabilities":{"portMappings":true},"snat":true}`)
+	bandwidthPlugin = []byte(`{"type":"bandwidth","capabilities":{"bandwidth":true}}`)
+)
+
+func metaPlugins(f *agentFlags) [][]byte {
+	var m [][]byte
+	if f.portMap {
+		m = append(m, portmapPlugin)
+	}
+	if f.bandwidth {
+		m = append(m, bandwidthPlugin)
+	}
+	return m
+}
+
+// helperBinaries are the meta plugins' binaries the image carries in
+// dir, beside the agent's own. One the image lacks must already be on the
+// node: a conflist naming a missing plugin fails every pod's ADD.
+func helperBinaries(dir string, f *agentFlags) ([]install.Helper, error) {
+	var helpers []install.Helper
+	for _, h := range []struct {
+		name, flag string
+		on         bool
+	}{{"portmap", "--port-map", f.portMap}, {"bandwidth", "--bandwidth", f.bandwidth}} {
+		if !h.on {
+			continue
+		}
+		src := filepath.Join(dir, h.name)
+		if fi, err := os.Stat(src); err == nil && fi.Mode().IsRegular() {
+			helpers = append(helpers, install.Helper{Name: h.name, Source: src})
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(f.cniBinDir, h.name)); err != nil {
+			return nil, fmt.Errorf("%s: no %s binary beside the agent (%s) nor on the node (%s): use an image that carries it, install it on the node, or pass %s=false",
+				h.flag, h.name, src, f.cniBinDir, h.flag)
+		}
+	}
+	return helpers, nil
 }
 
 // podSubnets are --subnet, or the node's pod CIDRs from the API server.

@@ -171,19 +171,24 @@ func TestKubernetes(t *testing.T) {
 			t.Fatal(err)
 		}
 		if chained {
-			// Appended to flannel's list under its own name, on both nodes.
+			// Appended to flannel's list under its own name, on both nodes,
+			// with bandwidth, which flannel's list lacks, after it
+			// (flannel's own portmap stays the only one).
+			want := []string{"flannel", "portmap", "cni-usernet", "bandwidth"}
 			for _, d := range confDirs {
 				f, _, types, err := conflistIn(d)
 				if err != nil {
 					t.Fatal(err)
 				}
-				if _, ok := primary[f]; !ok || types[0] != "flannel" || types[len(types)-1] != "cni-usernet" {
-					t.Fatalf("containerd uses %s, plugins %v: want flannel's list with cni-usernet last", f, types)
+				if _, ok := primary[f]; !ok || !slices.Equal(types, want) {
+					t.Fatalf("containerd uses %s, plugins %v: want flannel's list, plugins %v", f, types, want)
 				}
 				t.Logf("%s: plugins %v", f, types)
 			}
 		} else if typ != "cni-usernet" {
 			t.Fatalf("containerd uses %s, whose first plugin is %q, not cni-usernet", file, typ)
+		} else if _, _, types, err := conflistIn(cniConfDir); err != nil || !slices.Equal(types, []string{"cni-usernet", "portmap", "bandwidth"}) {
+			t.Fatalf("%s: plugins %v (%v), want cni-usernet, portmap, bandwidth", file, types, err)
 		}
 		network = name
 		t.Logf("node Ready; containerd uses %s (network %q)", file, network)
@@ -541,6 +546,12 @@ spec:
 			traffic(t, farIP["far"])
 		})
 	})
+
+	// hostPort and the bandwidth annotations: portmap and bandwidth chained
+	// after cni-usernet (standalone: the agent's conflist; chained: the
+	// ones flannel's list lacks).
+	check("HostPort", func(t *testing.T) { checkHostPort(t, repo, ns) })
+	check("Bandwidth", func(t *testing.T) { checkBandwidth(t, ns) })
 
 	check("BadAnnotation", func(t *testing.T) {
 		apply(t, podManifest(ns, "bad", "turbo"))

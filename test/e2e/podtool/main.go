@@ -1,7 +1,13 @@
 // Command podtool is the e2e test's pod server: one static binary in the test
 // image beside busybox (whose nc has no UDP and which has no DNS server).
 //
-//	podtool serve    HTTP on :8080, UDP echo on :9090, DNS on :53/udp, TCP echo on :9000
+//	podtool serve    HTTP on :8080, UDP echo on :9090, DNS on :53/udp, TCP echo on :9000,
+//	                 TCP sink on :9001, TCP source on :9002
+//
+// The sink and the source measure a pod's shaped bandwidth: the sink reads
+// until the peer's FIN and answers with the bytes it received in each
+// second (a JSON list), counted from the first byte; the source reads a
+// number of seconds on one line and sends as fast as it can for that long.
 //
 // Every answer names the pod (POD_NAME) and the peer address it saw, so the
 // test can tell which pod answered and that the relay kept the client's
@@ -9,7 +15,9 @@
 package main
 
 import (
+	"bufio"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -17,6 +25,9 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strconv"
+	"strings"
+	"time"
 )
 
 // DNSAnswer is the IPv4 address every A query is answered with (TEST-NET-2:
@@ -32,11 +43,13 @@ func main() {
 	if name == "" {
 		name, _ = os.Hostname()
 	}
-	errc := make(chan error, 4)
+	errc := make(chan error, 6)
 	go func() { errc <- serveHTTP(name) }()
 	go func() { errc <- serveUDPEcho(name) }()
 	go func() { errc <- serveDNS() }()
 	go func() { errc <- serveTCPEcho() }()
+	go func() { errc <- serveTCP(":9001", sink) }()
+	go func() { errc <- serveTCP(":9002", source) }()
 	log.Printf("podtool %s serving", name)
 	log.Fatal(<-errc)
 }
@@ -80,6 +93,70 @@ func serveTCPEcho() error {
 			defer c.Close()
 			io.Copy(c, c)
 		}()
+	}
+}
+
+func serveTCP(addr string, handle func(net.Conn)) error {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("tcp %s: %w", addr, err)
+	}
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			return fmt.Errorf("tcp %s: %w", addr, err)
+		}
+		go func() {
+			defer c.Close()
+			handle(c)
+		}()
+	}
+}
+
+// sink counts what it receives per second until the peer's FIN and
+// answers with the counts.
+func sink(c net.Conn) {
+	var perSecond []int64
+	var start time.Time
+	buf := make([]byte, 256<<10)
+	for {
+		n, err := c.Read(buf)
+		if n > 0 {
+			now := time.Now()
+			if start.IsZero() {
+				start = now
+			}
+			i := int(now.Sub(start) / time.Second)
+			for len(perSecond) <= i {
+				perSecond = append(perSecond, 0)
+			}
+			perSecond[i] += int64(n)
+		}
+		if err != nil {
+			break
+		}
+	}
+	json.NewEncoder(c).Encode(perSecond)
+}
+
+// source sends for the number of seconds the peer asks for.
+func source(c net.Conn) {
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		return
+	}
+	secs, err := strconv.Atoi(strings.TrimSpace(line))
+	if err != nil || secs <= 0 || secs > 300 {
+		fmt.Fprintf(c, "bad duration %q\n", line)
+		return
+	}
+	buf := make([]byte, 64<<10)
+	end := time.Now().Add(time.Duration(secs) * time.Second)
+	for time.Now().Before(end) {
+		c.SetWriteDeadline(end)
+		if _, err := c.Write(buf); err != nil {
+			return
+		}
 	}
 }
 
