@@ -22,6 +22,7 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/agent"
 	"github.com/cni-usernet/cni-usernet/pkg/atomicfile"
 	"github.com/cni-usernet/cni-usernet/pkg/attachment"
+	"github.com/cni-usernet/cni-usernet/pkg/kube"
 	"github.com/cni-usernet/cni-usernet/pkg/launch"
 	"github.com/cni-usernet/cni-usernet/pkg/netconf"
 	"github.com/cni-usernet/cni-usernet/pkg/state"
@@ -138,6 +139,10 @@ func Run(args []string) error {
 		}
 	}
 	mountNS, stackBinary := restartNamespace(f.mountNS, log)
+	var kc *kube.Client
+	if inst != nil {
+		kc = inst.kube
+	}
 	sup := agent.New(agent.Config{
 		Store:             state.Store{Dir: f.stateDir},
 		CNIPath:           f.cniPath,
@@ -148,6 +153,7 @@ func Run(args []string) error {
 		CrashLoop:         f.crashLoop,
 		CgroupRoot:        f.cgroupRoot,
 		ReconcileInterval: f.reconcile,
+		Refused:           refusedEvent(kc, f.nodeName, log),
 		Log:               log,
 	})
 	if f.metricsAddress != "" {

@@ -22,6 +22,7 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/kube"
 	"github.com/cni-usernet/cni-usernet/pkg/launch"
 	"github.com/cni-usernet/cni-usernet/pkg/offload"
+	"github.com/cni-usernet/cni-usernet/pkg/stackconfig"
 	"github.com/cni-usernet/cni-usernet/pkg/stackproc"
 	"github.com/cni-usernet/cni-usernet/pkg/state"
 )
@@ -182,6 +183,7 @@ func (inv *invocation) add() (_ *current.Result, err error) {
 func (inv *invocation) writeStackConfig(p attachment.Paths, mode offload.Mode) error {
 	conf := inv.conf
 	sc := conf.StackConfig(inv.args.IfName, mode, p.Spec, p.Socket)
+	sc.Version = stackconfig.Version
 	if err := os.MkdirAll(p.StackDir, 0o700); err != nil {
 		return fmt.Errorf("creating %s: %w", p.StackDir, err)
 	}
