@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/cni-usernet/cni-usernet/pkg/state"
 )
 
 // previousRelease is the release issue #29's upgrade and rollback went
@@ -117,10 +119,18 @@ func TestKubernetesReleaseSkew(t *testing.T) {
 		if old == 0 {
 			t.Fatalf("%s: no stack in the node's status", name)
 		}
+		logRecord(t, ns, name)
 		if err := syscall.Kill(old, syscall.SIGKILL); err != nil {
 			t.Fatalf("killing %s's stack %d: %v", name, old, err)
 		}
 		var healthyDead time.Time
+		defer func() {
+			if t.Failed() {
+				logRecord(t, ns, name)
+				out, _ := kubectl("-n", "kube-system", "logs", "-l", "app.kubernetes.io/name=cni-usernet", "--tail=20", "--prefix")
+				t.Logf("agents' logs:\n%s", out)
+			}
+		}()
 		eventually(t, 2*time.Minute, name+" served again or refused loudly", func() error {
 			row := nodeStatus(t)[ns+"/"+name]
 			if row.PID == old || row.PID == 0 {
@@ -168,6 +178,26 @@ func TestKubernetesReleaseSkew(t *testing.T) {
 		install(t, "this release", string(current))
 		served(t, "after upgrading again")
 	})
+}
+
+// logRecord logs what the node records of name's stack (its binary,
+// supervision) and what the installed binaries are, for telling after a
+// failure which release ran what.
+func logRecord(t *testing.T, ns, name string) {
+	t.Helper()
+	atts, _ := state.Store{Dir: stateDir}.List()
+	for _, a := range atts {
+		if a.PodNS == ns && a.PodName == name {
+			t.Logf("%s: stack %d from %s, supervision %+v", name, a.StackPID, a.StackBinary, a.Supervision)
+		}
+	}
+	for _, f := range []string{installed, installedStack} {
+		if fi, err := os.Stat(f); err == nil {
+			t.Logf("%s: %d bytes, modified %s", f, fi.Size(), fi.ModTime().UTC().Format(time.TimeOnly))
+		} else {
+			t.Logf("%s: %v", f, err)
+		}
+	}
 }
 
 // node2OrNode1 is node 2, or node 1 on a single-node lab.
