@@ -30,7 +30,9 @@ const previousRelease = "900993d"
 // release started and that is killed is restarted, a new pod is served);
 // the previous release applied again (the same, and a stack this release
 // started, killed, is either served again or reported unhealthy with a
-// reason: never a healthy-looking dead pod); then this release again, and
+// reason: never a healthy-looking dead pod; on the lab, 900993d's agent
+// restarts it from its own binary, which refuses the version-2 spec, and
+// reports the crash loop); then this release again, and
 // the uninstall. Standalone mode only; it runs on a cluster without
 // cni-usernet, as TestKubernetes does.
 func TestKubernetesReleaseSkew(t *testing.T) {
@@ -98,10 +100,10 @@ func TestKubernetesReleaseSkew(t *testing.T) {
 	r := bufio.NewReader(conn)
 	echo(t, conn, r, "under "+previousRelease)
 
-	served := func(t *testing.T, when string) {
+	served := func(t *testing.T, when string, within time.Duration) {
 		t.Helper()
 		for name, addr := range ip {
-			eventually(t, 30*time.Second, name+" served "+when, func() error {
+			eventually(t, within, name+" served "+when, func() error {
 				body, err := httpGet("http://" + net.JoinHostPort(addr, "8080") + "/")
 				if err == nil && !strings.HasPrefix(body, "pod="+name+" ") {
 					err = fmt.Errorf("answer %q", body)
@@ -133,14 +135,18 @@ func TestKubernetesReleaseSkew(t *testing.T) {
 		}()
 		eventually(t, 2*time.Minute, name+" served again or refused loudly", func() error {
 			row := nodeStatus(t)[ns+"/"+name]
+			if !row.Healthy && row.Problem != "" && !stackAlive(row.PID) {
+				// 900993d's agent, which here cannot enter the node's
+				// mount namespace, restarts stacks from its own binary:
+				// that stack refuses a spec of version 2, and the agent
+				// reports the crash loop.
+				t.Logf("%s: refused loudly: %s", name, row.Problem)
+				return nil
+			}
 			if row.PID == old || row.PID == 0 {
 				return fmt.Errorf("%s: not restarted yet (%s)", name, row.Problem)
 			}
 			if !row.Healthy {
-				if row.Problem != "" && !stackAlive(row.PID) {
-					t.Logf("%s: refused loudly: %s", name, row.Problem)
-					return nil
-				}
 				return fmt.Errorf("%s: unhealthy without a reason yet (pid %d)", name, row.PID)
 			}
 			body, err := httpGet("http://" + net.JoinHostPort(ip[name], "8080") + "/")
@@ -161,22 +167,24 @@ func TestKubernetesReleaseSkew(t *testing.T) {
 	t.Run("UpgradeToThisRelease", func(t *testing.T) {
 		install(t, "this release", string(current))
 		echo(t, conn, r, "after the upgrade")
-		served(t, "after the upgrade")
+		served(t, "after the upgrade", 30*time.Second)
 		killAndWatch(t, "srv") // started by the previous release
 		apply(t, podManifest(ns, "late", ""))
 		mustKubectl(t, "-n", ns, "wait", "--for=condition=Ready", "pod/late", "--timeout=2m")
 		ip["late"] = getPod(t, ns, "late").Status.PodIP
-		served(t, "after the upgrade, with a new pod")
+		served(t, "after the upgrade, with a new pod", 30*time.Second)
 	})
 	t.Run("RollbackToPreviousRelease", func(t *testing.T) {
 		install(t, previousRelease, previous)
-		served(t, "after the rollback")
+		served(t, "after the rollback", 30*time.Second)
 		killAndWatch(t, "late") // started by this release
 		killAndWatch(t, "srv")  // restarted by this release
 	})
 	t.Run("UpgradeAgain", func(t *testing.T) {
 		install(t, "this release", string(current))
-		served(t, "after upgrading again")
+		// A stack the previous release left crash-looping is restarted
+		// within the crash backoff (at most 60 s).
+		served(t, "after upgrading again", 2*time.Minute)
 	})
 }
 
