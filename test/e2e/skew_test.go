@@ -113,9 +113,9 @@ func TestKubernetesReleaseSkew(t *testing.T) {
 		}
 	}
 	// killAndWatch kills name's stack on node 1 and waits until it is
-	// served again, or reported unhealthy with a reason; a stack that the
-	// status calls healthy while the pod does not answer fails.
-	killAndWatch := func(t *testing.T, name string) {
+	// served again, or (refusal) reported unhealthy with a reason; a stack
+	// that the status calls healthy while the pod does not answer fails.
+	killAndWatch := func(t *testing.T, name string, refusal bool) {
 		t.Helper()
 		old := nodeStatus(t)[ns+"/"+name].PID
 		if old == 0 {
@@ -135,12 +135,12 @@ func TestKubernetesReleaseSkew(t *testing.T) {
 		}()
 		eventually(t, 2*time.Minute, name+" served again or refused loudly", func() error {
 			row := nodeStatus(t)[ns+"/"+name]
-			if !row.Healthy && row.Problem != "" && !stackAlive(row.PID) {
+			if sv := supervisionOf(ns, name); refusal && sv != nil && sv.Unhealthy != "" && !stackAlive(row.PID) {
 				// 900993d's agent, which here cannot enter the node's
 				// mount namespace, restarts stacks from its own binary:
 				// that stack refuses a spec of version 2, and the agent
 				// reports the crash loop.
-				t.Logf("%s: refused loudly: %s", name, row.Problem)
+				t.Logf("%s: refused loudly: %s", name, sv.Unhealthy)
 				return nil
 			}
 			if row.PID == old || row.PID == 0 {
@@ -168,7 +168,7 @@ func TestKubernetesReleaseSkew(t *testing.T) {
 		install(t, "this release", string(current))
 		echo(t, conn, r, "after the upgrade")
 		served(t, "after the upgrade", 30*time.Second)
-		killAndWatch(t, "srv") // started by the previous release
+		killAndWatch(t, "srv", false) // started by the previous release
 		apply(t, podManifest(ns, "late", ""))
 		mustKubectl(t, "-n", ns, "wait", "--for=condition=Ready", "pod/late", "--timeout=2m")
 		ip["late"] = getPod(t, ns, "late").Status.PodIP
@@ -177,8 +177,8 @@ func TestKubernetesReleaseSkew(t *testing.T) {
 	t.Run("RollbackToPreviousRelease", func(t *testing.T) {
 		install(t, previousRelease, previous)
 		served(t, "after the rollback", 30*time.Second)
-		killAndWatch(t, "late") // started by this release
-		killAndWatch(t, "srv")  // restarted by this release
+		killAndWatch(t, "late", true) // started by this release
+		killAndWatch(t, "srv", true)  // restarted by this release
 	})
 	t.Run("UpgradeAgain", func(t *testing.T) {
 		install(t, "this release", string(current))
@@ -186,6 +186,17 @@ func TestKubernetesReleaseSkew(t *testing.T) {
 		// within the crash backoff (at most 60 s).
 		served(t, "after upgrading again", 2*time.Minute)
 	})
+}
+
+// supervisionOf is the agent's record of name's stack on node 1.
+func supervisionOf(ns, name string) *state.Supervision {
+	atts, _ := state.Store{Dir: stateDir}.List()
+	for _, a := range atts {
+		if a.PodNS == ns && a.PodName == name {
+			return a.Supervision
+		}
+	}
+	return nil
 }
 
 // logRecord logs what the node records of name's stack (its binary,
