@@ -53,7 +53,7 @@ n2_start_daemon() { # NAME CMD...
   local pid ns child i; pid=$(n2_pid)
   # nsenter forks the daemon into node 2's PID namespace and waits for it:
   # record the daemon itself, so that stop_daemon signals it, not nsenter.
-  setsid nsenter -t "$pid" -n -m -p -u -- "$@" >>"$LOGDIR/$name.log" 2>&1 </dev/null &
+  (without_fds setsid nsenter -t "$pid" -n -m -p -u -- "$@") >>"$LOGDIR/$name.log" 2>&1 </dev/null &
   ns=$!
   for i in $(seq 50); do
     child=$(pgrep -P "$ns" 2>/dev/null | head -1 || true)

@@ -24,6 +24,8 @@ import (
 
 	"github.com/cni-usernet/cni-usernet/pkg/attachment"
 	"github.com/cni-usernet/cni-usernet/pkg/launch"
+	"github.com/cni-usernet/cni-usernet/pkg/podnet"
+	"github.com/cni-usernet/cni-usernet/pkg/stackconfig"
 	"github.com/cni-usernet/cni-usernet/pkg/state"
 )
 
@@ -58,7 +60,11 @@ type Config struct {
 	// CrashLoop is the number of consecutive quick exits after which the
 	// attachment is reported unhealthy. Zero: 5.
 	CrashLoop int
-	Log       *slog.Logger
+	// Refused, when set, is told of an attachment whose stack the agent
+	// will not restart, and why (its files are newer than this release
+	// understands): the node agent posts it as an Event on the pod.
+	Refused func(att *state.Attachment, why string)
+	Log     *slog.Logger
 }
 
 func (c *Config) defaults() {
@@ -93,6 +99,10 @@ type Supervisor struct {
 	cfg     Config
 	mu      sync.Mutex
 	watched map[string]bool // guarded by mu
+	// refused is why each attachment's restart was last refused
+	// (tooNew), so that a refusal is logged and told once, not at every
+	// retry.
+	refused sync.Map
 	wg      sync.WaitGroup
 	stats   Stats
 }
@@ -337,6 +347,19 @@ func (s *Supervisor) backoff(crashes int) time.Duration {
 	return min(d, s.cfg.MaxBackoff)
 }
 
+// tooNew says why att's stack must not be restarted by this release: its
+// configuration or spec is of a newer format than this release
+// understands. "" when it may.
+func tooNew(att *state.Attachment) string {
+	if _, err := stackconfig.Read(att.ConfigPath); errors.Is(err, stackconfig.ErrNewer) {
+		return fmt.Sprintf("not restarted: %v; the release that started it (or a newer one) must run it: install it again, or delete the pod", err)
+	}
+	if _, err := podnet.ReadSpec(att.SpecPath); errors.Is(err, podnet.ErrNewer) {
+		return fmt.Sprintf("not restarted: %v; the release that started it (or a newer one) must run it: install it again, or delete the pod", err)
+	}
+	return ""
+}
+
 // restart starts the stack again from its saved config and spec.
 func (s *Supervisor) restart(containerID, ifName string, dead launch.Process, log *slog.Logger) bool {
 	lock, err := s.cfg.Store.Lock(containerID, ifName, lockWait)
@@ -352,9 +375,44 @@ func (s *Supervisor) restart(containerID, ifName string, dead launch.Process, lo
 		return true
 	}
 	sv := att.Supervision
+	if sv == nil {
+		sv = &state.Supervision{}
+		att.Supervision = sv
+	}
+	key := containerID + "/" + ifName
+	if why := tooNew(att); why != "" {
+		// Never start it wrong: a stack of this release in a namespace
+		// a newer one shaped can look healthy and pass nothing. Counted
+		// as a failed start, retried with the backoff (the newer release
+		// may come back), reported unhealthy at once.
+		sv.Crashes++
+		sv.LastExit = time.Now().UTC()
+		sv.LastReason = why
+		sv.NextRestart = time.Time{}
+		sv.Unhealthy = why
+		if err := s.cfg.Store.Save(att); err != nil {
+			log.Error("saving state", "err", err)
+		}
+		if old, _ := s.refused.Swap(key, why); old != why {
+			log.Error("stack not restarted", "reason", why)
+			if s.cfg.Refused != nil {
+				s.cfg.Refused(att, why)
+			}
+		}
+		return true
+	}
+	s.refused.Delete(key)
 	binary := att.StackBinary
 	if s.cfg.StackBinary != "" {
 		binary = s.cfg.StackBinary
+	} else if split := attachment.StackBinary(binary); split != binary {
+		// Recorded before the stack had a binary of its own: the
+		// multi-call binary at that path is whichever release was
+		// installed last, and a rollback's would run this release's pod
+		// side wrong (podnet.SpecVersion). The stack binary beside it is
+		// the one this release installed; recorded for the next restart.
+		binary = split
+		att.StackBinary = split
 	}
 	proc, err := launch.Start(launch.Options{
 		Binary:       binary,

@@ -16,10 +16,45 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"os"
+	"runtime/debug"
 	"time"
 
 	"github.com/cni-usernet/cni-usernet/pkg/policy"
 )
+
+// Protocol is the control protocol's version, which /status reports:
+//
+//	1  GET /healthz, GET /status (up to 900993d and since)
+//	2  /status also carries protocol, build, the formats the stack
+//	   understands and its health verdict; /healthz means traffic can
+//	   flow (the link read, the NIC enabled, the spec's addresses held)
+//
+// Readers treat an absent protocol as 1.
+const Protocol = 2
+
+// Build is the running binary's source revision (vcs.revision, "+dirty"
+// when modified), or "" when the build did not record it.
+func Build() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return ""
+	}
+	var rev, dirty string
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.modified":
+			if s.Value == "true" {
+				dirty = "+dirty"
+			}
+		}
+	}
+	if rev == "" {
+		return ""
+	}
+	return rev + dirty
+}
 
 // Source provides what the socket serves.
 type Source interface {

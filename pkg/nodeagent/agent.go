@@ -22,6 +22,7 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/agent"
 	"github.com/cni-usernet/cni-usernet/pkg/atomicfile"
 	"github.com/cni-usernet/cni-usernet/pkg/attachment"
+	"github.com/cni-usernet/cni-usernet/pkg/kube"
 	"github.com/cni-usernet/cni-usernet/pkg/launch"
 	"github.com/cni-usernet/cni-usernet/pkg/netconf"
 	"github.com/cni-usernet/cni-usernet/pkg/offload"
@@ -114,6 +115,13 @@ func parseAgentFlags(args []string) (*agentFlags, error) {
 
 func (f *agentFlags) readyFile() string { return filepath.Join(f.runDir, "agent.ready") }
 
+// claimFile names the agent that serves the node now: each agent writes
+// its process there first thing, before it installs anything, so that an
+// older agent still waiting to uninstall (drain) sees a newer one as soon
+// as it starts, without asking the API server (whose answer needs the
+// older agent's token, which a re-created ServiceAccount invalidated).
+func (f *agentFlags) claimFile() string { return filepath.Join(f.runDir, "agent.pid") }
+
 // Run is the node agent with its command-line arguments: it installs the
 // plugin, keeps every pod's stack running and the node reconciled, and
 // writes the CNI configuration last, once all that works — until then the
@@ -130,6 +138,9 @@ func Run(args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	os.Remove(f.readyFile())
+	if err := markReady(f.claimFile()); err != nil {
+		log.Warn("cannot claim the node for this agent: an older agent waiting to uninstall will not see it", "path", f.claimFile(), "err", err)
+	}
 
 	var inst *nodeInstall
 	if f.install {
@@ -138,6 +149,10 @@ func Run(args []string) error {
 		}
 	}
 	mountNS, stackBinary := restartNamespace(f.mountNS, log)
+	var kc *kube.Client
+	if inst != nil {
+		kc = inst.kube
+	}
 	sup := agent.New(agent.Config{
 		Store:             state.Store{Dir: f.stateDir},
 		CNIPath:           f.cniPath,
@@ -148,6 +163,7 @@ func Run(args []string) error {
 		CrashLoop:         f.crashLoop,
 		CgroupRoot:        f.cgroupRoot,
 		ReconcileInterval: f.reconcile,
+		Refused:           refusedEvent(kc, f.nodeName, log),
 		Log:               log,
 	})
 	if f.metricsAddress != "" {
@@ -192,8 +208,9 @@ func Run(args []string) error {
 	return err
 }
 
-// markReady records this agent process as ready. The probe checks the
-// process too, so a file left by a killed agent does not count.
+// markReady records this agent process as ready (or, in the claim file,
+// as the node's agent). The probe checks the process too, so a file left
+// by a killed agent does not count.
 func markReady(path string) error {
 	pid := os.Getpid()
 	st, err := launch.StartTime(pid)
@@ -207,20 +224,42 @@ func markReady(path string) error {
 }
 
 func probeAgent(path string) error {
-	b, err := os.ReadFile(path)
+	p, err := agentIn(path)
 	if err != nil {
 		return fmt.Errorf("agent not ready: %w", err)
 	}
-	fields := strings.Fields(string(b))
-	if len(fields) != 2 {
-		return errors.New("agent not ready: malformed ready file")
-	}
-	pid, _ := strconv.Atoi(fields[0])
-	st, _ := strconv.ParseUint(fields[1], 10, 64)
-	if !launch.Alive(launch.Process{PID: pid, StartTime: st}) {
-		return fmt.Errorf("agent not ready: process %d is gone", pid)
+	if !launch.Alive(p) {
+		return fmt.Errorf("agent not ready: process %d is gone", p.PID)
 	}
 	return nil
+}
+
+// agentIn reads the process a ready or claim file names.
+func agentIn(path string) (launch.Process, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return launch.Process{}, err
+	}
+	fields := strings.Fields(string(b))
+	if len(fields) != 2 {
+		return launch.Process{}, fmt.Errorf("malformed %s: %q", path, b)
+	}
+	pid, err1 := strconv.Atoi(fields[0])
+	st, err2 := strconv.ParseUint(fields[1], 10, 64)
+	if err := errors.Join(err1, err2); err != nil {
+		return launch.Process{}, fmt.Errorf("malformed %s: %w", path, err)
+	}
+	return launch.Process{PID: pid, StartTime: st}, nil
+}
+
+// newerAgent reports the live agent process, not this one, that claimed
+// the node since this one did (claimFile); ok false if none.
+func newerAgent(path string) (launch.Process, bool) {
+	p, err := agentIn(path)
+	if err != nil || p.PID == os.Getpid() || !launch.Alive(p) {
+		return launch.Process{}, false
+	}
+	return p, true
 }
 
 // restartNamespace decides where restarted stacks run. The node's mount

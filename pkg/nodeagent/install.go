@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"sort"
@@ -311,10 +312,11 @@ func (n *nodeInstall) shutdown(log *slog.Logger) {
 	if errors.Is(err, kube.ErrUnauthorized) || errors.Is(err, kube.ErrForbidden) {
 		// `kubectl delete -f` of the manifest removes our service account
 		// or its role too: nobody revokes those for a mere restart.
+		log.Info("DaemonSet check refused: taken as deleted with the manifest", "reason", apiFailure(err), "err", err)
 		exists, err = false, nil
 	}
 	if err != nil {
-		log.Error("cannot tell deletion from restart; leaving the CNI files", "err", err)
+		log.Error("cannot tell deletion from restart; leaving the CNI files", "reason", apiFailure(err), "err", err)
 		return
 	}
 	if exists {
@@ -339,6 +341,41 @@ func (n *nodeInstall) shutdown(log *slog.Logger) {
 	log.Info("DaemonSet deleted: CNI files restored")
 }
 
+// newerAgentStarted reports whether another agent claimed the node since
+// this one did (the manifest applied again: its pod starts while this one
+// terminates), or is ready there: the deferred uninstall is then dropped.
+func (n *nodeInstall) newerAgentStarted(log *slog.Logger) bool {
+	if p, ok := newerAgent(n.f.claimFile()); ok {
+		log.Info("another agent started on this node (installed again): the deferred uninstall is dropped", "pid", p.PID)
+		return true
+	}
+	// An agent of a release without the claim file says so when ready.
+	if probeAgent(n.f.readyFile()) == nil {
+		log.Info("another agent is ready on this node (installed again): the deferred uninstall is dropped")
+		return true
+	}
+	return false
+}
+
+// apiFailure says in words why an API request failed, for the logs.
+func apiFailure(err error) string {
+	switch {
+	case errors.Is(err, kube.ErrUnauthorized):
+		return "token rejected (the ServiceAccount was deleted, or deleted and created again)"
+	case errors.Is(err, kube.ErrForbidden):
+		return "forbidden (the ClusterRole or its binding was deleted)"
+	case errors.Is(err, kube.ErrUnreachable), errors.Is(err, context.DeadlineExceeded):
+		return "API server unreachable"
+	case errors.Is(err, kube.ErrNotFound):
+		return "not found"
+	}
+	var ne net.Error
+	if errors.As(err, &ne) {
+		return "API server unreachable"
+	}
+	return "request failed"
+}
+
 // drainPoll is how often a deferred uninstall looks at the attachments.
 const drainPoll = time.Second
 
@@ -357,6 +394,11 @@ func (n *nodeInstall) drain(log *slog.Logger) bool {
 	ns, _ := kube.InClusterNamespace()
 	said := ""
 	for i := 0; ; i++ {
+		// First: with no pod left, this would uninstall what a newer
+		// agent is installing.
+		if n.newerAgentStarted(log) {
+			return false
+		}
 		atts, errs := store.List()
 		for _, err := range errs {
 			log.Warn("reading attachment state", "err", err)
@@ -386,17 +428,17 @@ func (n *nodeInstall) drain(log *slog.Logger) bool {
 				"pods", now, "count", len(pods))
 			said = now
 		}
-		// A new agent (the manifest applied again) took over: its ready
-		// file names a live process, ours was removed before shutdown.
-		if probeAgent(n.f.readyFile()) == nil {
-			log.Info("another agent is ready on this node (installed again): the deferred uninstall is dropped")
-			return false
-		}
-		if i%10 == 9 && ns != "" {
+		if i%10 == 9 && ns != "" && n.kube != nil {
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 			exists, err := n.kube.DaemonSetExists(ctx, ns, n.f.daemonSet)
 			cancel()
-			if err == nil && exists {
+			switch {
+			case err != nil:
+				// Expected after the manifest was deleted and applied
+				// again: the new ServiceAccount's tokens are not ours.
+				// The claim file still tells.
+				log.Warn("deferred uninstall: cannot ask the API server whether the DaemonSet is back", "reason", apiFailure(err), "err", err)
+			case exists:
 				log.Info("DaemonSet installed again while the uninstall was deferred: CNI files stay")
 				return false
 			}

@@ -1,11 +1,19 @@
 package nodeagent
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"log/slog"
+	"net"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/cni-usernet/cni-usernet/pkg/atomicfile"
+	"github.com/cni-usernet/cni-usernet/pkg/kube"
+	"github.com/cni-usernet/cni-usernet/pkg/launch"
 	"github.com/cni-usernet/cni-usernet/pkg/state"
 	"github.com/cni-usernet/cni-usernet/test/nettest"
 )
@@ -83,5 +91,76 @@ func TestDrainDroppedWhenAnotherAgentIsReady(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("drain did not notice the ready agent")
+	}
+}
+
+// TestDrainDroppedWhenANewerAgentStarts: an agent started on the node
+// (the manifest applied again) claims it before it installs anything or is
+// ready; the deferred uninstall sees that claim and is dropped, also
+// when the last pod is gone by then (uninstalling would remove what the
+// newer agent installs). Its own claim, or one of a process that is gone,
+// does not count.
+func TestDrainDroppedWhenANewerAgentStarts(t *testing.T) {
+	n, store, logs := drainNode(t)
+	log := slog.New(slog.NewTextHandler(logs, nil))
+	store.Save(&state.Attachment{ContainerID: "c1", IfName: "eth0", PodNS: "team", PodName: "web-0"})
+	if err := markReady(n.f.claimFile()); err != nil { // this agent's own claim
+		t.Fatal(err)
+	}
+	done := make(chan bool, 1)
+	go func() { done <- n.drain(log) }()
+	select {
+	case <-done:
+		t.Fatal("drain returned on the agent's own claim")
+	case <-time.After(1500 * time.Millisecond):
+	}
+	// A process of the newer agent (a sleep stands in for it).
+	newer := exec.Command("sleep", "60")
+	if err := newer.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { newer.Process.Kill(); newer.Wait() })
+	st, err := launch.StartTime(newer.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := atomicfile.Write(n.f.claimFile(), []byte(fmt.Sprintf("%d %d\n", newer.Process.Pid, st)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	store.Delete("c1", "eth0") // the last pod goes too
+	select {
+	case ok := <-done:
+		if ok {
+			t.Error("drain proceeded to uninstall under a newer agent")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("drain did not notice the newer agent's claim")
+	}
+	if s := logs.String(); !strings.Contains(s, "another agent started on this node") || !strings.Contains(s, fmt.Sprint(newer.Process.Pid)) {
+		t.Errorf("log does not say why the uninstall was dropped:\n%s", s)
+	}
+
+	// Once that process is gone, its claim no longer counts.
+	newer.Process.Kill()
+	newer.Wait()
+	if !n.drain(log) {
+		t.Error("drain with no attachments and a dead claimant did not proceed")
+	}
+}
+
+func TestAPIFailureReasons(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want string
+	}{
+		{&kube.APIError{StatusCode: 401}, "token rejected"},
+		{&kube.APIError{StatusCode: 403}, "forbidden"},
+		{&kube.APIError{StatusCode: 503}, "API server unreachable"},
+		{fmt.Errorf("get: %w", context.DeadlineExceeded), "API server unreachable"},
+		{&net.OpError{Op: "dial", Err: errors.New("connection refused")}, "API server unreachable"},
+	} {
+		if got := apiFailure(c.err); !strings.HasPrefix(got, c.want) {
+			t.Errorf("apiFailure(%v) = %q, want %q...", c.err, got, c.want)
+		}
 	}
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/launch"
 	"github.com/cni-usernet/cni-usernet/pkg/netconf"
 	"github.com/cni-usernet/cni-usernet/pkg/offload"
+	"github.com/cni-usernet/cni-usernet/pkg/stackconfig"
 	"github.com/cni-usernet/cni-usernet/pkg/stackproc"
 	"github.com/cni-usernet/cni-usernet/pkg/state"
 )
@@ -183,6 +184,7 @@ func (inv *invocation) add() (_ *current.Result, err error) {
 func (inv *invocation) writeStackConfig(p attachment.Paths, mode offload.Mode) error {
 	conf := inv.conf
 	sc := conf.StackConfig(inv.args.IfName, mode, netconf.StackFiles{Spec: p.Spec, ControlSocket: p.Socket, Policy: p.Policy})
+	sc.Version = stackconfig.Version
 	if err := os.MkdirAll(p.StackDir, 0o700); err != nil {
 		return fmt.Errorf("creating %s: %w", p.StackDir, err)
 	}

@@ -6,6 +6,7 @@ package podnet
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -13,9 +14,22 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/atomicfile"
 )
 
-// SpecVersion is bumped whenever a field changes meaning, so that a stack
-// restarted by a newer binary refuses a spec it would misread.
-const SpecVersion = 1
+// SpecVersion is bumped whenever a field changes meaning or the pod's
+// namespace takes a shape an older stack would not undo, so that a stack
+// refuses a spec written for a newer one instead of running the pod
+// wrong. Stacks stamp the spec with their version when they start
+// (Stamp), before they shape the namespace.
+//
+//	1  the applications reached the stack through a TUN (up to 900993d)
+//	2  their TCP and UDP reach it through the divert (InstallDivert: an
+//	   nftables table and a policy rule in the pod's namespace). A stack
+//	   of version 1 leaves both in place: its pod looks healthy and passes
+//	   nothing (issue #29's rollback). 900993d's check (Version != 1)
+//	   refuses this version.
+const SpecVersion = 2
+
+// ErrNewer marks a spec written for a newer stack than this one.
+var ErrNewer = errors.New("written by a newer cni-usernet")
 
 // Spec is what the stack took over from the kernel: enough to rebuild the
 // stack after a restart, when the kernel no longer has any of it.
@@ -56,8 +70,11 @@ func (s *Spec) PodIPs() []netip.Prefix {
 
 // Validate rejects a spec the stack cannot serve.
 func (s *Spec) Validate() error {
-	if s.Version != SpecVersion {
-		return fmt.Errorf("spec version %d, want %d", s.Version, SpecVersion)
+	switch {
+	case s.Version > SpecVersion:
+		return fmt.Errorf("spec version %d, this stack understands up to %d: %w; refusing to run the pod with it", s.Version, SpecVersion, ErrNewer)
+	case s.Version < 1:
+		return fmt.Errorf("spec version %d, want 1 to %d", s.Version, SpecVersion)
 	}
 	if s.IfName == "" {
 		return fmt.Errorf("spec has no interface name")

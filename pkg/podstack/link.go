@@ -30,6 +30,8 @@ type LinkStats struct {
 	RxSynCookied atomic.Uint64
 	// Queue counts the wire queue's waits for room and its drops.
 	Queue wirequeue.Stats
+	// fragments counts the IP fragments received (fragments.go).
+	fragments fragmentLedger
 }
 
 // LinkSnapshot is a plain copy of LinkStats.
@@ -47,6 +49,9 @@ type LinkSnapshot struct {
 	// dropped because the link stalled (wirequeue.StallTime).
 	TxQueueWaits uint64 `json:"txQueueWaits"`
 	TxQueueDrops uint64 `json:"txQueueDrops"`
+	// RxFragments counts the IP fragments received, each handed to
+	// netstack's reassembly in a buffer of its own size.
+	RxFragments uint64 `json:"rxFragments"`
 }
 
 // Snapshot reads every counter.
@@ -56,6 +61,7 @@ func (s *LinkStats) Snapshot() LinkSnapshot {
 		TxErrors: s.TxErrors.Load(), RxPackets: s.RxPackets.Load(), RxBytes: s.RxBytes.Load(),
 		RxSynShed: s.RxSynShed.Load(), RxSynCookied: s.RxSynCookied.Load(),
 		TxQueueWaits: s.Queue.Waits.Load(), TxQueueDrops: s.Queue.Drops.Load(),
+		RxFragments: s.fragments.count.Load(),
 	}
 }
 
@@ -124,6 +130,11 @@ func (l *countingLink) DeliverNetworkPacket(proto tcpip.NetworkProtocolNumber, p
 		if l.stats.turnedAway(l.gate.admit(time.Now(), answer)) {
 			return
 		}
+	}
+	if c := l.stats.fragments.compactFragment(proto, pkt); c != nil {
+		l.Endpoint.DeliverNetworkPacket(proto, c)
+		c.DecRef()
+		return
 	}
 	l.Endpoint.DeliverNetworkPacket(proto, pkt)
 }

@@ -47,6 +47,9 @@ func TestLinkReaderServesTheLink(t *testing.T) {
 			if n := s.WireStats.RxPackets.Load(); n < 3 {
 				t.Errorf("the link counted %d received frames, want at least the 3 answered requests", n)
 			}
+			if err := s.Healthy(); err != nil {
+				t.Errorf("Healthy() of a serving stack: %v", err)
+			}
 
 			err := netns.Do(func(ns.NetNS) error {
 				l, err := netlinksafe.LinkByName("a")
@@ -62,6 +65,10 @@ func TestLinkReaderServesTheLink(t *testing.T) {
 			case err := <-s.Failed():
 				if !strings.Contains(err.Error(), "reading the link") {
 					t.Errorf("Failed() = %v, want the link reader's error", err)
+				}
+				// A deaf stack does not call itself healthy.
+				if err := s.Healthy(); err == nil || !strings.Contains(err.Error(), "reader stopped") {
+					t.Errorf("Healthy() after the link went down: got %v, want the reader's failure", err)
 				}
 			case <-time.After(2 * time.Second):
 				t.Fatal("the stack did not report its link going down within 2s")

@@ -9,6 +9,7 @@ import (
 	"net"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	"github.com/cni-usernet/cni-usernet/pkg/offload"
 	"github.com/cni-usernet/cni-usernet/pkg/packetsock"
@@ -124,8 +125,10 @@ type Stack struct {
 	syn *synPath
 	// reader reads LinkFD; nil when fdbased does (no Options.TXFD).
 	reader *linkReader
-	// failed gets, once, why a reader of the link stopped on its own.
+	// failed gets, once, why a reader of the link stopped on its own;
+	// failure keeps it for Healthy.
 	failed    chan error
+	failure   atomic.Pointer[error]
 	failOnce  sync.Once
 	closeOnce sync.Once
 }
@@ -138,7 +141,10 @@ type Stack struct {
 func (s *Stack) Failed() <-chan error { return s.failed }
 
 func (s *Stack) fail(err error) {
-	s.failOnce.Do(func() { s.failed <- err })
+	s.failOnce.Do(func() {
+		s.failure.Store(&err)
+		s.failed <- err
+	})
 }
 
 const wireNIC tcpip.NICID = 1

@@ -6,6 +6,7 @@ package stackconfig
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"time"
@@ -17,6 +18,10 @@ import (
 // to find and keep things, and the knobs from the conflist and annotations.
 // The network facts themselves live in the spec.
 type Config struct {
+	// Version is the format the file was written in (Version); absent in
+	// files written before it was versioned, which read as version 1.
+	// Read refuses a newer one.
+	Version int `json:"version,omitempty"`
 	// IfName is the pod interface to take over. Required.
 	IfName string `json:"ifName"`
 	// SpecPath is where the spec is kept: read if present (a restart),
@@ -76,6 +81,14 @@ type Config struct {
 	// when Policy is on.
 	PolicyPath string `json:"policyPath,omitempty"`
 }
+
+// Version is the configuration format this code writes and understands
+// up to. Bump it when a field changes meaning, so that an older stack or
+// agent refuses the file instead of misreading it.
+const Version = 1
+
+// ErrNewer marks a configuration written by a newer cni-usernet.
+var ErrNewer = errors.New("written by a newer cni-usernet")
 
 // Duration is a time.Duration written as a Go duration string ("30s").
 type Duration time.Duration
@@ -185,6 +198,9 @@ func Read(path string) (*Config, error) {
 	var c Config
 	if err := json.Unmarshal(b, &c); err != nil {
 		return nil, fmt.Errorf("parsing stack config %s: %w", path, err)
+	}
+	if c.Version > Version {
+		return nil, fmt.Errorf("stack config %s has version %d, this cni-usernet understands up to %d: %w", path, c.Version, Version, ErrNewer)
 	}
 	if err := c.Validate(); err != nil {
 		return nil, fmt.Errorf("stack config %s: %w", path, err)

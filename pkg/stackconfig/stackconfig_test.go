@@ -2,6 +2,7 @@ package stackconfig
 
 import (
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"testing"
@@ -56,5 +57,28 @@ func TestRead(t *testing.T) {
 	got, err := Read(write(string(b)))
 	if err != nil || *got != want {
 		t.Fatalf("round trip: got %+v, %v; want %+v", got, err, want)
+	}
+}
+
+// TestReadVersions: a file without a version (written before it was
+// versioned) and one of this version load; a newer one is refused with
+// ErrNewer, so that the agent can say why it does not restart the stack.
+func TestReadVersions(t *testing.T) {
+	dir := t.TempDir()
+	for _, c := range []struct {
+		version string
+		newer   bool
+	}{{"", false}, {`"version":1,`, false}, {`"version":2,`, true}} {
+		p := filepath.Join(dir, "config.json")
+		if err := os.WriteFile(p, []byte(`{`+c.version+`"ifName":"eth0","specPath":"/s","controlSocket":"/c"}`), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		_, err := Read(p)
+		if got := errors.Is(err, ErrNewer); got != c.newer || (err != nil && !c.newer) {
+			t.Errorf("config with %q: err %v, want newer %v", c.version, err, c.newer)
+		}
+	}
+	if Version != 1 {
+		t.Errorf("Version %d: the cases above assume 1", Version)
 	}
 }

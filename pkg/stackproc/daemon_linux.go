@@ -241,6 +241,15 @@ func loadOrCollect(cfg stackconfig.Config) (*podnet.Spec, error) {
 		if spec.IfName != cfg.IfName {
 			return nil, fmt.Errorf("spec %s is for %s, not %s", cfg.SpecPath, spec.IfName, cfg.IfName)
 		}
+		if spec.Version < podnet.SpecVersion {
+			// This stack is about to shape the namespace its way: from
+			// now on, an older stack must refuse the pod rather than run
+			// it in a namespace it does not know (podnet.SpecVersion).
+			spec.Version = podnet.SpecVersion
+			if err := podnet.WriteSpec(cfg.SpecPath, spec); err != nil {
+				return nil, fmt.Errorf("stamping spec %s with version %d: %w", cfg.SpecPath, podnet.SpecVersion, err)
+			}
+		}
 		return spec, nil
 	}
 	if !errors.Is(err, fs.ErrNotExist) {
@@ -282,16 +291,24 @@ func (d *Daemon) Run(ctx context.Context) error {
 	return err
 }
 
-// Healthy implements control.Source.
-func (d *Daemon) Healthy() error {
-	if !d.stack.WireUp() {
-		return fmt.Errorf("wire NIC %s is down", d.cfg.IfName)
-	}
-	return nil
-}
+// Healthy implements control.Source: nil when traffic can flow through
+// the stack (podstack.Stack.Healthy).
+func (d *Daemon) Healthy() error { return d.stack.Healthy() }
 
 // Status is what the control socket reports.
 type Status struct {
+	// Protocol is the control protocol's version (control.Protocol);
+	// Build the stack binary's source revision; SpecVersion and
+	// ConfigVersion the newest spec and configuration formats it
+	// understands. A reader of another release tells from them what it
+	// talks to.
+	Protocol      int    `json:"protocol"`
+	Build         string `json:"build,omitempty"`
+	SpecVersion   int    `json:"specVersion"`
+	ConfigVersion int    `json:"configVersion"`
+	// Healthy is Daemon.Healthy's verdict, Problem its reason.
+	Healthy   bool             `json:"healthy"`
+	Problem   string           `json:"problem,omitempty"`
 	PID       int              `json:"pid"`
 	StartTime time.Time        `json:"startTime"`
 	IfName    string           `json:"ifName"`
@@ -341,8 +358,14 @@ type LegStatus struct {
 // Status implements control.Source.
 func (d *Daemon) Status() any {
 	s := Status{
+		Protocol: control.Protocol, Build: control.Build(), SpecVersion: podnet.SpecVersion, ConfigVersion: stackconfig.Version,
 		PID: os.Getpid(), StartTime: d.started, IfName: d.cfg.IfName, TUNName: d.cfg.TUNName,
 		Spec: d.spec, GSO: d.gso, Relay: d.stack.Relay.Stats().Snapshot(),
+	}
+	if err := d.Healthy(); err != nil {
+		s.Problem = err.Error()
+	} else {
+		s.Healthy = true
 	}
 	ws := d.stack.Wire.Stats()
 	if n, err := packetsock.Drops(d.linkFD); err == nil {

@@ -30,20 +30,28 @@ const (
 
 // memRelease decides, from the link's frame count at the end of each
 // window, when to release the free heap: once quietWindows quiet windows
-// follow at least burstPackets frames.
+// follow at least burstPackets frames, and no reassembly a fragment
+// opened can still hold memory (a fragment flood's reassemblies stay up
+// to 30 s, IPv6's 60 s, after the link went quiet: released before, their
+// memory would stay with the process until the next burst).
 type memRelease struct {
 	last, atRelease uint64
-	quiet           int // quiet windows in a row
+	quiet           int  // quiet windows in a row
+	deferred        bool // a release waits for reassembly to end
 }
 
-func (m *memRelease) tick(frames uint64) bool {
+// tick takes the frame count and whether the reassemblies may still hold
+// fragments now.
+func (m *memRelease) tick(frames uint64, reassembling bool) bool {
 	if frames-m.last < quietPackets {
 		m.quiet++
 	} else {
 		m.quiet = 0
 	}
 	m.last = frames
-	if m.quiet == quietWindows && frames-m.atRelease >= burstPackets {
+	due := (m.quiet == quietWindows || m.deferred && m.quiet > quietWindows) && frames-m.atRelease >= burstPackets
+	m.deferred = due && reassembling
+	if due && !reassembling {
 		m.atRelease = frames
 		return true
 	}
@@ -62,7 +70,8 @@ func (d *Daemon) releaseWhenQuiet(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		if m.tick(d.stack.WireStats.RxPackets.Load() + d.stack.WireStats.TxPackets.Load()) {
+		frames := d.stack.WireStats.RxPackets.Load() + d.stack.WireStats.TxPackets.Load()
+		if m.tick(frames, time.Now().Before(d.stack.ReassemblyHeldUntil())) {
 			ReleaseFreeHeap()
 		}
 	}

@@ -16,10 +16,11 @@ func TestMemRelease(t *testing.T) {
 	}
 	var m memRelease
 	frames := uint64(0)
+	reassembling := false
 	step := func(n uint64, want bool) {
 		t.Helper()
 		frames += n
-		if got := m.tick(frames); got != want {
+		if got := m.tick(frames, reassembling); got != want {
 			t.Fatalf("after %d more frames (total %d): release %v, want %v", n, frames, got, want)
 		}
 	}
@@ -38,6 +39,16 @@ func TestMemRelease(t *testing.T) {
 	step(300, false) // not quiet: the count starts again
 	step(0, false)
 	step(0, true)
+	// A fragment flood: the release waits for its reassemblies to time
+	// out, however long the link has been quiet.
+	step(100000, false)
+	reassembling = true
+	step(0, false)
+	step(0, false)
+	step(0, false)
+	reassembling = false
+	step(0, true)
+	step(0, false)
 }
 
 // TestReleaseFreeHeapEmptiesPools: what sync.Pools held (after bulk

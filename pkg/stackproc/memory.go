@@ -36,11 +36,17 @@ const (
 	// memUDPQueues is what one flow's receive queues may hold: netstack's
 	// 32 KiB default on each leg.
 	memUDPQueues = 2 * 32 << 10
-	// memFragments is IPv4 and IPv6 reassembly: netstack starts dropping
-	// at 4 MiB each (fragmentation.HighFragThreshold, not configurable),
-	// counted in payload bytes; small fragments occupy up to twice that.
-	memFragments = 2 * 2 * 4 << 20
+	// memFragments is IPv4 and IPv6 reassembly, ReassemblyBound each.
+	memFragments = 2 * ReassemblyBound
 )
+
+// ReassemblyBound is what a flood of one family's fragments may add to the
+// stack's RSS: netstack evicts beyond 4 MiB counted
+// (fragmentation.HighFragThreshold, the kernel's ipfrag_high_thresh, not
+// configurable), which with the stack's charge per fragment
+// (podstack.reassemblyCharge) is at most 6 MiB live, twice that with the
+// garbage collector's headroom (docs/reliability/hostile.md, "Fragments").
+const ReassemblyBound = 12 << 20
 
 // MemoryBound is the documented bound on the stack process's RSS under
 // load l plus anything the network sends (docs/reliability/hostile.md):

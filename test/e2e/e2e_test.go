@@ -726,6 +726,16 @@ spec:
 
 	check("MetricsOfDeletedPodsGone", func(t *testing.T) { checkDeletedPodMetrics(t, ns, pods, keep) })
 
+	// An uninstall reverted (issue #29): deleted while pods run, applied
+	// again before they are gone.
+	check("ReinstallDuringDeferredUninstall", func(t *testing.T) {
+		probe := map[string]string{"srv": podIP["srv"], "cli": podIP["cli"]}
+		if farIP["far"] != "" {
+			probe["far"] = farIP["far"]
+		}
+		checkReinstallDuringDeferredUninstall(t, manifest, chained, ns, probe)
+	})
+
 	// Uninstall while pods still run, as an admin would: the README's
 	// `kubectl delete -f`, then the pods. The agent keeps the plugin and
 	// its configuration until the last pod is gone (their DEL needs

@@ -1,6 +1,7 @@
 package hostile
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -44,13 +45,15 @@ func requireHping3(t *testing.T) string {
 
 // hping3Flood is `hping3 -S -p PORT --flood --rand-source -I IFACE DST`
 // run in the node namespace: SYNs from random IPv4 sources as fast as one
-// process sends them.
+// process sends them. With args, those replace `-S -p PORT`.
 type hping3Flood struct {
 	path  string
 	node  ns.NetNS
 	iface string
 	dst   netip.Addr
 	port  int
+	args  []string
+	unit  string // what one packet is, for the table ("SYN" without args)
 
 	cmd  *exec.Cmd
 	out  nettest.LockedBuffer
@@ -66,8 +69,10 @@ func (h *hping3Flood) start(t *testing.T) {
 	// cleanups (a go test -timeout panic); stop sends SIGINT earlier, which
 	// timeout passes on, and hping3 prints how many it sent.
 	limit := floodDuration + 10*time.Second
-	h.cmd = exec.Command("timeout", "-s", "INT", "-k", "5s", strconv.Itoa(int(limit.Seconds())),
-		h.path, "-S", "-p", strconv.Itoa(h.port), "--flood", "--rand-source", "-I", h.iface, h.dst.String())
+	args := []string{"-s", "INT", "-k", "5s", strconv.Itoa(int(limit.Seconds())), h.path}
+	args = append(args, h.floodArgs()...)
+	args = append(args, "--flood", "--rand-source", "-I", h.iface, h.dst.String())
+	h.cmd = exec.Command("timeout", args...)
 	h.cmd.Stdout, h.cmd.Stderr = &h.out, &h.out
 	// Its own process group from the start (timeout would make one
 	// itself, a moment later), so kill reaches hping3 too.
@@ -94,7 +99,7 @@ func (h *hping3Flood) stop(t *testing.T) floodStats {
 		h.kill()
 		t.Errorf("hping3 did not stop on SIGINT within 5 s; killed; output: %s", h.out.String())
 	}
-	s := floodStats{what: fmt.Sprintf("hping3 -S -p %d --flood --rand-source", h.port), unit: "SYN"}
+	s := floodStats{what: "hping3 " + strings.Join(h.floodArgs(), " ") + " --flood --rand-source", unit: cmp.Or(h.unit, "SYN")}
 	m := hpingSent.FindStringSubmatch(h.out.String())
 	if m == nil {
 		t.Errorf("hping3 printed no count of packets sent: %q", h.out.String())
@@ -102,6 +107,13 @@ func (h *hping3Flood) stop(t *testing.T) floodStats {
 	}
 	s.sent, _ = strconv.ParseUint(m[1], 10, 64)
 	return s
+}
+
+func (h *hping3Flood) floodArgs() []string {
+	if h.args != nil {
+		return h.args
+	}
+	return []string{"-S", "-p", strconv.Itoa(h.port)}
 }
 
 // kill ends hping3 (and timeout) at once, if still running.
