@@ -47,6 +47,8 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzWireFrames$$' -fuzztime 20000x -fuzzminimizetime 2s ./pkg/podstack
 	$(GO) test -run '^$$' -fuzz '^FuzzKubeconfigYAML$$' -fuzztime 50000x -fuzzminimizetime 2s ./pkg/kube
 	$(GO) test -run '^$$' -fuzz '^FuzzPcapReader$$' -fuzztime 150000x -fuzzminimizetime 2s ./pkg/capture
+	$(GO) test -run '^$$' -fuzz '^FuzzCompile$$' -fuzztime 50000x -fuzzminimizetime 2s ./pkg/netpolicy
+	$(GO) test -run '^$$' -fuzz '^FuzzCompilePod$$' -fuzztime 50000x -fuzzminimizetime 2s ./pkg/netpolicy
 
 # Full benchmark (BENCHMARKS.md): 3 interleaved rounds of every
 # configuration, the peers (runsc, pasta, slirp4netns) included, then the
