@@ -22,8 +22,10 @@ demo:
 deps:
 	hack/deps.sh
 
-# The whole suite, as CI runs it (root: namespaces, veths, TUN).
-test: deps lint test-root fuzz
+# The whole suite, as CI runs it (root: namespaces, veths, TUN). helm is
+# built first: test/docs lints the Helm chart and compares what it renders
+# with manifests/cni-usernet.yaml.
+test: deps lint helm test-root fuzz
 
 lint:
 	@test -z "$$(gofmt -l cmd pkg test hack)" || { gofmt -l cmd pkg test hack; exit 1; }
@@ -33,8 +35,8 @@ lint:
 # are race-built too and halt on a race), with short transfers; then the
 # root suites at full size without it, one package at a time: the hostile
 # and stress tests load both cores and must not starve each other.
-test-root:
-	GORACE=halt_on_error=1 $(GO) test -race -short -count=1 -timeout 20m ./...
+test-root: helm
+	HELM=$(CURDIR)/bin/helm GORACE=halt_on_error=1 $(GO) test -race -short -count=1 -timeout 20m ./...
 	$(GO) test -p 1 -count=1 -timeout 20m ./test/...
 
 # Every fuzz target for a fixed number of inputs (~10 s each here). Counts,
@@ -67,6 +69,15 @@ bench-quick:
 .PHONY: promtool
 promtool:
 	cd hack/promtool && $(GO) build -o ../../bin/promtool github.com/prometheus/prometheus/cmd/promtool
+
+# helm, from its own module (hack/helm, pinned there), for the chart's
+# checks in test/docs: helm lint --strict and `helm template` against the
+# manifest. Rebuilt only when the pin changes (see hack/helm/README.md for
+# the cost).
+.PHONY: helm
+helm: bin/helm
+bin/helm: hack/helm/go.mod hack/helm/go.sum
+	cd hack/helm && $(GO) build -trimpath -o ../../bin/helm helm.sh/helm/v3/cmd/helm
 
 clean:
 	rm -rf bin results

@@ -9,7 +9,7 @@
 // the namespace's nftables mutex). On this project's VMs that is 4-30 ms
 // per table, and a pod's stack installs two of them as it starts
 // (stackproc's "fence" and "divert" phases: 25-33 and 14-16 ms of a
-// 66-76 ms start; BENCHMARKS.md, "Session 8"). A pod's namespace is
+// 66-76 ms start; docs/benchmarks/2026-12-01-raw-syscalls-fast-start.md). A pod's namespace is
 // new, so the delete is only needed when a stack restarts.
 package nfttable
 

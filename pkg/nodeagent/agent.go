@@ -24,6 +24,7 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/attachment"
 	"github.com/cni-usernet/cni-usernet/pkg/launch"
 	"github.com/cni-usernet/cni-usernet/pkg/netconf"
+	"github.com/cni-usernet/cni-usernet/pkg/offload"
 	"github.com/cni-usernet/cni-usernet/pkg/state"
 )
 
@@ -37,6 +38,7 @@ type agentFlags struct {
 	mode               string
 	subnets            string
 	mtu                int
+	gso                string
 	kubeconfigOut      string
 	apiServer          string
 	uninstallOnDelete  bool
@@ -67,6 +69,7 @@ func parseAgentFlags(args []string) (*agentFlags, error) {
 	fs.StringVar(&f.mode, "mode", "standalone", "standalone (own conflist, sorted first) or chain (insert into the node's first conflist)")
 	fs.StringVar(&f.subnets, "subnet", "", "pod subnets for host-local, comma separated (default: the node's spec.podCIDRs)")
 	fs.IntVar(&f.mtu, "mtu", 1500, "MTU of the pods' links")
+	fs.StringVar(&f.gso, "gso", "auto", "the pods' default GSO mode in the conflist: auto, hardware, software, off (a pod's annotation overrides it)")
 	fs.StringVar(&f.kubeconfigOut, "kubeconfig-out", "", "write a kubeconfig for the plugin here (its token kept fresh); empty: none")
 	fs.StringVar(&f.apiServer, "api-server", "", "API server URL written into the plugin's kubeconfig (default: the in-cluster service address)")
 	fs.BoolVar(&f.uninstallOnDelete, "uninstall-on-delete", true, "when stopped because its DaemonSet was deleted, restore the node's CNI files")
@@ -92,6 +95,9 @@ func parseAgentFlags(args []string) (*agentFlags, error) {
 	}
 	if f.mode != "standalone" && f.mode != "chain" {
 		return nil, fmt.Errorf("--mode %q: want standalone or chain", f.mode)
+	}
+	if _, err := offload.ParseMode(f.gso); err != nil {
+		return nil, fmt.Errorf("--gso: %w", err)
 	}
 	if _, err := f.wantNodeRoutes(); err != nil {
 		return nil, err

@@ -108,7 +108,7 @@ func (n *nodeInstall) hostPath(p string) string {
 func (n *nodeInstall) pluginConf(ctx context.Context) ([]byte, error) {
 	p := map[string]any{
 		"type":         "cni-usernet",
-		"gso":          "auto",
+		"gso":          n.f.gso,
 		"capabilities": map[string]bool{"io.kubernetes.cri.pod-annotations": true},
 	}
 	if n.f.kubeconfigOut != "" {

@@ -60,9 +60,9 @@ const linkReadBatch = 8
 // KiB frame take ten pool chunks, ten views for netstack to clone and
 // walk and ten iovecs to the application: with two, node→pod moved
 // 9.8–11.2 against 8.6–10.0 Gbit/s at 0.62–0.73 against 0.73–0.86
-// core·s per GB, TCP_RR and redis level (lab, alternated; BENCHMARKS.md,
-// "Session 11"). A frame between 2 and 64 KiB has the whole large view
-// cleared for it by gVisor's pool.
+// core·s per GB, TCP_RR and redis level (lab, alternated;
+// docs/benchmarks/2026-12-01-relay-writev-gro.md). A frame between 2 and
+// 64 KiB has the whole large view cleared for it by gVisor's pool.
 var rxBufSizes = [...]int{2048, 63616}
 
 type rxBuffer struct {

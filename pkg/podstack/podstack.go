@@ -206,7 +206,8 @@ func newStack(bufMax int) (*stack.Stack, error) {
 		// the peer to SACK, every ACK of a retransmission re-entered
 		// recovery with the whole tail "in flight", and the connection
 		// sent one segment per RTO. Without RACK, in one interleaved
-		// run against the build before (BENCHMARKS.md, "Session 10"),
+		// run against the build before
+		// (docs/benchmarks/2026-12-01-wire-queue-recovery.md),
 		// software mode's pod→node gained 60 % (the wire queue alone: 5 %),
 		// the other rows level. Tailscale turned RACK off in its netstack
 		// too (tailscale#14896).
@@ -275,7 +276,7 @@ func (s *Stack) attachWire(mac net.HardwareAddr) error {
 		// TSO is off, see offload.LinkTSOOff): one system call and one
 		// copy per 64 KiB. Splitting them here and sending the frames
 		// with one sendmmsg moved 2.8x less pod→node in one interleaved
-		// run (BENCHMARKS.md, "Session 7: software GSO in the kernel").
+		// run (docs/benchmarks/2026-12-01-software-gso-in-kernel.md).
 		fo.GSOMaxSize = softwareGSOMaxSize
 	}
 	ep, err := fdbased.New(&fo)

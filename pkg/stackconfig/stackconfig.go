@@ -103,7 +103,8 @@ const DefaultQueueLen = 1024
 // runtime wakes to spin for work at every hand-off, which cost the stack
 // 40 % of its CPU under request/response and took a core from the
 // applications and the peer on a 2-CPU node. Measured in one interleaved
-// run (BENCHMARKS.md, "Session 6"): one thread against two.
+// run (docs/benchmarks/2026-12-01-netpoller-reader-one-thread.md): one
+// thread against two.
 const DefaultThreads = 1
 
 // DefaultTUNName is the app leg's device in the pod.
