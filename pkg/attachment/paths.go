@@ -20,6 +20,9 @@ type Paths struct {
 	StackDir, Config, Spec string
 	// Socket is the stack's control socket, Log its log.
 	Socket, Log string
+	// Policy is the pod's compiled network policy (pkg/policy), which the
+	// node agent writes and the stack reads at start.
+	Policy string
 }
 
 // PathsFor gives the files of the attachment of containerID's ifName:
@@ -31,6 +34,7 @@ func PathsFor(stateDir, runDir, logDir, containerID, ifName string) Paths {
 		StackDir: dir,
 		Config:   filepath.Join(dir, "config.json"),
 		Spec:     filepath.Join(dir, "spec.json"),
+		Policy:   filepath.Join(dir, "policy.json"),
 		Socket:   filepath.Join(runDir, key+".sock"),
 		Log:      filepath.Join(logDir, key+".log"),
 	}

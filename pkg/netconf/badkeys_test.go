@@ -40,6 +40,7 @@ var wrongTypes = []badKey{
 	{"maxUDP", false, "false (a boolean)", "non-negative count"},
 	{"udpIdle", 30, "30 (a number)", `duration like "30s"`},
 	{"podLinkOffloadsOff", "true", `"true" (a string)`, "true or false"},
+	{"networkPolicy", "yes", `"yes" (a string)`, "true or false"},
 	{"stateDir", map[string]any{}, "{} (an object)", "absolute path"},
 	{"logDir", 0, "0 (a number)", "absolute path"},
 	{"runDir", []any{}, "[] (an array)", "absolute path"},

@@ -71,6 +71,12 @@ type NetConf struct {
 	// PodLinkOffloadsOff turns TSO/GSO/SG off on the pod's link (tests,
 	// benchmarks, links known to misbehave).
 	PodLinkOffloadsOff bool `json:"podLinkOffloadsOff,omitempty"`
+	// NetworkPolicy makes each pod's stack enforce the pod's
+	// NetworkPolicy, as the node agent compiles and pushes it
+	// (docs/policy.md); until the agent's first push the pod is closed
+	// but to the node. False: the stack allows everything (the primary
+	// CNI enforces policy, or none does).
+	NetworkPolicy bool `json:"networkPolicy,omitempty"`
 	// StateDir, LogDir and RunDir hold attachment state, stack logs and
 	// control sockets.
 	StateDir string `json:"stateDir,omitempty"`

@@ -79,6 +79,7 @@ var accepted = map[string]string{
 	"rxChecksumOffload":  "true or false; absent: true",
 	"tunOffload":         "true or false (accepted and ignored since the applications' traffic left the TUN)",
 	"podLinkOffloadsOff": "true or false; absent: false",
+	"networkPolicy":      "true or false; absent: false",
 	"tunName": fmt.Sprintf(`an interface name: 1..15 bytes, no "/", ":", "%%" or white space, not ".", ".." or "lo"; absent: %s`,
 		stackconfig.DefaultTUNName),
 	"tunMTU":       fmt.Sprintf("%d..%d; absent or 0: %d", minMTUv6, maxMTU, stackconfig.DefaultTUNMTU),
