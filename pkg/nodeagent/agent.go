@@ -20,8 +20,10 @@ import (
 	"time"
 
 	"github.com/cni-usernet/cni-usernet/pkg/agent"
+	"github.com/cni-usernet/cni-usernet/pkg/agentsock"
 	"github.com/cni-usernet/cni-usernet/pkg/atomicfile"
 	"github.com/cni-usernet/cni-usernet/pkg/attachment"
+	"github.com/cni-usernet/cni-usernet/pkg/kube"
 	"github.com/cni-usernet/cni-usernet/pkg/launch"
 	"github.com/cni-usernet/cni-usernet/pkg/netconf"
 	"github.com/cni-usernet/cni-usernet/pkg/offload"
@@ -56,6 +58,7 @@ type agentFlags struct {
 	nodeRoutes         string
 	nodeRoutesInterval time.Duration
 	metricsAddress     string
+	networkPolicy      bool
 }
 
 func parseAgentFlags(args []string) (*agentFlags, error) {
@@ -86,6 +89,7 @@ func parseAgentFlags(args []string) (*agentFlags, error) {
 	fs.StringVar(&f.nodeRoutes, "node-routes", "auto", "route other nodes' pod CIDRs via their InternalIP (host-gw): auto (standalone mode, installing), true, false")
 	fs.DurationVar(&f.nodeRoutesInterval, "node-routes-interval", 10*time.Second, "how often the node list is read for --node-routes")
 	fs.StringVar(&f.metricsAddress, "metrics-address", defaultMetricsAddress, "serve Prometheus metrics on this address at /metrics; empty: none")
+	fs.BoolVar(&f.networkPolicy, "network-policy", true, "enforce NetworkPolicy in each pod's stack: watch the API server, compile and push each local pod's policy, and mark the conflist so that ADD waits for it (false: the primary CNI enforces policy, e.g. Calico or Cilium)")
 	fs.BoolVar(&f.probe, "probe", false, "exit 0 when the running agent is ready (readiness probe), 1 otherwise")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -109,6 +113,8 @@ func parseAgentFlags(args []string) (*agentFlags, error) {
 }
 
 func (f *agentFlags) readyFile() string { return filepath.Join(f.runDir, "agent.ready") }
+
+func (f *agentFlags) agentSocket() string { return agentsock.Path(f.runDir) }
 
 // Run is the node agent with its command-line arguments: it installs the
 // plugin, keeps every pod's stack running and the node reconciled, and
@@ -146,9 +152,13 @@ func Run(args []string) error {
 		ReconcileInterval: f.reconcile,
 		Log:               log,
 	})
+	var polMetrics *policyMetrics
+	if f.networkPolicy {
+		polMetrics = newPolicyMetrics()
+	}
 	if f.metricsAddress != "" {
 		// Metrics are for watching the node, never a reason not to serve it.
-		if err := serveMetrics(ctx, f.metricsAddress, state.Store{Dir: f.stateDir}, sup.Stats(), log); err != nil {
+		if err := serveMetrics(ctx, f.metricsAddress, state.Store{Dir: f.stateDir}, sup.Stats(), polMetrics, log); err != nil {
 			log.Error("no metrics", "err", err)
 		}
 	}
@@ -159,6 +169,15 @@ func Run(args []string) error {
 	case <-ready:
 	case err := <-done:
 		return err
+	}
+	// Before the configuration: with networkPolicy in it, every ADD asks
+	// the agent's socket for the pod's policy.
+	if f.networkPolicy {
+		if err := startPolicy(ctx, f, inst, polMetrics, log); err != nil {
+			stop()
+			<-done
+			return err
+		}
 	}
 	if inst != nil {
 		if err := inst.writeConfig(ctx); err != nil {
@@ -245,4 +264,45 @@ func restartNamespace(path string, log *slog.Logger) (mountNS, stackBinary strin
 	log.Warn("cannot enter the node's mount namespace; restarted stacks run in the agent's, from its image's binary",
 		"mountNS", path, "err", errors.Join(err1, err2), "binary", exe)
 	return "", exe
+}
+
+// startPolicy starts the policy controller and the agent's socket. Outside
+// a cluster (no service account) there is nothing to watch: policy stays
+// off, and a conflist asking for it makes ADD try again later.
+func startPolicy(ctx context.Context, f *agentFlags, inst *nodeInstall, m *policyMetrics, log *slog.Logger) error {
+	var client *kube.Client
+	if inst != nil && inst.kube != nil {
+		client = inst.kube
+	} else if os.Getenv("KUBERNETES_SERVICE_HOST") != "" {
+		cfg, err := kube.InClusterConfig()
+		if err != nil {
+			return fmt.Errorf("reading the service account for the policy watches: %w", err)
+		}
+		if client, err = kube.New(cfg); err != nil {
+			return fmt.Errorf("connecting to the API server for the policy watches: %w", err)
+		}
+	} else {
+		log.Warn("not in a cluster: NetworkPolicy is not enforced (--network-policy needs the API server)")
+		return nil
+	}
+	c, err := newPolicyController(policyOptions{
+		Client:  client,
+		Store:   state.Store{Dir: f.stateDir},
+		Compile: netpolicyCompile(log),
+		Node:    f.nodeName,
+		Metrics: m,
+		Log:     log.With("component", "policy"),
+	})
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(f.runDir, 0o700); err != nil {
+		return fmt.Errorf("creating %s: %w", f.runDir, err)
+	}
+	if err := serveAgentSocket(ctx, f.agentSocket(), c); err != nil {
+		return err
+	}
+	go c.Run(ctx)
+	log.Info("enforcing NetworkPolicy in the pods' stacks", "socket", f.agentSocket())
+	return nil
 }
