@@ -205,7 +205,14 @@ func TestKubernetes(t *testing.T) {
 			{"list", "nodes", "", "yes"},
 			{"watch", "nodes", "", "no"},
 			{"get", "daemonsets.apps/cni-usernet", "kube-system", "yes"},
-			{"list", "pods", "default", "no"},
+			{"list", "pods", "default", "yes"},
+			{"watch", "pods", "default", "yes"},
+			{"watch", "networkpolicies.networking.k8s.io", "default", "yes"},
+			{"list", "namespaces", "", "yes"},
+			{"watch", "services", "default", "yes"},
+			{"watch", "endpointslices.discovery.k8s.io", "default", "yes"},
+			{"create", "networkpolicies.networking.k8s.io", "default", "no"},
+			{"update", "pods", "default", "no"},
 			{"get", "secrets", "kube-system", "no"},
 			{"get", "daemonsets.apps/other", "kube-system", "no"},
 			{"update", "nodes", "", "no"},
@@ -541,6 +548,9 @@ spec:
 			traffic(t, farIP["far"])
 		})
 	})
+
+	check("NetworkPolicy", func(t *testing.T) { checkNetworkPolicy(t, repo, ns) })
+	check("NetworkPolicyPropagation", func(t *testing.T) { checkPolicyPropagation(t, ns, policyPods()) })
 
 	check("BadAnnotation", func(t *testing.T) {
 		apply(t, podManifest(ns, "bad", "turbo"))
