@@ -53,7 +53,8 @@ n2_start_daemon() { # NAME CMD...
   local pid ns child i; pid=$(n2_pid)
   # nsenter forks the daemon into node 2's PID namespace and waits for it:
   # record the daemon itself, so that stop_daemon signals it, not nsenter.
-  setsid nsenter -t "$pid" -n -m -p -u -- "$@" >>"$LOGDIR/$name.log" 2>&1 </dev/null &
+  # 3-9 closed: see start_daemon (lib/common.sh).
+  setsid nsenter -t "$pid" -n -m -p -u -- "$@" >>"$LOGDIR/$name.log" 2>&1 </dev/null 3>&- 4>&- 5>&- 6>&- 7>&- 8>&- 9>&- &
   ns=$!
   for i in $(seq 50); do
     child=$(pgrep -P "$ns" 2>/dev/null | head -1 || true)
@@ -83,7 +84,7 @@ up() {
     # pods' namespaces: a shared mount, for the agent's HostToContainer volume
     mounts="$mounts; mount --make-shared /run/netns; hostname $NODE2"
     setsid unshare --net --mount --pid --uts --fork --mount-proc --propagation private \
-      sh -c "$mounts; exec $BIN/k8s-lab-init" >>"$LOGDIR/node2-init.log" 2>&1 </dev/null &
+      sh -c "$mounts; exec $BIN/k8s-lab-init" >>"$LOGDIR/node2-init.log" 2>&1 </dev/null 3>&- 4>&- 5>&- 6>&- 7>&- 8>&- 9>&- &
     local i
     for i in $(seq 50); do
       # the init's PID in the root namespace: the child of unshare
