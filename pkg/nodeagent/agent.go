@@ -304,5 +304,14 @@ func startPolicy(ctx context.Context, f *agentFlags, inst *nodeInstall, m *polic
 	}
 	go c.Run(ctx)
 	log.Info("enforcing NetworkPolicy in the pods' stacks", "socket", f.agentSocket())
+	// The conflist comes next: give the watches a moment to list, so that
+	// the first ADDs do not fail for nothing. An API server that does not
+	// answer in time only delays the pods (code 11), not the agent.
+	if err := c.waitSynced(ctx, policySyncWait); err != nil {
+		log.Warn("writing the CNI configuration before the policy caches synced: ADD tries again later until they do", "err", err)
+	}
 	return nil
 }
+
+// policySyncWait bounds the wait for the policy caches before the conflist.
+const policySyncWait = 30 * time.Second

@@ -557,6 +557,24 @@ func (c *policyController) failed(ctx context.Context, ps *podState, t target, p
 	}
 }
 
+// waitSynced waits until every cache has listed once, or wait passed.
+func (c *policyController) waitSynced(ctx context.Context, wait time.Duration) error {
+	deadline := time.After(wait)
+	for {
+		err := c.synced()
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-deadline:
+			return err
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
 // waitPod waits until the pod cache holds namespace/name, ctx ends or
 // the wait is over.
 func (c *policyController) waitPod(ctx context.Context, namespace, name string, wait time.Duration) bool {

@@ -680,8 +680,13 @@ func TestAgentSocketPolicy(t *testing.T) {
 	if !errors.Is(err, agentsock.ErrUnavailable) || !strings.Contains(err.Error(), "not synced") || !strings.Contains(err.Error(), "pods") {
 		t.Fatalf("before the pods are listed: got %v, want unavailable, naming the pods cache", err)
 	}
+	if err := c.waitSynced(context.Background(), 200*time.Millisecond); err == nil || !strings.Contains(err.Error(), "pods") {
+		t.Errorf("waitSynced without the pods: got %v, want an error naming them", err)
+	}
 	e.api.setFailing(pathPods, false)
-	waitFor(t, "the caches", 5*time.Second, func() bool { return c.synced() == nil })
+	if err := c.waitSynced(context.Background(), 5*time.Second); err != nil {
+		t.Fatalf("waitSynced: %v", err)
+	}
 	go func() {
 		time.Sleep(300 * time.Millisecond)
 		e.api.put(pathPods, podObj("x", "a", "10.244.1.10", nil))
