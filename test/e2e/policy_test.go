@@ -86,7 +86,8 @@ func checkNetworkPolicy(t *testing.T, repo, prefix string) {
 	for i, ns := range []string{"x", "y", "z"} {
 		full := prefix + "-" + ns
 		model.team[ns] = ns
-		fmt.Fprintf(&m, "---\napiVersion: v1\nkind: Namespace\nmetadata: {name: %s, labels: {team: %s}}\n", full, ns)
+		// Quoted: YAML reads a bare y as true.
+		fmt.Fprintf(&m, "---\napiVersion: v1\nkind: Namespace\nmetadata: {name: %s, labels: {team: %q}}\n", full, ns)
 		for j, name := range []string{"a", "b", "c"} {
 			p := &mpod{ns: ns, name: name, full: full, node: nodes[(i*3+j)%len(nodes)]}
 			pods = append(pods, p)
@@ -188,7 +189,7 @@ spec:
   podSelector: {}
   ingress:
   - from:
-    - namespaceSelector: {matchLabels: {team: y}}
+    - namespaceSelector: {matchLabels: {team: "y"}}
 `, nsOf("x"))
 		if needRole {
 			y += "      podSelector: {matchLabels: {role: client}}\n"
