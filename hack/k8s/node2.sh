@@ -164,7 +164,8 @@ up() {
   sed -e "s#^hostnameOverride: .*#hostnameOverride: $NODE2#" \
       -e "s#^bindAddress: .*#bindAddress: $NODE2_IP#" \
       -e "s#^nodePortAddresses: .*#nodePortAddresses: [\"$NODE2_IP/32\"]#" \
-      "$ETC/kube-proxy.yaml" >"$ETC/kube-proxy-$NODE2.yaml"
+      "$ETC/kube-proxy.yaml" >"$ETC/kube-proxy-$NODE2.yaml.new"
+  replace_if_changed "$ETC/kube-proxy-$NODE2.yaml.new" "$ETC/kube-proxy-$NODE2.yaml"
   n2_start_daemon kube-proxy-node2 "$BIN/kube-proxy" --config="$ETC/kube-proxy-$NODE2.yaml" --v=1
 
   wait_for "node $NODE2 registered" 180 kubectl --kubeconfig "$STATE/admin.kubeconfig" get node "$NODE2"
