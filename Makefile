@@ -47,7 +47,9 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime 150000x -fuzzminimizetime 2s ./pkg/netconf
 	$(GO) test -run '^$$' -fuzz '^FuzzGSOAnnotation$$' -fuzztime 150000x -fuzzminimizetime 2s ./pkg/netconf
 	$(GO) test -run '^$$' -fuzz '^FuzzWireFrames$$' -fuzztime 20000x -fuzzminimizetime 2s ./pkg/podstack
+	$(GO) test -run '^$$' -fuzz '^FuzzAdmitIngress$$' -fuzztime 200000x -fuzzminimizetime 2s ./pkg/podstack
 	$(GO) test -run '^$$' -fuzz '^FuzzKubeconfigYAML$$' -fuzztime 50000x -fuzzminimizetime 2s ./pkg/kube
+	$(GO) test -run '^$$' -fuzz '^FuzzUnmarshal$$' -fuzztime 100000x -fuzzminimizetime 2s ./pkg/policy
 	$(GO) test -run '^$$' -fuzz '^FuzzPcapReader$$' -fuzztime 150000x -fuzzminimizetime 2s ./pkg/capture
 	$(GO) test -run '^$$' -fuzz '^FuzzCompile$$' -fuzztime 50000x -fuzzminimizetime 2s ./pkg/netpolicy
 	$(GO) test -run '^$$' -fuzz '^FuzzCompilePod$$' -fuzztime 50000x -fuzzminimizetime 2s ./pkg/netpolicy

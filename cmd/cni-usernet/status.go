@@ -14,6 +14,7 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/control"
 	"github.com/cni-usernet/cni-usernet/pkg/launch"
 	"github.com/cni-usernet/cni-usernet/pkg/netconf"
+	"github.com/cni-usernet/cni-usernet/pkg/policy"
 	"github.com/cni-usernet/cni-usernet/pkg/stackproc"
 	"github.com/cni-usernet/cni-usernet/pkg/state"
 )
@@ -115,7 +116,7 @@ func statusOf(a *state.Attachment) attachmentStatus {
 
 func printTable(out io.Writer, rows []attachmentStatus) {
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "CONTAINER\tIF\tPOD\tIPS\tPID\tHEALTHY\tGSO\tGSO_MAX_SIZE\tGSO_MAX_SEGS\tGSO_BATCHES\tTX/RX PKTS\tTCP RELAYS")
+	fmt.Fprintln(tw, "CONTAINER\tIF\tPOD\tIPS\tPID\tHEALTHY\tGSO\tGSO_MAX_SIZE\tGSO_MAX_SEGS\tGSO_BATCHES\tTX/RX PKTS\tTCP RELAYS\tPOLICY")
 	for _, r := range rows {
 		id := shortID(r.ContainerID)
 		var ips []string
@@ -125,8 +126,9 @@ func printTable(out io.Writer, rows []attachmentStatus) {
 			}
 			ips = append(ips, ip)
 		}
-		batches, pkts, relays := "-", "-", "-"
+		batches, pkts, relays, pol := "-", "-", "-", "-"
 		if r.Stats != nil {
+			pol = policyColumn(r.Stats.Policy)
 			batches = fmt.Sprint(r.Stats.Wire.TxGSOBatches)
 			pkts = fmt.Sprintf("%d/%d", r.Stats.Wire.TxPackets, r.Stats.Wire.RxPackets)
 			relays = fmt.Sprintf("%d (total %d)", r.Stats.Relay.TCPActive, r.Stats.Relay.TCPTotal)
@@ -139,8 +141,8 @@ func printTable(out io.Writer, rows []attachmentStatus) {
 		if pod == "" {
 			pod = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", id, r.IfName, pod, strings.Join(ips, ","),
-			r.PID, healthy, r.GSO.Mode, r.GSO.MaxSize, r.GSO.MaxSegs, batches, pkts, relays)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\n", id, r.IfName, pod, strings.Join(ips, ","),
+			r.PID, healthy, r.GSO.Mode, r.GSO.MaxSize, r.GSO.MaxSegs, batches, pkts, relays, pol)
 	}
 	tw.Flush()
 	for _, r := range rows {
@@ -148,6 +150,32 @@ func printTable(out io.Writer, rows []attachmentStatus) {
 			fmt.Fprintf(out, "%s/%s gso: %s\n", shortID(r.ContainerID), r.IfName, r.GSO.Reason)
 		}
 	}
+}
+
+// policyColumn is the network policy in force: "off", or its generation
+// and the isolated directions with their denials, e.g. "gen 7 in(12) out(0)";
+// "open" when neither direction is isolated.
+func policyColumn(p *policy.Status) string {
+	if p == nil {
+		return "off"
+	}
+	s := fmt.Sprintf("gen %d", p.Generation)
+	sum := func(m map[string]uint64) (n uint64) {
+		for _, v := range m {
+			n += v
+		}
+		return n
+	}
+	if p.IngressIsolated {
+		s += fmt.Sprintf(" in(%d)", sum(p.Denied.Ingress))
+	}
+	if p.EgressIsolated {
+		s += fmt.Sprintf(" out(%d)", sum(p.Denied.Egress))
+	}
+	if !p.IngressIsolated && !p.EgressIsolated {
+		s += " open"
+	}
+	return s
 }
 
 func shortID(id string) string {

@@ -291,7 +291,7 @@ func (b *bench) attach(ctx context.Context, c *config) (*attachment, error) {
 	case "pasta", "slirp4netns":
 		return a, b.attachTap(ctx, a)
 	}
-	conf, err := c.conflist(filepath.Join(b.tmp, "ipam"), filepath.Join(b.tmp, "state"), filepath.Join(b.logs, "cni-usernet"), b.o.IPv6)
+	conf, err := c.conflist(filepath.Join(b.tmp, "ipam"), filepath.Join(b.tmp, "state"), filepath.Join(b.logs, "cni-usernet"), filepath.Join(b.tmp, "run"), b.o.IPv6)
 	if err != nil {
 		return nil, err
 	}
@@ -306,7 +306,14 @@ func (b *bench) attach(ctx context.Context, c *config) (*attachment, error) {
 	b.atts = append(b.atts, a) // from here on, cleanup runs DEL
 	b.mu.Unlock()
 
-	out, err := b.output(ctx, 2*time.Minute, nodeNS, b.cniArgsFor(c, "add", a.ConfPath, "--id", a.ID, "--netns", "/run/netns/"+a.NS)...)
+	addArgs := []string{"--id", a.ID, "--netns", "/run/netns/" + a.NS}
+	if c.PolicyRules > 0 {
+		if err := b.standInAgent(c); err != nil {
+			return nil, err
+		}
+		addArgs = append(addArgs, "--pod", "bench/"+a.ID)
+	}
+	out, err := b.output(ctx, 2*time.Minute, nodeNS, b.cniArgsFor(c, "add", a.ConfPath, addArgs...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -352,6 +359,11 @@ func (b *bench) attach(ctx context.Context, c *config) (*attachment, error) {
 		a.StackPID, a.Status = st.PID, st.raw
 		if err := checkGSO(c, st); err != nil {
 			b.fail(0, c.Name, "gso-check", err) // measured anyway; the exit status says it
+		}
+		if c.PolicyRules > 0 {
+			if err := b.pushPolicy(c, a, &res); err != nil {
+				return nil, fmt.Errorf("pushing the policy: %w", err)
+			}
 		}
 	}
 	return a, nil

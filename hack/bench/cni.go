@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -36,6 +37,7 @@ func cniMain(args []string) int {
 	cache := fs.String("cache", "", "libcni cache directory")
 	conf := fs.String("conf", "", "conflist file")
 	id := fs.String("id", "", "container ID (add, del)")
+	pod := fs.String("pod", "", "add: the pod's namespace/name, passed as K8S_POD_NAMESPACE and K8S_POD_NAME (a conflist with networkPolicy needs them)")
 	netns := fs.String("netns", "", "network namespace path (add, del)")
 	prefix := fs.String("netns-prefix", "", "addbench, addmany, delmany: namespace paths are <prefix><i>")
 	idPrefix := fs.String("id-prefix", "ub-add-", "addbench, addmany, delmany: container IDs are <id-prefix><i>")
@@ -60,7 +62,11 @@ func cniMain(args []string) int {
 
 	switch verb {
 	case "add":
-		res, err := cn.AddNetworkList(ctx, list, &libcni.RuntimeConf{ContainerID: *id, NetNS: *netns, IfName: "eth0"})
+		rt := &libcni.RuntimeConf{ContainerID: *id, NetNS: *netns, IfName: "eth0"}
+		if ns, name, ok := strings.Cut(*pod, "/"); ok {
+			rt.Args = [][2]string{{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", ns}, {"K8S_POD_NAME", name}}
+		}
+		res, err := cn.AddNetworkList(ctx, list, rt)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "ADD:", err)
 			return 1

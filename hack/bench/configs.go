@@ -48,6 +48,10 @@ type config struct {
 	// ByName runs the configuration only when --only names it: A/B rows
 	// stay out of full runs.
 	ByName bool
+	// PolicyRules, when non-zero, pushes a policy of that many rules per
+	// direction after ADD, the last one allowing the node (benchPolicy);
+	// Keys must turn networkPolicy on.
+	PolicyRules int
 }
 
 func (c *config) usernet() bool { return c.Plugin == "cni-usernet" }
@@ -80,6 +84,8 @@ var allConfigs = []*config{
 		Desc: `cni-usernet "gso": "off", "gro": false`},
 	{Name: "usernet-auto-nooffload-nogro", Plugin: "cni-usernet", GSO: "auto", NoOffload: true, Keys: map[string]any{"gro": false}, ByName: true,
 		Desc: `cni-usernet "gso": "auto", "gro": false, tso/gso/sg off on the link`},
+	{Name: "usernet-policy1k", Plugin: "cni-usernet", GSO: "hardware", Keys: map[string]any{"networkPolicy": true}, PolicyRules: 1000, ByName: true,
+		Desc: `cni-usernet "gso": "hardware", "networkPolicy": true, a 1,000-rule policy each way whose last rule allows the node`},
 	{Name: "baseline-hardware", Plugin: "cni-usernet", GSO: "hardware", Baseline: true, Desc: `cni-usernet built from run.sh --baseline REV, "gso": "hardware" (only with --baseline-bin)`},
 	{Name: "baseline-software", Plugin: "cni-usernet", GSO: "software", Baseline: true, Desc: `cni-usernet built from run.sh --baseline REV, "gso": "software" (only with --baseline-bin)`},
 	{Name: "runsc-hostgso", Plugin: "ptp", Peer: "runsc", PeerArgs: []string{"--gso=true"},
@@ -119,8 +125,10 @@ func configByName(name string) *config {
 }
 
 // conflist renders the CNI network configuration list for c. stateDir and
-// logDir are only used by cni-usernet, ipamDir by host-local.
-func (c *config) conflist(ipamDir, stateDir, logDir string, ipv6 bool) ([]byte, error) {
+// logDir are only used by cni-usernet, ipamDir by host-local; runDir by
+// a configuration with PolicyRules (its control sockets, and the node
+// agent's socket its ADD asks, served by the benchmark: standInAgent).
+func (c *config) conflist(ipamDir, stateDir, logDir, runDir string, ipv6 bool) ([]byte, error) {
 	ranges := [][]map[string]string{{{"subnet": subnet4}}}
 	routes := []map[string]string{{"dst": "0.0.0.0/0"}}
 	if ipv6 {
@@ -144,6 +152,9 @@ func (c *config) conflist(ipamDir, stateDir, logDir string, ipv6 bool) ([]byte, 
 		}
 		for k, v := range c.Keys {
 			plugin[k] = v
+		}
+		if c.PolicyRules > 0 {
+			plugin["runDir"] = runDir
 		}
 	default:
 		return nil, fmt.Errorf("configuration %s has no CNI plugin (%q)", c.Name, c.Plugin)

@@ -11,11 +11,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/pprof"
 	"os"
 	"time"
+
+	"github.com/cni-usernet/cni-usernet/pkg/policy"
 )
 
 // Source provides what the socket serves.
@@ -31,6 +34,19 @@ type Source interface {
 type Capturer interface {
 	CaptureHandler() http.Handler
 }
+
+// PolicySetter is a Source that takes the node agent's network policy
+// pushes (PUT /policy, docs/policy.md).
+type PolicySetter interface {
+	// SetPolicy puts p in force and returns its generation; the error
+	// wraps policy.ErrStale for a push older than the policy in force,
+	// policy.ErrOff when the stack does not enforce policy.
+	SetPolicy(p *policy.PodPolicy) (uint64, error)
+}
+
+// maxPolicyBytes bounds a pushed policy: far above a namespace's worth of
+// rules and a cluster's Services, far below what would hurt the stack.
+const maxPolicyBytes = 32 << 20
 
 // Server is a running control socket.
 type Server struct {
@@ -67,6 +83,9 @@ func Listen(path string, src Source) (*Server, error) {
 		enc.SetIndent("", "  ")
 		_ = enc.Encode(src.Status())
 	})
+	if ps, ok := src.(PolicySetter); ok {
+		mux.HandleFunc("PUT /policy", func(w http.ResponseWriter, r *http.Request) { putPolicy(w, r, ps) })
+	}
 	if c, ok := src.(Capturer); ok {
 		h := c.CaptureHandler()
 		mux.Handle("GET /capture", h)
@@ -83,6 +102,34 @@ func Listen(path string, src Source) (*Server, error) {
 	s := &Server{srv: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}, ln: ln, path: path}
 	go s.srv.Serve(ln)
 	return s, nil
+}
+
+// putPolicy serves PUT /policy: 200 {"generation": N} once the policy is in
+// force; 400 with the reason for a policy the stack cannot read; 409 for
+// one older than the policy in force, or when the stack does not enforce
+// policy.
+func putPolicy(w http.ResponseWriter, r *http.Request, ps PolicySetter) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxPolicyBytes))
+	if err != nil {
+		http.Error(w, fmt.Sprintf("reading the policy: %v", err), http.StatusBadRequest)
+		return
+	}
+	p, err := policy.Unmarshal(body)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	gen, err := ps.SetPolicy(p)
+	switch {
+	case errors.Is(err, policy.ErrStale), errors.Is(err, policy.ErrOff):
+		http.Error(w, err.Error(), http.StatusConflict)
+		return
+	case err != nil:
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(PolicyReply{Generation: gen})
 }
 
 // Close stops serving and removes the socket.

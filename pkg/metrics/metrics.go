@@ -110,6 +110,11 @@ var (
 	descSynCookies = podDesc("syn_cookies_total",
 		"SYN cookies of the pod's wire leg, by result: sent (a mirrored listener's handshake backlog was full), fast_path (SYNs the link answered with the listener's cookie itself, during a flood), valid and invalid (the ACKs that came back).",
 		"result")
+	descPolicyDenied = podDesc("policy_denied_total",
+		"Packets that would have opened a connection or flow the pod's network policy denied (dropped, unanswered; a client's SYN retransmissions count each), by direction (ingress: from the network; egress: the applications') and policy (the isolating NetworkPolicies, \"namespace/name\" joined with \",\"; \"(pending)\" before the node agent's first push).",
+		"direction", "policy")
+	descPolicyGeneration = podDesc("policy_generation",
+		"Generation of the network policy the pod's stack enforces (absent when the stack does not enforce policy).")
 	descRestarts = podDesc("stack_restarts_total",
 		"Times the node agent restarted the pod's stack since ADD.")
 	descCrashLoop = podDesc("stack_crash_loop",
@@ -212,6 +217,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		descStackUp, descBytes, descPackets, descGSOBatches, descDropped, descErrors, descRetransmits,
 		descTCPActive, descTCPTotal, descTCPRefused, descTCPOverLimit, descTCPResets,
 		descUDPActive, descUDPTotal, descUDPOverLimit, descICMPEchoes, descICMPFailed, descSynCookies,
+		descPolicyDenied, descPolicyGeneration,
 		descRestarts, descCrashLoop, descRSS, descCPU, descGSOInfo, descGSOMaxSize, descGSOMaxSegs,
 		descAttachments, descUnreadable, descReconciles, descReclaimed, descDirsRemoved, descUntracked,
 		descAgentRestarts, descAgentStarts, descBadRecords,
@@ -368,6 +374,15 @@ func (p pod) emit(ch chan<- prometheus.Metric) {
 	ctr(descSynCookies, w.SynCookiesValid, "valid")
 	ctr(descSynCookies, w.SynCookiesInvalid, "invalid")
 	ctr(descSynCookies, w.RxSynCookied, "fast_path")
+	if pol := p.status.Policy; pol != nil {
+		m(descPolicyGeneration, prometheus.GaugeValue, float64(pol.Generation))
+		for label, n := range pol.Denied.Ingress {
+			ctr(descPolicyDenied, n, "ingress", label)
+		}
+		for label, n := range pol.Denied.Egress {
+			ctr(descPolicyDenied, n, "egress", label)
+		}
+	}
 }
 
 func counter(d *prometheus.Desc, v float64, labels ...string) prometheus.Metric {

@@ -13,6 +13,8 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/launch"
 	"github.com/cni-usernet/cni-usernet/pkg/offload"
 	"github.com/cni-usernet/cni-usernet/pkg/oplog"
+	"github.com/cni-usernet/cni-usernet/pkg/policy"
+	"github.com/cni-usernet/cni-usernet/pkg/stackproc"
 	"github.com/cni-usernet/cni-usernet/pkg/state"
 )
 
@@ -139,5 +141,61 @@ func TestCountStart(t *testing.T) {
 		if err != nil || n != want {
 			t.Fatalf("start %d: got %d, %v", want, n, err)
 		}
+	}
+}
+
+// emitter is one pod's series as a collector.
+type emitter struct{ p pod }
+
+func (e emitter) Describe(ch chan<- *prometheus.Desc) { prometheus.DescribeByCollect(e, ch) }
+func (e emitter) Collect(ch chan<- prometheus.Metric) { e.p.emit(ch) }
+
+// TestPolicySeries: a stack that enforces policy has its generation and
+// its denials per direction and policy label; one that does not has
+// neither.
+func TestPolicySeries(t *testing.T) {
+	att := &state.Attachment{Version: state.Version, ContainerID: "c0ffee", IfName: "eth0", PodNS: "ns1", PodName: "web",
+		GSO: offload.Decision{Requested: offload.ModeAuto, Mode: offload.ModeHardware}}
+	st := &stackproc.Status{Policy: &policy.Status{Generation: 7, IngressIsolated: true, EgressIsolated: true,
+		Denied: policy.Denied{Ingress: map[string]uint64{"ns1/db,ns1/deny-all": 3}, Egress: map[string]uint64{"(pending)": 1}}}}
+	c := emitter{pod{att: att, status: st}}
+	if problems, err := testutil.CollectAndLint(c); err != nil || len(problems) > 0 {
+		t.Fatalf("promlint: %v %v", problems, err)
+	}
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(c)
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, f := range fams {
+		for _, m := range f.GetMetric() {
+			key := f.GetName()
+			for _, l := range m.GetLabel() {
+				if n := l.GetName(); n == "direction" || n == "policy" {
+					key += " " + n + "=" + l.GetValue()
+				}
+			}
+			switch {
+			case m.GetCounter() != nil:
+				got[key] = m.GetCounter().GetValue()
+			case m.GetGauge() != nil:
+				got[key] = m.GetGauge().GetValue()
+			}
+		}
+	}
+	for key, v := range map[string]float64{
+		"cni_usernet_pod_policy_denied_total direction=ingress policy=ns1/db,ns1/deny-all": 3,
+		"cni_usernet_pod_policy_denied_total direction=egress policy=(pending)":            1,
+		"cni_usernet_pod_policy_generation":                                                7,
+	} {
+		if got[key] != v {
+			t.Errorf("%s: got %v, want %v", key, got[key], v)
+		}
+	}
+	st.Policy = nil
+	if n := testutil.CollectAndCount(c, "cni_usernet_pod_policy_denied_total", "cni_usernet_pod_policy_generation"); n != 0 {
+		t.Errorf("stack without policy: got %d policy series, want none", n)
 	}
 }

@@ -47,7 +47,7 @@ func TestParseDefaults(t *testing.T) {
 		{"Chained", c.Chained(), false},
 		{"RXChecksumOffload", c.RXChecksumOffload == nil, true},
 		{"GROEnabled", c.GROEnabled(), true},
-		{"StackConfig GRO", c.StackConfig("eth0", offload.ModeHardware, "/spec", "/sock").GRO, true},
+		{"StackConfig GRO", c.StackConfig("eth0", offload.ModeHardware, netconf.StackFiles{Spec: "/spec", ControlSocket: "/sock"}).GRO, true},
 	} {
 		if f.got != f.want {
 			t.Errorf("%s: got %v, want %v", f.name, f.got, f.want)
@@ -306,12 +306,14 @@ func FuzzParse(f *testing.F) {
 func TestStackConfig(t *testing.T) {
 	c, err := netconf.Parse([]byte(`{"cniVersion":"1.1.0","name":"n","type":"cni-usernet","ipam":{"type":"host-local"},
 		"tunName":"tun7","tunMTU":9000,"gsoMaxSize":32768,"gsoMaxSegs":8,"gro":false,"rxChecksumOffload":false,
-		"wireQueueLen":-1,"stackThreads":2,"maxTCP":10,"maxUDP":20,"udpIdle":"15s","podLinkOffloadsOff":true}`))
+		"wireQueueLen":-1,"stackThreads":2,"maxTCP":10,"maxUDP":20,"udpIdle":"15s","podLinkOffloadsOff":true,
+		"networkPolicy":true}`))
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := c.StackConfig("eth1", offload.ModeSoftware, "/spec", "/sock")
+	got := c.StackConfig("eth1", offload.ModeSoftware, netconf.StackFiles{Spec: "/spec", ControlSocket: "/sock", Policy: "/policy"})
 	want := stackconfig.Config{IfName: "eth1", GSO: offload.ModeSoftware, SpecPath: "/spec", ControlSocket: "/sock",
+		Policy: true, PolicyPath: "/policy",
 		TUNName: "tun7", TUNMTU: 9000, GSOMaxSize: 32768, GSOMaxSegs: 8, GRO: false, VerifyRXChecksums: true,
 		WireQueueLen: -1, Threads: 2, MaxTCP: 10, MaxUDP: 20, UDPIdle: stackconfig.Duration(15 * time.Second), PodLinkOffloadsOff: true}
 	if got != want {
@@ -321,7 +323,11 @@ func TestStackConfig(t *testing.T) {
 		t.Fatalf("the stack refuses what the conflist produced: %v", err)
 	}
 	d, _ := netconf.Parse([]byte(`{"cniVersion":"1.1.0","name":"n","type":"cni-usernet","ipam":{"type":"host-local"}}`))
-	if d.StackConfig("eth0", offload.ModeAuto, "/s", "/c").VerifyRXChecksums {
+	dc := d.StackConfig("eth0", offload.ModeAuto, netconf.StackFiles{Spec: "/s", ControlSocket: "/c", Policy: "/p"})
+	if dc.VerifyRXChecksums {
 		t.Fatal("checksums verified by default")
+	}
+	if dc.Policy {
+		t.Fatal("network policy enforced by default")
 	}
 }

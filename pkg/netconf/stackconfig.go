@@ -5,17 +5,27 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/stackconfig"
 )
 
+// StackFiles are where a stack keeps its files (attachment.Paths has
+// them).
+type StackFiles struct {
+	// Spec is the spec's file, ControlSocket the control socket's path,
+	// Policy the policy file the node agent writes.
+	Spec, ControlSocket, Policy string
+}
+
 // StackConfig is the pod stack's configuration for interface ifName in
 // GSO mode mode (the conflist's default or the pod's annotation, already
-// resolved), keeping its spec at specPath and serving its control socket
-// at controlSocket: the one place a conflist setting becomes a stack
-// setting. Defaults are the stack's own (stackconfig.Config.Validate).
-func (c *NetConf) StackConfig(ifName string, mode offload.Mode, specPath, controlSocket string) stackconfig.Config {
+// resolved), with its files at files: the one place a conflist setting
+// becomes a stack setting. Defaults are the stack's own
+// (stackconfig.Config.Validate).
+func (c *NetConf) StackConfig(ifName string, mode offload.Mode, files StackFiles) stackconfig.Config {
 	return stackconfig.Config{
 		IfName:             ifName,
 		GSO:                mode,
-		SpecPath:           specPath,
-		ControlSocket:      controlSocket,
+		SpecPath:           files.Spec,
+		ControlSocket:      files.ControlSocket,
+		Policy:             c.NetworkPolicy,
+		PolicyPath:         files.Policy,
 		TUNName:            c.TUNName,
 		TUNMTU:             c.TUNMTU,
 		GSOMaxSize:         c.GSOMaxSize,

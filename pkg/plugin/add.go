@@ -23,6 +23,7 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/control"
 	"github.com/cni-usernet/cni-usernet/pkg/kube"
 	"github.com/cni-usernet/cni-usernet/pkg/launch"
+	"github.com/cni-usernet/cni-usernet/pkg/netconf"
 	"github.com/cni-usernet/cni-usernet/pkg/offload"
 	"github.com/cni-usernet/cni-usernet/pkg/stackproc"
 	"github.com/cni-usernet/cni-usernet/pkg/state"
@@ -217,7 +218,7 @@ func (inv *invocation) requestPolicy(p attachment.Paths, att *state.Attachment) 
 
 func (inv *invocation) writeStackConfig(p attachment.Paths, mode offload.Mode) error {
 	conf := inv.conf
-	sc := conf.StackConfig(inv.args.IfName, mode, p.Spec, p.Socket)
+	sc := conf.StackConfig(inv.args.IfName, mode, netconf.StackFiles{Spec: p.Spec, ControlSocket: p.Socket, Policy: p.Policy})
 	if err := os.MkdirAll(p.StackDir, 0o700); err != nil {
 		return fmt.Errorf("creating %s: %w", p.StackDir, err)
 	}

@@ -4,6 +4,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cni-usernet/cni-usernet/pkg/policy"
 	"github.com/cni-usernet/cni-usernet/pkg/wirequeue"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
@@ -69,6 +70,9 @@ type countingLink struct {
 	// answerSYN answers, with a SYN cookie, a SYN the gate turns away
 	// from netstack (relay.AnswerSYN); nil: such SYNs are dropped.
 	answerSYN func(ipPacket []byte, from tcpip.LinkAddress) bool
+	// policy takes the ingress verdict on the packets that open
+	// connections (policy.go). Never nil.
+	policy *policy.Enforcer
 }
 
 var (
@@ -108,6 +112,10 @@ func (l *countingLink) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Err
 func (l *countingLink) DeliverNetworkPacket(proto tcpip.NetworkProtocolNumber, pkt *stack.PacketBuffer) {
 	l.stats.RxPackets.Add(1)
 	l.stats.RxBytes.Add(uint64(pkt.Size()))
+	// Before the SYN gate and its cookies: a denied peer gets nothing.
+	if m := l.policy.For(policy.Ingress); m != nil && !admitIngress(m, proto, pktHeaders{pkt}) {
+		return
+	}
 	if l.gate != nil && isSYN(proto, pkt) {
 		var answer func() bool
 		if l.answerSYN != nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/offload"
 	"github.com/cni-usernet/cni-usernet/pkg/packetsock"
 	"github.com/cni-usernet/cni-usernet/pkg/podnet"
+	"github.com/cni-usernet/cni-usernet/pkg/policy"
 	"github.com/cni-usernet/cni-usernet/pkg/relay"
 	"github.com/cni-usernet/cni-usernet/pkg/wirequeue"
 	"golang.org/x/sys/unix"
@@ -74,6 +75,11 @@ type Options struct {
 	// TCP endpoint (auto-tuned up to it). Zero: 4 MiB, enough for the
 	// bandwidth-delay product of 10 Gbit/s at 3 ms.
 	TCPBufferBytes int
+	// Policy is the pod's network policy in force, shared with the relay
+	// (Relay.Policy is set to it): the wire leg takes the ingress verdict
+	// on TCP SYNs and echo requests, the relay on UDP flows and on the
+	// applications' connections. Nil: everything is allowed.
+	Policy *policy.Enforcer
 	// Relay configures the relay between the legs.
 	Relay relay.Options
 }
@@ -146,6 +152,10 @@ func Build(o Options) (*Stack, error) {
 	if o.TCPBufferBytes == 0 {
 		o.TCPBufferBytes = DefaultTCPBufferBytes
 	}
+	if o.Policy == nil {
+		o.Policy = policy.AllowAll()
+	}
+	o.Relay.Policy = o.Policy
 	s := &Stack{opts: o, failed: make(chan error, 1)}
 	mac, err := net.ParseMAC(o.Spec.MAC)
 	if err != nil {
@@ -289,6 +299,7 @@ func (s *Stack) attachWire(mac net.HardwareAddr) error {
 	link := newCountingLink(ep, &s.WireStats)
 	link.gate = &synGate{cookiesSent: s.Wire.Stats().TCP.ListenOverflowSynCookieSent.Value}
 	link.answerSYN = s.Relay.AnswerSYN
+	link.policy = o.Policy
 	nicOpts := stack.NICOptions{Name: o.Spec.IfName, Disabled: true}
 	if o.WireQueueLen > 0 {
 		nicOpts.QDisc = wirequeue.New(link, o.WireQueueLen, &s.WireStats.Queue)

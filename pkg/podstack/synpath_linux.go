@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/cni-usernet/cni-usernet/pkg/packetsock"
+	"github.com/cni-usernet/cni-usernet/pkg/policy"
 	"golang.org/x/sys/unix"
 	"gvisor.dev/gvisor/pkg/buffer"
 	"gvisor.dev/gvisor/pkg/rawfile"
@@ -153,6 +154,9 @@ func (p *synPath) handle(now time.Time, frame []byte, cut bool, slot int) bool {
 	p.link.stats.RxBytes.Add(uint64(len(frame))) // as the link counts: the frame
 	proto := eth.Type()
 	ip := frame[header.EthernetMinimumSize:]
+	if m := p.link.policy.For(policy.Ingress); m != nil && !admitIngress(m, proto, frameHeaders(ip)) {
+		return false
+	}
 	var answer func() bool
 	if p.answer != nil {
 		answer = func() bool {

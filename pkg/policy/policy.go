@@ -155,6 +155,11 @@ func (p *PodPolicy) Validate() error {
 		if !s.VIP.IsValid() {
 			return fmt.Errorf("service %s: no virtual address", s.Name)
 		}
+		for _, b := range s.Backends {
+			if !b.Addr.IsValid() {
+				return fmt.Errorf("service %s: a backend without an address", s.Name)
+			}
+		}
 	}
 	return nil
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/cni-usernet/cni-usernet/pkg/podsock"
+	"github.com/cni-usernet/cni-usernet/pkg/policy"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/waiter"
 )
@@ -21,7 +22,10 @@ type flowKey struct{ app, remote netip.AddrPort }
 // first while the remote is dialled, then until the pod's kernel hands
 // the re-injected SYN's connection to a listener.
 type outboundConn struct {
-	syn    []byte // the application's latest SYN, written back when dialled
+	syn []byte // the application's latest SYN, written back when dialled
+	// dst is the remote dialled: the application's, or the backend the
+	// policy chose for a Service VIP.
+	dst    netip.AddrPort
 	dialed bool
 	cancel context.CancelFunc // ends the dial
 	elem   *list.Element      // in outboundSet.dialing while dialling
@@ -76,6 +80,12 @@ func (r *Relay) outboundSYN(k flowKey, syn []byte) {
 		}
 		return
 	}
+	// Before the limit: a denied connection must not evict a dial.
+	dst, ok := r.egressTo(k, policy.ProtoTCP)
+	if !ok {
+		s.mu.Unlock()
+		return // dropped: the application's connect times out
+	}
 	if s.dialing.Len() >= s.max {
 		oldest := s.dialing.Front().Value.(flowKey)
 		old := s.m[oldest]
@@ -96,7 +106,7 @@ func (r *Relay) outboundSYN(k flowKey, syn []byte) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.ctx, r.opts.OutboundDialTimeout)
-	c := &outboundConn{syn: syn, cancel: cancel, start: time.Now()}
+	c := &outboundConn{syn: syn, dst: dst, cancel: cancel, start: time.Now()}
 	c.elem = s.dialing.PushBack(k)
 	s.m[k] = c
 	s.mu.Unlock()
@@ -106,7 +116,7 @@ func (r *Relay) outboundSYN(k flowKey, syn []byte) {
 func (r *Relay) dialOutbound(ctx context.Context, k flowKey, c *outboundConn) {
 	defer c.cancel()
 	local := tcpip.FullAddress{NIC: r.wire.NIC, Addr: tcpipAddr(k.app.Addr()), Port: k.app.Port()}
-	remote := tcpip.FullAddress{Addr: tcpipAddr(k.remote.Addr()), Port: k.remote.Port()}
+	remote := tcpip.FullAddress{Addr: tcpipAddr(c.dst.Addr()), Port: c.dst.Port()}
 	wq, ep, err := dialTCP(ctx, r.wire, local, remote, netProto(remote.Addr))
 	if _, inUse := err.(*tcpip.ErrPortInUse); inUse {
 		// The application's port is taken on the wire leg (a connection
@@ -153,6 +163,42 @@ func (r *Relay) dialOutbound(ctx context.Context, k flowKey, c *outboundConn) {
 	syn := c.syn
 	s.mu.Unlock()
 	r.writeTUN(syn)
+}
+
+// egressTo takes the egress verdict on the application's new connection
+// or flow k of protocol proto, and returns the remote to dial: k's own,
+// or, when egress is isolated and k's remote is a Service VIP, the
+// backend the policy chose. A denial is counted.
+func (r *Relay) egressTo(k flowKey, proto uint8) (netip.AddrPort, bool) {
+	m := r.opts.Policy.For(policy.Egress)
+	if m == nil {
+		return k.remote, true
+	}
+	dst, isService, ok := m.ResolveService(k.remote, proto, k.hash())
+	switch {
+	case !isService:
+		return dst, m.Check(policy.Egress, dst.Addr(), proto, dst.Port())
+	case !ok:
+		m.Denied(policy.Egress)
+	}
+	return dst, ok
+}
+
+// hash is FNV-1a of k's addresses and ports: the same flow picks the same
+// Service backend.
+func (k flowKey) hash() uint32 {
+	h := uint32(2166136261)
+	mix := func(b []byte) {
+		for _, c := range b {
+			h = (h ^ uint32(c)) * 16777619
+		}
+	}
+	for _, ap := range []netip.AddrPort{k.app, k.remote} {
+		a := ap.Addr().As16()
+		mix(a[:])
+		mix([]byte{byte(ap.Port() >> 8), byte(ap.Port())})
+	}
+	return h
 }
 
 // unclaimed gives up a dialled connection the listener never received.

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cni-usernet/cni-usernet/pkg/policy"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv6"
@@ -30,15 +31,17 @@ type Pinger struct {
 	wire  Leg
 	tun   io.Writer
 	stats *Stats
-	queue chan echo
-	done  chan struct{}
-	once  sync.Once
-	wg    sync.WaitGroup
+	// policy takes the egress verdict on each echo request.
+	policy *policy.Enforcer
+	queue  chan echo
+	done   chan struct{}
+	once   sync.Once
+	wg     sync.WaitGroup
 }
 
 // newPinger starts the relay workers.
-func newPinger(wire Leg, tun io.Writer, stats *Stats) *Pinger {
-	p := &Pinger{wire: wire, tun: tun, stats: stats, queue: make(chan echo, pingQueue), done: make(chan struct{})}
+func newPinger(wire Leg, tun io.Writer, stats *Stats, pol *policy.Enforcer) *Pinger {
+	p := &Pinger{wire: wire, tun: tun, stats: stats, policy: pol, queue: make(chan echo, pingQueue), done: make(chan struct{})}
 	for range pingWorkers {
 		p.wg.Add(1)
 		go p.work()
@@ -55,6 +58,15 @@ func (p *Pinger) handle(b []byte) bool {
 	e, ok := parseEchoRequest(bytes.Clone(b))
 	if !ok {
 		return false
+	}
+	if m := p.policy.For(policy.Egress); m != nil {
+		proto := policy.ProtoICMP
+		if e.dst.Is6() {
+			proto = policy.ProtoICMPv6
+		}
+		if !m.Check(policy.Egress, e.dst, proto, 0) {
+			return true // dropped: the application's ping times out
+		}
 	}
 	select {
 	case p.queue <- e:

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/cni-usernet/cni-usernet/pkg/podsock"
+	"github.com/cni-usernet/cni-usernet/pkg/policy"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 	"gvisor.dev/gvisor/pkg/tcpip/stack"
@@ -156,6 +157,12 @@ type Options struct {
 	// --baseline, 3 rounds, loaded machine): bulk +40 % node→pod and
 	// +54 % pod→node, nginx 10 MiB +50 %, stack CPU per GB pod→node -23 %.
 	CopyBufferBytes int
+	// Policy is the pod's network policy in force: the relay takes the
+	// ingress verdict on UDP flows from the network and the egress verdict
+	// on the applications' connections, flows and echo requests, and
+	// dials a Service VIP's allowed backend itself when egress is
+	// isolated (docs/policy.md). Nil: everything is allowed.
+	Policy *policy.Enforcer
 	// Logger receives the relay's messages: per-connection and per-flow
 	// failures at Debug (a flood must not fill the stack's log; the
 	// counters in Stats say how many), problems with the stack at Warn.
@@ -347,7 +354,7 @@ func New(wire Leg, pod PodSide, opts Options) (*Relay, error) {
 	r.pending.max = opts.MaxPendingInbound
 	r.outbound.init(opts.MaxOutboundPending)
 	r.udp.init(opts.MaxUDP, opts.MaxUDPUnreplied)
-	r.pinger = newPinger(wire, pod.TUN, &r.stats)
+	r.pinger = newPinger(wire, pod.TUN, &r.stats, opts.Policy)
 	// Inbound: from the network to the application. The forwarder's own
 	// limit leaves room for evicted requests that are still unwinding; the
 	// pending set is the bound that matters.

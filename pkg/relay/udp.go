@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/cni-usernet/cni-usernet/pkg/podsock"
+	"github.com/cni-usernet/cni-usernet/pkg/policy"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/udp"
 	"gvisor.dev/gvisor/pkg/waiter"
@@ -28,6 +29,10 @@ var datagramPool = sync.Pool{New: func() any { b := make([]byte, maxDatagram); r
 // their real peer. Flows from the network may be evicted until answered.
 func (r *Relay) forwardInboundUDP(req *udp.ForwarderRequest) bool {
 	id := req.ID()
+	if m := r.opts.Policy.For(policy.Ingress); m != nil &&
+		!m.Check(policy.Ingress, addrPort(id.RemoteAddress, 0).Addr(), policy.ProtoUDP, id.LocalPort) {
+		return true // dropped: no flow, and no port unreachable either
+	}
 	f, ok := r.newFlow(true)
 	if !ok {
 		return true
@@ -105,13 +110,20 @@ func (r *Relay) readOutboundUDP(l *net.UDPConn) {
 	}
 }
 
+// openOutboundFlow opens the flow k for an application's datagram, when
+// the egress policy allows it; the wire leg's end goes to the allowed
+// backend when k.remote is a Service VIP, the pod's end keeps k.
 func (r *Relay) openOutboundFlow(k flowKey) *udpFlow {
+	dst, ok := r.egressTo(k, policy.ProtoUDP)
+	if !ok {
+		return nil
+	}
 	f, ok := r.newFlow(false)
 	if !ok {
 		return nil
 	}
 	wq, ep, terr := dialUDP(r.wire, tcpip.FullAddress{NIC: r.wire.NIC, Addr: tcpipAddr(k.app.Addr()), Port: k.app.Port()},
-		tcpip.FullAddress{Addr: tcpipAddr(k.remote.Addr()), Port: k.remote.Port()}, netProto(tcpipAddr(k.remote.Addr())))
+		tcpip.FullAddress{Addr: tcpipAddr(dst.Addr()), Port: dst.Port()}, netProto(tcpipAddr(dst.Addr())))
 	if terr != nil {
 		r.dropFlow(f, "opening a wire endpoint for a UDP flow", nil)
 		return nil

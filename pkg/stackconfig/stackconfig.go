@@ -65,6 +65,16 @@ type Config struct {
 	// link before detection: a link without offload, for tests, benchmarks
 	// and links known to misbehave.
 	PodLinkOffloadsOff bool `json:"podLinkOffloadsOff,omitempty"`
+	// Policy makes the stack enforce the pod's network policy
+	// (docs/policy.md). False: everything is allowed and a pushed policy
+	// is refused.
+	Policy bool `json:"policy,omitempty"`
+	// PolicyPath is the policy file the node agent keeps for the pod,
+	// read at start (a restart comes back with the policy it had). When
+	// Policy is on and the file is absent, the stack starts closed but to
+	// the node (policy.Closed) until the agent's first push. Required
+	// when Policy is on.
+	PolicyPath string `json:"policyPath,omitempty"`
 }
 
 // Duration is a time.Duration written as a Go duration string ("30s").
@@ -156,6 +166,9 @@ func (c *Config) Validate() error {
 		c.Threads = DefaultThreads
 	case c.Threads < 0:
 		return fmt.Errorf("threads %d: want a positive count, 0 for the default", c.Threads)
+	}
+	if c.Policy && c.PolicyPath == "" {
+		return fmt.Errorf("stack config enforces network policy but names no policyPath")
 	}
 	if _, err := offload.ParseMode(string(c.GSO)); err != nil {
 		return err

@@ -44,6 +44,7 @@ func TestRead(t *testing.T) {
 		`{"ifName":"eth0","specPath":"/s","controlSocket":"/c","gso":"fast"}`,
 		`{"ifName":"eth0","specPath":"/s","controlSocket":"/c","threads":-1}`,
 		`{"ifName":"eth0","specPath":"/s","controlSocket":"/c","udpIdle":"-1s"}`,
+		`{"ifName":"eth0","specPath":"/s","controlSocket":"/c","policy":true}`,
 	} {
 		if _, err := Read(write(bad)); err == nil {
 			t.Errorf("%s: accepted", bad)

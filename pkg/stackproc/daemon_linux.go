@@ -12,7 +12,9 @@ import (
 	"io/fs"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"os"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -22,6 +24,7 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/packetsock"
 	"github.com/cni-usernet/cni-usernet/pkg/podnet"
 	"github.com/cni-usernet/cni-usernet/pkg/podstack"
+	"github.com/cni-usernet/cni-usernet/pkg/policy"
 	"github.com/cni-usernet/cni-usernet/pkg/relay"
 	"github.com/cni-usernet/cni-usernet/pkg/stackconfig"
 	"github.com/cni-usernet/cni-usernet/pkg/steptime"
@@ -41,8 +44,11 @@ type Daemon struct {
 	spec           *podnet.Spec
 	gso            offload.Decision
 	stack          *podstack.Stack
-	ctl            *control.Server
-	started        time.Time
+	// policy is the network policy in force; nil when the stack does not
+	// enforce policy (stackconfig.Config.Policy).
+	policy  *policy.Enforcer
+	ctl     *control.Server
+	started time.Time
 	// Startup is how long each step of Start took.
 	Startup *steptime.Steps
 }
@@ -68,6 +74,13 @@ func Start(cfg stackconfig.Config, log *slog.Logger) (*Daemon, error) {
 		return nil, err
 	}
 	d.spec = spec
+	// Before the link is enabled: a restarted stack is closed where it
+	// was closed from its first frame.
+	if cfg.Policy {
+		if d.policy, err = startPolicy(cfg.PolicyPath, spec, log); err != nil {
+			return nil, err
+		}
+	}
 	ph.Done("spec")
 	if cfg.PodLinkOffloadsOff {
 		if err := offload.LinkOffloadsOff(cfg.IfName); err != nil {
@@ -166,6 +179,7 @@ func Start(cfg stackconfig.Config, log *slog.Logger) (*Daemon, error) {
 		GRO:               cfg.GRO,
 		VerifyRXChecksums: cfg.VerifyRXChecksums,
 		WireQueueLen:      wireQueue,
+		Policy:            d.policy,
 		Relay: relay.Options{
 			MaxTCP:  cfg.MaxTCP,
 			MaxUDP:  cfg.MaxUDP,
@@ -191,6 +205,34 @@ func Start(cfg stackconfig.Config, log *slog.Logger) (*Daemon, error) {
 	}
 	ph.Done("control")
 	return d, nil
+}
+
+// startPolicy is the policy a stack starts with: the node agent's file,
+// or, until the agent's first push, policy.Closed with the node being the
+// spec's gateways (the host side of the pod's link, where kubelet's
+// probes come from). An unreadable file closes the pod too: open would
+// be the wrong way to fail.
+func startPolicy(path string, spec *podnet.Spec, log *slog.Logger) (*policy.Enforcer, error) {
+	p, err := policy.ReadFile(path)
+	if err != nil {
+		if !errors.Is(err, fs.ErrNotExist) {
+			log.Warn("network policy file unusable: closed but to the node until the agent's next push", "err", err)
+		}
+		var node []netip.Addr
+		for _, r := range spec.Routes {
+			if r.Gw.IsValid() && !slices.Contains(node, r.Gw) {
+				node = append(node, r.Gw)
+			}
+		}
+		p = policy.Closed(node)
+	}
+	e, err := policy.NewEnforcer(p)
+	if err != nil {
+		return nil, fmt.Errorf("network policy: %w", err)
+	}
+	log.Info("network policy in force", "generation", p.Generation,
+		"ingressIsolated", p.Ingress.Isolated, "egressIsolated", p.Egress.Isolated)
+	return e, nil
 }
 
 func loadOrCollect(cfg stackconfig.Config) (*podnet.Spec, error) {
@@ -258,6 +300,9 @@ type Status struct {
 	GSO       offload.Decision `json:"gso"`
 	Wire      LegStatus        `json:"wire"`
 	Relay     relay.Snapshot   `json:"relay"`
+	// Policy is the network policy in force and its denials; absent when
+	// the stack does not enforce policy.
+	Policy *policy.Status `json:"policy,omitempty"`
 }
 
 // LegStatus is the wire leg's counters.
@@ -316,7 +361,24 @@ func (d *Daemon) Status() any {
 		ListenSynDrops:    ws.TCP.ListenOverflowSynDrop.Value(), ListenAckDrops: ws.TCP.ListenOverflowAckDrop.Value(),
 		IPMalformed: ws.IP.MalformedPacketsReceived.Value(), IPOutgoingErrors: ws.IP.OutgoingPacketErrors.Value(),
 		TCPInvalidSegments: ws.TCP.InvalidSegmentsReceived.Value(), TCPChecksumErrors: ws.TCP.ChecksumErrors.Value()}
+	if d.policy != nil {
+		ps := d.policy.Status()
+		s.Policy = &ps
+	}
 	return s
+}
+
+// SetPolicy implements control.PolicySetter: the node agent's push.
+func (d *Daemon) SetPolicy(p *policy.PodPolicy) (uint64, error) {
+	if d.policy == nil {
+		return 0, policy.ErrOff
+	}
+	if err := d.policy.Set(p); err != nil {
+		return 0, err
+	}
+	d.log.Info("network policy in force", "generation", p.Generation,
+		"ingressIsolated", p.Ingress.Isolated, "egressIsolated", p.Egress.Isolated)
+	return p.Generation, nil
 }
 
 // CaptureHandler implements control.Capturer: `cni-usernet capture`

@@ -1,0 +1,279 @@
+package policy
+
+import (
+	"cmp"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync/atomic"
+)
+
+// Dir is a direction of the pod's traffic.
+type Dir uint8
+
+const (
+	// Ingress is traffic from the network to the pod; its peer is the
+	// source.
+	Ingress Dir = iota
+	// Egress is traffic from the pod's applications to the network; its
+	// peer is the destination.
+	Egress
+)
+
+func (d Dir) String() string {
+	if d == Ingress {
+		return "ingress"
+	}
+	return "egress"
+}
+
+// IP protocol numbers a verdict is asked for. Other protocols (ICMP
+// included) have no ports and are allowed only by rules without ports.
+const (
+	ProtoICMP   uint8 = 1
+	ProtoTCP    uint8 = 6
+	ProtoUDP    uint8 = 17
+	ProtoICMPv6 uint8 = 58
+	ProtoSCTP   uint8 = 132
+)
+
+// Matcher is a PodPolicy compiled for lookups: per direction, the addresses
+// every rule without ports allows, and per protocol the addresses each
+// port or port range allows, each a sorted table of address spans (CIDRs
+// less their excepts, merged). A verdict costs a map lookup and a few
+// binary searches however many rules there are. A Matcher never changes
+// once compiled; it is safe for concurrent use.
+type Matcher struct {
+	gen  uint64
+	dirs [2]dirMatcher
+	node []netip.Addr
+	// services maps a Service's VIP to the backends the egress rules
+	// allow, decided at compile time.
+	services map[serviceKey][]netip.AddrPort
+}
+
+type serviceKey struct {
+	proto uint8
+	vip   netip.AddrPort
+}
+
+type dirMatcher struct {
+	isolated bool
+	// label is the isolating policies joined with ",": the label of the
+	// direction's denial counter.
+	label string
+	// anyProto is what rules without ports allow.
+	anyProto *addrSet
+	// ports is what rules with ports allow, per protocol (portIndex).
+	ports [3]portTable
+	// denied counts this direction's denials; set by the Enforcer that
+	// holds the matcher (nil: not counted).
+	denied *atomic.Uint64
+}
+
+// portTable is one protocol's rules with ports.
+type portTable struct {
+	allPorts *addrSet            // ranges with First 0; nil: none
+	exact    map[uint16]*addrSet // ranges of one port
+	// ranges are the longer ranges sorted by first port; maxLast[i] is the
+	// highest last port among ranges[:i+1], so that a lookup walks back
+	// only over ranges that can still hold the port.
+	ranges  []portSpan
+	maxLast []uint16
+}
+
+type portSpan struct {
+	first, last uint16
+	peers       *addrSet
+}
+
+func portIndex(proto uint8) int {
+	switch proto {
+	case ProtoTCP:
+		return 0
+	case ProtoUDP:
+		return 1
+	case ProtoSCTP:
+		return 2
+	}
+	return -1
+}
+
+// Compile validates p and compiles it.
+func Compile(p *PodPolicy) (*Matcher, error) {
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	m := &Matcher{gen: p.Generation, node: make([]netip.Addr, 0, len(p.Node))}
+	for _, a := range p.Node {
+		m.node = append(m.node, a.Unmap())
+	}
+	m.dirs[Ingress] = compileDir(&p.Ingress)
+	m.dirs[Egress] = compileDir(&p.Egress)
+	if m.dirs[Egress].isolated && len(p.Services) > 0 {
+		m.services = make(map[serviceKey][]netip.AddrPort, len(p.Services))
+		for _, s := range p.Services {
+			proto := s.Protocol.Number()
+			var allowed []netip.AddrPort
+			for _, b := range s.Backends {
+				be := netip.AddrPortFrom(b.Addr.Addr().Unmap(), b.Addr.Port())
+				if ok, _ := m.Allow(Egress, be.Addr(), proto, be.Port()); ok {
+					allowed = append(allowed, be)
+				}
+			}
+			k := serviceKey{proto, netip.AddrPortFrom(s.VIP.Addr().Unmap(), s.VIP.Port())}
+			m.services[k] = append(m.services[k], allowed...)
+		}
+	}
+	return m, nil
+}
+
+type portKey struct {
+	proto       uint8
+	first, last uint16
+}
+
+func compileDir(d *Direction) dirMatcher {
+	dm := dirMatcher{isolated: d.Isolated, label: strings.Join(d.Policies, ",")}
+	if !d.Isolated {
+		return dm
+	}
+	var anyProto addrSetBuilder
+	byPorts := make(map[portKey]*addrSetBuilder)
+	for i := range d.Rules {
+		r := &d.Rules[i]
+		if len(r.Ports) == 0 {
+			anyProto.addPeers(r.Peers)
+			continue
+		}
+		for _, pr := range r.Ports {
+			k := portKey{pr.Protocol.Number(), pr.First, pr.Last}
+			if k.last == 0 {
+				k.last = k.first
+			}
+			b := byPorts[k]
+			if b == nil {
+				b = new(addrSetBuilder)
+				byPorts[k] = b
+			}
+			b.addPeers(r.Peers)
+		}
+	}
+	dm.anyProto = anyProto.build()
+	for k, b := range byPorts {
+		t := &dm.ports[portIndex(k.proto)]
+		set := b.build()
+		switch {
+		case k.first == 0:
+			t.allPorts = set
+		case k.first == k.last:
+			if t.exact == nil {
+				t.exact = make(map[uint16]*addrSet)
+			}
+			t.exact[k.first] = set
+		default:
+			t.ranges = append(t.ranges, portSpan{k.first, k.last, set})
+		}
+	}
+	for i := range dm.ports {
+		t := &dm.ports[i]
+		slices.SortFunc(t.ranges, func(a, b portSpan) int {
+			return cmp.Or(cmp.Compare(a.first, b.first), cmp.Compare(a.last, b.last))
+		})
+		var hi uint16
+		for _, r := range t.ranges {
+			hi = max(hi, r.last)
+			t.maxLast = append(t.maxLast, hi)
+		}
+	}
+	return dm
+}
+
+// Generation is the compiled policy's PodPolicy.Generation.
+func (m *Matcher) Generation() uint64 { return m.gen }
+
+// Isolated reports whether d is isolated: whether anything is denied.
+func (m *Matcher) Isolated(d Dir) bool { return m.dirs[d].isolated }
+
+// Allow is the verdict on a new connection or flow with peer (the source
+// of ingress, the destination of egress), of IP protocol proto, to port
+// (of the pod for ingress, of the peer for egress; 0 for a protocol
+// without ports). When denied, policy is the label of the direction's
+// denial counter: its isolating policies joined with ",".
+func (m *Matcher) Allow(d Dir, peer netip.Addr, proto uint8, port uint16) (allowed bool, policy string) {
+	dm := &m.dirs[d]
+	if !dm.isolated {
+		return true, ""
+	}
+	peer = peer.Unmap()
+	if d == Ingress && slices.Contains(m.node, peer) {
+		return true, ""
+	}
+	if dm.anyProto.contains(peer) {
+		return true, ""
+	}
+	if i := portIndex(proto); i >= 0 && dm.ports[i].allows(peer, port) {
+		return true, ""
+	}
+	return false, dm.label
+}
+
+func (t *portTable) allows(peer netip.Addr, port uint16) bool {
+	if t.allPorts != nil && t.allPorts.contains(peer) {
+		return true
+	}
+	if s := t.exact[port]; s != nil && s.contains(peer) {
+		return true
+	}
+	// The ranges that start at or below port, walked back while one of
+	// them can still reach it.
+	n, _ := slices.BinarySearchFunc(t.ranges, port, func(r portSpan, p uint16) int {
+		if r.first <= p {
+			return -1
+		}
+		return 1
+	})
+	for i := n - 1; i >= 0 && t.maxLast[i] >= port; i-- {
+		if r := &t.ranges[i]; r.last >= port && r.peers.contains(peer) {
+			return true
+		}
+	}
+	return false
+}
+
+// Check is Allow that also counts a denial.
+func (m *Matcher) Check(d Dir, peer netip.Addr, proto uint8, port uint16) bool {
+	ok, _ := m.Allow(d, peer, proto, port)
+	if !ok {
+		m.Denied(d)
+	}
+	return ok
+}
+
+// Denied counts a denial in direction d.
+func (m *Matcher) Denied(d Dir) {
+	if c := m.dirs[d].denied; c != nil {
+		c.Add(1)
+	}
+}
+
+// ResolveService picks the backend a new connection or flow of protocol
+// proto to vip reaches, when egress is isolated and vip is a Service's
+// virtual address and port: one of the backends the egress rules allow,
+// the same for the same flowHash. isService reports whether vip is one;
+// ok false means it is and no backend is allowed (deny). When vip is no
+// Service's (or egress is not isolated), it returns vip, false, true and
+// the caller takes the verdict on vip itself.
+func (m *Matcher) ResolveService(vip netip.AddrPort, proto uint8, flowHash uint32) (backend netip.AddrPort, isService, ok bool) {
+	if m.services == nil {
+		return vip, false, true
+	}
+	allowed, found := m.services[serviceKey{proto, netip.AddrPortFrom(vip.Addr().Unmap(), vip.Port())}]
+	if !found {
+		return vip, false, true
+	}
+	if len(allowed) == 0 {
+		return netip.AddrPort{}, true, false
+	}
+	return allowed[flowHash%uint32(len(allowed))], true, true
+}
