@@ -92,19 +92,19 @@ func TestAddNetworkPolicyAgentAnswers(t *testing.T) {
 			http.Error(w, err.Error(), 400)
 			return
 		}
-		// As the agent does, the file first; the stack is asked for its
-		// health, which it answers once it is up.
+		// As the agent does: the file, then the push.
 		p := &policy.PodPolicy{Version: policy.FormatVersion, Generation: 42}
 		b, _ := policy.Marshal(p)
 		if err := os.WriteFile(got.PolicyPath, b, 0o600); err != nil {
 			http.Error(w, err.Error(), 503)
 			return
 		}
-		if err := control.Health(got.ControlSocket, 5*time.Second); err != nil {
+		gen, err := control.PutPolicy(got.ControlSocket, 5*time.Second, p)
+		if err != nil {
 			http.Error(w, err.Error(), 503)
 			return
 		}
-		json.NewEncoder(w).Encode(agentsock.PolicyAnswer{Generation: 42})
+		json.NewEncoder(w).Encode(agentsock.PolicyAnswer{Generation: gen})
 	})
 	pod := env.NewPod(conf)
 	att := loadState(t, env, pod.ID)
@@ -115,6 +115,16 @@ func TestAddNetworkPolicyAgentAnswers(t *testing.T) {
 	}
 	if b, err := os.ReadFile(got.PolicyPath); err != nil || !strings.Contains(string(b), `"generation":42`) {
 		t.Errorf("policy file: %s, %v", b, err)
+	}
+	// The stack holds it, and its pod is reachable (the policy allows
+	// everything).
+	var st struct {
+		Policy struct {
+			Generation uint64 `json:"generation"`
+		} `json:"policy"`
+	}
+	if err := control.Status(att.ControlSocket, 5*time.Second, &st); err != nil || st.Policy.Generation != 42 {
+		t.Errorf("the stack's policy generation: got %d (%v), want 42", st.Policy.Generation, err)
 	}
 	if err := env.Del(conf, pod.ID, pod.NS); err != nil {
 		t.Fatalf("DEL: %v", err)
