@@ -26,6 +26,7 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/kube"
 	"github.com/cni-usernet/cni-usernet/pkg/launch"
 	"github.com/cni-usernet/cni-usernet/pkg/netconf"
+	"github.com/cni-usernet/cni-usernet/pkg/netpolicy"
 	"github.com/cni-usernet/cni-usernet/pkg/offload"
 	"github.com/cni-usernet/cni-usernet/pkg/state"
 )
@@ -288,7 +289,7 @@ func startPolicy(ctx context.Context, f *agentFlags, inst *nodeInstall, m *polic
 	c, err := newPolicyController(policyOptions{
 		Client:  client,
 		Store:   state.Store{Dir: f.stateDir},
-		Compile: netpolicyCompile(log),
+		Compile: netpolicyCompile(log, policyWarningEvent(client, f.nodeName, log)),
 		Node:    f.nodeName,
 		Metrics: m,
 		Log:     log.With("component", "policy"),
@@ -311,6 +312,32 @@ func startPolicy(ctx context.Context, f *agentFlags, inst *nodeInstall, m *polic
 		log.Warn("writing the CNI configuration before the policy caches synced: ADD tries again later until they do", "err", err)
 	}
 	return nil
+}
+
+// policyWarningEvent posts the compiler's warnings about a pod's policies
+// as an Event on the pod, in the background (best effort).
+func policyWarningEvent(c *kube.Client, node string, log *slog.Logger) func(*netpolicy.Pod, string) {
+	if node == "" {
+		return nil
+	}
+	return func(pod *netpolicy.Pod, warnings string) {
+		if pod.Metadata.UID == "" {
+			return
+		}
+		e := kube.Event{
+			Namespace: pod.Metadata.Namespace, PodName: pod.Metadata.Name, PodUID: pod.Metadata.UID,
+			Type: kube.EventWarning, Reason: "NetworkPolicySkipped",
+			Message: "parts of the network policies selecting this pod were skipped; what they would allow stays closed: " + warnings,
+			Action:  "CompileNetworkPolicy", Node: node,
+		}
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := c.Event(ctx, e); err != nil {
+				log.Warn("posting an event", "pod", e.Namespace+"/"+e.PodName, "err", err)
+			}
+		}()
+	}
 }
 
 // policySyncWait bounds the wait for the policy caches before the conflist.

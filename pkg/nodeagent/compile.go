@@ -12,8 +12,9 @@ import (
 
 // netpolicyCompile is the CompileFunc of pkg/netpolicy: one Compiler per
 // snapshot; its warnings (parts of policies it could not use, which stay
-// closed) are logged when they change.
-func netpolicyCompile(log *slog.Logger) CompileFunc {
+// closed) are logged, and given to warn (when not nil), when a pod's
+// change.
+func netpolicyCompile(log *slog.Logger, warn func(pod *netpolicy.Pod, warnings string)) CompileFunc {
 	var mu sync.Mutex
 	said := map[string]string{} // pod -> its last warnings
 	return func(snap *netpolicy.Snapshot, local []netpolicy.LocalPod) func(netpolicy.LocalPod, []netip.Addr) *policy.PodPolicy {
@@ -39,6 +40,9 @@ func netpolicyCompile(log *slog.Logger) CompileFunc {
 			mu.Unlock()
 			if changed && now != "" {
 				log.Warn("parts of the network policies selecting the pod were skipped (what they would allow stays closed)", "pod", key, "warnings", now)
+				if warn != nil {
+					warn(pod.Pod, now)
+				}
 			}
 			return p
 		}

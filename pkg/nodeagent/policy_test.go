@@ -386,7 +386,7 @@ func (e *policyEnv) start(t *testing.T) (*policyController, func()) {
 	c, err := newPolicyController(policyOptions{
 		Client:       e.api.client(),
 		Store:        e.store,
-		Compile:      netpolicyCompile(log),
+		Compile:      netpolicyCompile(log, nil),
 		Node:         "node-1",
 		NodeAddrs:    func() ([]netip.Addr, error) { return testNode, nil },
 		Retry:        50 * time.Millisecond,
@@ -791,5 +791,35 @@ func TestPolicyTenThousandPolicies(t *testing.T) {
 		if len(stacks[i].pushed()) != before[i] {
 			t.Errorf("pod %d got a push for a policy of another namespace", i)
 		}
+	}
+}
+
+// A policy the compiler cannot fully use: its warnings go to the log and,
+// once per change, to warn (the Event on the pod).
+func TestCompileWarningsOncePerChange(t *testing.T) {
+	logs := &nettest.LockedBuffer{}
+	var warned []string
+	compile := netpolicyCompile(slog.New(slog.NewTextHandler(logs, nil)), func(p *netpolicy.Pod, w string) {
+		warned = append(warned, p.Metadata.Name+": "+w)
+	})
+	pod := podObj("x", "a", "10.244.1.10", nil)
+	bad := ingressPolicy("x", "bad", "")
+	bad.Spec.Ingress = []netpolicy.NetworkPolicyIngressRule{{From: []netpolicy.NetworkPolicyPeer{{IPBlock: &netpolicy.IPBlock{CIDR: "10.0.0.0/33"}}}}}
+	snap := &netpolicy.Snapshot{
+		Policies: map[string]*netpolicy.NetworkPolicy{"x/bad": bad},
+		Pods:     map[string]*netpolicy.Pod{"x/a": pod},
+	}
+	local := netpolicy.LocalPod{Pod: pod, IPs: []netip.Addr{netip.MustParseAddr("10.244.1.10")}}
+	for range 3 {
+		p := compile(snap, []netpolicy.LocalPod{local})(local, testNode)
+		if !p.Ingress.Isolated || len(ingressPeers(p)) != 0 {
+			t.Fatalf("the bad ipBlock opened something: %+v", p.Ingress)
+		}
+	}
+	if len(warned) != 1 || !strings.Contains(warned[0], "x/bad") {
+		t.Errorf("warnings given: %q, want one naming x/bad", warned)
+	}
+	if !strings.Contains(logs.String(), "x/bad") {
+		t.Errorf("no log line:\n%s", logs)
 	}
 }
