@@ -59,7 +59,11 @@ for mode in $modes; do
   s=$(date +%s)
   case "$mode" in
     # (a cluster kept from a chained run: standalone starts without a CNI)
-    standalone) pid_alive flanneld && "$LAB/flannel.sh" down ;;
+    # The kubelet notices the CNI configuration gone within seconds: the
+    # test's first step wants the nodes NotReady.
+    standalone) pid_alive flanneld && { "$LAB/flannel.sh" down
+      ( wait_for "node $NODE NotReady without flannel" 60 sh -c \
+        "! kubectl get node $NODE -o jsonpath='{.status.conditions[?(@.type==\"Ready\")].status}' | grep -qx True" ) || true; } ;;
     chain) "$LAB/flannel.sh" up || { rc=1; log "flannel did not come up"; dump_logs; continue; } ;;
     *) log "E2E_MODES: unknown mode $mode"; rc=1; continue ;;
   esac

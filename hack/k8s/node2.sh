@@ -83,7 +83,7 @@ up() {
     # pods' namespaces: a shared mount, for the agent's HostToContainer volume
     mounts="$mounts; mount --make-shared /run/netns; hostname $NODE2"
     setsid unshare --net --mount --pid --uts --fork --mount-proc --propagation private \
-      sh -c "$mounts; exec $BIN/k8s-lab-init" >>"$LOGDIR/node2-init.log" 2>&1 </dev/null &
+      sh -c "$mounts; exec $BIN/k8s-lab-init" >>"$LOGDIR/node2-init.log" 2>&1 </dev/null 3>&- 4>&- 5>&- 6>&- 7>&- 8>&- 9>&- &
     local i
     for i in $(seq 50); do
       # the init's PID in the root namespace: the child of unshare
@@ -163,7 +163,8 @@ up() {
   sed -e "s#^hostnameOverride: .*#hostnameOverride: $NODE2#" \
       -e "s#^bindAddress: .*#bindAddress: $NODE2_IP#" \
       -e "s#^nodePortAddresses: .*#nodePortAddresses: [\"$NODE2_IP/32\"]#" \
-      "$ETC/kube-proxy.yaml" >"$ETC/kube-proxy-$NODE2.yaml"
+      "$ETC/kube-proxy.yaml" >"$ETC/kube-proxy-$NODE2.yaml.new"
+  replace_if_changed "$ETC/kube-proxy-$NODE2.yaml.new" "$ETC/kube-proxy-$NODE2.yaml"
   n2_start_daemon kube-proxy-node2 "$BIN/kube-proxy" --config="$ETC/kube-proxy-$NODE2.yaml" --v=1
 
   wait_for "node $NODE2 registered" 180 kubectl --kubeconfig "$STATE/admin.kubeconfig" get node "$NODE2"

@@ -246,7 +246,10 @@ start_daemon kubelet "$BIN/kubelet" \
 
 # ---------------------------------------------------------------- kube-proxy
 if [ -x "$BIN/kube-proxy" ]; then
-  cat >"$ETC/kube-proxy.yaml" <<EOF
+  # Replaced only when it changes: kube-proxy exits when its configuration
+  # file is written to, and a running one would be left dead behind
+  # start_daemon's "already running".
+  cat >"$ETC/kube-proxy.yaml.new" <<EOF
 apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
 clientConnection: {kubeconfig: $STATE/kube-proxy.kubeconfig}
@@ -261,6 +264,7 @@ iptables: {localhostNodePorts: false}
 conntrack: {maxPerCore: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}   # leave host conntrack sysctls alone
 oomScoreAdj: 0
 EOF
+  replace_if_changed "$ETC/kube-proxy.yaml.new" "$ETC/kube-proxy.yaml"
   start_daemon kube-proxy "$BIN/kube-proxy" --config="$ETC/kube-proxy.yaml" --v=1
 fi
 

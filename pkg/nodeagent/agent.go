@@ -20,11 +20,13 @@ import (
 	"time"
 
 	"github.com/cni-usernet/cni-usernet/pkg/agent"
+	"github.com/cni-usernet/cni-usernet/pkg/agentsock"
 	"github.com/cni-usernet/cni-usernet/pkg/atomicfile"
 	"github.com/cni-usernet/cni-usernet/pkg/attachment"
 	"github.com/cni-usernet/cni-usernet/pkg/kube"
 	"github.com/cni-usernet/cni-usernet/pkg/launch"
 	"github.com/cni-usernet/cni-usernet/pkg/netconf"
+	"github.com/cni-usernet/cni-usernet/pkg/netpolicy"
 	"github.com/cni-usernet/cni-usernet/pkg/offload"
 	"github.com/cni-usernet/cni-usernet/pkg/state"
 )
@@ -59,6 +61,7 @@ type agentFlags struct {
 	metricsAddress     string
 	portMap            bool
 	bandwidth          bool
+	networkPolicy      bool
 }
 
 func parseAgentFlags(args []string) (*agentFlags, error) {
@@ -91,6 +94,7 @@ func parseAgentFlags(args []string) (*agentFlags, error) {
 	fs.StringVar(&f.metricsAddress, "metrics-address", defaultMetricsAddress, "serve Prometheus metrics on this address at /metrics; empty: none")
 	fs.BoolVar(&f.portMap, "port-map", true, "chain the portmap plugin after cni-usernet (pods' hostPort); in chain mode only when the node's conflist has none")
 	fs.BoolVar(&f.bandwidth, "bandwidth", true, "chain the bandwidth plugin after cni-usernet (kubernetes.io/ingress-bandwidth, egress-bandwidth); in chain mode only when the node's conflist has none")
+	fs.BoolVar(&f.networkPolicy, "network-policy", true, "enforce NetworkPolicy in each pod's stack: watch the API server, compile and push each local pod's policy, and mark the conflist so that ADD waits for it (false: the primary CNI enforces policy, e.g. Calico or Cilium)")
 	fs.BoolVar(&f.probe, "probe", false, "exit 0 when the running agent is ready (readiness probe), 1 otherwise")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -121,6 +125,8 @@ func (f *agentFlags) readyFile() string { return filepath.Join(f.runDir, "agent.
 // as it starts, without asking the API server (whose answer needs the
 // older agent's token, which a re-created ServiceAccount invalidated).
 func (f *agentFlags) claimFile() string { return filepath.Join(f.runDir, "agent.pid") }
+
+func (f *agentFlags) agentSocket() string { return agentsock.Path(f.runDir) }
 
 // Run is the node agent with its command-line arguments: it installs the
 // plugin, keeps every pod's stack running and the node reconciled, and
@@ -166,9 +172,13 @@ func Run(args []string) error {
 		Refused:           refusedEvent(kc, f.nodeName, log),
 		Log:               log,
 	})
+	var polMetrics *policyMetrics
+	if f.networkPolicy {
+		polMetrics = newPolicyMetrics()
+	}
 	if f.metricsAddress != "" {
 		// Metrics are for watching the node, never a reason not to serve it.
-		if err := serveMetrics(ctx, f.metricsAddress, state.Store{Dir: f.stateDir}, sup.Stats(), log); err != nil {
+		if err := serveMetrics(ctx, f.metricsAddress, state.Store{Dir: f.stateDir}, sup.Stats(), polMetrics, log); err != nil {
 			log.Error("no metrics", "err", err)
 		}
 	}
@@ -179,6 +189,15 @@ func Run(args []string) error {
 	case <-ready:
 	case err := <-done:
 		return err
+	}
+	// Before the configuration: with networkPolicy in it, every ADD asks
+	// the agent's socket for the pod's policy.
+	if f.networkPolicy {
+		if err := startPolicy(ctx, f, inst, polMetrics, log); err != nil {
+			stop()
+			<-done
+			return err
+		}
 	}
 	if inst != nil {
 		if err := inst.writeConfig(ctx); err != nil {
@@ -289,3 +308,79 @@ func restartNamespace(path string, log *slog.Logger) (mountNS, stackBinary strin
 		"mountNS", path, "err", errors.Join(err1, err2), "binary", exe)
 	return "", exe
 }
+
+// startPolicy starts the policy controller and the agent's socket. Outside
+// a cluster (no service account) there is nothing to watch: policy stays
+// off, and a conflist asking for it makes ADD try again later.
+func startPolicy(ctx context.Context, f *agentFlags, inst *nodeInstall, m *policyMetrics, log *slog.Logger) error {
+	var client *kube.Client
+	if inst != nil && inst.kube != nil {
+		client = inst.kube
+	} else if os.Getenv("KUBERNETES_SERVICE_HOST") != "" {
+		cfg, err := kube.InClusterConfig()
+		if err != nil {
+			return fmt.Errorf("reading the service account for the policy watches: %w", err)
+		}
+		if client, err = kube.New(cfg); err != nil {
+			return fmt.Errorf("connecting to the API server for the policy watches: %w", err)
+		}
+	} else {
+		log.Warn("not in a cluster: NetworkPolicy is not enforced (--network-policy needs the API server)")
+		return nil
+	}
+	c, err := newPolicyController(policyOptions{
+		Client:  client,
+		Store:   state.Store{Dir: f.stateDir},
+		Compile: netpolicyCompile(log, policyWarningEvent(client, f.nodeName, log)),
+		Node:    f.nodeName,
+		Metrics: m,
+		Log:     log.With("component", "policy"),
+	})
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(f.runDir, 0o700); err != nil {
+		return fmt.Errorf("creating %s: %w", f.runDir, err)
+	}
+	if err := serveAgentSocket(ctx, f.agentSocket(), c); err != nil {
+		return err
+	}
+	go c.Run(ctx)
+	log.Info("enforcing NetworkPolicy in the pods' stacks", "socket", f.agentSocket())
+	// The conflist comes next: give the watches a moment to list, so that
+	// the first ADDs do not fail for nothing. An API server that does not
+	// answer in time only delays the pods (code 11), not the agent.
+	if err := c.waitSynced(ctx, policySyncWait); err != nil {
+		log.Warn("writing the CNI configuration before the policy caches synced: ADD tries again later until they do", "err", err)
+	}
+	return nil
+}
+
+// policyWarningEvent posts the compiler's warnings about a pod's policies
+// as an Event on the pod, in the background (best effort).
+func policyWarningEvent(c *kube.Client, node string, log *slog.Logger) func(*netpolicy.Pod, string) {
+	if node == "" {
+		return nil
+	}
+	return func(pod *netpolicy.Pod, warnings string) {
+		if pod.Metadata.UID == "" {
+			return
+		}
+		e := kube.Event{
+			Namespace: pod.Metadata.Namespace, PodName: pod.Metadata.Name, PodUID: pod.Metadata.UID,
+			Type: kube.EventWarning, Reason: "NetworkPolicySkipped",
+			Message: "parts of the network policies selecting this pod were skipped; what they would allow stays closed: " + warnings,
+			Action:  "CompileNetworkPolicy", Node: node,
+		}
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := c.Event(ctx, e); err != nil {
+				log.Warn("posting an event", "pod", e.Namespace+"/"+e.PodName, "err", err)
+			}
+		}()
+	}
+}
+
+// policySyncWait bounds the wait for the policy caches before the conflist.
+const policySyncWait = 30 * time.Second

@@ -123,6 +123,10 @@ func (n *nodeInstall) pluginConf(ctx context.Context) ([]byte, error) {
 	if n.f.stateDir != netconf.DefaultStateDir {
 		p["stateDir"] = n.f.stateDir
 	}
+	if n.f.networkPolicy {
+		// ADD then waits until the pod's stack holds its policy.
+		p["networkPolicy"] = true
+	}
 	if n.f.mode == "standalone" {
 		subnets, err := n.podSubnets(ctx)
 		if err != nil {

@@ -2,11 +2,13 @@ package nodeagent
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -161,6 +163,35 @@ func TestAPIFailureReasons(t *testing.T) {
 	} {
 		if got := apiFailure(c.err); !strings.HasPrefix(got, c.want) {
 			t.Errorf("apiFailure(%v) = %q, want %q...", c.err, got, c.want)
+		}
+	}
+}
+
+// The conflist's plugin entry asks ADD to wait for the pod's policy when
+// the agent enforces it, in both modes; --network-policy=false leaves the
+// key out (the primary CNI enforces policy).
+func TestPluginConfNetworkPolicy(t *testing.T) {
+	f, err := parseAgentFlags(nil)
+	if err != nil || !f.networkPolicy {
+		t.Fatalf("--network-policy default: got %v (%v), want true", f.networkPolicy, err)
+	}
+	for _, mode := range []string{"standalone", "chain"} {
+		for _, on := range []bool{true, false} {
+			f, err := parseAgentFlags([]string{"--mode", mode, "--subnet", "10.244.1.0/24", "--network-policy=" + strconv.FormatBool(on)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := (&nodeInstall{f: f}).pluginConf(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			var p map[string]any
+			if err := json.Unmarshal(b, &p); err != nil {
+				t.Fatal(err)
+			}
+			if got, ok := p["networkPolicy"]; on && got != true || !on && ok {
+				t.Errorf("%s, --network-policy=%v: networkPolicy is %v (present %v)", mode, on, got, ok)
+			}
 		}
 	}
 }

@@ -28,7 +28,7 @@ const defaultMetricsAddress = ":9437"
 
 // serveMetrics starts the agent's /metrics endpoint and the drain of the
 // plugin's operation log; both end with ctx.
-func serveMetrics(ctx context.Context, addr string, store state.Store, stats *agent.Stats, log *slog.Logger) error {
+func serveMetrics(ctx context.Context, addr string, store state.Store, stats *agent.Stats, pol *policyMetrics, log *slog.Logger) error {
 	starts, err := metrics.CountStart(store.Dir)
 	if err != nil {
 		log.Warn("agent start count", "err", err)
@@ -36,6 +36,9 @@ func serveMetrics(ctx context.Context, addr string, store state.Store, stats *ag
 	c := metrics.New(metrics.Options{Store: store, Agent: stats, AgentStarts: starts, Log: log})
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(c, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if pol != nil {
+		reg.MustRegister(pol.collectors()...)
+	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil && !errors.Is(err, syscall.EADDRINUSE) {
 		return fmt.Errorf("listening for metrics on %s: %w", addr, err)

@@ -1,6 +1,7 @@
 package plugin
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -17,6 +18,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ipam"
 	"github.com/containernetworking/plugins/pkg/ns"
 
+	"github.com/cni-usernet/cni-usernet/pkg/agentsock"
 	"github.com/cni-usernet/cni-usernet/pkg/atomicfile"
 	"github.com/cni-usernet/cni-usernet/pkg/control"
 	"github.com/cni-usernet/cni-usernet/pkg/kube"
@@ -76,6 +78,9 @@ func (inv *invocation) add() (_ *current.Result, err error) {
 	// The stack would refuse it only after the lease and the veth.
 	if conf.TUNName == args.IfName {
 		return nil, errorf(types.ErrInvalidNetworkConfig, `"tunName" %q is CNI_IFNAME, the pod interface's name: the applications' TUN needs a name of its own`, conf.TUNName)
+	}
+	if conf.NetworkPolicy && (inv.pod.K8S_POD_NAMESPACE == "" || inv.pod.K8S_POD_NAME == "") {
+		return nil, errorf(types.ErrInvalidNetworkConfig, `"networkPolicy" is on, but CNI_ARGS names no pod (K8S_POD_NAMESPACE, K8S_POD_NAME): the node agent compiles a pod's policy from its API object`)
 	}
 	if _, err := inv.store.Load(args.ContainerID, args.IfName); err == nil {
 		return nil, errorf(types.ErrInternal, "container %s interface %s is already attached; DEL it before adding it again", args.ContainerID, args.IfName)
@@ -168,6 +173,12 @@ func (inv *invocation) add() (_ *current.Result, err error) {
 	}
 	att.GSO = st.GSO
 	inv.step("status")
+	if conf.NetworkPolicy {
+		if err := inv.requestPolicy(p, att); err != nil {
+			return nil, err
+		}
+		inv.step("policy")
+	}
 	if att.Result, err = json.Marshal(result); err != nil {
 		return nil, cniError(types.ErrInternal, err)
 	}
@@ -179,6 +190,31 @@ func (inv *invocation) add() (_ *current.Result, err error) {
 	inv.event(kube.EventNormal, "GSOMode", fmt.Sprintf("GSO %s (requested %s by %s): %s; stack pid %d",
 		st.GSO.Mode, mode, modeSource, st.GSO.Reason, proc.PID))
 	return result, nil
+}
+
+// agentTimeout bounds the wait for the node agent to put the pod's policy
+// in its stack: its caches are warm, so this is a compile and a push, or
+// a watch delivering the pod a moment late.
+const agentTimeout = 10 * time.Second
+
+// requestPolicy asks the node agent to compile the pod's network policy and
+// put it in the stack, and waits until the stack holds it: the pod's
+// containers start isolated. The stack started closed (only the node gets
+// in) until then. Any failure is "try again later" (code 11): the agent
+// restarting, its caches not synced, the API server away; the caller's
+// undo removes everything ADD did, and the runtime retries the sandbox.
+func (inv *invocation) requestPolicy(p attachment.Paths, att *state.Attachment) error {
+	sock := agentsock.Path(inv.conf.RunDir)
+	gen, err := agentsock.RequestPolicy(context.Background(), sock, agentTimeout, agentsock.PolicyRequest{
+		ContainerID: att.ContainerID, IfName: att.IfName,
+		Namespace: att.PodNS, Pod: att.PodName, PodIPs: att.IPs,
+		ControlSocket: p.Socket, PolicyPath: p.Policy,
+	})
+	if err != nil {
+		return errorf(types.ErrTryAgainLater, "the pod's network policy is not in its stack (networkPolicy is on): %v", err)
+	}
+	inv.log.Info("network policy in the stack", "generation", gen)
+	return nil
 }
 
 func (inv *invocation) writeStackConfig(p attachment.Paths, mode offload.Mode) error {

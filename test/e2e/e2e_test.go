@@ -210,7 +210,14 @@ func TestKubernetes(t *testing.T) {
 			{"list", "nodes", "", "yes"},
 			{"watch", "nodes", "", "no"},
 			{"get", "daemonsets.apps/cni-usernet", "kube-system", "yes"},
-			{"list", "pods", "default", "no"},
+			{"list", "pods", "default", "yes"},
+			{"watch", "pods", "default", "yes"},
+			{"watch", "networkpolicies.networking.k8s.io", "default", "yes"},
+			{"list", "namespaces", "", "yes"},
+			{"watch", "services", "default", "yes"},
+			{"watch", "endpointslices.discovery.k8s.io", "default", "yes"},
+			{"create", "networkpolicies.networking.k8s.io", "default", "no"},
+			{"update", "pods", "default", "no"},
 			{"get", "secrets", "kube-system", "no"},
 			{"get", "daemonsets.apps/other", "kube-system", "no"},
 			{"update", "nodes", "", "no"},
@@ -552,6 +559,8 @@ spec:
 	// ones flannel's list lacks).
 	check("HostPort", func(t *testing.T) { checkHostPort(t, repo, ns) })
 	check("Bandwidth", func(t *testing.T) { checkBandwidth(t, ns) })
+	check("NetworkPolicy", func(t *testing.T) { checkNetworkPolicy(t, repo, ns) })
+	check("NetworkPolicyPropagation", func(t *testing.T) { checkPolicyPropagation(t, ns, policyPods()) })
 
 	check("BadAnnotation", func(t *testing.T) {
 		apply(t, podManifest(ns, "bad", "turbo"))

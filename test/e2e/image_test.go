@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,7 +15,10 @@ import (
 // podImage is the test pods' image: Debian's static busybox (wget, nslookup,
 // ip, sh) and podtool (the servers), built here and imported into
 // containerd; nothing is pulled.
-const podImage = "localhost/cni-usernet-e2e/podtool:dev"
+//
+// Its tag is set by buildPodImage from the podtool binary's hash: node 2's
+// import skips a tag it already has, so a changed podtool needs a new tag.
+var podImage = "localhost/cni-usernet-e2e/podtool:dev"
 
 func buildPodImage(t *testing.T, repo string) {
 	t.Helper()
@@ -52,6 +57,12 @@ func buildPodImage(t *testing.T, repo string) {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("building podtool: %v\n%s", err, out)
 	}
+	bin, err := os.ReadFile(filepath.Join(root, "podtool"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(bin)
+	podImage = "localhost/cni-usernet-e2e/podtool:" + hex.EncodeToString(sum[:6])
 	tar := filepath.Join(work, "podtool.tar")
 	if _, err := run(ctx, repo, "hack/k8s/images/mkimage.sh", podImage, root, tar, `["/podtool"]`, `["serve"]`); err != nil {
 		t.Fatal(err)

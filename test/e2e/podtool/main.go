@@ -3,6 +3,11 @@
 //
 //	podtool serve    HTTP on :8080, UDP echo on :9090, DNS on :53/udp, TCP echo on :9000,
 //	                 TCP sink on :9001, TCP source on :9002
+//	podtool probe TIMEOUT TARGET...
+//	                 probe every TARGET at once (tcp:ADDR:PORT a connection and
+//	                 podtool's HTTP answer, udp:ADDR:PORT podtool's UDP echo,
+//	                 dns:NAME a lookup through the pod's resolver), each within
+//	                 TIMEOUT; one line per target: "TARGET ok" or "TARGET fail"
 //
 // The sink and the source measure a pod's shaped bandwidth: the sink reads
 // until the peer's FIN and answers with the bytes it received in each
@@ -16,6 +21,7 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -27,6 +33,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -35,8 +42,17 @@ import (
 var DNSAnswer = net.IPv4(198, 51, 100, 53).To4()
 
 func main() {
+	if len(os.Args) >= 3 && os.Args[1] == "probe" {
+		d, err := time.ParseDuration(os.Args[2])
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "probe: timeout:", err)
+			os.Exit(2)
+		}
+		probeAll(d, os.Args[3:])
+		return
+	}
 	if len(os.Args) != 2 || os.Args[1] != "serve" {
-		fmt.Fprintln(os.Stderr, "usage: podtool serve")
+		fmt.Fprintln(os.Stderr, "usage: podtool serve | podtool probe TIMEOUT TARGET...")
 		os.Exit(2)
 	}
 	name := os.Getenv("POD_NAME")
@@ -219,4 +235,80 @@ func dnsReply(q []byte) ([]byte, error) {
 		r = append(r, DNSAnswer...)
 	}
 	return r, nil
+}
+
+// probeAll probes the targets in parallel and prints one line for each, in
+// the order given.
+func probeAll(timeout time.Duration, targets []string) {
+	res := make([]bool, len(targets))
+	var wg sync.WaitGroup
+	for i, tg := range targets {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res[i] = probe(timeout, tg) == nil
+		}()
+	}
+	wg.Wait()
+	for i, tg := range targets {
+		r := "fail"
+		if res[i] {
+			r = "ok"
+		}
+		fmt.Println(tg, r)
+	}
+}
+
+func probe(timeout time.Duration, target string) error {
+	kind, addr, _ := strings.Cut(target, ":")
+	deadline := time.Now().Add(timeout)
+	switch kind {
+	case "tcp":
+		c, err := net.DialTimeout("tcp", addr, timeout)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		c.SetDeadline(deadline)
+		if _, err := io.WriteString(c, "GET / HTTP/1.0\r\n\r\n"); err != nil {
+			return err
+		}
+		line, err := bufio.NewReader(c).ReadString('\n')
+		if err != nil {
+			return err
+		}
+		if !strings.HasPrefix(line, "HTTP/1.0 200") {
+			return fmt.Errorf("answer %q", line)
+		}
+		return nil
+	case "udp":
+		c, err := net.Dial("udp", addr)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		c.SetDeadline(deadline)
+		buf := make([]byte, 2048)
+		// A datagram may be lost while neighbours resolve: send again
+		// within the timeout.
+		for time.Now().Before(deadline) {
+			c.Write([]byte("probe"))
+			next := time.Now().Add(timeout / 4)
+			if next.After(deadline) {
+				next = deadline
+			}
+			c.SetReadDeadline(next)
+			n, err := c.Read(buf)
+			if err == nil && strings.HasPrefix(string(buf[:n]), "pod=") {
+				return nil
+			}
+		}
+		return errors.New("no answer")
+	case "dns":
+		ctx, cancel := context.WithDeadline(context.Background(), deadline)
+		defer cancel()
+		_, err := net.DefaultResolver.LookupHost(ctx, addr)
+		return err
+	}
+	return fmt.Errorf("unknown probe %q", kind)
 }

@@ -1,0 +1,506 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cni-usernet/cni-usernet/pkg/state"
+)
+
+// The NetworkPolicy matrix, in the style of the upstream network policy
+// tests: namespaces x, y, z with pods a, b, c each (spread over both
+// nodes), every pod probing every other pod's IP and Service ClusterIP over
+// TCP and UDP with a 1 s timeout, the whole matrix compared with the
+// expected one after each change of the policies, labels or namespaces.
+
+// probe kinds: the pod's address or its Service's, TCP (podtool's HTTP) or
+// UDP (podtool's echo).
+var probeKinds = []string{"pod/tcp", "pod/udp", "svc/tcp", "svc/udp"}
+
+type mpod struct {
+	ns, name string // "x", "a"
+	full     string // the Kubernetes namespace
+	node     string
+	ip, svc  string
+}
+
+func (p *mpod) key() string { return p.ns + "/" + p.name }
+
+// policyModel is what the test has applied; allowed derives the verdict.
+type policyModel struct {
+	// denyX: default deny ingress in x.
+	denyX bool
+	// allowY: an ingress rule in x from the namespaces labelled team=y;
+	// with needRole only from pods labelled role=client, with tcpOnly on
+	// TCP 8080 only.
+	allowY            bool
+	needRole, tcpOnly bool
+	// egressY: egress of every pod in y denied but DNS.
+	egressY bool
+	team    map[string]string // namespace -> its team label
+	role    map[string]string // pod key -> its role label
+}
+
+func (m *policyModel) allowed(src, dst *mpod, kind string) bool {
+	tcp := strings.HasSuffix(kind, "/tcp")
+	if m.egressY && src.ns == "y" {
+		return false
+	}
+	if dst.ns == "x" && m.denyX {
+		if !m.allowY || m.team[src.ns] != "y" {
+			return false
+		}
+		if m.needRole && m.role[src.key()] != "client" {
+			return false
+		}
+		if m.tcpOnly && !tcp {
+			return false
+		}
+	}
+	return true
+}
+
+// matrix is one round of probes: src key -> dst key -> kind -> ok.
+type matrix map[string]map[string]map[string]bool
+
+func checkNetworkPolicy(t *testing.T, repo, prefix string) {
+	nodes := []string{node1()}
+	if node2() != "" {
+		nodes = append(nodes, node2())
+	}
+	var pods []*mpod
+	var m strings.Builder
+	model := &policyModel{team: map[string]string{}, role: map[string]string{}}
+	for i, ns := range []string{"x", "y", "z"} {
+		full := prefix + "-" + ns
+		model.team[ns] = ns
+		// Quoted: YAML reads a bare y as true.
+		fmt.Fprintf(&m, "---\napiVersion: v1\nkind: Namespace\nmetadata: {name: %s, labels: {team: %q}}\n", full, ns)
+		for j, name := range []string{"a", "b", "c"} {
+			p := &mpod{ns: ns, name: name, full: full, node: nodes[(i*3+j)%len(nodes)]}
+			pods = append(pods, p)
+			labels := map[string]string{}
+			if name != "c" {
+				labels["role"] = "client"
+				model.role[p.key()] = "client"
+			}
+			m.WriteString(podManifestOn(full, name, "", p.node, labels))
+			fmt.Fprintf(&m, `---
+apiVersion: v1
+kind: Service
+metadata: {name: %s, namespace: %s}
+spec:
+  selector: {app: %s}
+  ports:
+  - {name: http, protocol: TCP, port: 80, targetPort: 8080}
+  - {name: echo, protocol: UDP, port: 90, targetPort: 9090}
+`, name, full, name)
+		}
+	}
+	t.Cleanup(func() {
+		for _, ns := range []string{"x", "y", "z"} {
+			kubectl("delete", "ns", prefix+"-"+ns, "--wait=false")
+		}
+	})
+	apply(t, m.String())
+	for _, ns := range []string{"x", "y", "z"} {
+		mustKubectl(t, "-n", prefix+"-"+ns, "wait", "--for=condition=Ready", "pod", "--all", "--timeout=3m")
+	}
+	for _, p := range pods {
+		p.ip = getPod(t, p.full, p.name).Status.PodIP
+		p.svc = strings.TrimSpace(mustKubectl(t, "-n", p.full, "get", "svc", p.name, "-o", "jsonpath={.spec.clusterIP}"))
+	}
+	// kube-proxy programs a Service once its endpoints are ready.
+	eventually(t, time.Minute, "the Services' endpoints", func() error {
+		for _, p := range pods {
+			out, err := kubectl("-n", p.full, "get", "endpointslices", "-l", "kubernetes.io/service-name="+p.name,
+				"-o", "jsonpath={.items[*].endpoints[*].addresses[*]}")
+			if err != nil || strings.TrimSpace(out) != p.ip {
+				return fmt.Errorf("Service %s/%s: endpoints %q (%v), want %s", p.full, p.name, out, err, p.ip)
+			}
+		}
+		return nil
+	})
+
+	nsOf := func(short string) string { return prefix + "-" + short }
+	expectMatrix := func(what string) {
+		t.Helper()
+		want := matrix{}
+		for _, s := range pods {
+			want[s.key()] = map[string]map[string]bool{}
+			for _, d := range pods {
+				if s == d {
+					continue
+				}
+				want[s.key()][d.key()] = map[string]bool{}
+				for _, k := range probeKinds {
+					want[s.key()][d.key()][k] = model.allowed(s, d, k)
+				}
+			}
+		}
+		// The change reaches every stack within moments; a probe that
+		// is lost once (1 s timeout) gets another round.
+		var got matrix
+		var diff []string
+		start := time.Now()
+		for round := 1; ; round++ {
+			got = probeMatrix(t, pods)
+			diff = diffMatrix(want, got)
+			if len(diff) == 0 {
+				t.Logf("%s: the full matrix (%d probes) as expected after %s (round %d)", what, len(pods)*(len(pods)-1)*len(probeKinds), time.Since(start).Round(100*time.Millisecond), round)
+				return
+			}
+			if time.Since(start) > 20*time.Second {
+				break
+			}
+		}
+		t.Errorf("%s: %d probes differ from the expected matrix:\n%s\ngot:\n%s", what, len(diff), strings.Join(diff, "\n"), formatMatrix(pods, got))
+	}
+
+	expectMatrix("no policy")
+
+	apply(t, fmt.Sprintf(`apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: deny-all, namespace: %s}
+spec:
+  podSelector: {}
+  policyTypes: [Ingress]
+`, nsOf("x")))
+	model.denyX = true
+	expectMatrix("default deny in x")
+
+	allow := func(needRole, tcpOnly bool) string {
+		y := fmt.Sprintf(`apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: allow-y, namespace: %s}
+spec:
+  podSelector: {}
+  ingress:
+  - from:
+    - namespaceSelector: {matchLabels: {team: "y"}}
+`, nsOf("x"))
+		if needRole {
+			y += "      podSelector: {matchLabels: {role: client}}\n"
+		}
+		if tcpOnly {
+			y += "    ports:\n    - {protocol: TCP, port: 8080}\n"
+		}
+		return y
+	}
+	apply(t, allow(false, false))
+	model.allowY = true
+	expectMatrix("allow x from namespace team=y")
+
+	apply(t, allow(true, true))
+	model.needRole, model.tcpOnly = true, true
+	expectMatrix("update: from role=client in team=y, TCP 8080 only")
+
+	mustKubectl(t, "-n", nsOf("y"), "label", "pod", "b", "role=server", "--overwrite")
+	model.role["y/b"] = "server"
+	expectMatrix("relabel pod y/b role=server")
+
+	mustKubectl(t, "label", "ns", nsOf("z"), "team=y", "--overwrite")
+	model.team["z"] = "y"
+	expectMatrix("relabel namespace z team=y")
+
+	mustKubectl(t, "-n", nsOf("x"), "delete", "networkpolicy", "deny-all", "allow-y")
+	model.denyX, model.allowY = false, false
+	expectMatrix("policies deleted")
+
+	// Egress: y's pods reach nothing but DNS.
+	apply(t, fmt.Sprintf(`apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: egress-dns-only, namespace: %s}
+spec:
+  podSelector: {}
+  policyTypes: [Egress]
+  egress:
+  - ports:
+    - {protocol: UDP, port: 53}
+    - {protocol: TCP, port: 53}
+`, nsOf("y")))
+	model.egressY = true
+	expectMatrix("egress of y denied but DNS")
+	for _, p := range pods {
+		if p.ns != "y" {
+			continue
+		}
+		out, err := kubectl("-n", p.full, "exec", p.name, "--", "/podtool", "probe", "2s", "dns:kubernetes.default.svc.cluster.local")
+		if err != nil || !strings.Contains(out, " ok") {
+			t.Errorf("%s: DNS with egress denied but DNS: %q (%v)", p.key(), out, err)
+		}
+	}
+	mustKubectl(t, "-n", nsOf("y"), "delete", "networkpolicy", "egress-dns-only")
+	model.egressY = false
+	expectMatrix("egress policy deleted")
+}
+
+// probeMatrix runs one round: each pod probes every other pod at once
+// (one kubectl exec per pod, all pods in parallel).
+func probeMatrix(t *testing.T, pods []*mpod) matrix {
+	t.Helper()
+	got := matrix{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, s := range pods {
+		var targets []string
+		index := map[string][2]string{} // target -> dst key, kind
+		for _, d := range pods {
+			if s == d {
+				continue
+			}
+			for _, k := range probeKinds {
+				var tg string
+				switch k {
+				case "pod/tcp":
+					tg = "tcp:" + net.JoinHostPort(d.ip, "8080")
+				case "pod/udp":
+					tg = "udp:" + net.JoinHostPort(d.ip, "9090")
+				case "svc/tcp":
+					tg = "tcp:" + net.JoinHostPort(d.svc, "80")
+				case "svc/udp":
+					tg = "udp:" + net.JoinHostPort(d.svc, "90")
+				}
+				targets = append(targets, tg)
+				index[tg] = [2]string{d.key(), k}
+			}
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out, err := kubectl(append([]string{"-n", s.full, "exec", s.name, "--", "/podtool", "probe", "1s"}, targets...)...)
+			row := map[string]map[string]bool{}
+			for _, line := range strings.Split(out, "\n") {
+				f := strings.Fields(line)
+				if len(f) != 2 {
+					continue
+				}
+				if at, ok := index[f[0]]; ok {
+					if row[at[0]] == nil {
+						row[at[0]] = map[string]bool{}
+					}
+					row[at[0]][at[1]] = f[1] == "ok"
+				}
+			}
+			if err != nil {
+				t.Logf("probes from %s: %v", s.key(), err)
+			}
+			mu.Lock()
+			got[s.key()] = row
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	return got
+}
+
+func diffMatrix(want, got matrix) []string {
+	var out []string
+	for s, row := range want {
+		for d, kinds := range row {
+			for k, w := range kinds {
+				g, ok := got[s][d][k]
+				if !ok || g != w {
+					out = append(out, fmt.Sprintf("  %s -> %s %s: got %s, want %s", s, d, k, verdict(g, ok), verdict(w, true)))
+				}
+			}
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+func verdict(ok, known bool) string {
+	switch {
+	case !known:
+		return "no answer from the prober"
+	case ok:
+		return "reachable"
+	}
+	return "blocked"
+}
+
+// formatMatrix draws one table per probe kind, upstream-style: rows are
+// sources, columns destinations, "." reachable, "X" blocked.
+func formatMatrix(pods []*mpod, m matrix) string {
+	var b strings.Builder
+	for _, k := range probeKinds {
+		fmt.Fprintf(&b, "%s\n%-5s", k, "")
+		for _, d := range pods {
+			fmt.Fprintf(&b, " %-4s", d.key())
+		}
+		b.WriteString("\n")
+		for _, s := range pods {
+			fmt.Fprintf(&b, "%-5s", s.key())
+			for _, d := range pods {
+				c := "-"
+				if s != d {
+					c = "?"
+					if ok, known := m[s.key()][d.key()][k]; known {
+						c = map[bool]string{true: ".", false: "X"}[ok]
+					}
+				}
+				fmt.Fprintf(&b, " %-4s", c)
+			}
+			b.WriteString("\n")
+		}
+	}
+	return b.String()
+}
+
+// checkPolicyPropagation measures how long a policy change takes to be in
+// force in every pod's stack on both nodes: n pods, a default deny
+// applied, each stack's status polled (its control socket, every 20 ms)
+// until it holds the policy; then the policy deleted, likewise. Reported,
+// not asserted (the machine is shared).
+func checkPolicyPropagation(t *testing.T, prefix string, n int) {
+	ns := prefix + "-lat"
+	nodes := []string{node1()}
+	if node2() != "" {
+		nodes = append(nodes, node2())
+	}
+	var m strings.Builder
+	fmt.Fprintf(&m, "apiVersion: v1\nkind: Namespace\nmetadata: {name: %s}\n", ns)
+	for i := range n {
+		m.WriteString(podManifestOn(ns, fmt.Sprintf("p%d", i), "", nodes[i%len(nodes)], nil))
+	}
+	t.Cleanup(func() { kubectl("delete", "ns", ns, "--wait=false") })
+	apply(t, m.String())
+	mustKubectl(t, "-n", ns, "wait", "--for=condition=Ready", "pod", "--all", "--timeout=10m")
+
+	// Each pod's stack socket, from its container ID.
+	var list struct {
+		Items []struct {
+			Metadata struct {
+				Name string `json:"name"`
+			} `json:"metadata"`
+			Spec struct {
+				NodeName string `json:"nodeName"`
+			} `json:"spec"`
+		} `json:"items"`
+	}
+	if err := kubectlJSON(&list, "-n", ns, "get", "pods"); err != nil {
+		t.Fatal(err)
+	}
+	var sockets []string
+	for _, it := range list.Items {
+		runDir := "/run/cni-usernet"
+		stateDir := "/var/lib/cni-usernet"
+		if it.Spec.NodeName != node1() {
+			runDir, stateDir = node2Dir(runDir), node2Dir(stateDir)
+		}
+		sock, err := stackSocketOf(stateDir, runDir, ns, it.Metadata.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sockets = append(sockets, sock)
+	}
+	measure := func(what, manifest string, del bool, isolated bool) {
+		t.Helper()
+		start := time.Now()
+		if del {
+			mustKubectl(t, "-n", ns, "delete", "networkpolicy", "deny-all")
+		} else {
+			apply(t, manifest)
+		}
+		lat := make([]time.Duration, len(sockets))
+		var wg sync.WaitGroup
+		for i, sock := range sockets {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				c := unixClient(sock)
+				for time.Since(start) < time.Minute {
+					if iso, err := stackIsolated(c); err == nil && iso == isolated {
+						lat[i] = time.Since(start)
+						return
+					}
+					time.Sleep(20 * time.Millisecond)
+				}
+				lat[i] = -1
+			}()
+		}
+		wg.Wait()
+		for i, l := range lat {
+			if l < 0 {
+				t.Errorf("%s: the stack at %s did not hold the change within a minute", what, sockets[i])
+			}
+		}
+		slices.Sort(lat)
+		q := func(p float64) time.Duration { return lat[min(len(lat)-1, int(p*float64(len(lat))))] }
+		t.Logf("%s: %d pods on %d nodes, from kubectl invoked to the stack holding it: p50 %s, p99 %s, max %s",
+			what, len(lat), len(nodes), q(0.5).Round(time.Millisecond), q(0.99).Round(time.Millisecond), lat[len(lat)-1].Round(time.Millisecond))
+	}
+	measure("default deny applied", fmt.Sprintf(`apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: deny-all, namespace: %s}
+spec:
+  podSelector: {}
+  policyTypes: [Ingress]
+`, ns), false, true)
+	measure("default deny deleted", "", true, false)
+}
+
+// stackSocketOf finds the control socket of pod ns/name's attachment in a
+// node's state directory.
+func stackSocketOf(stateDir, runDir, ns, name string) (string, error) {
+	atts, errs := state.Store{Dir: stateDir}.List()
+	for _, a := range atts {
+		if a.PodNS == ns && a.PodName == name {
+			// The recorded path is the node's; node 2's lies elsewhere here.
+			return filepath.Join(runDir, filepath.Base(a.ControlSocket)), nil
+		}
+	}
+	return "", fmt.Errorf("no attachment of %s/%s in %s (%v)", ns, name, stateDir, errs)
+}
+
+func unixClient(sock string) *http.Client {
+	return &http.Client{Timeout: time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", sock)
+		},
+	}}
+}
+
+// stackIsolated reads whether the stack's policy isolates ingress.
+func stackIsolated(c *http.Client) (bool, error) {
+	resp, err := c.Get("http://stack/status")
+	if err != nil {
+		return false, err
+	}
+	defer resp.Body.Close()
+	var st struct {
+		Policy *struct {
+			IngressIsolated bool `json:"ingressIsolated"`
+		} `json:"policy"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+		return false, err
+	}
+	if st.Policy == nil {
+		return false, fmt.Errorf("no policy in the status")
+	}
+	return st.Policy.IngressIsolated, nil
+}
+
+// policyPods is how many pods the propagation measurement runs
+// (E2E_POLICY_PODS; the issue asks for 100).
+func policyPods() int {
+	if n, err := strconv.Atoi(os.Getenv("E2E_POLICY_PODS")); err == nil && n > 0 {
+		return n
+	}
+	return 100
+}
