@@ -173,8 +173,15 @@ up() {
 
 import() { # TAR
   local ref tar; tar=$(realpath "$1")   # node 2's mount namespace starts in /
-  ref=$(tar -xOf "$tar" index.json | sed -n 's/.*"io.containerd.image.name":"\([^"]*\)".*/\1/p')
-  in_n2 ctr -n k8s.io images ls -q | grep -qx "$ref" || in_n2 ctr -n k8s.io images import "$tar" >/dev/null
+  local index digest
+  index=$(tar -xOf "$tar" index.json)
+  ref=$(sed -n 's/.*"io.containerd.image.name":"\([^"]*\)".*/\1/p' <<<"$index")
+  digest=$(sed -n 's/.*"digest":"\(sha256:[0-9a-f]*\)".*/\1/p' <<<"$index")
+  # Skipped only when node 2 has this very image under the name: a tag
+  # such as :dev is rebuilt with other content, and node 2 would keep
+  # running the old one.
+  in_n2 ctr -n k8s.io images ls "name==$ref" | grep -q "$digest" ||
+    in_n2 ctr -n k8s.io images import "$tar" >/dev/null
 }
 
 down() {
