@@ -171,10 +171,16 @@ up() {
   log "node $NODE2 up in $(( $(date +%s) - t0 ))s"
 }
 
+# import skips only an image node 2 has with the same reference and the
+# same manifest digest: a rebuilt image keeps its tag (localhost/...:dev)
+# and must replace the old one, or node 2 runs stale code.
 import() { # TAR
-  local ref tar; tar=$(realpath "$1")   # node 2's mount namespace starts in /
-  ref=$(tar -xOf "$tar" index.json | sed -n 's/.*"io.containerd.image.name":"\([^"]*\)".*/\1/p')
-  in_n2 ctr -n k8s.io images ls -q | grep -qx "$ref" || in_n2 ctr -n k8s.io images import "$tar" >/dev/null
+  local ref digest index tar; tar=$(realpath "$1")   # node 2's mount namespace starts in /
+  index=$(tar -xOf "$tar" index.json)
+  ref=$(sed -n 's/.*"io.containerd.image.name":"\([^"]*\)".*/\1/p' <<<"$index")
+  digest=$(sed -n 's/.*"digest":"\(sha256:[0-9a-f]*\)".*/\1/p' <<<"$index")
+  in_n2 ctr -n k8s.io images ls | awk -v r="$ref" -v d="$digest" '$1 == r && $3 == d { f = 1 } END { exit !f }' ||
+    in_n2 ctr -n k8s.io images import "$tar" >/dev/null
 }
 
 down() {
