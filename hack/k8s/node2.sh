@@ -171,16 +171,15 @@ up() {
   log "node $NODE2 up in $(( $(date +%s) - t0 ))s"
 }
 
+# import skips only an image node 2 has with the same reference and the
+# same manifest digest: a rebuilt image keeps its tag (localhost/...:dev)
+# and must replace the old one, or node 2 runs stale code.
 import() { # TAR
-  local ref tar; tar=$(realpath "$1")   # node 2's mount namespace starts in /
-  local index digest
+  local ref digest index tar; tar=$(realpath "$1")   # node 2's mount namespace starts in /
   index=$(tar -xOf "$tar" index.json)
   ref=$(sed -n 's/.*"io.containerd.image.name":"\([^"]*\)".*/\1/p' <<<"$index")
   digest=$(sed -n 's/.*"digest":"\(sha256:[0-9a-f]*\)".*/\1/p' <<<"$index")
-  # Skipped only when node 2 has this very image under the name: a tag
-  # such as :dev is rebuilt with other content, and node 2 would keep
-  # running the old one.
-  in_n2 ctr -n k8s.io images ls "name==$ref" | grep -q "$digest" ||
+  in_n2 ctr -n k8s.io images ls | awk -v r="$ref" -v d="$digest" '$1 == r && $3 == d { f = 1 } END { exit !f }' ||
     in_n2 ctr -n k8s.io images import "$tar" >/dev/null
 }
 
