@@ -78,6 +78,10 @@ EOF
   local args=(--kube-subnet-mgr --kubeconfig-file="$STATE/admin.kubeconfig" --net-config-path="$NETCONF"
     --ip-masq --iptables-forward-rules=false --healthz-port=0)
   start_daemon flanneld env NODE_NAME="$NODE" "$BIN/flanneld" "${args[@]}" --iface="$NODE_IP"
+  # Node 2's /run/flannel is its own (node2.sh's bind mount), or its
+  # flanneld writes node 1's subnet file: put the mount back if a removal
+  # of node 1's directory took it away.
+  "$LAB/node2.sh" exec sh -c "mkdir -p /run/flannel; mountpoint -q /run/flannel || mount --bind $N2/run_flannel /run/flannel"
   "$LAB/node2.sh" daemon flanneld-node2 env NODE_NAME="$NODE2" "$BIN/flanneld" "${args[@]}" --iface=eth0
   wait_for "flannel's subnet on $NODE" 60 test -s /run/flannel/subnet.env
   wait_for "flannel's subnet on $NODE2" 60 test -s "$N2/run_flannel/subnet.env"
@@ -105,7 +109,10 @@ down() {
   ip link del flannel.1 2>/dev/null && log "removed flannel.1" || true
   ip link del cni0 2>/dev/null && log "removed cni0" || true
   rm -f "/etc/cni/net.d/$CONFLIST" /opt/cni/bin/flannel
-  rm -rf /run/flannel /var/lib/cni/flannel /var/lib/cni/networks/cbr0
+  # Only the file: removing /run/flannel itself would also take away the
+  # bind mount node 2 has on it (a mount point in another namespace).
+  rm -f /run/flannel/subnet.env
+  rm -rf /var/lib/cni/flannel /var/lib/cni/networks/cbr0
   # chains flanneld's traffic manager made (FLANNEL-POSTRTG, hooked into
   # POSTROUTING for --ip-masq), and the lab's VXLAN guard
   local table c
