@@ -80,8 +80,16 @@ func (l *fragmentLedger) compactFragment(proto tcpip.NetworkProtocolNumber, pkt 
 		}
 		l.last4.Store(time.Now().UnixNano())
 	case header.IPv6ProtocolNumber:
-		h, ok := pkt.Data().PullUp(min(pkt.Data().Size(), ipv6FragmentSearch))
-		if !ok || !isIPv6Fragment(h) {
+		h, ok := pkt.Data().PullUp(header.IPv6MinimumSize)
+		if !ok {
+			return nil
+		}
+		// Only a packet with extension headers needs the longer look;
+		// every other IPv6 packet of a flow stops at its fixed header.
+		if header.IPv6(h).NextHeader() != uint8(header.IPv6FragmentExtHdrIdentifier) && !isIPv6ExtensionHeader(header.IPv6(h).NextHeader()) {
+			return nil
+		}
+		if h, ok = pkt.Data().PullUp(min(pkt.Data().Size(), ipv6FragmentSearch)); !ok || !isIPv6Fragment(h) {
 			return nil
 		}
 		l.last6.Store(time.Now().UnixNano())
@@ -119,10 +127,10 @@ func isIPv6Fragment(h []byte) bool {
 	}
 	next, off := header.IPv6(h).NextHeader(), header.IPv6MinimumSize
 	for {
-		switch header.IPv6ExtensionHeaderIdentifier(next) {
-		case header.IPv6FragmentExtHdrIdentifier:
+		switch {
+		case next == uint8(header.IPv6FragmentExtHdrIdentifier):
 			return true
-		case header.IPv6HopByHopOptionsExtHdrIdentifier, header.IPv6RoutingExtHdrIdentifier, header.IPv6DestinationOptionsExtHdrIdentifier:
+		case isIPv6ExtensionHeader(next):
 			if off+2 > len(h) {
 				// Too deep to look: netstack parses it as it would
 				// without this copy.
@@ -133,6 +141,15 @@ func isIPv6Fragment(h []byte) bool {
 			return false
 		}
 	}
+}
+
+// isIPv6ExtensionHeader: next is a header isIPv6Fragment looks behind.
+func isIPv6ExtensionHeader(next uint8) bool {
+	switch header.IPv6ExtensionHeaderIdentifier(next) {
+	case header.IPv6HopByHopOptionsExtHdrIdentifier, header.IPv6RoutingExtHdrIdentifier, header.IPv6DestinationOptionsExtHdrIdentifier:
+		return true
+	}
+	return false
 }
 
 // ReassemblyHeldUntil is when the reassemblies the fragments received so
