@@ -64,7 +64,13 @@ for mode in $modes; do
     standalone) pid_alive flanneld && { "$LAB/flannel.sh" down
       ( wait_for "node $NODE NotReady without flannel" 60 sh -c \
         "! kubectl get node $NODE -o jsonpath='{.status.conditions[?(@.type==\"Ready\")].status}' | grep -qx True" ) || true; } ;;
-    chain) "$LAB/flannel.sh" up || { rc=1; log "flannel did not come up"; dump_logs; continue; } ;;
+    # Standalone's uninstall left the nodes without a CNI: flannel.sh waits
+    # for Ready, which must not be the kubelet's report from before it.
+    chain) pid_alive flanneld || for n in $NODE ${NODE2:-}; do
+        ( wait_for "node $n NotReady before flannel" 60 sh -c \
+          "! kubectl get node $n -o jsonpath='{.status.conditions[?(@.type==\"Ready\")].status}' | grep -qx True" ) || true
+      done
+      "$LAB/flannel.sh" up || { rc=1; log "flannel did not come up"; dump_logs; continue; } ;;
     *) log "E2E_MODES: unknown mode $mode"; rc=1; continue ;;
   esac
   log "---- test/e2e, $mode mode"

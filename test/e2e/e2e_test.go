@@ -117,14 +117,20 @@ func TestKubernetes(t *testing.T) {
 			t.Fatal("a cni-usernet DaemonSet is already installed (left over from an earlier run?)")
 		}
 		if chained {
-			// Ready on flannel alone; its conflist is the one containerd uses.
+			// Ready on flannel alone; its conflist is the one containerd
+			// uses. (The kubelet reports a new conflist within its status
+			// period, about 10 s: a node that flannel has just reached may
+			// still show the state before it.)
 			for _, n := range []string{node1(), node2()} {
 				if n == "" {
 					continue
 				}
-				if ok, why := getNode(t, n).ready(); !ok {
-					t.Fatalf("node %s NotReady on the primary CNI: %s", n, why)
-				}
+				eventually(t, time.Minute, "node "+n+" Ready on the primary CNI", func() error {
+					if ok, why := getNode(t, n).ready(); !ok {
+						return fmt.Errorf("node %s NotReady on the primary CNI: %s", n, why)
+					}
+					return nil
+				})
 			}
 			for _, d := range confDirs {
 				file, _, types, err := conflistIn(d)
@@ -845,12 +851,7 @@ spec:
 				t.Errorf("node NotReady on flannel after the uninstall: %s", why)
 			}
 		} else {
-			eventually(t, 2*time.Minute, "node NotReady again", func() error {
-				if ok, _ := nodeReady(t); ok {
-					return fmt.Errorf("node still Ready")
-				}
-				return nil
-			})
+			waitNodesNotReady(t)
 		}
 		if node2() != "" {
 			if d := diffSnapshots(before2, snapshot(t, node2Dir(cniConfDir), node2Dir(cniBinDir))); d != nil {
@@ -989,6 +990,25 @@ func agentPods(t *testing.T) []string {
 	out := mustKubectl(t, "-n", "kube-system", "get", "pods", "-l", "app.kubernetes.io/name=cni-usernet",
 		"-o", "jsonpath={range .items[*]}{.metadata.name}{\"\\n\"}{end}")
 	return strings.Fields(out)
+}
+
+// waitNodesNotReady waits until the kubelet of each node has seen the
+// CNI configuration gone (standalone mode's uninstall), so that what runs
+// next (flannel, in e2e.sh's chain mode) does not meet a Ready that is only
+// the kubelet's last report.
+func waitNodesNotReady(t *testing.T) {
+	t.Helper()
+	for _, n := range []string{node1(), node2()} {
+		if n == "" {
+			continue
+		}
+		eventually(t, 2*time.Minute, "node "+n+" NotReady again", func() error {
+			if ok, _ := getNode(t, n).ready(); ok {
+				return fmt.Errorf("node %s still Ready", n)
+			}
+			return nil
+		})
+	}
 }
 
 func waitAgentGone(t *testing.T) {

@@ -71,6 +71,7 @@ func TestKubernetesReleaseSkew(t *testing.T) {
 				t.Logf("cleanup: %v: %s", err, out)
 			}
 			waitAgentGone(t)
+			waitNodesNotReady(t)
 		}
 	})
 
