@@ -3,9 +3,15 @@ GO ?= go
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X github.com/cni-usernet/cni-usernet/pkg/plugin.Version=$(VERSION)
 
-.PHONY: build deps demo test test-unit test-root fuzz lint bench bench-quick clean
+.PHONY: build deps demo test test-unit test-root fuzz lint bench bench-quick clean gvisor
 
-build:
+# third_party/gvisor: the pinned gVisor with hack/gvisor/patches applied,
+# which go.mod's replace points at (docs/gvisor-patches.md). Generated, not
+# committed; every target that compiles depends on it.
+gvisor:
+	hack/gvisor/patch.sh
+
+build: gvisor
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/cni-usernet ./cmd/cni-usernet
 	CGO_ENABLED=0 $(GO) build -trimpath -o bin/cni-usernet-stack ./cmd/cni-usernet-stack
 	mkdir -p bin/cni
@@ -28,7 +34,7 @@ deps:
 # with manifests/cni-usernet.yaml.
 test: deps lint helm test-root fuzz
 
-lint:
+lint: gvisor
 	@test -z "$$(gofmt -l cmd pkg test hack)" || { gofmt -l cmd pkg test hack; exit 1; }
 	$(GO) vet ./...
 
@@ -36,14 +42,14 @@ lint:
 # are race-built too and halt on a race), with short transfers; then the
 # root suites at full size without it, one package at a time: the hostile
 # and stress tests load both cores and must not starve each other.
-test-root: helm
+test-root: helm gvisor
 	HELM=$(CURDIR)/bin/helm GORACE=halt_on_error=1 $(GO) test -race -short -count=1 -timeout 20m ./...
 	$(GO) test -p 1 -count=1 -timeout 20m ./test/...
 
 # Every fuzz target for a fixed number of inputs (~10 s each here). Counts,
 # not durations: go's fuzzer can fail a run with "context deadline
 # exceeded" when the -fuzztime deadline catches a worker mid-input.
-fuzz:
+fuzz: gvisor
 	$(GO) test -run '^$$' -fuzz '^FuzzParseEchoRequest$$' -fuzztime 500000x -fuzzminimizetime 2s ./pkg/relay
 	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime 150000x -fuzzminimizetime 2s ./pkg/netconf
 	$(GO) test -run '^$$' -fuzz '^FuzzGSOAnnotation$$' -fuzztime 150000x -fuzzminimizetime 2s ./pkg/netconf
@@ -83,7 +89,7 @@ bin/helm: hack/helm/go.mod hack/helm/go.sum
 	cd hack/helm && $(GO) build -trimpath -o ../../bin/helm helm.sh/helm/v3/cmd/helm
 
 clean:
-	rm -rf bin results
+	rm -rf bin results third_party
 
 # A real two-node Kubernetes on this machine (hack/k8s, ~11 min the first
 # time: it builds Kubernetes), cni-usernet's image, and the end-to-end test

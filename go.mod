@@ -52,3 +52,5 @@ tool (
 	github.com/containernetworking/plugins/plugins/meta/bandwidth
 	github.com/containernetworking/plugins/plugins/meta/portmap
 )
+
+replace gvisor.dev/gvisor => ./third_party/gvisor

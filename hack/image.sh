@@ -15,6 +15,7 @@ IMAGE=${IMAGE:-localhost/cni-usernet:dev}
 out=${1:-bin/cni-usernet-image.tar}
 GO=${GO:-go}
 version=${VERSION:-$(git describe --always --dirty 2>/dev/null || echo dev)}
+GO=$GO hack/gvisor/patch.sh
 arch=$($GO env GOARCH)
 
 rootfs=$(mktemp -d)

@@ -379,6 +379,11 @@ type stackStatus struct {
 		MaxSize int    `json:"maxSize"`
 		MaxSegs int    `json:"maxSegs"`
 	} `json:"gso"`
+	Stats struct {
+		Wire struct {
+			TxPackets uint64 `json:"txPackets"`
+		} `json:"wire"`
+	} `json:"stats"`
 	raw json.RawMessage
 }
 

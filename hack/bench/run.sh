@@ -72,6 +72,7 @@ bin="$(mktemp -d /tmp/ub-bench-bin.XXXXXX)"
 trap 'rm -rf "$bin"' EXIT
 
 echo "run.sh: building plugins into $bin" >&2
+hack/gvisor/patch.sh
 go build -o "$bin" \
 	github.com/containernetworking/plugins/plugins/main/ptp \
 	github.com/containernetworking/plugins/plugins/ipam/host-local
@@ -107,7 +108,7 @@ if [[ -n "$baseline" ]]; then
 	mkdir -p "$bin/baseline"
 	echo "run.sh: building the baseline cni-usernet from $baseline" >&2
 	if git worktree add -q --detach "$wt/src" "$baseline" >&2 &&
-		(cd "$wt/src" && CGO_ENABLED=0 go build -trimpath -o "$bin/baseline/" ./cmd/cni-usernet $(ls -d ./cmd/cni-usernet-stack 2>/dev/null)) >"$out/build-baseline.log" 2>&1; then
+		(cd "$wt/src" && { [ ! -x hack/gvisor/patch.sh ] || hack/gvisor/patch.sh; } && CGO_ENABLED=0 go build -trimpath -o "$bin/baseline/" ./cmd/cni-usernet $(ls -d ./cmd/cni-usernet-stack 2>/dev/null)) >"$out/build-baseline.log" 2>&1; then
 		cp "$bin/host-local" "$bin/ptp" "$bin/baseline/"
 		args+=(--baseline-bin "$bin/baseline")
 	else

@@ -371,12 +371,31 @@ func (b *bench) tcpRR(ctx context.Context, r int, a *attachment) error {
 		return err
 	}
 	defer b.stop(srv)
+	// The frames the stack sends to the wire per round trip: one (the
+	// answer, carrying the request's ACK) when nothing but the round
+	// trips moves; a count, so the same on a loaded machine as a quiet one.
+	var frames0 uint64
+	if a.StackPID > 0 {
+		st, err := b.stackStatus(ctx, a)
+		if err != nil {
+			return err
+		}
+		frames0 = st.Stats.Wire.TxPackets
+	}
 	sys0, stack0 := systemCPU(), processCPU(a.StackPID)
 	out, err := b.output(ctx, b.o.RRTime+time.Minute, nodeNS, b.self, "rr-client",
 		"-addr", net.JoinHostPort(a.IP, strconv.Itoa(rrPort)), "-time", b.o.RRTime.String())
 	sysS, stackS := systemCPU()-sys0, processCPU(a.StackPID)-stack0
 	if err != nil {
 		return err
+	}
+	frames := -1.0
+	if a.StackPID > 0 {
+		st, err := b.stackStatus(ctx, a)
+		if err != nil {
+			return err
+		}
+		frames = float64(st.Stats.Wire.TxPackets - frames0)
 	}
 	var res rrResult
 	if err := json.Unmarshal(out, &res); err != nil {
@@ -389,6 +408,9 @@ func (b *bench) tcpRR(ctx context.Context, r int, a *attachment) error {
 		b.record(r, a.Config, "cpu_rr", sysS*1000/krt)
 		if a.StackPID > 0 {
 			b.record(r, a.Config, "stack_cpu_rr", stackS*1000/krt)
+			// (the connection's handshake and close: a few frames in
+			// thousands of round trips)
+			b.record(r, a.Config, "stack_frames_rr", frames/(krt*1000))
 		}
 	}
 	logf("  TCP_RR p50 %.1f µs, p99 %.1f µs (%d round trips)", res.P50US, res.P99US, res.N)

@@ -220,6 +220,13 @@ func buildPreviousRelease(t *testing.T) string {
 	if err := untar.Wait(); err != nil {
 		t.Fatalf("unpacking %s: %v", previousRelease, err)
 	}
+	if _, err := os.Stat(filepath.Join(src, "hack/gvisor/patch.sh")); err == nil {
+		patch := exec.Command("hack/gvisor/patch.sh")
+		patch.Dir = src
+		if b, err := patch.CombinedOutput(); err != nil {
+			t.Fatalf("patching %s's gVisor: %v\n%s", previousRelease, err, b)
+		}
+	}
 	out := filepath.Join(t.TempDir(), "cni-usernet")
 	build := exec.Command("go", "build", "-o", out, "./cmd/cni-usernet")
 	build.Dir = src
