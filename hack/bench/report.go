@@ -46,6 +46,7 @@ var metrics = []metric{
 	{"cpu_rr", "all CPUs, TCP_RR", "core·ms per 1k round trips", false, "CPU per unit of work", false},
 	{"stack_cpu_rr", "stack, TCP_RR", "core·ms per 1k round trips", false, "CPU per unit of work", true},
 	{"stack_frames_rr", "stack frames out, TCP_RR", "per round trip", false, "CPU per unit of work", true},
+	{"stack_wakeups_rr", "stack thread wake-ups, TCP_RR", "per round trip", false, "CPU per unit of work", true},
 }
 
 // scaleMetrics are the scale section's idle-pod numbers (row scale-idle).

@@ -382,10 +382,10 @@ func (b *bench) tcpRR(ctx context.Context, r int, a *attachment) error {
 		}
 		frames0 = st.Stats.Wire.TxPackets
 	}
-	sys0, stack0 := systemCPU(), processCPU(a.StackPID)
+	sys0, stack0, wake0 := systemCPU(), processCPU(a.StackPID), processWakeups(a.StackPID)
 	out, err := b.output(ctx, b.o.RRTime+time.Minute, nodeNS, b.self, "rr-client",
 		"-addr", net.JoinHostPort(a.IP, strconv.Itoa(rrPort)), "-time", b.o.RRTime.String())
-	sysS, stackS := systemCPU()-sys0, processCPU(a.StackPID)-stack0
+	sysS, stackS, wakes := systemCPU()-sys0, processCPU(a.StackPID)-stack0, processWakeups(a.StackPID)-wake0
 	if err != nil {
 		return err
 	}
@@ -411,6 +411,7 @@ func (b *bench) tcpRR(ctx context.Context, r int, a *attachment) error {
 			// (the connection's handshake and close: a few frames in
 			// thousands of round trips)
 			b.record(r, a.Config, "stack_frames_rr", frames/(krt*1000))
+			b.record(r, a.Config, "stack_wakeups_rr", float64(wakes)/(krt*1000))
 		}
 	}
 	logf("  TCP_RR p50 %.1f µs, p99 %.1f µs (%d round trips)", res.P50US, res.P99US, res.N)
@@ -520,4 +521,32 @@ func vmRSS(pid int) (float64, error) {
 		}
 	}
 	return 0, fmt.Errorf("no VmRSS for pid %d", pid)
+}
+
+// processWakeups returns how often pid's threads have blocked and been woken
+// (the sum of their voluntary_ctxt_switches), 0 if pid ≤ 0 or gone. A
+// thread that waits in epoll, a futex or a blocking system call counts one
+// each time; preemption does not, so a loaded machine does not inflate it.
+func processWakeups(pid int) uint64 {
+	if pid <= 0 {
+		return 0
+	}
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return 0
+	}
+	var n uint64
+	for _, task := range tasks {
+		raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/status", pid, task.Name()))
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(raw), "\n") {
+			if v, ok := strings.CutPrefix(line, "voluntary_ctxt_switches:"); ok {
+				c, _ := strconv.ParseUint(strings.TrimSpace(v), 10, 64)
+				n += c
+			}
+		}
+	}
+	return n
 }
