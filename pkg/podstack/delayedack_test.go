@@ -31,9 +31,6 @@ type ackPair struct {
 	mu       sync.Mutex
 	fromPod  []header.TCP
 	received chan struct{}
-	// toPod, when set, is called with each segment the peer sends, once
-	// the pod's stack has taken it (InjectInbound returned).
-	toPod func(header.TCP)
 }
 
 func newACKPair(t *testing.T) *ackPair {
@@ -92,12 +89,6 @@ func newACKPair(t *testing.T) *ackPair {
 			to.InjectInbound(ipv4.ProtocolNumber, stack.NewPacketBuffer(stack.PacketBufferOptions{
 				Payload: buffer.MakeWithData(b),
 			}))
-			p.mu.Lock()
-			hook := p.toPod
-			p.mu.Unlock()
-			if !record && hook != nil {
-				hook(header.TCP(header.IPv4(b).Payload()))
-			}
 		}
 	}
 	wg.Add(2)
@@ -248,36 +239,5 @@ func TestDelayedACKNotHeld(t *testing.T) {
 	segs := p.segmentsAfter(n0, time.Second)
 	if acks, _ := pureACKs(segs); acks == 0 {
 		t.Fatalf("FIN not acknowledged while the clock stood still (%d segments)", len(segs))
-	}
-}
-
-// TestInlineProcessing: a segment for a connected endpoint is processed by
-// the goroutine that delivers it (hack/gvisor/patches/0002): the FIN's
-// acknowledgement has been sent by the time delivery returns, with no
-// processor goroutine in between.
-func TestInlineProcessing(t *testing.T) {
-	p := newACKPair(t)
-	_, peer := p.connect(t)
-	sentAtDelivery := make(chan uint64, 1)
-	var before uint64
-	p.mu.Lock()
-	p.toPod = func(seg header.TCP) {
-		if seg.Flags()&header.TCPFlagFin != 0 {
-			select {
-			case sentAtDelivery <- p.pod.Stats().TCP.SegmentsSent.Value():
-			default:
-			}
-		}
-	}
-	before = p.pod.Stats().TCP.SegmentsSent.Value()
-	p.mu.Unlock()
-	peer.CloseWrite()
-	select {
-	case n := <-sentAtDelivery:
-		if n <= before {
-			t.Fatalf("the FIN's ACK was not sent by the delivering goroutine (segments sent %d before, %d when delivery returned)", before, n)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("the peer's FIN never reached the pod's stack")
 	}
 }

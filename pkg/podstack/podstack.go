@@ -233,10 +233,6 @@ const delayedACK = 2 * time.Millisecond
 func setTCPOptions(s *stack.Stack, bufMax int) error {
 	opts := []tcpip.SettableTransportProtocolOption{
 		ptr(tcpip.TCPDelayedACKOption(delayedACK)),
-		// Segments processed by the link's reader, not handed to
-		// netstack's processor goroutine (hack/gvisor/patches/0002): one
-		// hand-off and wake-up fewer per inbound batch.
-		ptr(tcpip.TCPInlineProcessingOption(true)),
 		ptr(tcpip.TCPSACKEnabled(true)),
 		// Loss recovery by SACK and the retransmission timer, without
 		// RACK (netstack's default once SACK is on). netstack's RACK marks
