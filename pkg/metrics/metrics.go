@@ -347,6 +347,7 @@ func (p pod) emit(ch chan<- prometheus.Metric) {
 	ctr(descDropped, w.DroppedPackets, "netstack")
 	ctr(descDropped, w.SocketDrops, "packet_socket")
 	ctr(descDropped, w.SynSocketDrops, "syn_socket")
+	ctr(descDropped, w.FragSocketDrops, "fragment_socket")
 	ctr(descDropped, w.RxSynShed, "syn_rate_limit")
 	ctr(descDropped, w.TxQueueDrops, "wire_queue")
 	ctr(descDropped, w.ListenSynDrops, "listen_syn_queue")

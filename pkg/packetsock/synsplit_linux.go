@@ -10,18 +10,32 @@ import (
 // Read through one socket, every flooding SYN costs the general receive
 // path (netstack's link dispatch and packet buffers) before it can be
 // told apart, and the frames the stack cannot read in time are dropped at
-// the socket whatever they carry. So the pod's link is read through two
-// sockets, split in the kernel by a classic BPF filter on each: one gets
-// the new-connection SYNs only (TCP, SYN without ACK, not a later
-// fragment, IPv4 or IPv6 without extension headers), the other everything
-// else. A flood then fills only the SYN socket's buffer, and the stack
-// reads SYNs in large batches on a path of their own (podstack's synPath).
-// The two filters are exact complements, so every frame reaches exactly
-// one socket.
+// the socket whatever they carry. A fragment flood is the same: its
+// frames queued in the link's socket ahead of an established connection's
+// segments, and a probe beside hping3's random fragments took 0.4–1.4 s
+// where the kernel took 3–35 ms (test/hostile TestFragmentFlood,
+// 2026-12-02). So the pod's link is read through three sockets, split in
+// the kernel by one classic BPF program that sorts each frame into a
+// class (linkFilter): the new-connection SYNs (TCP, SYN without ACK, not
+// a fragment, IPv4 or IPv6 without extension headers), the IP fragments
+// (IPv4 with more-fragments set or an offset, IPv6 whose first next
+// header is a fragment header), and everything else. Each socket keeps
+// the frames of its class only, so the three are exact complements and
+// every frame reaches exactly one socket; a flood of either kind fills
+// only its own socket's buffer, and the stack reads it on a path of its
+// own (podstack's synPath and fragPath).
 
-// synFilter accepts exactly the frames the SYN socket takes. Offsets are
-// into the Ethernet frame (the filter runs before any virtio-net header).
-func synFilter(syn, other uint32) []unix.SockFilter {
+// Frame classes of linkFilter.
+const (
+	classSYN = iota
+	classFragment
+	classOther
+)
+
+// linkFilter returns syn, fragment or other for a frame of that class.
+// Offsets are into the Ethernet frame (the filter runs before any
+// virtio-net header).
+func linkFilter(syn, fragment, other uint32) []unix.SockFilter {
 	const (
 		ldh  = unix.BPF_LD | unix.BPF_H | unix.BPF_ABS
 		ldb  = unix.BPF_LD | unix.BPF_B | unix.BPF_ABS
@@ -34,27 +48,38 @@ func synFilter(syn, other uint32) []unix.SockFilter {
 		// TCP's SYN and ACK flags, and SYN alone.
 		synAck = 0x12
 		synBit = 0x02
+		// IPv4's more-fragments flag and fragment offset.
+		fragBits = 0x3fff
 	)
 	return []unix.SockFilter{
 		/* 0 */ {Code: ldh, K: 12}, // EtherType
 		/* 1 */ {Code: jeq, K: unix.ETH_P_IP, Jt: 0, Jf: 8}, // → 10
-		/* 2 */ {Code: ldb, K: 14 + 9}, // IPv4 protocol
-		/* 3 */ {Code: jeq, K: unix.IPPROTO_TCP, Jt: 0, Jf: 13}, // → 17
-		/* 4 */ {Code: ldh, K: 14 + 6}, // flags and fragment offset
-		/* 5 */ {Code: jset, K: 0x1fff, Jt: 11, Jf: 0}, // a later fragment → 17
+		/* 2 */ {Code: ldh, K: 14 + 6}, // flags and fragment offset
+		/* 3 */ {Code: jset, K: fragBits, Jt: 14, Jf: 0}, // a fragment → 18
+		/* 4 */ {Code: ldb, K: 14 + 9}, // IPv4 protocol
+		/* 5 */ {Code: jeq, K: unix.IPPROTO_TCP, Jt: 0, Jf: 13}, // → 19
 		/* 6 */ {Code: msh, K: 14}, // X = IPv4 header length
 		/* 7 */ {Code: ldbx, K: 14 + 13}, // TCP flags
 		/* 8 */ {Code: and, K: synAck},
-		/* 9 */ {Code: jeq, K: synBit, Jt: 6, Jf: 7}, // → 16 : 17
-		/* 10 */ {Code: jeq, K: unix.ETH_P_IPV6, Jt: 0, Jf: 6}, // → 17
+		/* 9 */ {Code: jeq, K: synBit, Jt: 7, Jf: 9}, // → 17 : 19
+		/* 10 */ {Code: jeq, K: unix.ETH_P_IPV6, Jt: 0, Jf: 8}, // → 19
 		/* 11 */ {Code: ldb, K: 14 + 6}, // IPv6 next header
-		/* 12 */ {Code: jeq, K: unix.IPPROTO_TCP, Jt: 0, Jf: 4}, // → 17
-		/* 13 */ {Code: ldb, K: 14 + 40 + 13}, // TCP flags
-		/* 14 */ {Code: and, K: synAck},
-		/* 15 */ {Code: jeq, K: synBit, Jt: 0, Jf: 1}, // → 16 : 17
-		/* 16 */ {Code: ret, K: syn},
-		/* 17 */ {Code: ret, K: other},
+		/* 12 */ {Code: jeq, K: unix.IPPROTO_FRAGMENT, Jt: 5, Jf: 0}, // → 18
+		/* 13 */ {Code: jeq, K: unix.IPPROTO_TCP, Jt: 0, Jf: 5}, // → 19
+		/* 14 */ {Code: ldb, K: 14 + 40 + 13}, // TCP flags
+		/* 15 */ {Code: and, K: synAck},
+		/* 16 */ {Code: jeq, K: synBit, Jt: 0, Jf: 2}, // → 17 : 19
+		/* 17 */ {Code: ret, K: syn},
+		/* 18 */ {Code: ret, K: fragment},
+		/* 19 */ {Code: ret, K: other},
 	}
+}
+
+// classFilter keeps the frames of class c only.
+func classFilter(c int) []unix.SockFilter {
+	var keep [3]uint32
+	keep[c] = wholeFrame
+	return linkFilter(keep[classSYN], keep[classFragment], keep[classOther])
 }
 
 // wholeFrame is a filter's "keep all of it" (the kernel keeps the smaller
@@ -82,7 +107,7 @@ func NewSYNSocket(o Options) (*SYNSocket, error) {
 		if err := unix.SetsockoptInt(fd, unix.SOL_PACKET, unix.PACKET_IGNORE_OUTGOING, 1); err != nil {
 			return fmt.Errorf("ignoring outgoing frames on %s: %w", o.IfName, err)
 		}
-		if err := attachFilter(fd, synFilter(wholeFrame, 0)); err != nil {
+		if err := attachFilter(fd, classFilter(classSYN)); err != nil {
 			return fmt.Errorf("attaching the SYN filter on %s: %w", o.IfName, err)
 		}
 		var err error
@@ -101,11 +126,41 @@ func NewSYNSocket(o Options) (*SYNSocket, error) {
 	return s, nil
 }
 
-// Split makes main, the link's socket from Open, stop receiving SYNs
-// (they are s's now) and the frames s's owner sends. On error main is as
-// it was. Between the two filters a SYN may reach both sockets once:
-// netstack takes a duplicate SYN as a retransmission.
-func (s *SYNSocket) Split(main int, ifName string) error {
+// FragmentBufferBytes is the fragment socket's receive buffer (Options.
+// BufferBytes's default for OpenFragments): what the kernel queues for
+// the stack's fragment path before it drops, about 1,500 fragments of a
+// flood (each a socket buffer of about 1.3 KiB) or 30 datagrams of 64 KiB
+// in MTU-sized fragments. Kernel memory, not the stack's, as the kernel's
+// own reassembly limit (ipfrag_high_thresh, 4 MiB) is.
+const FragmentBufferBytes = 2 << 20
+
+// OpenFragments opens the socket that receives the IP fragments arriving
+// on o.IfName (without a virtio-net header: fragments are never GSO
+// frames), ignoring the frames the stack sends. Until Split, the link's
+// socket receives them too.
+func OpenFragments(o Options) (int, error) {
+	o.VnetHdr = false
+	if o.BufferBytes == 0 {
+		o.BufferBytes = FragmentBufferBytes
+	}
+	return open(o, func(fd int) error {
+		if err := unix.SetsockoptInt(fd, unix.SOL_PACKET, unix.PACKET_IGNORE_OUTGOING, 1); err != nil {
+			return fmt.Errorf("ignoring outgoing frames on %s: %w", o.IfName, err)
+		}
+		if err := attachFilter(fd, classFilter(classFragment)); err != nil {
+			return fmt.Errorf("attaching the fragment filter on %s: %w", o.IfName, err)
+		}
+		return nil
+	})
+}
+
+// Split makes main, the link's socket from Open, stop receiving the
+// frames the SYN socket (syn) and the fragment socket (fragments) take,
+// and the frames the stack sends; without either, main keeps that class.
+// On error main is as it was. Between the filters a frame may reach two
+// sockets once: netstack takes a duplicate SYN as a retransmission and a
+// duplicate fragment as one it already holds.
+func Split(main int, ifName string, syn, fragments bool) error {
 	ok := false
 	defer func() {
 		if !ok {
@@ -116,8 +171,14 @@ func (s *SYNSocket) Split(main int, ifName string) error {
 	if err := unix.SetsockoptInt(main, unix.SOL_PACKET, unix.PACKET_IGNORE_OUTGOING, 1); err != nil {
 		return fmt.Errorf("ignoring outgoing frames on %s: %w", ifName, err)
 	}
-	if err := attachFilter(main, synFilter(0, wholeFrame)); err != nil {
-		return fmt.Errorf("keeping SYNs from the link's socket on %s: %w", ifName, err)
+	keep := func(taken bool) uint32 {
+		if taken {
+			return 0
+		}
+		return wholeFrame
+	}
+	if err := attachFilter(main, linkFilter(keep(syn), keep(fragments), wholeFrame)); err != nil {
+		return fmt.Errorf("keeping SYNs and fragments from the link's socket on %s: %w", ifName, err)
 	}
 	ok = true
 	return nil

@@ -43,9 +43,10 @@ func frame(v6 bool, proto byte, tcpFlags byte, fragOff uint16, v4Options int) []
 	return append(eth, p...)
 }
 
-// splitLink makes a veth pair a–b in a new namespace, the link's socket
-// and the SYN socket on a, and a socket on b to send from.
-func splitLink(t *testing.T) (main int, syn *SYNSocket, peer int) {
+// splitLink makes a veth pair a–b in a new namespace, the link's socket,
+// the SYN socket and the fragment socket on a, and a socket on b to send
+// from.
+func splitLink(t *testing.T) (main int, syn *SYNSocket, frag, peer int) {
 	nettest.RequireRoot(t)
 	netns := nettest.NewNS(t)
 	err := netns.Do(func(ns.NetNS) error {
@@ -68,8 +69,13 @@ func splitLink(t *testing.T) (main int, syn *SYNSocket, peer int) {
 		if syn, err = NewSYNSocket(Options{IfName: "a"}); err != nil {
 			return err
 		}
-		if err := syn.Split(main, "a"); err != nil {
+		if frag, err = OpenFragments(Options{IfName: "a"}); err != nil {
 			syn.Close()
+			return err
+		}
+		if err := Split(main, "a", true, true); err != nil {
+			syn.Close()
+			unix.Close(frag)
 			return err
 		}
 		peer, err = Open(Options{IfName: "b"})
@@ -78,19 +84,21 @@ func splitLink(t *testing.T) (main int, syn *SYNSocket, peer int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { unix.Close(main); syn.Close(); unix.Close(peer) })
-	return main, syn, peer
+	t.Cleanup(func() { unix.Close(main); syn.Close(); unix.Close(frag); unix.Close(peer) })
+	return main, syn, frag, peer
 }
 
-// TestSYNSocketSplitsTheLink: every frame reaches exactly one of the two
-// sockets, the SYN socket exactly the new-connection SYNs; and neither
-// sees what the other sends.
+// TestSYNSocketSplitsTheLink: every frame reaches exactly one of the three
+// sockets, the SYN socket exactly the new-connection SYNs, the fragment
+// socket the IP fragments (a fragmented SYN's first one too); and none
+// sees what another sends.
 func TestSYNSocketSplitsTheLink(t *testing.T) {
-	main, syn, peer := splitLink(t)
+	main, syn, frag, peer := splitLink(t)
 	// Whatever the link carried before the split (IPv6 router
 	// solicitations and the like) is not under test.
 	time.Sleep(50 * time.Millisecond)
 	drain(main)
+	drain(frag)
 	for _, _, ok := syn.Next(); ok; _, _, ok = syn.Next() {
 		syn.Release()
 	}
@@ -101,29 +109,40 @@ func TestSYNSocketSplitsTheLink(t *testing.T) {
 	cases := []struct {
 		name  string
 		frame []byte
-		isSYN bool
+		class int
 	}{
-		{"IPv4 SYN", frame(false, unix.IPPROTO_TCP, synF, 0, 0), true},
-		{"IPv4 SYN with ECN flags", frame(false, unix.IPPROTO_TCP, synF|0xc0, 0, 0), true},
-		{"IPv4 SYN with IP options", frame(false, unix.IPPROTO_TCP, synF, 0, 8), true},
-		{"IPv4 SYN, first fragment", frame(false, unix.IPPROTO_TCP, synF, 0x2000, 0), true},
-		{"IPv4 later fragment", frame(false, unix.IPPROTO_TCP, synF, 0x0010, 0), false},
-		{"IPv4 SYN-ACK", frame(false, unix.IPPROTO_TCP, synAckF, 0, 0), false},
-		{"IPv4 ACK", frame(false, unix.IPPROTO_TCP, ackF, 0, 0), false},
-		{"IPv4 RST", frame(false, unix.IPPROTO_TCP, rstF, 0, 0), false},
-		{"IPv4 UDP", frame(false, unix.IPPROTO_UDP, synF, 0, 0), false},
-		{"IPv6 SYN", frame(true, unix.IPPROTO_TCP, synF, 0, 0), true},
-		{"IPv6 SYN-ACK", frame(true, unix.IPPROTO_TCP, synAckF, 0, 0), false},
-		{"IPv6 UDP", frame(true, unix.IPPROTO_UDP, synF, 0, 0), false},
-		{"ARP", append([]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 2, 0, 0, 0, 0, 2, 0x08, 0x06}, make([]byte, 28)...), false},
+		{"IPv4 SYN", frame(false, unix.IPPROTO_TCP, synF, 0, 0), classSYN},
+		{"IPv4 SYN with ECN flags", frame(false, unix.IPPROTO_TCP, synF|0xc0, 0, 0), classSYN},
+		{"IPv4 SYN with IP options", frame(false, unix.IPPROTO_TCP, synF, 0, 8), classSYN},
+		{"IPv4 SYN, first fragment", frame(false, unix.IPPROTO_TCP, synF, 0x2000, 0), classFragment},
+		{"IPv4 SYN, don't fragment", frame(false, unix.IPPROTO_TCP, synF, 0x4000, 0), classSYN},
+		{"IPv4 later fragment", frame(false, unix.IPPROTO_TCP, synF, 0x0010, 0), classFragment},
+		{"IPv4 last fragment", frame(false, unix.IPPROTO_UDP, 0, 0x0001, 0), classFragment},
+		{"IPv4 UDP, first fragment", frame(false, unix.IPPROTO_UDP, 0, 0x2000, 0), classFragment},
+		{"IPv4 SYN-ACK", frame(false, unix.IPPROTO_TCP, synAckF, 0, 0), classOther},
+		{"IPv4 ACK", frame(false, unix.IPPROTO_TCP, ackF, 0, 0), classOther},
+		{"IPv4 RST", frame(false, unix.IPPROTO_TCP, rstF, 0, 0), classOther},
+		{"IPv4 UDP", frame(false, unix.IPPROTO_UDP, synF, 0, 0), classOther},
+		{"IPv6 SYN", frame(true, unix.IPPROTO_TCP, synF, 0, 0), classSYN},
+		{"IPv6 SYN-ACK", frame(true, unix.IPPROTO_TCP, synAckF, 0, 0), classOther},
+		{"IPv6 UDP", frame(true, unix.IPPROTO_UDP, synF, 0, 0), classOther},
+		{"IPv6 fragment", frame(true, unix.IPPROTO_FRAGMENT, synF, 0, 0), classFragment},
+		{"IPv6 hop-by-hop options", frame(true, unix.IPPROTO_HOPOPTS, synF, 0, 0), classOther},
+		{"ARP", append([]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 2, 0, 0, 0, 0, 2, 0x08, 0x06}, make([]byte, 28)...), classOther},
 	}
+	names := [...]string{classSYN: "SYN socket", classFragment: "fragment socket", classOther: "link's socket"}
 	for _, c := range cases {
 		if err := unix.Send(peer, c.frame, 0); err != nil {
 			t.Fatalf("%s: sending: %v", c.name, err)
 		}
-		gotMain, gotSYN := received(t, main, c.frame), receivedRing(t, syn, c.frame)
-		if gotSYN != c.isSYN || gotMain == c.isSYN {
-			t.Errorf("%s: reached the SYN socket %v, the link's socket %v; want only the %s", c.name, gotSYN, gotMain, map[bool]string{true: "SYN socket", false: "link's socket"}[c.isSYN])
+		var got [3]bool
+		got[classOther], got[classSYN], got[classFragment] = received(t, main, c.frame), receivedRing(t, syn, c.frame), received(t, frag, c.frame)
+		for class, g := range got {
+			if g != (class == c.class) {
+				t.Errorf("%s: reached the SYN socket %v, the fragment socket %v, the link's socket %v; want only the %s",
+					c.name, got[classSYN], got[classFragment], got[classOther], names[c.class])
+				break
+			}
 		}
 	}
 
@@ -145,6 +164,15 @@ func TestSYNSocketSplitsTheLink(t *testing.T) {
 	}
 	if received(t, main, answer) {
 		t.Error("the link's socket received a frame the SYN socket sent")
+	}
+	// The stack's own fragments (a large datagram it sends) leave through
+	// the link's socket.
+	outFrag := frame(false, unix.IPPROTO_UDP, 0, 0x2000, 0)
+	if err := unix.Send(main, outFrag, 0); err != nil {
+		t.Fatal(err)
+	}
+	if received(t, frag, outFrag) {
+		t.Error("the fragment socket received a fragment the link's socket sent")
 	}
 }
 
@@ -197,7 +225,7 @@ func receivedRing(t *testing.T, s *SYNSocket, want []byte) bool {
 // TestSYNRingCutsSYNWithData: a SYN larger than a ring frame arrives cut
 // short and says so; the ring wraps around.
 func TestSYNRingCutsSYNWithData(t *testing.T) {
-	_, syn, peer := splitLink(t)
+	_, syn, _, peer := splitLink(t)
 	big := append(frame(false, unix.IPPROTO_TCP, 0x02, 0, 0), make([]byte, 1000)...)
 	binary.BigEndian.PutUint16(big[14+2:], uint16(len(big)-14))
 	small := frame(false, unix.IPPROTO_TCP, 0x02, 0, 0)

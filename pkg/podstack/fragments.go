@@ -49,8 +49,11 @@ const (
 // when the last of each family arrived, so that the stack knows until
 // when reassembly may still hold memory.
 type fragmentLedger struct {
-	count        atomic.Uint64
-	last4, last6 atomic.Int64 // UnixNano of the last fragment; 0: none
+	count atomic.Uint64
+	// shared counts the fragments that came through the link's socket,
+	// turns the fragment path's yields (LinkSnapshot).
+	shared, turns atomic.Uint64
+	last4, last6  atomic.Int64 // UnixNano of the last fragment; 0: none
 }
 
 // heldUntil is when the last reassembly that a fragment received so far
@@ -72,31 +75,9 @@ func (l *fragmentLedger) heldUntil() time.Time {
 // is an IP fragment (the caller then delivers and releases the copy), or
 // nil if it is not.
 func (l *fragmentLedger) compactFragment(proto tcpip.NetworkProtocolNumber, pkt *stack.PacketBuffer) *stack.PacketBuffer {
-	switch proto {
-	case header.IPv4ProtocolNumber:
-		h, ok := pkt.Data().PullUp(header.IPv4MinimumSize)
-		if !ok || !isIPv4Fragment(h) {
-			return nil
-		}
-		l.last4.Store(time.Now().UnixNano())
-	case header.IPv6ProtocolNumber:
-		h, ok := pkt.Data().PullUp(header.IPv6MinimumSize)
-		if !ok {
-			return nil
-		}
-		// Only a packet with extension headers needs the longer look;
-		// every other IPv6 packet of a flow stops at its fixed header.
-		if header.IPv6(h).NextHeader() != uint8(header.IPv6FragmentExtHdrIdentifier) && !isIPv6ExtensionHeader(header.IPv6(h).NextHeader()) {
-			return nil
-		}
-		if h, ok = pkt.Data().PullUp(min(pkt.Data().Size(), ipv6FragmentSearch)); !ok || !isIPv6Fragment(h) {
-			return nil
-		}
-		l.last6.Store(time.Now().UnixNano())
-	default:
+	if !l.note(proto, pkt) {
 		return nil
 	}
-	l.count.Add(1)
 	// ToView copies into a view whose chunk is the smallest that fits
 	// (64 bytes and up, powers of two).
 	link := len(pkt.LinkHeader().Slice())
@@ -106,6 +87,37 @@ func (l *fragmentLedger) compactFragment(proto tcpip.NetworkProtocolNumber, pkt 
 	c.PktType = pkt.PktType
 	c.RXChecksumValidated = pkt.RXChecksumValidated
 	return c
+}
+
+// note counts pkt and remembers when it came if it is an IP fragment, and
+// reports whether it is.
+func (l *fragmentLedger) note(proto tcpip.NetworkProtocolNumber, pkt *stack.PacketBuffer) bool {
+	switch proto {
+	case header.IPv4ProtocolNumber:
+		h, ok := pkt.Data().PullUp(header.IPv4MinimumSize)
+		if !ok || !isIPv4Fragment(h) {
+			return false
+		}
+		l.last4.Store(time.Now().UnixNano())
+	case header.IPv6ProtocolNumber:
+		h, ok := pkt.Data().PullUp(header.IPv6MinimumSize)
+		if !ok {
+			return false
+		}
+		// Only a packet with extension headers needs the longer look;
+		// every other IPv6 packet of a flow stops at its fixed header.
+		if header.IPv6(h).NextHeader() != uint8(header.IPv6FragmentExtHdrIdentifier) && !isIPv6ExtensionHeader(header.IPv6(h).NextHeader()) {
+			return false
+		}
+		if h, ok = pkt.Data().PullUp(min(pkt.Data().Size(), ipv6FragmentSearch)); !ok || !isIPv6Fragment(h) {
+			return false
+		}
+		l.last6.Store(time.Now().UnixNano())
+	default:
+		return false
+	}
+	l.count.Add(1)
+	return true
 }
 
 // isIPv4Fragment: more fragments follow, or this is not the first.

@@ -29,25 +29,26 @@ const reassemblyLimit = 4 << 20
 // live for 4 MiB counted, measured. Before each fragment was copied into a
 // buffer of its own size, each also held the link reader's 2 KiB view:
 // 28.6 MiB. Then a fragmented echo request still reassembles and is
-// answered.
+// answered. Both ways a fragment arrives: on the link's socket, and on a
+// fragment socket of its own (fragPath).
 func TestFragmentFloodHeldAsCounted(t *testing.T) {
-	s, _, peer := readerStack(t, offload.ModeHardware)
+	for _, fragSocket := range []bool{false, true} {
+		t.Run(map[bool]string{false: "link socket", true: "fragment socket"}[fragSocket], func(t *testing.T) {
+			testFragmentFloodHeldAsCounted(t, fragSocket)
+		})
+	}
+}
+
+func testFragmentFloodHeldAsCounted(t *testing.T, fragSocket bool) {
+	s, _, peer := newReaderStack(t, offload.ModeHardware, fragSocket)
 	const want = 40_000 // ~3.5 times what 4 MiB admits at 370 bytes each
 	heap0 := liveHeap()
 	rng := rand.New(rand.NewPCG(29, 29))
-	udp := make([]byte, header.UDPMinimumSize)
 	for sent := 0; s.WireStats.fragments.count.Load() < want; {
 		// Bursts the socket's receive buffer holds, then wait for the
 		// stack to read them.
 		for range 256 {
-			src := [4]byte{198, 18 + byte(rng.IntN(2)), byte(rng.IntN(256)), byte(rng.IntN(256))}
-			f := fuzzFrame(header.UDPProtocolNumber, header.IPv4FlagMoreFragments, 0, udp)
-			ip := header.IPv4(f[header.EthernetMinimumSize:])
-			ip.SetSourceAddress(tcpip.AddrFrom4(src))
-			ip.SetID(uint16(rng.Uint32()))
-			ip.SetChecksum(0)
-			ip.SetChecksum(^ip.CalculateChecksum())
-			if _, err := unix.Write(peer, f); err != nil {
+			if _, err := unix.Write(peer, floodFragment(rng)); err != nil {
 				t.Fatalf("sending fragment %d: %v", sent, err)
 			}
 			sent++
@@ -64,6 +65,10 @@ func TestFragmentFloodHeldAsCounted(t *testing.T) {
 		s.WireStats.fragments.count.Load(), float64(grew)/(1<<20), reassemblyLimit>>20)
 	if limit := int64(7 * reassemblyLimit / 2); grew > limit {
 		t.Errorf("live heap after the fragment flood grew by %.1f MiB, want <= %.1f MiB", float64(grew)/(1<<20), float64(limit)/(1<<20))
+	}
+	// Every fragment came by the path under test.
+	if shared, all := s.WireStats.fragments.shared.Load(), s.WireStats.fragments.count.Load(); fragSocket && shared != 0 || !fragSocket && shared != all {
+		t.Errorf("%d of %d fragments came through the link's socket, want %d", shared, all, map[bool]uint64{false: all, true: 0}[fragSocket])
 	}
 	if until := s.ReassemblyHeldUntil(); time.Until(until) < reassemblyTimeout4-5*time.Second || time.Until(until) > reassemblyTimeout4 {
 		t.Errorf("ReassemblyHeldUntil() is %s from now, want about %s", time.Until(until).Round(time.Second), reassemblyTimeout4)
@@ -100,6 +105,77 @@ func TestFragmentFloodHeldAsCounted(t *testing.T) {
 	}
 	if !awaitReply(peer, 29) {
 		t.Errorf("no echo reply to a request in two fragments within 2s")
+	}
+}
+
+// floodFragment is a first fragment that never completes (a UDP header),
+// from a random source and with a random ID: each one opens a reassembly
+// of its own.
+func floodFragment(rng *rand.Rand) []byte {
+	src := [4]byte{198, 18 + byte(rng.IntN(2)), byte(rng.IntN(256)), byte(rng.IntN(256))}
+	f := fuzzFrame(header.UDPProtocolNumber, header.IPv4FlagMoreFragments, 0, make([]byte, header.UDPMinimumSize))
+	ip := header.IPv4(f[header.EthernetMinimumSize:])
+	ip.SetSourceAddress(tcpip.AddrFrom4(src))
+	ip.SetID(uint16(rng.Uint32()))
+	ip.SetChecksum(0)
+	ip.SetChecksum(^ip.CalculateChecksum())
+	return f
+}
+
+// TestFragmentsQueueApart: an echo request sent behind a burst of
+// fragments is answered while the fragments queued ahead of it are still
+// being read, on the stack's one P as in its process. Through one socket
+// that cannot happen (its queue is first in, first out: the request is
+// read after every fragment before it), so this holds exactly when the
+// fragments queue apart from the other frames and the fragment path gives
+// the thread up within its budget.
+func TestFragmentsQueueApart(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	s, _, peer := newReaderStack(t, offload.ModeHardware, true)
+	// Until the kernel's link watch has activated the peer's queueing
+	// discipline (up to a second after the link came up) what the peer
+	// sends is dropped: the stack answers once it is.
+	answered := false
+	for seq := uint16(100); seq < 105 && !answered; seq++ {
+		_, answered = pingOnce(t, peer, fuzzMAC, seq)
+	}
+	if !answered {
+		t.Fatal("no echo reply before the fragments, five requests in 10 s")
+	}
+	// Fewer than the fragment socket's buffer holds (about 1,300 bytes of
+	// it each), so that none is dropped: each is read after the request.
+	const burst = 1000
+	rng := rand.New(rand.NewPCG(29, 30))
+	frags := make([][]byte, burst)
+	for i := range frags {
+		frags[i] = floodFragment(rng)
+	}
+	before := s.WireStats.fragments.count.Load()
+	for i, f := range frags {
+		if _, err := unix.Write(peer, f); err != nil {
+			t.Fatalf("sending fragment %d: %v", i, err)
+		}
+	}
+	_, ok := pingOnce(t, peer, fuzzMAC, 2)
+	atReply := s.WireStats.fragments.count.Load() - before
+	if !ok {
+		t.Fatal("no echo reply behind the fragments within 2s")
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for s.WireStats.fragments.count.Load()-before < burst && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	all := s.WireStats.fragments.count.Load() - before
+	turns := s.WireStats.fragments.turns.Load()
+	t.Logf("echo reply after %d of the %d fragments sent before it had been read (%d read in all, the fragment path yielded %d times)", atReply, burst, all, turns)
+	if all != burst {
+		t.Errorf("the stack read %d of the %d fragments, want all", all, burst)
+	}
+	if atReply >= all {
+		t.Errorf("the echo request was answered after all %d fragments queued before it had been read: it queued behind them", all)
+	}
+	if turns == 0 {
+		t.Error("the fragment path read a burst of 1,000 fragments without yielding at its budget")
 	}
 }
 

@@ -52,6 +52,15 @@ type LinkSnapshot struct {
 	// RxFragments counts the IP fragments received, each handed to
 	// netstack's reassembly in a buffer of its own size.
 	RxFragments uint64 `json:"rxFragments"`
+	// RxFragmentsShared counts those among them that arrived through the
+	// link's socket, queued with the other traffic, rather than through
+	// the fragment socket (fragPath): all of them without one, IPv6
+	// fragments behind other extension headers with one.
+	RxFragmentsShared uint64 `json:"rxFragmentsShared"`
+	// FragmentTurns counts how often the fragment path stopped at its
+	// budget with fragments still queued, to let the rest of the stack
+	// run (fragPath): how often a flood kept it busy.
+	FragmentTurns uint64 `json:"fragmentTurns"`
 }
 
 // Snapshot reads every counter.
@@ -61,7 +70,8 @@ func (s *LinkStats) Snapshot() LinkSnapshot {
 		TxErrors: s.TxErrors.Load(), RxPackets: s.RxPackets.Load(), RxBytes: s.RxBytes.Load(),
 		RxSynShed: s.RxSynShed.Load(), RxSynCookied: s.RxSynCookied.Load(),
 		TxQueueWaits: s.Queue.Waits.Load(), TxQueueDrops: s.Queue.Drops.Load(),
-		RxFragments: s.fragments.count.Load(),
+		RxFragments: s.fragments.count.Load(), RxFragmentsShared: s.fragments.shared.Load(),
+		FragmentTurns: s.fragments.turns.Load(),
 	}
 }
 
@@ -116,11 +126,26 @@ func (l *countingLink) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Err
 
 // DeliverNetworkPacket counts and passes the packet to netstack.
 func (l *countingLink) DeliverNetworkPacket(proto tcpip.NetworkProtocolNumber, pkt *stack.PacketBuffer) {
+	if !l.admit(proto, pkt) {
+		return
+	}
+	if c := l.stats.fragments.compactFragment(proto, pkt); c != nil {
+		l.stats.fragments.shared.Add(1)
+		l.Endpoint.DeliverNetworkPacket(proto, c)
+		c.DecRef()
+		return
+	}
+	l.Endpoint.DeliverNetworkPacket(proto, pkt)
+}
+
+// admit counts a received packet and reports whether it may go on to
+// netstack: the ingress policy's verdict, then the SYN gate's.
+func (l *countingLink) admit(proto tcpip.NetworkProtocolNumber, pkt *stack.PacketBuffer) bool {
 	l.stats.RxPackets.Add(1)
 	l.stats.RxBytes.Add(uint64(pkt.Size()))
 	// Before the SYN gate and its cookies: a denied peer gets nothing.
 	if m := l.policy.For(policy.Ingress); m != nil && !admitIngress(m, proto, pktHeaders{pkt}) {
-		return
+		return false
 	}
 	if l.gate != nil && isSYN(proto, pkt) {
 		var answer func() bool
@@ -128,15 +153,10 @@ func (l *countingLink) DeliverNetworkPacket(proto tcpip.NetworkProtocolNumber, p
 			answer = func() bool { return l.cookie(pkt) }
 		}
 		if l.stats.turnedAway(l.gate.admit(time.Now(), answer)) {
-			return
+			return false
 		}
 	}
-	if c := l.stats.fragments.compactFragment(proto, pkt); c != nil {
-		l.Endpoint.DeliverNetworkPacket(proto, c)
-		c.DecRef()
-		return
-	}
-	l.Endpoint.DeliverNetworkPacket(proto, pkt)
+	return true
 }
 
 // turnedAway counts a SYN the gate kept from netstack, and reports

@@ -81,8 +81,14 @@ func TestLinkReaderServesTheLink(t *testing.T) {
 // fuzz stack's addresses, no SYN socket: the link's socket carries
 // everything), and returns a socket on b to send from.
 func readerStack(t *testing.T, mode offload.Mode) (*Stack, ns.NetNS, int) {
+	return newReaderStack(t, mode, false)
+}
+
+// newReaderStack is readerStack, with the link's fragments read from a
+// fragment socket of their own (fragPath) if fragments is set.
+func newReaderStack(t *testing.T, mode offload.Mode, fragments bool) (*Stack, ns.NetNS, int) {
 	netns := nettest.NewNS(t)
-	var linkFD, txFD, peer int
+	var linkFD, txFD, fragFD, peer int
 	err := netns.Do(func(ns.NetNS) error {
 		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "a", HardwareAddr: fuzzMAC}, PeerName: "b"}); err != nil {
 			return err
@@ -104,6 +110,14 @@ func readerStack(t *testing.T, mode offload.Mode) (*Stack, ns.NetNS, int) {
 		if txFD, err = packetsock.Open(packetsock.Options{IfName: "a", VnetHdr: vnet, SendOnly: true}); err != nil {
 			return err
 		}
+		if fragments {
+			if fragFD, err = packetsock.OpenFragments(packetsock.Options{IfName: "a"}); err != nil {
+				return err
+			}
+			if err := packetsock.Split(linkFD, "a", false, true); err != nil {
+				return err
+			}
+		}
 		peer, err = packetsock.Open(packetsock.Options{IfName: "b"})
 		return err
 	})
@@ -114,7 +128,15 @@ func readerStack(t *testing.T, mode offload.Mode) (*Stack, ns.NetNS, int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { unix.Close(linkFD); unix.Close(txFD); unix.Close(peer); unix.Close(tun[1]) })
+	t.Cleanup(func() {
+		unix.Close(linkFD)
+		unix.Close(txFD)
+		if fragFD > 0 {
+			unix.Close(fragFD)
+		}
+		unix.Close(peer)
+		unix.Close(tun[1])
+	})
 	dec := offload.Decision{Requested: mode, Mode: mode}
 	if mode == offload.ModeHardware {
 		dec.Link = offload.LinkGSO{MaxSize: 65536, MaxSegs: 65535, GSO: true, TSO: true}
@@ -133,6 +155,7 @@ func readerStack(t *testing.T, mode offload.Mode) (*Stack, ns.NetNS, int) {
 		},
 		LinkFD:       linkFD,
 		TXFD:         txFD,
+		FragmentFD:   fragFD,
 		Pod:          relay.PodSide{TUN: os.NewFile(uintptr(tun[0]), "tun"), Dialer: refusingDialer{}},
 		GSO:          dec,
 		WireQueueLen: 64,
@@ -140,7 +163,7 @@ func readerStack(t *testing.T, mode offload.Mode) (*Stack, ns.NetNS, int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	linkFD, txFD = -1, -1 // the stack's now: its Close closes them
+	linkFD, txFD, fragFD = -1, -1, -1 // the stack's now: its Close closes them
 	t.Cleanup(s.Close)
 	return s, netns, peer
 }

@@ -49,6 +49,10 @@ type Options struct {
 	// the new-connection SYNs are read from it, on a path of their own
 	// (synPath). Nil: LinkFD carries them too.
 	SYN *packetsock.SYNSocket
+	// FragmentFD, when set, is the link's fragment socket
+	// (packetsock.OpenFragments): the IP fragments are read from it, on a
+	// path of their own (fragPath). Zero: LinkFD carries them too.
+	FragmentFD int
 	// Pod is the pod kernel's side: the TUN and the relay's listeners.
 	// Required.
 	Pod relay.PodSide
@@ -124,6 +128,9 @@ type Stack struct {
 	Capture *wireTap
 	// syn reads the link's SYN socket; nil without one (Options.SYN).
 	syn *synPath
+	// frag reads the link's fragment socket; nil without one
+	// (Options.FragmentFD).
+	frag *fragPath
 	// reader reads LinkFD; nil when fdbased does (no Options.TXFD).
 	reader *linkReader
 	// failed gets, once, why a reader of the link stopped on its own;
@@ -363,6 +370,17 @@ func (s *Stack) attachWire(mac net.HardwareAddr) error {
 		s.syn = p
 		p.start()
 	}
+	if o.FragmentFD > 0 {
+		p, err := newFragPath(o.FragmentFD, int(o.Spec.MTU), tcpip.LinkAddress(mac))
+		if err != nil {
+			return err
+		}
+		p.link, p.tap = link, s.Capture
+		p.rxChecksumValidated = !o.VerifyRXChecksums
+		p.failed = s.fail
+		s.frag = p
+		p.start()
+	}
 	return nil
 }
 
@@ -438,6 +456,9 @@ func (s *Stack) shutdown() {
 	if s.syn != nil {
 		s.syn.stop()
 	}
+	if s.frag != nil {
+		s.frag.stop()
+	}
 	if s.Relay != nil {
 		s.Relay.Close()
 	}
@@ -447,8 +468,8 @@ func (s *Stack) shutdown() {
 	}
 }
 
-// closeSockets closes the SYN socket, the link's socket and the send
-// socket, which the stack owns once Build succeeded: all at once, because
+// closeSockets closes the SYN socket, the fragment socket, the link's
+// socket and the send socket, which the stack owns once Build succeeded: all at once, because
 // the kernel's release of a packet socket waits for an RCU grace period
 // (synchronize_net; the SYN socket's ring a second one). One after another,
 // as the process's exit closed them, those waits were 55–60 ms of a
@@ -457,6 +478,9 @@ func (s *Stack) closeSockets() {
 	var wg sync.WaitGroup
 	if s.syn != nil {
 		wg.Go(s.syn.sock.Close)
+	}
+	if s.opts.FragmentFD > 0 {
+		wg.Go(func() { unix.Close(s.opts.FragmentFD) })
 	}
 	wg.Go(func() { unix.Close(s.opts.LinkFD) })
 	if s.opts.TXFD > 0 {

@@ -37,13 +37,16 @@ type Daemon struct {
 	syn    *packetsock.SYNSocket // nil: none
 	// socketDrops accumulates packetsock.Drops, which resets on read.
 	socketDrops atomic.Uint64
-	// synSocketDrops is the same for the SYN socket.
-	synSocketDrops atomic.Uint64
-	cfg            stackconfig.Config
-	log            *slog.Logger
-	spec           *podnet.Spec
-	gso            offload.Decision
-	stack          *podstack.Stack
+	// synSocketDrops is the same for the SYN socket, fragSocketDrops for
+	// the fragment socket (fragFD; 0: none).
+	synSocketDrops  atomic.Uint64
+	fragFD          int
+	fragSocketDrops atomic.Uint64
+	cfg             stackconfig.Config
+	log             *slog.Logger
+	spec            *podnet.Spec
+	gso             offload.Decision
+	stack           *podstack.Stack
 	// policy is the network policy in force; nil when the stack does not
 	// enforce policy (stackconfig.Config.Policy).
 	policy  *policy.Enforcer
@@ -143,18 +146,32 @@ func Start(cfg stackconfig.Config, log *slog.Logger) (*Daemon, error) {
 	d.linkFD = linkFD
 	// Without a SYN socket (a kernel without PACKET_IGNORE_OUTGOING) the
 	// link's socket carries the SYNs too: slower under a flood, the same
-	// otherwise.
+	// otherwise; without a fragment socket, the fragments.
 	syn, err := synOpen.take()
-	if err == nil {
-		if err = syn.Split(linkFD, cfg.IfName); err != nil {
-			syn.Close()
-		}
-	}
 	if err != nil {
 		log.Warn("no SYN socket: a SYN flood shares the link's receive path", "err", err)
 		syn = nil
 	}
+	fragFD, err := packetsock.OpenFragments(packetsock.Options{IfName: cfg.IfName})
+	if err != nil {
+		log.Warn("no fragment socket: a fragment flood shares the link's receive path", "err", err)
+		fragFD = 0
+	}
+	if syn != nil || fragFD > 0 {
+		if err := packetsock.Split(linkFD, cfg.IfName, syn != nil, fragFD > 0); err != nil {
+			log.Warn("the link's socket takes every frame: SYN and fragment floods share its receive path", "err", err)
+			if syn != nil {
+				syn.Close()
+				syn = nil
+			}
+			if fragFD > 0 {
+				unix.Close(fragFD)
+				fragFD = 0
+			}
+		}
+	}
 	d.syn = syn
+	d.fragFD = fragFD
 	// Frames are sent on a socket of their own so that the link's socket
 	// can be read on Go's netpoller (podstack.Options.TXFD). Without it
 	// fdbased reads the link as before: correct, with a thread hand-off
@@ -174,6 +191,7 @@ func Start(cfg stackconfig.Config, log *slog.Logger) (*Daemon, error) {
 		LinkFD:            linkFD,
 		TXFD:              txFD,
 		SYN:               syn,
+		FragmentFD:        fragFD,
 		Pod:               *pod,
 		GSO:               d.gso,
 		GRO:               cfg.GRO,
@@ -195,6 +213,9 @@ func Start(cfg stackconfig.Config, log *slog.Logger) (*Daemon, error) {
 		}
 		if syn != nil {
 			syn.Close()
+		}
+		if fragFD > 0 {
+			unix.Close(fragFD)
 		}
 		return nil, err
 	}
@@ -335,6 +356,12 @@ type LegStatus struct {
 	// (packetsock.NewSYNSocket) because the stack read them too slowly: what a
 	// flood beyond the SYN path's speed costs (a real client retransmits).
 	SynSocketDrops uint64 `json:"synSocketDrops"`
+	// FragSocketDrops counts IP fragments the kernel dropped at the
+	// fragment socket (packetsock.OpenFragments) because the stack's
+	// fragment path, which takes a bounded share of its time, read them
+	// too slowly: a fragment flood's excess, as the kernel drops beyond
+	// its reassembly limit.
+	FragSocketDrops uint64 `json:"fragSocketDrops"`
 	// SynCookiesSent counts SYNs the mirrored listeners answered with a
 	// SYN cookie (their handshake backlog was full: a flood, most likely),
 	// SynCookiesValid the handshakes completed with one, SynCookiesInvalid
@@ -376,9 +403,14 @@ func (d *Daemon) Status() any {
 			d.synSocketDrops.Add(n)
 		}
 	}
+	if d.fragFD > 0 {
+		if n, err := packetsock.Drops(d.fragFD); err == nil {
+			d.fragSocketDrops.Add(n)
+		}
+	}
 	s.Wire = LegStatus{LinkSnapshot: d.stack.WireStats.Snapshot(), TCPRetransmits: ws.TCP.Retransmits.Value(),
 		DroppedPackets: ws.DroppedPackets.Value(), TCPCurrentEstablished: ws.TCP.CurrentEstablished.Value(),
-		SocketDrops: d.socketDrops.Load(), SynSocketDrops: d.synSocketDrops.Load(),
+		SocketDrops: d.socketDrops.Load(), SynSocketDrops: d.synSocketDrops.Load(), FragSocketDrops: d.fragSocketDrops.Load(),
 		SynCookiesSent: ws.TCP.ListenOverflowSynCookieSent.Value(), SynCookiesValid: ws.TCP.ListenOverflowSynCookieRcvd.Value(),
 		SynCookiesInvalid: ws.TCP.ListenOverflowInvalidSynCookieRcvd.Value(),
 		ListenSynDrops:    ws.TCP.ListenOverflowSynDrop.Value(), ListenAckDrops: ws.TCP.ListenOverflowAckDrop.Value(),

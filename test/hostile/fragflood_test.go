@@ -46,8 +46,12 @@ const (
 // against a cni-usernet pod, asserting that the stack's RSS grows by no
 // more than stackproc.ReassemblyBound (and the download's buffers), that it comes back to within
 // fragReleaseSlack of where it was once the reassemblies have timed out,
-// that the download is byte-exact and that the pod answers afterwards. The
-// probes' latencies are reported beside the kernel's, not asserted.
+// that the download is byte-exact, that the pod answers afterwards, that
+// every probe is answered, and that the flood never queued with them:
+// every fragment the stack read came through its fragment socket, none
+// through the link's socket, which dropped nothing (the fragment
+// socket's own drops are the flood's excess). The probes' latencies are
+// reported beside the kernel's, not asserted.
 func TestFragmentFlood(t *testing.T) {
 	if testing.Short() {
 		t.Skip("two fragment floods at full speed of 15 s each, and the time the memory takes to come back (about 3 min); run without -short")
@@ -113,6 +117,23 @@ func TestFragmentFlood(t *testing.T) {
 			}
 			for _, p := range others {
 				t.Error(p)
+			}
+			if r.answered() < len(r.probes) {
+				t.Errorf("probes answered during the fragment flood: got %d of %d, want all", r.answered(), len(r.probes))
+			}
+			// Where the flood queued: the fragment socket, and nothing of
+			// it the link's socket, which the probes and the download use.
+			w := func(k string) float64 { return r.victimCounters["wire."+k] }
+			t.Logf("%s: during the flood the stack read %.0f fragments (%.0f through the link's socket), the kernel dropped %.0f at the fragment socket and %.0f at the link's socket; the fragment path stopped at its budget %.0f times",
+				c.name, w("rxFragments"), w("rxFragmentsShared"), w("fragSocketDrops"), w("socketDrops"), w("fragmentTurns"))
+			if w("rxFragments") == 0 {
+				t.Errorf("the stack read no fragment during the flood (status counters %v)", r.victimCounters)
+			}
+			if n := w("rxFragmentsShared"); n != 0 {
+				t.Errorf("%.0f of the flood's %.0f fragments the stack read came through the link's socket, queued with the probes; want none", n, w("rxFragments"))
+			}
+			if n := w("socketDrops"); n != 0 {
+				t.Errorf("the link's socket dropped %.0f frames during the fragment flood, want none: the flood belongs to the fragment socket", n)
 			}
 			// The download may fill its buffers meanwhile (MemoryBound's
 			// share of one bulk connection), and the garbage collector's

@@ -248,6 +248,10 @@ type result struct {
 	// direction: transmitted towards the pod, or received from it.
 	vethFrames uint64
 	peaks      []stackPeak
+	// victimCounters is how much each of the victim stack's status
+	// counters grew during the flood (flatten's names); nil for a pod on
+	// the kernel.
+	victimCounters map[string]float64
 }
 
 type stackPeak struct {
@@ -350,6 +354,11 @@ func measure(t *testing.T, env *nettest.Env, guard *nodeGuard, m measurement) *r
 		t.Logf("%s: %s stack counters changed during the flood: %s", m.name, s.role, strings.Join(counterDeltas(flatten(s.before), flatten(s.atEnd)), ", "))
 		if s.victim {
 			logShed(t, m.name, podLinkAfter.RxPackets-podLinkBefore.RxPackets, flatten(s.before), flatten(s.atEnd))
+			b := flatten(s.before)
+			r.victimCounters = map[string]float64{}
+			for k, a := range flatten(s.atEnd) {
+				r.victimCounters[k] = a - b[k]
+			}
 		}
 	}
 	var errs []string

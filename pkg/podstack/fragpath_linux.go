@@ -1,0 +1,196 @@
+package podstack
+
+import (
+	"fmt"
+	"os"
+	"sync/atomic"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+	"gvisor.dev/gvisor/pkg/buffer"
+	"gvisor.dev/gvisor/pkg/rawfile"
+	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/header"
+	"gvisor.dev/gvisor/pkg/tcpip/stack"
+)
+
+// fragPath serves the link's fragment socket (packetsock.OpenFragments):
+// the IP fragments, and nothing else, so that a fragment flood queues in
+// a socket buffer of its own, which the kernel caps (dropping the excess
+// there, where the stack pays nothing for it), and never ahead of the
+// link's other frames. Each fragment is read into a frame buffer kept for
+// it and copied once into a packet buffer of its own size, with the
+// reassembly charge reserved in front (fragments.go), for netstack's
+// reassembly; the capture and the link's counters see it as they see the
+// link's other frames, and the ingress policy judges a first fragment as
+// on the link's path (admitIngress).
+//
+// With the stack's one P the loop shares a thread with the link's reader
+// and the goroutines its frames wake: a loop that read until the socket
+// was empty would keep them waiting for as long as a flood lasts, up to
+// the scheduler's 10 ms preemption at a time, and the network poller that
+// wakes the link's reader is not consulted when a busy goroutine merely
+// yields. So the loop reads at most fragBudget fragments a turn and then
+// sleeps fragPause, which parks it: the scheduler then polls the network
+// and runs whatever the link's frames woke before the next turn. A
+// flood's share of the stack is so bounded; what it sends beyond is
+// dropped by the kernel at the fragment socket (the daemon's
+// fragSocketDrops), as the kernel's own reassembly drops beyond
+// ipfrag_high_thresh.
+type fragPath struct {
+	fd int
+	// file is a dup of the socket on Go's netpoller (as linkReader's).
+	file     *os.File
+	rc       syscall.RawConn
+	stopping atomic.Bool
+	done     chan struct{}
+	mac      tcpip.LinkAddress
+	link     *countingLink
+	tap      *wireTap
+	// rxChecksumValidated is fdbased's RXChecksumOffload, as synPath's.
+	rxChecksumValidated bool
+	failed              func(error)
+
+	frames [fragBatch][]byte
+	iovecs [fragBatch]unix.Iovec
+	msgs   [fragBatch]rawfile.MMsgHdr
+	err    unix.Errno // why serve ended on an error
+	// spent: serve ended at the budget, with fragments still queued.
+	spent bool
+}
+
+const (
+	// fragBatch is how many fragments one recvmmsg takes.
+	fragBatch = 16
+	// fragBudget is how many fragments a turn reads: about 0.6 ms of
+	// the stack's time at the ~9 µs a flooding fragment cost it
+	// (113,000 a second on one core, 2026-12-02).
+	fragBudget = 4 * fragBatch
+	// fragPause is how long the loop sleeps between turns while
+	// fragments are queued. The sleep only has to park the loop; while
+	// the rest of the stack has work it runs meanwhile, and the pause is
+	// then no longer than that work.
+	fragPause = 20 * time.Microsecond
+)
+
+// fragFrameSlack is what a frame may have beyond the link's MTU and
+// Ethernet header: a VLAN tag (the most a veth forwards).
+const fragFrameSlack = 4
+
+func newFragPath(fd, mtu int, mac tcpip.LinkAddress) (*fragPath, error) {
+	f, rc, err := pollable(fd, "fragment socket")
+	if err != nil {
+		return nil, err
+	}
+	p := &fragPath{fd: fd, file: f, rc: rc, done: make(chan struct{}), mac: mac}
+	size := header.EthernetMinimumSize + mtu + fragFrameSlack
+	buf := make([]byte, fragBatch*size)
+	for k := range fragBatch {
+		p.frames[k] = buf[k*size : (k+1)*size : (k+1)*size]
+		p.iovecs[k] = rawfile.IovecFromBytes(p.frames[k])
+		p.msgs[k].Msg.Iov = &p.iovecs[k]
+		p.msgs[k].Msg.SetIovlen(1)
+	}
+	return p, nil
+}
+
+func (p *fragPath) start() { go p.run() }
+
+// stop stops the loop and waits for it; the socket stays open (Stack
+// closes it with the link's other sockets).
+func (p *fragPath) stop() {
+	p.stopping.Store(true)
+	p.file.Close()
+	<-p.done
+}
+
+func (p *fragPath) run() {
+	defer close(p.done)
+	for {
+		p.spent = false
+		err := p.rc.Read(p.serve)
+		if p.stopping.Load() {
+			return
+		}
+		if err == nil && p.spent {
+			p.link.stats.fragments.turns.Add(1)
+			time.Sleep(fragPause)
+			continue
+		}
+		if err == nil {
+			err = p.err
+		}
+		// Nothing would read the fragment socket any more: fragmented
+		// datagrams would be lost while the rest kept flowing.
+		p.failed(fmt.Errorf("fragment socket: reading fragments: %w", err))
+		return
+	}
+}
+
+// serve is rc.Read's callback: it reads and delivers fragments until the
+// socket is empty (then returns false, to wait for it to become readable)
+// or fragBudget were read (then returns true with spent set, as on an
+// error with p.err set). A batch that was not full drained the socket
+// when it was read, as in linkReader.serve.
+func (p *fragPath) serve(fd uintptr) bool {
+	for read := 0; read < fragBudget; {
+		n, _, errno := unix.RawSyscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&p.msgs[0])), uintptr(len(p.msgs)), unix.MSG_DONTWAIT, 0, 0)
+		switch errno {
+		case 0:
+		case unix.EINTR:
+			continue
+		case unix.EAGAIN:
+			return false
+		default:
+			p.err = errno
+			return true
+		}
+		for k := range int(n) {
+			p.deliver(k)
+		}
+		read += int(n)
+		if int(n) < len(p.msgs) {
+			return false
+		}
+	}
+	p.spent = true
+	return true
+}
+
+// deliver hands fragment k of the batch to netstack's reassembly.
+func (p *fragPath) deliver(k int) {
+	m := &p.msgs[k]
+	if m.Msg.Flags&unix.MSG_TRUNC != 0 {
+		// Larger than the link's MTU: no veth forwards it, and what was
+		// read of it cannot be reassembled.
+		return
+	}
+	n := int(m.Len)
+	if n < header.EthernetMinimumSize {
+		return
+	}
+	frame := p.frames[k][:n]
+	eth := header.Ethernet(frame)
+	// As fdbased: frames for another host are not ours.
+	if dst := eth.DestinationAddress(); dst != p.mac && dst[0]&1 == 0 {
+		return
+	}
+	p.tap.RecordFrame(false, frame)
+	proto := eth.Type()
+	// The one copy: into a view of the smallest chunk that fits, as
+	// compactFragment makes for a fragment read on the link's path.
+	pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{ReserveHeaderBytes: reassemblyCharge, Payload: buffer.MakeWithData(frame)})
+	defer pkt.DecRef()
+	pkt.LinkHeader().Consume(header.EthernetMinimumSize)
+	pkt.NetworkProtocolNumber = proto
+	pkt.RXChecksumValidated = p.rxChecksumValidated
+	if !p.link.admit(proto, pkt) {
+		return
+	}
+	// The filter takes only fragments; what note does not take for one
+	// (an IPv6 fragment header it cannot reach) netstack parses as usual.
+	p.link.stats.fragments.note(proto, pkt)
+	p.link.Endpoint.DeliverNetworkPacket(proto, pkt)
+}
