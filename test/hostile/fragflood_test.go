@@ -2,7 +2,6 @@ package hostile
 
 import (
 	"fmt"
-	"net/netip"
 	"os"
 	"strconv"
 	"strings"
@@ -57,22 +56,10 @@ func TestFragmentFlood(t *testing.T) {
 		t.Skip("two fragment floods at full speed of 15 s each, and the time the memory takes to come back (about 3 min); run without -short")
 	}
 	hping := requireHping3(t)
-	env := nettest.NewEnv(t)
-	env.Subnet6 = "" // hping3 floods IPv4; keep the pods IPv4-only
-	kernel := env.NewPodWith("ptp", ptpConf(env))
-	usernet := env.NewPod(env.Conf(cniVersion, nil))
-	guard := guardNode(t, env.Node, netip.MustParsePrefix(env.Subnet), kernelSubnet)
-	attU := loadState(t, env, usernet)
+	env, guard, cases := newNodeFloodRig(t)
 
 	var rows []string
-	for _, c := range []struct {
-		name string
-		pod  *nettest.Pod
-		att  *podAttachment
-	}{
-		{"kernel (ptp)", kernel, nil},
-		{"cni-usernet (" + gsoMode(t, attU) + ")", usernet, &podAttachment{att: attU, load: stackproc.MemoryLoad{BulkTCP: 1}}},
-	} {
+	for _, c := range cases {
 		t.Run(strings.Fields(c.name)[0], func(t *testing.T) {
 			serveHTTP(t, nettest.Listen(t, c.pod.NS, "tcp", ":"+strconv.Itoa(httpPort)), "ok")
 			veth := c.pod.HostVeth()

@@ -84,22 +84,10 @@ func TestSYNFlood(t *testing.T) {
 		t.Skip("two SYN floods at full speed of 15 s each (about 60 s); run without -short")
 	}
 	hping := requireHping3(t)
-	env := nettest.NewEnv(t)
-	env.Subnet6 = "" // hping3 floods IPv4; keep the pods IPv4-only
-	kernel := env.NewPodWith("ptp", ptpConf(env))
-	usernet := env.NewPod(env.Conf(cniVersion, nil))
-	guard := guardNode(t, env.Node, netip.MustParsePrefix(env.Subnet), kernelSubnet)
-	attU := loadState(t, env, usernet)
+	env, guard, cases := newNodeFloodRig(t)
 
 	var rows []string
-	for _, c := range []struct {
-		name string
-		pod  *nettest.Pod
-		att  *podAttachment
-	}{
-		{"kernel (ptp)", kernel, nil},
-		{"cni-usernet (" + gsoMode(t, attU) + ")", usernet, &podAttachment{att: attU, load: stackproc.MemoryLoad{BulkTCP: 1}}},
-	} {
+	for _, c := range cases {
 		t.Run(strings.Fields(c.name)[0], func(t *testing.T) {
 			serveHTTP(t, nettest.Listen(t, c.pod.NS, "tcp", ":"+strconv.Itoa(httpPort)), "ok")
 			veth := c.pod.HostVeth()
@@ -708,4 +696,30 @@ func ptpConf(env *nettest.Env) []byte {
 		env.T.Fatal(err)
 	}
 	return b
+}
+
+// floodCase is one pod a flood from the node runs against: on the kernel
+// veth (att nil: the comparison, logged) or on cni-usernet (asserted).
+type floodCase struct {
+	name string
+	pod  *nettest.Pod
+	att  *podAttachment
+}
+
+// newNodeFloodRig is the rig of the floods from the node namespace: a
+// node, a pod on the kernel veth (ptp) and a cni-usernet pod, IPv4 only
+// (hping3 floods IPv4), and the node's guard that drops the answers to
+// hping3's random sources. The cases come kernel first.
+func newNodeFloodRig(t *testing.T) (*nettest.Env, *nodeGuard, []floodCase) {
+	t.Helper()
+	env := nettest.NewEnv(t)
+	env.Subnet6 = ""
+	kernel := env.NewPodWith("ptp", ptpConf(env))
+	usernet := env.NewPod(env.Conf(cniVersion, nil))
+	guard := guardNode(t, env.Node, netip.MustParsePrefix(env.Subnet), kernelSubnet)
+	attU := loadState(t, env, usernet)
+	return env, guard, []floodCase{
+		{"kernel (ptp)", kernel, nil},
+		{"cni-usernet (" + gsoMode(t, attU) + ")", usernet, &podAttachment{att: attU, load: stackproc.MemoryLoad{BulkTCP: 1}}},
+	}
 }
