@@ -68,8 +68,11 @@ func iperf3(t *testing.T, from ns.NetNS, addr string, seconds int, reverse bool)
 			break
 		}
 		// The server may still be closing the previous test's control
-		// connection when the next one starts.
-		if attempt < 3 && strings.Contains(r.Error, "control message") {
+		// connection when the next one starts, or still be taking in what
+		// the previous client had queued (at 10 Mbit/s, a full socket
+		// buffer drains for seconds after the client has gone): "the
+		// server is busy running a test".
+		if attempt < 10 && (strings.Contains(r.Error, "control message") || strings.Contains(r.Error, "server is busy")) {
 			t.Logf("%s: %s; again", strings.Join(args, " "), r.Error)
 			time.Sleep(time.Second)
 			continue
