@@ -20,6 +20,7 @@ set -euo pipefail
 
 LAB=$(cd "$(dirname "$0")" && pwd)
 . "$LAB/lib/common.sh"
+lab_lock
 
 t0=$(date +%s)
 log "k8s-lab setup: Kubernetes $K8S_VERSION, node $NODE ($NODE_IP), pods $POD_CIDR"

@@ -211,7 +211,11 @@ func account(n labNode, network string) (nodeAccount, error) {
 		for _, r := range routes {
 			switch {
 			case strings.HasPrefix(r.Dev, hostVethPfx):
-				a.podRoutes[strings.TrimSuffix(strings.TrimSuffix(r.Dst, "/32"), "/128")] = r.Dev
+				// Host routes to pods; not the kernel's link-local ones.
+				dst := strings.TrimSuffix(strings.TrimSuffix(r.Dst, "/32"), "/128")
+				if !strings.Contains(dst, "/") {
+					a.podRoutes[dst] = r.Dev
+				}
 			case r.Protocol == "117":
 				a.nodeRoutes = append(a.nodeRoutes, r.Dst)
 			}
