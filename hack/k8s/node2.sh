@@ -231,7 +231,8 @@ down() {
 # cni-usernet's stacks and agent), so the pods' network namespaces, their
 # veths and the routes to them go; emptied: what lives on tmpfs on a real
 # node (/run/containerd, /run/netns, /run/cni-usernet, the kubelet's volume
-# mounts), and the routes the agent made (protocol 117). Kept: what is on
+# mounts), the routes the agent made (protocol 117) and the node's
+# cgroups. Kept: what is on
 # disk (/var/lib/cni's leases, /var/lib/cni-usernet's state files,
 # /var/lib/kubelet, /var/lib/containerd, /etc/cni/net.d, /opt/cni/bin), and
 # the node's own link and addresses (its "hardware"). kube-proxy and
@@ -269,6 +270,11 @@ reboot() {
     while read -r m; do umount -l \"\$m\" || exit 1; done"
   rm -rf "$N2"/run_containerd/* "$N2"/run_netns/* "$N2"/run_cni-usernet/*
   in_n2 ip route flush proto 117
+  # cgroups do not survive a reboot either: left behind, the kubelet's
+  # cAdvisor spends about 50 s at its start on the dead containers' ones
+  for c in /sys/fs/cgroup/*/"$N2_CGROUP"; do
+    [ -d "$c" ] && find "$c" -mindepth 1 -depth -type d -exec rmdir {} \; 2>/dev/null || true
+  done
   log "node 2 down like after a power cut ($(( $(date +%s) - t0 ))s); booting"
   up
 }

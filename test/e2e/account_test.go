@@ -417,3 +417,12 @@ func runningAnswer(t *testing.T, ns string, within time.Duration) {
 	}
 	t.Logf("%d running pods of %s answer", n, ns)
 }
+
+func (a nodeAccount) attachmentOf(ns, name string) *state.Attachment {
+	for _, at := range a.atts {
+		if at.PodNS == ns && at.PodName == name {
+			return at
+		}
+	}
+	return nil
+}
