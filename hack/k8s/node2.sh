@@ -85,8 +85,10 @@ up() {
     done
     # pods' namespaces: a shared mount, for the agent's HostToContainer volume
     mounts="$mounts; mount --make-shared /run/netns; hostname $NODE2"
-    setsid unshare --net --mount --pid --uts --fork --mount-proc --propagation private \
-      sh -c "$mounts; exec $BIN/k8s-lab-init" >>"$LOGDIR/node2-init.log" 2>&1 </dev/null 3>&- 4>&- 5>&- 6>&- 7>&- 8>&- 9>&- &
+    # (without_fds: node 2 lives on after this script, and must not keep
+    # the lab's lock, whatever descriptor holds it)
+    (without_fds setsid unshare --net --mount --pid --uts --fork --mount-proc --propagation private \
+      sh -c "$mounts; exec $BIN/k8s-lab-init") >>"$LOGDIR/node2-init.log" 2>&1 </dev/null &
     local i
     for i in $(seq 50); do
       # the init's PID in the root namespace: the child of unshare
