@@ -602,6 +602,15 @@ func (c *policyController) applyNow(ctx context.Context, t target, wait time.Dur
 	if err := c.synced(); err != nil {
 		return 0, err
 	}
+	if _, ok := c.pods.Get(t.namespace + "/" + t.pod); !ok && c.pods.Err() != nil {
+		// The API server may be back while the watches wait out their
+		// backoff (up to 30 s after an outage): look now.
+		c.pods.Retry()
+		c.policies.Retry()
+		c.namespaces.Retry()
+		c.services.Retry()
+		c.slices.Retry()
+	}
 	if !c.waitPod(ctx, t.namespace, t.pod, wait) {
 		if err := c.pods.Err(); err != nil {
 			// Fail closed: a pod the agent cannot look up may be selected
