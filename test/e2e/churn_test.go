@@ -113,7 +113,7 @@ func TestKubernetesChurn(t *testing.T) {
 	stop()
 	wg.Wait()
 	mu.Lock()
-	t.Logf("%d bursts of %d pods per node; %d refused (the API server away, or a DaemonSet in rollout): last %v", bursts, churnBurst, failures, lastErr)
+	t.Logf("%d bursts of %d pods per node; %d not accepted by kubectl (the API server away): last %v", bursts, churnBurst, failures, lastErr)
 	mu.Unlock()
 
 	// Settle: the deleted pods gone, the rest Running and Ready.

@@ -415,10 +415,17 @@ func checkNodeRestart(t *testing.T, repo, ns, network string, routes map[string]
 	if err != nil {
 		t.Fatal(err)
 	}
-	var old []string
+	var old, onNode []string
 	for _, a := range before.atts {
 		old = append(old, a.ContainerID)
+		if a.PodNS == ns {
+			onNode = append(onNode, a.PodName)
+		}
 	}
+	if len(onNode) == 0 {
+		t.Fatalf("no pod of %s on %s before the reboot", ns, n2.name)
+	}
+	t.Logf("on %s before the reboot: %v", n2.name, onNode)
 	t.Cleanup(func() {
 		// Never leave node 2 without its daemons.
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -446,21 +453,44 @@ func checkNodeRestart(t *testing.T, repo, ns, network string, routes map[string]
 		return nil
 	})
 	// The API shows the pods Ready from before the reboot for a while:
-	// what counts is a new sandbox with a stack, on the node.
-	eventually(t, 3*time.Minute, "node 2's pods in new sandboxes", func() error {
+	// what counts is a new sandbox with a stack on the node, and the API
+	// showing the pod Ready at its address.
+	eventually(t, 3*time.Minute, "node 2's pods in new sandboxes, Ready", func() error {
 		a, err := account(n2, network)
 		if err != nil {
 			return err
 		}
-		for _, name := range []string{"far", "far-sw"} {
+		for _, name := range onNode {
 			at := a.attachmentOf(ns, name)
-			if at == nil || slices.Contains(old, at.ContainerID) {
+			if at == nil || slices.Contains(old, at.ContainerID) || len(at.IPs) == 0 {
 				return fmt.Errorf("%s: no attachment of a new sandbox yet", name)
+			}
+			var p struct {
+				pod
+				Status struct {
+					PodIP      string `json:"podIP"`
+					Conditions []struct {
+						Type   string `json:"type"`
+						Status string `json:"status"`
+					} `json:"conditions"`
+				} `json:"status"`
+			}
+			if err := kubectlJSON(&p, "-n", ns, "get", "pod", name); err != nil {
+				return err
+			}
+			ready := slices.ContainsFunc(p.Status.Conditions, func(c struct {
+				Type   string `json:"type"`
+				Status string `json:"status"`
+			}) bool {
+				return c.Type == "Ready" && c.Status == "True"
+			})
+			if ip := strings.Split(at.IPs[0], "/")[0]; !ready || p.Status.PodIP != ip {
+				return fmt.Errorf("%s: the API shows %s (Ready %v), the new sandbox has %s", name, p.Status.PodIP, ready, ip)
 			}
 		}
 		return nil
 	})
-	t.Logf("node 2's pods attached anew %.1fs after the reboot began", time.Since(start).Seconds())
+	t.Logf("node 2's pods attached anew and Ready %.1fs after the reboot began", time.Since(start).Seconds())
 	acct := nodesAccountFor(t, repo, network, routes, 3*time.Minute)
 	for _, a := range acct[n2.name].atts {
 		if slices.Contains(old, a.ContainerID) {
