@@ -95,7 +95,7 @@ clean:
 # time: it builds Kubernetes), cni-usernet's image, and the end-to-end test
 # against that cluster (test/e2e, README "Install on Kubernetes"), in
 # standalone mode and then chained behind flannel (hack/k8s/flannel.sh).
-.PHONY: image cluster-up cluster-down e2e
+.PHONY: image cluster-up cluster-down e2e e2e-churn
 
 image:
 	hack/image.sh
@@ -109,3 +109,10 @@ cluster-down:
 # Cluster up if needed, image, test/e2e, cluster down even on failure.
 e2e:
 	hack/k8s/e2e.sh
+
+# Pods churned on both nodes through an agent force-deleted, a DaemonSet
+# rollout, a containerd restart and a minute without the API server
+# (test/e2e TestKubernetesChurn, ~6 min beside the cluster's start); run it
+# before merging changes to the plugin, the agent or the installer.
+e2e-churn:
+	E2E_CHURN=1 E2E_MODES=standalone E2E_RUN=TestKubernetesChurn hack/k8s/e2e.sh

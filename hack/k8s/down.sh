@@ -15,6 +15,7 @@ set -uo pipefail
 LAB=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$LAB/../.." && pwd)
 . "$LAB/lib/common.sh"
+lab_lock
 purge=0; [ "${1:-}" = --purge ] && purge=1
 export KUBECONFIG=$STATE/admin.kubeconfig
 

@@ -9,6 +9,7 @@ set -uo pipefail
 LAB=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$LAB/../.." && pwd)
 . "$LAB/lib/common.sh"
+lab_lock
 cd "$REPO"
 
 rc=0

@@ -9,6 +9,9 @@
 #   hack/k8s/node2.sh import TAR    import an OCI image tarball into node 2's containerd
 #   hack/k8s/node2.sh daemon NAME CMD...  start a daemon on node 2 (pid file NAME, log NAME.log;
 #                                   flannel.sh's flanneld)
+#   hack/k8s/node2.sh restart-containerd  stop node 2's containerd and start it again (shims,
+#                                   containers and pods' namespaces live on, as on a real node)
+#   hack/k8s/node2.sh reboot        what a reboot does to node 2, then its daemons again (below)
 #
 # What node 2 has of its own (everything a CNI plugin or a kubelet writes):
 #   network namespace   eth0 = 10.242.0.2/32, peer of k8slab-n2 in the root namespace; its own
@@ -82,8 +85,10 @@ up() {
     done
     # pods' namespaces: a shared mount, for the agent's HostToContainer volume
     mounts="$mounts; mount --make-shared /run/netns; hostname $NODE2"
-    setsid unshare --net --mount --pid --uts --fork --mount-proc --propagation private \
-      sh -c "$mounts; exec $BIN/k8s-lab-init" >>"$LOGDIR/node2-init.log" 2>&1 </dev/null 3>&- 4>&- 5>&- 6>&- 7>&- 8>&- 9>&- &
+    # (without_fds: node 2 lives on after this script, and must not keep
+    # the lab's lock, whatever descriptor holds it)
+    (without_fds setsid unshare --net --mount --pid --uts --fork --mount-proc --propagation private \
+      sh -c "$mounts; exec $BIN/k8s-lab-init") >>"$LOGDIR/node2-init.log" 2>&1 </dev/null &
     local i
     for i in $(seq 50); do
       # the init's PID in the root namespace: the child of unshare
@@ -223,11 +228,66 @@ down() {
   rm -rf "$N2"
 }
 
+# reboot: what a node's reboot takes, on node 2. Stopped: kubelet and
+# containerd; killed: every other process of the node (shims, containers,
+# cni-usernet's stacks and agent), so the pods' network namespaces, their
+# veths and the routes to them go; emptied: what lives on tmpfs on a real
+# node (/run/containerd, /run/netns, /run/cni-usernet, the kubelet's volume
+# mounts), the routes the agent made (protocol 117) and the node's
+# cgroups. Kept: what is on
+# disk (/var/lib/cni's leases, /var/lib/cni-usernet's state files,
+# /var/lib/kubelet, /var/lib/containerd, /etc/cni/net.d, /opt/cni/bin), and
+# the node's own link and addresses (its "hardware"). kube-proxy and
+# flanneld keep running: they rebuild their own state, which is not
+# cni-usernet's. Then containerd and the kubelet start again, as at boot.
+reboot() {
+  local pid; pid=$(n2_pid) || die "node 2 is not running"
+  local t0; t0=$(date +%s)
+  log "rebooting $NODE2 (simulated)"
+  stop_daemon kubelet-node2 30
+  stop_daemon containerd-node2 30
+  local pidns keep p left i
+  pidns=$(readlink /proc/"$pid"/ns/pid)
+  keep=" $pid $(cat "$RUNDIR/kube-proxy-node2.pid" 2>/dev/null || true) $(cat "$RUNDIR/flanneld-node2.pid" 2>/dev/null || true) "
+  for i in $(seq 40); do
+    left=0
+    for p in /proc/[0-9]*; do
+      p=${p#/proc/}
+      case "$keep" in *" $p "*) continue ;; esac
+      # (a zombie is dead already: its parent reaps it)
+      [ "$(awk '{print $3}' /proc/"$p"/stat 2>/dev/null)" = Z ] && continue
+      # node 2's own processes, and its pods' (PID namespaces of their
+      # own, in the kubelet's cgroup subtree)
+      if [ "$(readlink /proc/"$p"/ns/pid 2>/dev/null)" = "$pidns" ] ||
+         grep -q ":/$N2_CGROUP/" /proc/"$p"/cgroup 2>/dev/null; then
+        kill -KILL "$p" 2>/dev/null && left=$((left + 1))
+      fi
+    done
+    [ "$left" = 0 ] && break
+    sleep 0.25
+  done
+  [ "$left" = 0 ] || die "reboot: $left processes of node 2 survive SIGKILL"
+  in_n2 sh -c "awk '{print \$5}' /proc/self/mountinfo |
+    grep -E '^/run/(containerd|netns|cni-usernet)/.|^/var/lib/kubelet/pods/' | sort -r |
+    while read -r m; do umount -l \"\$m\" || exit 1; done"
+  rm -rf "$N2"/run_containerd/* "$N2"/run_netns/* "$N2"/run_cni-usernet/*
+  in_n2 ip route flush proto 117
+  # cgroups do not survive a reboot either: left behind, the kubelet's
+  # cAdvisor spends about 50 s at its start on the dead containers' ones
+  for c in /sys/fs/cgroup/*/"$N2_CGROUP"; do
+    [ -d "$c" ] && find "$c" -mindepth 1 -depth -type d -exec rmdir {} \; 2>/dev/null || true
+  done
+  log "node 2 down like after a power cut ($(( $(date +%s) - t0 ))s); booting"
+  up
+}
+
 case "${1:-}" in
   up) up ;;
   down) down ;;
   exec) shift; in_n2 "$@" ;;
   import) shift; for t in "$@"; do import "$t"; done ;;
   daemon) shift; n2_pid >/dev/null || die "node 2 is not running"; n2_start_daemon "$@" ;;
-  *) echo "usage: $0 up|down|exec CMD...|import TAR...|daemon NAME CMD..." >&2; exit 2 ;;
+  restart-containerd) n2_pid >/dev/null || die "node 2 is not running"; stop_daemon containerd-node2 30; up ;;
+  reboot) reboot ;;
+  *) echo "usage: $0 up|down|exec CMD...|import TAR...|daemon NAME CMD...|restart-containerd|reboot" >&2; exit 2 ;;
 esac

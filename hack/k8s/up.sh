@@ -20,6 +20,7 @@ set -euo pipefail
 
 LAB=$(cd "$(dirname "$0")" && pwd)
 . "$LAB/lib/common.sh"
+lab_lock
 
 t0=$(date +%s)
 log "k8s-lab setup: Kubernetes $K8S_VERSION, node $NODE ($NODE_IP), pods $POD_CIDR"
@@ -176,19 +177,7 @@ start_daemon etcd /usr/bin/etcd --name k8s-lab --data-dir "$STATE/etcd" \
 wait_for "etcd" 60 curl -fsS http://127.0.0.1:2379/health
 
 # ---------------------------------------------------------------- control plane
-start_daemon kube-apiserver "$BIN/kube-apiserver" \
-  --etcd-servers=http://127.0.0.1:2379 \
-  --bind-address="$NODE_IP" --advertise-address="$NODE_IP" --secure-port=6443 \
-  --tls-cert-file="$PKI/apiserver.crt" --tls-private-key-file="$PKI/apiserver.key" \
-  --client-ca-file="$PKI/ca.crt" \
-  --kubelet-client-certificate="$PKI/apiserver-kubelet-client.crt" \
-  --kubelet-client-key="$PKI/apiserver-kubelet-client.key" \
-  --kubelet-preferred-address-types=InternalIP \
-  --service-account-issuer=https://kubernetes.default.svc.cluster.local \
-  --service-account-key-file="$PKI/sa.pub" --service-account-signing-key-file="$PKI/sa.key" \
-  --service-cluster-ip-range="$SVC_CIDR" \
-  --authorization-mode=Node,RBAC --enable-admission-plugins=NodeRestriction \
-  --allow-privileged=true --profiling=false --v=1
+start_apiserver
 wait_for "kube-apiserver /readyz" 120 kubectl --kubeconfig "$STATE/admin.kubeconfig" get --raw /readyz
 ta=$(date +%s)
 

@@ -94,7 +94,7 @@ func (td *Teardown) Run() error {
 		}
 	}
 	for _, path := range []string{p.StackDir, p.Socket, p.Log} {
-		if err := os.RemoveAll(path); err != nil {
+		if err := removeAll(path); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -288,4 +288,21 @@ func (td *Teardown) log() *slog.Logger {
 		return slog.New(slog.DiscardHandler)
 	}
 	return td.Log
+}
+
+// removeAll is os.RemoveAll, tried again when a file appeared in a
+// directory meanwhile: the node agent writes a pod's policy.json into its
+// stack directory without the attachment's lock (ADD holds that lock while
+// it waits for the agent), so a policy pass can land in the middle of DEL.
+// That write cannot recreate the directory once it is gone. Seen on the lab
+// on 2026-12-02 (make e2e-churn): "unlinkat .../stacks/<key>: directory not
+// empty", a DEL failed and retried by the runtime.
+func removeAll(path string) error {
+	var err error
+	for range 5 {
+		if err = os.RemoveAll(path); !errors.Is(err, unix.ENOTEMPTY) {
+			return err
+		}
+	}
+	return err
 }

@@ -140,6 +140,8 @@ type Reflector[T any] struct {
 	err    error // the last failure, nil since the last success
 	// synced is closed on the first complete list.
 	syncedCh chan struct{}
+	// retry cuts the wait after a failure short (Retry).
+	retry chan struct{}
 
 	// log rate limit: when the last line went out, how many were left out
 	lastLog    time.Time
@@ -151,7 +153,18 @@ func NewReflector[T any](o ReflectorOptions[T]) (*Reflector[T], error) {
 	if err := o.validate(); err != nil {
 		return nil, fmt.Errorf("watching %s: %w", o.Kind, err)
 	}
-	return &Reflector[T]{o: o, items: map[string]*T{}, syncedCh: make(chan struct{})}, nil
+	return &Reflector[T]{o: o, items: map[string]*T{}, syncedCh: make(chan struct{}), retry: make(chan struct{}, 1)}, nil
+}
+
+// Retry starts the next list or watch now when r is waiting after a
+// failure. After an outage the wait can be MaxBackoff (30 s); a caller
+// that needs the cache current right away (ADD waiting for its pod) should
+// not wait for it once the API server answers again.
+func (r *Reflector[T]) Retry() {
+	select {
+	case r.retry <- struct{}{}:
+	default:
+	}
 }
 
 // Kind is the collection r watches.
@@ -248,6 +261,7 @@ func (r *Reflector[T]) Run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-time.After(wait):
+		case <-r.retry:
 		}
 		backoff = min(2*backoff, r.o.MaxBackoff)
 	}

@@ -484,6 +484,36 @@ func TestReflectorKeepsCacheWhileServerGone(t *testing.T) {
 	}
 }
 
+// Retry ends the wait after a failure: with a backoff of a minute, a
+// server that is back is seen at once.
+func TestReflectorRetryCutsTheBackoff(t *testing.T) {
+	c := newFakeCollection()
+	c.setDown(true)
+	r, err := NewReflector(ReflectorOptions[thing]{
+		Client: newClient(t, thingServer(t, c)),
+		Kind:   Kind{Group: "example.com", Version: "v1", Resource: "things"},
+		Meta:   thingMeta, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Backoff: time.Minute, MaxBackoff: time.Minute,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { r.Run(ctx); close(done) }()
+	t.Cleanup(func() { c.setDown(true); cancel(); <-done })
+	eventually(t, "an error", func() bool { return r.Err() != nil })
+	c.setDown(false)
+	time.Sleep(200 * time.Millisecond)
+	if r.HasSynced() {
+		t.Fatal("synced before the backoff ended, without Retry")
+	}
+	start := time.Now()
+	r.Retry()
+	eventually(t, "sync after Retry", r.HasSynced)
+	t.Logf("synced %v after Retry", time.Since(start))
+}
+
 func TestReflectorNotSyncedWithoutServer(t *testing.T) {
 	c := newFakeCollection()
 	c.setDown(true)

@@ -602,7 +602,25 @@ func (c *policyController) applyNow(ctx context.Context, t target, wait time.Dur
 	if err := c.synced(); err != nil {
 		return 0, err
 	}
+	if _, ok := c.pods.Get(t.namespace + "/" + t.pod); !ok && c.pods.Err() != nil {
+		// The API server may be back while the watches wait out their
+		// backoff (up to 30 s after an outage): look now.
+		c.pods.Retry()
+		c.policies.Retry()
+		c.namespaces.Retry()
+		c.services.Retry()
+		c.slices.Retry()
+	}
 	if !c.waitPod(ctx, t.namespace, t.pod, wait) {
+		if err := c.pods.Err(); err != nil {
+			// Fail closed: a pod the agent cannot look up may be selected
+			// by any policy, and attaching it open would let in what its
+			// policies deny. The runtime retries (code 11) until the API
+			// server answers again.
+			return 0, fmt.Errorf("pod %s/%s: %w after %s and the API server cannot be reached (%v): "+
+				"its NetworkPolicy cannot be known, so it is not attached (fail closed; retried once the API server answers)",
+				t.namespace, t.pod, errPodNotCached, wait, err)
+		}
 		return 0, fmt.Errorf("pod %s/%s: %w after %s", t.namespace, t.pod, errPodNotCached, wait)
 	}
 	start := time.Now()

@@ -552,6 +552,48 @@ func TestPolicyAPIServerGone(t *testing.T) {
 	waitFor(t, "the deletion once back", 5*time.Second, holds(st, false))
 }
 
+// A pod the agent has never seen while the API server is away: its
+// NetworkPolicy cannot be known, so ADD's request fails closed and says
+// so; a pod cached before the outage gets the policy of its last view.
+func TestPolicyUnknownPodWhileAPIServerAway(t *testing.T) {
+	e := newPolicyEnv(t)
+	e.api.put(pathNamespaces, nsObj("x", nil))
+	e.api.put(pathPods, podObj("x", "a", "10.244.1.10", nil))
+	e.api.put(pathPolicies, ingressPolicy("x", "deny", ""))
+	c, _ := e.start(t)
+	if err := c.waitSynced(context.Background(), 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	e.api.setDown(true)
+	waitFor(t, "the pods' watch failing", 10*time.Second, func() bool { return c.pods.Err() != nil })
+
+	sock := filepath.Join(e.dir, "b.sock")
+	st := newFakeStack(t, sock, policy.Closed(testNode))
+	_, err := c.applyNow(context.Background(), target{
+		key: state.Key("c-b", "eth0"), namespace: "x", pod: "b", ips: []netip.Addr{netip.MustParseAddr("10.244.1.11")},
+		socket: sock, file: filepath.Join(t.TempDir(), "b.json"),
+	}, 200*time.Millisecond)
+	if err == nil || !errors.Is(err, errPodNotCached) || !strings.Contains(err.Error(), "API server cannot be reached") || !strings.Contains(err.Error(), "fail closed") {
+		t.Fatalf("unknown pod, API server away: got %v, want a refusal saying the API server cannot be reached and that it fails closed", err)
+	}
+	if got := len(st.pushed()); got != 0 {
+		t.Errorf("unknown pod: %d pushes to its stack, want none", got)
+	}
+
+	sockA := filepath.Join(e.dir, "a2.sock")
+	stA := newFakeStack(t, sockA, policy.Closed(testNode))
+	gen, err := c.applyNow(context.Background(), target{
+		key: state.Key("c-a2", "eth0"), namespace: "x", pod: "a", ips: []netip.Addr{netip.MustParseAddr("10.244.1.10")},
+		socket: sockA, file: filepath.Join(t.TempDir(), "a.json"),
+	}, 200*time.Millisecond)
+	if err != nil {
+		t.Fatalf("cached pod, API server away: %v", err)
+	}
+	if held := stA.current(); held.Generation != gen || !held.Ingress.Isolated {
+		t.Errorf("cached pod: stack holds generation %d (isolated %v), want %d isolated by the cached policy", held.Generation, held.Ingress.Isolated, gen)
+	}
+}
+
 // An agent killed between writing a pod's file and pushing it: the next
 // agent pushes the file's policy (same rules, same generation), never an
 // open one before its caches are complete, and continues above it.
