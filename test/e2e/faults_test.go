@@ -158,6 +158,14 @@ func thisReleaseManifest(t *testing.T, repo string) string {
 	}
 	ref := index[i+len(`"io.containerd.image.name":"`):]
 	ref = ref[:strings.Index(ref, `"`)]
+	importImage(ctx, t, repo, tar)
+	t.Logf("installing %s", ref)
+	return manifestWithImage(t, repo, ref)
+}
+
+// importImage imports an image tarball on the nodes.
+func importImage(ctx context.Context, t *testing.T, repo, tar string) {
+	t.Helper()
 	if _, err := run(ctx, "", "ctr", "-n", "k8s.io", "images", "import", tar); err != nil {
 		t.Fatal(err)
 	}
@@ -166,13 +174,21 @@ func thisReleaseManifest(t *testing.T, repo string) string {
 			t.Fatal(err)
 		}
 	}
-	m, err := os.ReadFile(filepath.Join(repo, "manifests", "cni-usernet.yaml"))
+}
+
+// manifestWithImage is dir's manifests/cni-usernet.yaml with image in
+// place of the image it names, localhost/cni-usernet:dev.
+func manifestWithImage(t *testing.T, dir, image string) string {
+	t.Helper()
+	m, err := os.ReadFile(filepath.Join(dir, "manifests", "cni-usernet.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := strings.ReplaceAll(string(m), "image: localhost/cni-usernet:dev", "image: "+ref)
-	t.Logf("installing %s", ref)
-	return out
+	manifest := strings.ReplaceAll(string(m), "image: localhost/cni-usernet:dev", "image: "+image)
+	if manifest == string(m) {
+		t.Fatalf("%s/manifests/cni-usernet.yaml does not name localhost/cni-usernet:dev", dir)
+	}
+	return manifest
 }
 
 // pauseKubelet stops node 1's kubelet (SIGSTOP) until the returned

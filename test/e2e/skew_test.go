@@ -250,21 +250,6 @@ func buildPreviousImage(t *testing.T, repo string) string {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("building %s's image: %v\n%s", previousRelease, err, out)
 	}
-	if _, err := run(ctx, "", "ctr", "-n", "k8s.io", "images", "import", tar); err != nil {
-		t.Fatal(err)
-	}
-	if node2() != "" {
-		if _, err := run(ctx, repo, "hack/k8s/node2.sh", "import", tar); err != nil {
-			t.Fatal(err)
-		}
-	}
-	m, err := os.ReadFile(filepath.Join(src, "manifests", "cni-usernet.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	manifest := strings.ReplaceAll(string(m), "image: localhost/cni-usernet:dev", "image: "+image)
-	if manifest == string(m) {
-		t.Fatalf("%s's manifest does not name localhost/cni-usernet:dev", previousRelease)
-	}
-	return manifest
+	importImage(ctx, t, repo, tar)
+	return manifestWithImage(t, src, image)
 }
