@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/cni-usernet/cni-usernet/pkg/state"
+	"github.com/cni-usernet/cni-usernet/test/promcheck"
 )
 
 // previousRelease is the release issue #29's upgrade and rollback went
@@ -169,6 +170,10 @@ func TestKubernetesReleaseSkew(t *testing.T) {
 		install(t, "this release", string(current))
 		echo(t, conn, r, "after the upgrade")
 		served(t, "after the upgrade", 30*time.Second)
+		// srv's stack is still the previous release's: this release's
+		// agent scrapes it and this release's capture taps it.
+		checkOldStackMetrics(t, ns, "srv")
+		checkCapture(t, ns, "srv", ip["srv"])
 		killAndWatch(t, "srv", false) // started by the previous release
 		apply(t, podManifest(ns, "late", ""))
 		mustKubectl(t, "-n", ns, "wait", "--for=condition=Ready", "pod/late", "--timeout=2m")
@@ -252,4 +257,24 @@ func buildPreviousImage(t *testing.T, repo string) string {
 	}
 	importImage(ctx, t, repo, tar)
 	return manifestWithImage(t, src, image)
+}
+
+// checkOldStackMetrics: the agent's scrape has name's series, served by a
+// stack of the previous release: up, and its wire leg's bytes counted.
+func checkOldStackMetrics(t *testing.T, ns, name string) {
+	t.Helper()
+	eventually(t, time.Minute, name+"'s series from a stack of "+previousRelease, func() error {
+		s := scrapeAgent(t)
+		up := s.Find("cni_usernet_pod_stack_up", map[string]string{"namespace": ns, "pod": name})
+		if len(up) != 1 || promcheck.Value(up[0]) != 1 {
+			return fmt.Errorf("stack_up %v, want one series at 1", up)
+		}
+		for _, dir := range []string{"ingress", "egress"} {
+			b := s.Find("cni_usernet_pod_bytes_total", map[string]string{"namespace": ns, "pod": name, "leg": "wire", "direction": dir})
+			if len(b) != 1 || promcheck.Value(b[0]) == 0 {
+				return fmt.Errorf("wire %s bytes %v, want one series above 0", dir, b)
+			}
+		}
+		return nil
+	})
 }
