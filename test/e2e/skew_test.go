@@ -50,10 +50,9 @@ func TestKubernetesReleaseSkew(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	current, err := os.ReadFile(filepath.Join(repo, "manifests", "cni-usernet.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	// This release's image, imported here: run on its own, the test
+	// cannot count on TestKubernetes's install having imported it.
+	current := thisReleaseManifest(t, repo)
 	previous := buildPreviousImage(t, repo)
 	suffix := make([]byte, 3)
 	rand.Read(suffix)
@@ -64,10 +63,10 @@ func TestKubernetesReleaseSkew(t *testing.T) {
 		kubectl("delete", "ns", ns, "--wait=true", "--timeout=90s")
 		kubectl("-n", "kube-system", "scale", "deploy/coredns", "--replicas=0")
 		if _, err := kubectl("-n", "kube-system", "get", "ds", "cni-usernet"); err == nil {
-			apply(t, string(current))
+			apply(t, current)
 			kubectl("-n", "kube-system", "rollout", "status", "ds/cni-usernet", "--timeout=3m")
 			cmd := exec.Command("kubectl", "delete", "-f", "-", "--wait=true", "--timeout=90s")
-			cmd.Stdin = strings.NewReader(string(current))
+			cmd.Stdin = strings.NewReader(current)
 			if out, err := cmd.CombinedOutput(); err != nil {
 				t.Logf("cleanup: %v: %s", err, out)
 			}
@@ -167,7 +166,7 @@ func TestKubernetesReleaseSkew(t *testing.T) {
 	}
 
 	t.Run("UpgradeToThisRelease", func(t *testing.T) {
-		install(t, "this release", string(current))
+		install(t, "this release", current)
 		echo(t, conn, r, "after the upgrade")
 		served(t, "after the upgrade", 30*time.Second)
 		// srv's stack is still the previous release's: this release's
@@ -187,7 +186,7 @@ func TestKubernetesReleaseSkew(t *testing.T) {
 		killAndWatch(t, "srv", true)  // restarted by this release
 	})
 	t.Run("UpgradeAgain", func(t *testing.T) {
-		install(t, "this release", string(current))
+		install(t, "this release", current)
 		// A stack the previous release left crash-looping is restarted
 		// within the crash backoff (at most 60 s).
 		served(t, "after upgrading again", 2*time.Minute)
