@@ -184,11 +184,11 @@ func manifestWithImage(t *testing.T, dir, image string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	manifest := strings.ReplaceAll(string(m), "image: localhost/cni-usernet:dev", "image: "+image)
-	if manifest == string(m) {
+	const named = "image: localhost/cni-usernet:dev"
+	if !strings.Contains(string(m), named) {
 		t.Fatalf("%s/manifests/cni-usernet.yaml does not name localhost/cni-usernet:dev", dir)
 	}
-	return manifest
+	return strings.ReplaceAll(string(m), named, "image: "+image)
 }
 
 // pauseKubelet stops node 1's kubelet (SIGSTOP) until the returned
