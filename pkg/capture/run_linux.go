@@ -444,6 +444,13 @@ func openWire(sock string, snapLen, iface int, ifIndex uint32) (*wireStream, err
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 		resp.Body.Close()
 		cancel()
+		if resp.StatusCode == http.StatusNotFound {
+			// Stacks outlive agents: after an upgrade, a pod's stack can
+			// still be one an earlier release started, before stacks had
+			// a capture stream.
+			return nil, fmt.Errorf("the stack at %s has no capture stream (%s): it runs an earlier release of cni-usernet, started before the upgrade; "+
+				"when its process ends, the agent starts it again from the installed release, which can be captured", sock, StreamPath)
+		}
 		return nil, fmt.Errorf("the stack at %s refused the capture: %s: %s", sock, resp.Status, msg)
 	}
 	w.resp, w.body, w.id, w.cancel = resp, resp.Body, resp.Header.Get(HeaderID), cancel

@@ -169,11 +169,13 @@ func TestKubernetesReleaseSkew(t *testing.T) {
 		install(t, "this release", current)
 		echo(t, conn, r, "after the upgrade")
 		served(t, "after the upgrade", 30*time.Second)
-		// srv's stack is still the previous release's: this release's
-		// agent scrapes it and this release's capture taps it.
+		// srv's stack is still the previous release's, which has no
+		// capture stream: this release's agent scrapes it, and this
+		// release's capture says why it cannot tap it and what to do.
 		checkOldStackMetrics(t, ns, "srv")
-		checkCapture(t, ns, "srv", ip["srv"])
+		checkCaptureRefused(t, ns, "srv", "runs an earlier release")
 		killAndWatch(t, "srv", false) // started by the previous release
+		checkCapture(t, ns, "srv", ip["srv"])
 		apply(t, podManifest(ns, "late", ""))
 		mustKubectl(t, "-n", ns, "wait", "--for=condition=Ready", "pod/late", "--timeout=2m")
 		ip["late"] = getPod(t, ns, "late").Status.PodIP
@@ -276,4 +278,19 @@ func checkOldStackMetrics(t *testing.T, ns, name string) {
 		}
 		return nil
 	})
+}
+
+// checkCaptureRefused: `cni-usernet capture` of name fails, saying want.
+func checkCaptureRefused(t *testing.T, ns, name, want string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, installed, "capture", "-w", filepath.Join(t.TempDir(), name+".pcapng"), "--duration", "2s", ns+"/"+name).CombinedOutput()
+	if err == nil {
+		t.Fatalf("cni-usernet capture of %s succeeded; want it refused (%q):\n%s", name, want, out)
+	}
+	if !strings.Contains(string(out), want) {
+		t.Fatalf("cni-usernet capture of %s failed without saying %q: %v\n%s", name, want, err, out)
+	}
+	t.Logf("cni-usernet capture of %s (a stack of %s): %s", name, previousRelease, strings.TrimSpace(string(out)))
 }
