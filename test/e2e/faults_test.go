@@ -83,16 +83,16 @@ spec:
 	})
 }
 
-// faultsSetup installs this tree's cni-usernet (the image hack/image.sh
-// built, whatever its tag) in standalone mode, registers its uninstall, and
-// returns the repository, a fresh namespace and the CNI network's name.
-func faultsSetup(t *testing.T, prefix string) (repo, ns, network string) {
+// standaloneOnCleanCluster skips what (a test of standalone mode) unless
+// a cluster is there and the run is in standalone mode, fails if a
+// cni-usernet is installed already, and returns the repository's root.
+func standaloneOnCleanCluster(t *testing.T, what string) string {
 	t.Helper()
 	if os.Getenv("CNI_USERNET_E2E") != "1" || os.Getenv("KUBECONFIG") == "" {
 		t.Skip("needs a real cluster: set CNI_USERNET_E2E=1 and KUBECONFIG (`make e2e` brings one up and does)")
 	}
 	if os.Getenv("E2E_MODE") == "chain" {
-		t.Skip("the faults run in standalone mode")
+		t.Skip(what + " runs in standalone mode")
 	}
 	if _, err := kubectl("-n", "kube-system", "get", "ds", "cni-usernet"); err == nil {
 		t.Fatal("a cni-usernet DaemonSet is already installed (left over from an earlier run?)")
@@ -101,6 +101,15 @@ func faultsSetup(t *testing.T, prefix string) (repo, ns, network string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return repo
+}
+
+// faultsSetup installs this tree's cni-usernet (the image hack/image.sh
+// built, whatever its tag) in standalone mode, registers its uninstall, and
+// returns the repository, a fresh namespace and the CNI network's name.
+func faultsSetup(t *testing.T, prefix string) (repo, ns, network string) {
+	t.Helper()
+	repo = standaloneOnCleanCluster(t, "the faults")
 	manifest := thisReleaseManifest(t, repo)
 	suffix := make([]byte, 3)
 	rand.Read(suffix)
@@ -131,7 +140,7 @@ func faultsSetup(t *testing.T, prefix string) (repo, ns, network string) {
 			return nil
 		})
 	}
-	_, network, _, err = installedConflist()
+	_, network, _, err := installedConflist()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -37,19 +37,7 @@ const previousRelease = "900993d"
 // the uninstall. Standalone mode only; it runs on a cluster without
 // cni-usernet, as TestKubernetes does.
 func TestKubernetesReleaseSkew(t *testing.T) {
-	if os.Getenv("CNI_USERNET_E2E") != "1" || os.Getenv("KUBECONFIG") == "" {
-		t.Skip("needs a real cluster: set CNI_USERNET_E2E=1 and KUBECONFIG (`make e2e` brings one up and does)")
-	}
-	if os.Getenv("E2E_MODE") == "chain" {
-		t.Skip("the release skew runs in standalone mode")
-	}
-	if _, err := kubectl("-n", "kube-system", "get", "ds", "cni-usernet"); err == nil {
-		t.Fatal("a cni-usernet DaemonSet is already installed (left over from an earlier run?)")
-	}
-	repo, err := filepath.Abs("../..")
-	if err != nil {
-		t.Fatal(err)
-	}
+	repo := standaloneOnCleanCluster(t, "the release skew")
 	// This release's image, imported here: run on its own, the test
 	// cannot count on TestKubernetes's install having imported it.
 	current := thisReleaseManifest(t, repo)
