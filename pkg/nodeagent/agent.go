@@ -242,6 +242,16 @@ func markReady(path string) error {
 	return atomicfile.Write(path, []byte(fmt.Sprintf("%d %d\n", pid, st)), 0o600)
 }
 
+// releaseClaim removes the claim file at path if it is this process's: the
+// uninstall leaves the node as it was before the install. A claim another
+// agent has written since stays (a drain that met one does not uninstall).
+func releaseClaim(path string) {
+	p, err := agentIn(path)
+	if err == nil && p.PID == os.Getpid() {
+		os.Remove(path)
+	}
+}
+
 func probeAgent(path string) error {
 	p, err := agentIn(path)
 	if err != nil {

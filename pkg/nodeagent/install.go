@@ -342,6 +342,7 @@ func (n *nodeInstall) shutdown(log *slog.Logger) {
 	if n.routes != nil {
 		n.routes.remove()
 	}
+	releaseClaim(n.f.claimFile())
 	log.Info("DaemonSet deleted: CNI files restored")
 }
 

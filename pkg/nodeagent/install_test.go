@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -193,5 +195,26 @@ func TestPluginConfNetworkPolicy(t *testing.T) {
 				t.Errorf("%s, --network-policy=%v: networkPolicy is %v (present %v)", mode, on, got, ok)
 			}
 		}
+	}
+}
+
+// TestReleaseClaim: a completed uninstall removes this agent's claim on
+// the node, and leaves another agent's.
+func TestReleaseClaim(t *testing.T) {
+	claim := filepath.Join(t.TempDir(), "agent.pid")
+	if err := markReady(claim); err != nil {
+		t.Fatal(err)
+	}
+	releaseClaim(claim)
+	if _, err := os.Stat(claim); !os.IsNotExist(err) {
+		t.Errorf("this agent's claim is still there after its release: %v", err)
+	}
+	other := []byte(fmt.Sprintf("%d 1\n", os.Getpid()+1))
+	if err := atomicfile.Write(claim, other, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	releaseClaim(claim)
+	if b, err := os.ReadFile(claim); err != nil || string(b) != string(other) {
+		t.Errorf("another agent's claim was not left alone: %q, %v", b, err)
 	}
 }
