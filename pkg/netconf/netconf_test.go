@@ -60,7 +60,7 @@ func TestParseKeepsValues(t *testing.T) {
 		"mtu": 9000, "gso": "software", "gsoMaxSize": 32768, "gsoMaxSegs": 16, "gro": false,
 		"rxChecksumOffload": false, "tunName": "tun7", "tunMTU": 9000, "maxTCP": 10, "maxUDP": 20,
 		"udpIdle": "45s", "podLinkOffloadsOff": true, "stateDir": "/s", "logDir": "/l", "runDir": "/r",
-		"readyTimeout": "1m",
+		"readyTimeout": "1m", "busyPoll": "200us",
 		"runtimeConfig": map[string]any{
 			"io.kubernetes.cri.pod-annotations": map[string]any{"cni-usernet.io/gso": "off", "other": "x"},
 			"cgroupPath":                        "/kubepods/pod1",
@@ -78,6 +78,7 @@ func TestParseKeepsValues(t *testing.T) {
 		{"GSOMaxSize", c.GSOMaxSize, uint32(32768)},
 		{"GSOMaxSegs", c.GSOMaxSegs, uint32(16)},
 		{"GROEnabled", c.GROEnabled(), false},
+		{"BusyPollDuration", c.BusyPollDuration(), 200 * time.Microsecond},
 		{"RXChecksumOffload", c.RXChecksumOffload != nil && !*c.RXChecksumOffload, true},
 		{"TUNName", c.TUNName, "tun7"},
 		{"TUNMTU", c.TUNMTU, uint32(9000)},
@@ -307,7 +308,7 @@ func TestStackConfig(t *testing.T) {
 	c, err := netconf.Parse([]byte(`{"cniVersion":"1.1.0","name":"n","type":"cni-usernet","ipam":{"type":"host-local"},
 		"tunName":"tun7","tunMTU":9000,"gsoMaxSize":32768,"gsoMaxSegs":8,"gro":false,"rxChecksumOffload":false,
 		"wireQueueLen":-1,"stackThreads":2,"maxTCP":10,"maxUDP":20,"udpIdle":"15s","podLinkOffloadsOff":true,
-		"networkPolicy":true}`))
+		"networkPolicy":true,"busyPoll":"75us"}`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -315,7 +316,8 @@ func TestStackConfig(t *testing.T) {
 	want := stackconfig.Config{IfName: "eth1", GSO: offload.ModeSoftware, SpecPath: "/spec", ControlSocket: "/sock",
 		Policy: true, PolicyPath: "/policy",
 		TUNName: "tun7", TUNMTU: 9000, GSOMaxSize: 32768, GSOMaxSegs: 8, GRO: false, VerifyRXChecksums: true,
-		WireQueueLen: -1, Threads: 2, MaxTCP: 10, MaxUDP: 20, UDPIdle: stackconfig.Duration(15 * time.Second), PodLinkOffloadsOff: true}
+		WireQueueLen: -1, Threads: 2, MaxTCP: 10, MaxUDP: 20, UDPIdle: stackconfig.Duration(15 * time.Second), PodLinkOffloadsOff: true,
+		BusyPoll: stackconfig.Duration(75 * time.Microsecond)}
 	if got != want {
 		t.Fatalf("got  %+v\nwant %+v", got, want)
 	}

@@ -34,6 +34,7 @@ func (c *NetConf) StackConfig(ifName string, mode offload.Mode, files StackFiles
 		VerifyRXChecksums:  c.RXChecksumOffload != nil && !*c.RXChecksumOffload,
 		WireQueueLen:       c.WireQueueLen,
 		Threads:            c.StackThreads,
+		BusyPoll:           stackconfig.Duration(c.BusyPollDuration()),
 		MaxTCP:             c.MaxTCP,
 		MaxUDP:             c.MaxUDP,
 		UDPIdle:            stackconfig.Duration(c.UDPIdleDuration()),

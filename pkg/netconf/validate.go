@@ -88,6 +88,7 @@ var accepted = map[string]string{
 	"stackThreads": fmt.Sprintf("a thread count 1..%d; absent or 0: %d", maxStackThreads, stackconfig.DefaultThreads),
 	"maxTCP":       "a non-negative count of relayed TCP connections; absent or 0: the relay's default",
 	"maxUDP":       "a non-negative count of relayed UDP flows; absent or 0: the relay's default",
+	"busyPoll":     fmt.Sprintf(`a duration like "50us", at most %s; absent or "0s": off`, stackconfig.MaxBusyPoll),
 	"udpIdle":      fmt.Sprintf(`a positive duration like "30s", at least %s; absent: the relay's default`, minDuration),
 	"readyTimeout": fmt.Sprintf(`a positive duration like "30s", at least %s; absent: %s`, minDuration, DefaultReadyTimeout),
 	"stateDir":     "an absolute path; absent: " + DefaultStateDir,
@@ -162,6 +163,13 @@ func (c *NetConf) validate(data []byte) error {
 	var err error
 	if c.udpIdle, err = parseDuration("udpIdle", c.UDPIdle, 0); err != nil {
 		return err
+	}
+	if c.BusyPoll != "" {
+		d, err := time.ParseDuration(c.BusyPoll)
+		if err != nil || d < 0 || d > stackconfig.MaxBusyPoll {
+			return badValue("busyPoll", strconv.Quote(c.BusyPoll))
+		}
+		c.busyPoll = d
 	}
 	if c.readyTimeout, err = parseDuration("readyTimeout", c.ReadyTimeout, DefaultReadyTimeout); err != nil {
 		return err

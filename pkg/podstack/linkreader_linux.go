@@ -2,6 +2,7 @@ package podstack
 
 import (
 	"fmt"
+	"github.com/cni-usernet/cni-usernet/pkg/busypoll"
 	"os"
 	"sync/atomic"
 	"syscall"
@@ -40,6 +41,8 @@ type linkReader struct {
 	failed   func(error)
 	done     chan struct{}
 	stopping atomic.Bool
+	// busy hears of every batch read (nil: no busy polling).
+	busy *busypoll.Poller
 
 	bufs [linkReadBatch]rxBuffer
 	msgs [linkReadBatch]rawfile.MMsgHdr
@@ -162,6 +165,7 @@ func (r *linkReader) serve(fd uintptr) bool {
 			r.deliver(k, int(r.msgs[k].Len))
 		}
 		r.gro.Flush()
+		r.busy.Touch()
 		r.refill = int(n)
 		if r.refill < len(r.msgs) {
 			return false

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cni-usernet/cni-usernet/pkg/busypoll"
 	"github.com/cni-usernet/cni-usernet/pkg/offload"
 	"github.com/cni-usernet/cni-usernet/pkg/packetsock"
 	"github.com/cni-usernet/cni-usernet/pkg/podnet"
@@ -88,6 +89,11 @@ type Options struct {
 	Policy *policy.Enforcer
 	// Relay configures the relay between the legs.
 	Relay relay.Options
+	// BusyPoll, when set, keeps the stack's thread polling for that long
+	// after traffic instead of sleeping (pkg/busypoll): a request that
+	// comes within it finds the thread awake. It costs the CPU it spins.
+	// Zero: the thread sleeps as soon as it has nothing to do.
+	BusyPoll time.Duration
 }
 
 // DefaultTCPBufferBytes is Options.TCPBufferBytes's default.
@@ -133,6 +139,8 @@ type Stack struct {
 	frag *fragPath
 	// reader reads LinkFD; nil when fdbased does (no Options.TXFD).
 	reader *linkReader
+	// Busy busy-polls after traffic; nil without Options.BusyPoll.
+	Busy *busypoll.Poller
 	// failed gets, once, why a reader of the link stopped on its own;
 	// failure keeps it for Healthy.
 	failed    chan error
@@ -170,26 +178,39 @@ func Build(o Options) (*Stack, error) {
 		o.Policy = policy.AllowAll()
 	}
 	o.Relay.Policy = o.Policy
-	s := &Stack{opts: o, failed: make(chan error, 1)}
 	mac, err := net.ParseMAC(o.Spec.MAC)
 	if err != nil {
 		return nil, fmt.Errorf("parsing MAC %q: %w", o.Spec.MAC, err)
 	}
+	var busy *busypoll.Poller
+	if o.BusyPoll > 0 {
+		if busy, err = busypoll.New(o.BusyPoll); err != nil {
+			return nil, err
+		}
+		o.Relay.Traffic = busy.Touch
+	}
+	s := &Stack{opts: o, failed: make(chan error, 1), Busy: busy}
 	direct := &directWriter{fd: o.sendFD(), vnetHdr: o.GSO.Mode.VnetHdr(), mac: mac}
 	// Protocol handlers must be in place before the NIC delivers its first
 	// packet (netstack does not synchronise setting them), so the relay
 	// comes before the NIC.
 	if s.Wire, err = newStack(o.TCPBufferBytes); err != nil {
+		s.shutdown()
 		return nil, err
 	}
 	s.Relay, err = relay.New(relay.Leg{Stack: s.Wire, NIC: wireNIC, MTU: o.Spec.MTU, WriteDirect: direct.write}, o.Pod, o.Relay)
 	if err != nil {
 		s.Wire.Destroy()
+		s.Wire = nil
+		s.shutdown()
 		return nil, err
 	}
 	if err := s.attachWire(mac); err != nil {
 		s.shutdown() // the descriptors stay the caller's
 		return nil, fmt.Errorf("building the wire leg on %s: %w", o.Spec.IfName, err)
+	}
+	if s.Busy != nil {
+		s.Busy.Start()
 	}
 	return s, nil
 }
@@ -355,6 +376,7 @@ func (s *Stack) attachWire(mac net.HardwareAddr) error {
 		r.gro.Init(o.GRO)
 		r.gro.Dispatcher = s.Capture
 		r.failed = s.fail
+		r.busy = s.Busy
 		s.reader = r
 		r.start()
 	}
@@ -465,6 +487,9 @@ func (s *Stack) shutdown() {
 	if s.Wire != nil {
 		s.Wire.Close()
 		s.Wire.Wait()
+	}
+	if s.Busy != nil {
+		s.Busy.Close()
 	}
 }
 

@@ -168,6 +168,9 @@ type Options struct {
 	// counters in Stats say how many), problems with the stack at Warn.
 	// Nil: discarded.
 	Logger *slog.Logger
+	// Traffic, when set, is called after each read from an application's
+	// socket (pkg/busypoll: traffic keeps the stack's thread polling).
+	Traffic func()
 }
 
 // Defaults of the limits a memory bound is computed from

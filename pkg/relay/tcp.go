@@ -480,6 +480,9 @@ func (r *Relay) podToWire(p podConn, w *wireConn) error {
 			putBuf(buf)
 			return nil
 		}
+		if r.opts.Traffic != nil {
+			r.opts.Traffic()
+		}
 		_, werr := w.Write(buf[:n])
 		putBuf(buf)
 		if werr != nil {

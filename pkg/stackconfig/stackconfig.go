@@ -62,6 +62,10 @@ type Config struct {
 	WireQueueLen int `json:"wireQueueLen,omitempty"`
 	// Threads is the stack process's GOMAXPROCS. Zero: DefaultThreads.
 	Threads int `json:"threads,omitempty"`
+	// BusyPoll keeps the stack's thread polling for that long after
+	// traffic instead of sleeping (pkg/busypoll), up to MaxBusyPoll.
+	// Zero: off. A stack of an earlier release ignores it.
+	BusyPoll Duration `json:"busyPoll,omitempty"`
 	// MaxTCP, MaxUDP and UDPIdle bound the relay (see relay.Options).
 	MaxTCP  int      `json:"maxTCP,omitempty"`
 	MaxUDP  int      `json:"maxUDP,omitempty"`
@@ -130,6 +134,10 @@ const DefaultQueueLen = 1024
 // thread against two.
 const DefaultThreads = 1
 
+// MaxBusyPoll bounds BusyPoll: a longer window is a core spent, not a
+// wake-up saved.
+const MaxBusyPoll = 10 * time.Millisecond
+
 // DefaultTUNName is the app leg's device in the pod.
 const DefaultTUNName = "usernet0"
 
@@ -179,6 +187,9 @@ func (c *Config) Validate() error {
 		c.Threads = DefaultThreads
 	case c.Threads < 0:
 		return fmt.Errorf("threads %d: want a positive count, 0 for the default", c.Threads)
+	}
+	if c.BusyPoll < 0 || time.Duration(c.BusyPoll) > MaxBusyPoll {
+		return fmt.Errorf("busy-poll window %s outside 0..%s", time.Duration(c.BusyPoll), MaxBusyPoll)
 	}
 	if c.Policy && c.PolicyPath == "" {
 		return fmt.Errorf("stack config enforces network policy but names no policyPath")

@@ -44,6 +44,8 @@ func TestRead(t *testing.T) {
 		`{"ifName":"eth0","specPath":"/s","controlSocket":"/c","wireQueueLen":-2}`,
 		`{"ifName":"eth0","specPath":"/s","controlSocket":"/c","gso":"fast"}`,
 		`{"ifName":"eth0","specPath":"/s","controlSocket":"/c","threads":-1}`,
+		`{"ifName":"eth0","specPath":"/s","controlSocket":"/c","busyPoll":"-1us"}`,
+		`{"ifName":"eth0","specPath":"/s","controlSocket":"/c","busyPoll":"11ms"}`,
 		`{"ifName":"eth0","specPath":"/s","controlSocket":"/c","udpIdle":"-1s"}`,
 		`{"ifName":"eth0","specPath":"/s","controlSocket":"/c","policy":true}`,
 	} {

@@ -198,6 +198,7 @@ func Start(cfg stackconfig.Config, log *slog.Logger) (*Daemon, error) {
 		VerifyRXChecksums: cfg.VerifyRXChecksums,
 		WireQueueLen:      wireQueue,
 		Policy:            d.policy,
+		BusyPoll:          time.Duration(cfg.BusyPoll),
 		Relay: relay.Options{
 			MaxTCP:  cfg.MaxTCP,
 			MaxUDP:  cfg.MaxUDP,
@@ -341,6 +342,18 @@ type Status struct {
 	// Policy is the network policy in force and its denials; absent when
 	// the stack does not enforce policy.
 	Policy *policy.Status `json:"policy,omitempty"`
+	// BusyPoll is what busy polling did; absent when it is off.
+	BusyPoll *BusyPollStatus `json:"busyPoll,omitempty"`
+}
+
+// BusyPollStatus is busypoll.Stats with its window: Windows counts the
+// windows traffic opened, Handoffs the events the poller saw waiting and
+// left to the netpoller, Polls its non-blocking polls.
+type BusyPollStatus struct {
+	Window   string `json:"window"`
+	Windows  uint64 `json:"windows"`
+	Handoffs uint64 `json:"handoffs"`
+	Polls    uint64 `json:"polls"`
 }
 
 // LegStatus is the wire leg's counters.
@@ -419,6 +432,11 @@ func (d *Daemon) Status() any {
 	if d.policy != nil {
 		ps := d.policy.Status()
 		s.Policy = &ps
+	}
+	if b := d.stack.Busy; b != nil {
+		st := b.Stats()
+		s.BusyPoll = &BusyPollStatus{Window: b.Window().String(), Windows: st.Windows.Load(),
+			Handoffs: st.Handoffs.Load(), Polls: st.Polls.Load()}
 	}
 	return s
 }
