@@ -374,8 +374,11 @@ func (b *bench) tcpRR(ctx context.Context, r int, a *attachment) error {
 	// The frames the stack sends to the wire per round trip: one (the
 	// answer, carrying the request's ACK) when nothing but the round
 	// trips moves; a count, so the same on a loaded machine as a quiet one.
+	// Only cni-usernet's stack reports it: a peer's stack process is
+	// measured for CPU and wake-ups alone.
+	counted := a.StackPID > 0 && a.cfg.usernet()
 	var frames0 uint64
-	if a.StackPID > 0 {
+	if counted {
 		st, err := b.stackStatus(ctx, a)
 		if err != nil {
 			return err
@@ -390,7 +393,7 @@ func (b *bench) tcpRR(ctx context.Context, r int, a *attachment) error {
 		return err
 	}
 	frames := -1.0
-	if a.StackPID > 0 {
+	if counted {
 		st, err := b.stackStatus(ctx, a)
 		if err != nil {
 			return err
@@ -410,7 +413,9 @@ func (b *bench) tcpRR(ctx context.Context, r int, a *attachment) error {
 			b.record(r, a.Config, "stack_cpu_rr", stackS*1000/krt)
 			// (the connection's handshake and close: a few frames in
 			// thousands of round trips)
-			b.record(r, a.Config, "stack_frames_rr", frames/(krt*1000))
+			if counted {
+				b.record(r, a.Config, "stack_frames_rr", frames/(krt*1000))
+			}
 			b.record(r, a.Config, "stack_wakeups_rr", float64(wakes)/(krt*1000))
 		}
 	}
