@@ -26,6 +26,11 @@ const AnnotationPrefix = "cni-usernet.io/"
 // AnnotationGSO chooses the pod's GSO mode: auto, hardware, software, off.
 const AnnotationGSO = AnnotationPrefix + "gso"
 
+// AnnotationBusyPoll sets the pod stack's busy-poll window ("200us"; "0s":
+// off), overriding the conflist's busyPoll: a latency-sensitive pod can
+// have it without every pod of the node spending the CPU.
+const AnnotationBusyPoll = AnnotationPrefix + "busy-poll"
+
 // PodAnnotationsCapability is the runtime-config key under which containerd
 // and CRI-O pass the pod's annotations when the conflist declares it.
 const PodAnnotationsCapability = "io.kubernetes.cri.pod-annotations"
@@ -134,6 +139,19 @@ func (c *NetConf) UDPIdleDuration() time.Duration { return c.udpIdle }
 
 // BusyPollDuration is BusyPoll parsed (zero: off).
 func (c *NetConf) BusyPollDuration() time.Duration { return c.busyPoll }
+
+// BusyPollWindow resolves the pod's busy-poll window: the annotation,
+// else the conflist's busyPoll.
+func (c *NetConf) BusyPollWindow() (time.Duration, error) {
+	if v, ok := c.RuntimeConfig.PodAnnotations[AnnotationBusyPoll]; ok {
+		d, ok := parseBusyPoll(v)
+		if !ok {
+			return 0, fmt.Errorf("pod annotation %q: got %q, want %s", AnnotationBusyPoll, v, accepted["busyPoll"])
+		}
+		return d, nil
+	}
+	return c.busyPoll, nil
+}
 
 // ReadyTimeoutDuration is ReadyTimeout parsed.
 func (c *NetConf) ReadyTimeoutDuration() time.Duration { return c.readyTimeout }

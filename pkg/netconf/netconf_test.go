@@ -225,6 +225,58 @@ func TestGSOMode(t *testing.T) {
 	}
 }
 
+// TestBusyPollWindow checks that the pod annotation overrides the
+// conflist's busyPoll (also to turn it off), that the stack's
+// configuration carries the resolved window, and that a bad annotation
+// is an error naming the annotation, the value and what it takes.
+func TestBusyPollWindow(t *testing.T) {
+	annotated := func(v string) map[string]any {
+		return map[string]any{"io.kubernetes.cri.pod-annotations": map[string]any{netconf.AnnotationBusyPoll: v}}
+	}
+	for _, c := range []struct {
+		name    string
+		extra   map[string]any
+		want    time.Duration
+		wantErr []string
+	}{
+		{"default: off", nil, 0, nil},
+		{"conflist", map[string]any{"busyPoll": "50us"}, 50 * time.Microsecond, nil},
+		{"annotation beats conflist", map[string]any{"busyPoll": "50us", "runtimeConfig": annotated("200us")}, 200 * time.Microsecond, nil},
+		{"annotation turns it off", map[string]any{"busyPoll": "50us", "runtimeConfig": annotated("0s")}, 0, nil},
+		{"annotation alone", map[string]any{"runtimeConfig": annotated("1ms")}, time.Millisecond, nil},
+		{"bad annotation", map[string]any{"busyPoll": "50us", "runtimeConfig": annotated("fast")}, 0,
+			[]string{"pod annotation", `"cni-usernet.io/busy-poll"`, `"fast"`, "at most 10ms"}},
+		{"annotation too long", map[string]any{"runtimeConfig": annotated("1s")}, 0,
+			[]string{`"cni-usernet.io/busy-poll"`, `"1s"`, "at most 10ms"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			nc, err := netconf.Parse(conf(t, c.extra))
+			if err != nil {
+				t.Fatalf("Parse: %v", err)
+			}
+			got, err := nc.BusyPollWindow()
+			if c.wantErr != nil {
+				if err == nil {
+					t.Fatalf("BusyPollWindow: got %s, want an error", got)
+				}
+				for _, p := range c.wantErr {
+					if !strings.Contains(err.Error(), p) {
+						t.Errorf("error %q: got no %q in it, want it named", err, p)
+					}
+				}
+				return
+			}
+			if err != nil || got != c.want {
+				t.Fatalf("BusyPollWindow: got %s, %v, want %s", got, err, c.want)
+			}
+			sc := nc.StackConfig("eth0", offload.ModeHardware, netconf.StackFiles{Spec: "/s", ControlSocket: "/c"})
+			if time.Duration(sc.BusyPoll) != c.want {
+				t.Errorf("stack configuration: busyPoll %s, want %s", time.Duration(sc.BusyPoll), c.want)
+			}
+		})
+	}
+}
+
 // FuzzParse checks that Parse never panics and that whatever it accepts
 // is valid: a configuration the plugin would act on must not fail later
 // for a reason Parse could have seen.

@@ -1,6 +1,8 @@
 package netconf
 
 import (
+	"time"
+
 	"github.com/cni-usernet/cni-usernet/pkg/offload"
 	"github.com/cni-usernet/cni-usernet/pkg/stackconfig"
 )
@@ -34,10 +36,21 @@ func (c *NetConf) StackConfig(ifName string, mode offload.Mode, files StackFiles
 		VerifyRXChecksums:  c.RXChecksumOffload != nil && !*c.RXChecksumOffload,
 		WireQueueLen:       c.WireQueueLen,
 		Threads:            c.StackThreads,
-		BusyPoll:           stackconfig.Duration(c.BusyPollDuration()),
+		BusyPoll:           stackconfig.Duration(c.busyPollOrOff()),
 		MaxTCP:             c.MaxTCP,
 		MaxUDP:             c.MaxUDP,
 		UDPIdle:            stackconfig.Duration(c.UDPIdleDuration()),
 		PodLinkOffloadsOff: c.PodLinkOffloadsOff,
 	}
+}
+
+// busyPollOrOff is BusyPollWindow for StackConfig, which ADD calls only
+// after BusyPollWindow accepted the annotation: an annotation it would
+// refuse leaves busy polling off.
+func (c *NetConf) busyPollOrOff() time.Duration {
+	d, err := c.BusyPollWindow()
+	if err != nil {
+		return 0
+	}
+	return d
 }

@@ -165,8 +165,8 @@ func (c *NetConf) validate(data []byte) error {
 		return err
 	}
 	if c.BusyPoll != "" {
-		d, err := time.ParseDuration(c.BusyPoll)
-		if err != nil || d < 0 || d > stackconfig.MaxBusyPoll {
+		d, ok := parseBusyPoll(c.BusyPoll)
+		if !ok {
 			return badValue("busyPoll", strconv.Quote(c.BusyPoll))
 		}
 		c.busyPoll = d
@@ -283,6 +283,12 @@ func (c *NetConf) validateIPv6MTU(data []byte) error {
 		}
 	}
 	return nil
+}
+
+// parseBusyPoll reads a busy-poll window: a duration 0..MaxBusyPoll.
+func parseBusyPoll(s string) (time.Duration, bool) {
+	d, err := time.ParseDuration(s)
+	return d, err == nil && d >= 0 && d <= stackconfig.MaxBusyPoll
 }
 
 func parseDuration(key, s string, def time.Duration) (time.Duration, error) {

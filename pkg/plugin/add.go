@@ -75,6 +75,10 @@ func (inv *invocation) add() (_ *current.Result, err error) {
 		inv.event(kube.EventWarning, "InvalidGSOAnnotation", err.Error()+"; the pod gets no network until the annotation is fixed")
 		return nil, errorf(types.ErrInvalidNetworkConfig, "%v", err)
 	}
+	if _, err := conf.BusyPollWindow(); err != nil {
+		inv.event(kube.EventWarning, "InvalidBusyPollAnnotation", err.Error()+"; the pod gets no network until the annotation is fixed")
+		return nil, errorf(types.ErrInvalidNetworkConfig, "%v", err)
+	}
 	// The stack would refuse it only after the lease and the veth.
 	if conf.TUNName == args.IfName {
 		return nil, errorf(types.ErrInvalidNetworkConfig, `"tunName" %q is CNI_IFNAME, the pod interface's name: the applications' TUN needs a name of its own`, conf.TUNName)

@@ -294,6 +294,21 @@ func TestAddBadAnnotation(t *testing.T) {
 	wantMessage(t, te.Msg, "cni-usernet.io/gso", "turbo", "auto, hardware, software, off")
 }
 
+// TestAddBadBusyPollAnnotation checks that a busy-poll window the stack
+// cannot take fails ADD before anything is created, naming the
+// annotation, the value and what it takes.
+func TestAddBadBusyPollAnnotation(t *testing.T) {
+	env := nettest.NewEnv(t)
+	conf := env.Conf(latest, map[string]any{"runtimeConfig": map[string]any{
+		"io.kubernetes.cri.pod-annotations": map[string]any{"cni-usernet.io/busy-poll": "1s"},
+	}})
+	te := addFails(t, env, conf, "badbusypoll")
+	if te.Code != types.ErrInvalidNetworkConfig {
+		t.Errorf("code: got %d, want %d", te.Code, types.ErrInvalidNetworkConfig)
+	}
+	wantMessage(t, te.Msg, "cni-usernet.io/busy-poll", `"1s"`, "at most 10ms")
+}
+
 // TestAddIPAMExhausted fills a one-address range: the second ADD fails
 // without disturbing the first pod or leaving anything of its own.
 func TestAddIPAMExhausted(t *testing.T) {
