@@ -280,33 +280,30 @@ func TestAddBadConflist(t *testing.T) {
 	}
 }
 
-// TestAddBadAnnotation checks that an unknown GSO mode in the pod's
-// annotations fails ADD with a message naming key, value and choices.
+// TestAddBadAnnotation checks that a pod annotation the stack cannot take
+// (an unknown GSO mode, a busy-poll window beyond the limit) fails ADD
+// before anything is created, with a message naming the annotation, the
+// value and what it takes.
 func TestAddBadAnnotation(t *testing.T) {
 	env := nettest.NewEnv(t)
-	conf := env.Conf(latest, map[string]any{"runtimeConfig": map[string]any{
-		"io.kubernetes.cri.pod-annotations": map[string]any{"cni-usernet.io/gso": "turbo"},
-	}})
-	te := addFails(t, env, conf, "badannotation")
-	if te.Code != types.ErrInvalidNetworkConfig {
-		t.Errorf("code: got %d, want %d", te.Code, types.ErrInvalidNetworkConfig)
+	for _, c := range []struct {
+		annotation, value string
+		parts             []string
+	}{
+		{"cni-usernet.io/gso", "turbo", []string{"turbo", "auto, hardware, software, off"}},
+		{"cni-usernet.io/busy-poll", "1s", []string{`"1s"`, "at most 10ms"}},
+	} {
+		t.Run(c.annotation, func(t *testing.T) {
+			conf := env.Conf(latest, map[string]any{"runtimeConfig": map[string]any{
+				"io.kubernetes.cri.pod-annotations": map[string]any{c.annotation: c.value},
+			}})
+			te := addFails(t, env, conf, "badannotation")
+			if te.Code != types.ErrInvalidNetworkConfig {
+				t.Errorf("code: got %d, want %d", te.Code, types.ErrInvalidNetworkConfig)
+			}
+			wantMessage(t, te.Msg, append([]string{c.annotation}, c.parts...)...)
+		})
 	}
-	wantMessage(t, te.Msg, "cni-usernet.io/gso", "turbo", "auto, hardware, software, off")
-}
-
-// TestAddBadBusyPollAnnotation checks that a busy-poll window the stack
-// cannot take fails ADD before anything is created, naming the
-// annotation, the value and what it takes.
-func TestAddBadBusyPollAnnotation(t *testing.T) {
-	env := nettest.NewEnv(t)
-	conf := env.Conf(latest, map[string]any{"runtimeConfig": map[string]any{
-		"io.kubernetes.cri.pod-annotations": map[string]any{"cni-usernet.io/busy-poll": "1s"},
-	}})
-	te := addFails(t, env, conf, "badbusypoll")
-	if te.Code != types.ErrInvalidNetworkConfig {
-		t.Errorf("code: got %d, want %d", te.Code, types.ErrInvalidNetworkConfig)
-	}
-	wantMessage(t, te.Msg, "cni-usernet.io/busy-poll", `"1s"`, "at most 10ms")
 }
 
 // TestAddIPAMExhausted fills a one-address range: the second ADD fails
