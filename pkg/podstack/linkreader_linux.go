@@ -2,12 +2,12 @@ package podstack
 
 import (
 	"fmt"
-	"github.com/cni-usernet/cni-usernet/pkg/busypoll"
 	"os"
 	"sync/atomic"
 	"syscall"
 	"unsafe"
 
+	"github.com/cni-usernet/cni-usernet/pkg/busypoll"
 	"golang.org/x/sys/unix"
 	"gvisor.dev/gvisor/pkg/buffer"
 	"gvisor.dev/gvisor/pkg/rawfile"
