@@ -137,9 +137,6 @@ func (c *NetConf) GROEnabled() bool { return c.GRO == nil || *c.GRO }
 // UDPIdleDuration is UDPIdle parsed (zero: the relay's default).
 func (c *NetConf) UDPIdleDuration() time.Duration { return c.udpIdle }
 
-// BusyPollDuration is BusyPoll parsed (zero: off).
-func (c *NetConf) BusyPollDuration() time.Duration { return c.busyPoll }
-
 // BusyPollWindow resolves the pod's busy-poll window: the annotation,
 // else the conflist's busyPoll.
 func (c *NetConf) BusyPollWindow() (time.Duration, error) {

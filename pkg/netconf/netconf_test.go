@@ -78,7 +78,7 @@ func TestParseKeepsValues(t *testing.T) {
 		{"GSOMaxSize", c.GSOMaxSize, uint32(32768)},
 		{"GSOMaxSegs", c.GSOMaxSegs, uint32(16)},
 		{"GROEnabled", c.GROEnabled(), false},
-		{"BusyPollDuration", c.BusyPollDuration(), 200 * time.Microsecond},
+		{"StackConfig BusyPoll", time.Duration(c.StackConfig("eth0", offload.ModeHardware, netconf.StackFiles{Spec: "/s", ControlSocket: "/c"}).BusyPoll), 200 * time.Microsecond},
 		{"RXChecksumOffload", c.RXChecksumOffload != nil && !*c.RXChecksumOffload, true},
 		{"TUNName", c.TUNName, "tun7"},
 		{"TUNMTU", c.TUNMTU, uint32(9000)},
