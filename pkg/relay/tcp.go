@@ -439,58 +439,68 @@ func consume(ep tcpip.Endpoint, n int) {
 // takes one: in alternated lab runs pod→node fell to 7.1–7.5 Gbit/s
 // against 7.7–9.1 and nginx 10 MiB with it
 // (docs/benchmarks/2026-12-01-relay-writev-gro.md).
+//
+// Each read also tells how much the socket still holds (TCP_INQ, see
+// appReader), so an answer costs one read, not a read and then another
+// that says EAGAIN. The whole loop runs in one rc.Read callback for that:
+// a new rc.Read forgets the readiness the netpoller saw meanwhile, so the
+// read that finds the socket empty would be needed again.
 func (r *Relay) podToWire(p podConn, w *wireConn) error {
 	rc, err := p.SyscallConn()
 	if err != nil {
 		return err
 	}
-	for {
-		var buf []byte
-		var n int
-		var rerr error
-		err := rc.Read(func(fd uintptr) bool {
-			buf = r.getBuf()
-			var errno unix.Errno
-			n, errno = rawRead(fd, buf)
-			if errno == unix.EAGAIN {
-				// Wait for readability holding no buffer. buf is
-				// forgotten with it: rc.Read may return an error (the
-				// socket closed meanwhile) without calling back, and
-				// a buffer returned twice would be handed to two
-				// connections at once, mixing their data.
+	ar := newAppReader(rc)
+	var ferr error // what ended the loop: nil at the application's FIN
+	err = rc.Read(func(fd uintptr) bool {
+		for {
+			buf := r.getBuf()
+			n, left, errno := ar.read(fd, buf)
+			if testHookAppRead != nil {
+				testHookAppRead(n, errno)
+			}
+			switch {
+			case errno == unix.EAGAIN:
+				// Wait for readability holding no buffer.
 				putBuf(buf)
-				buf = nil
+				return false
+			case errno != 0:
+				putBuf(buf)
+				ferr = errno
+				return true
+			case n == 0:
+				putBuf(buf)
+				return true
+			}
+			if r.opts.Traffic != nil {
+				r.opts.Traffic()
+			}
+			// netstack's write may wait for room in its send buffer;
+			// waiting here keeps the socket's read lock, which only this
+			// goroutine takes.
+			_, werr := w.Write(buf[:n])
+			putBuf(buf)
+			if werr != nil {
+				ferr = werr
+				return true
+			}
+			r.stats.FromAppBytes.Add(int64(n))
+			if left == 0 {
+				// Empty when read: what arrived since marked the socket
+				// readable, so the netpoller's wait returns at once
+				// for it.
 				return false
 			}
-			if errno != 0 {
-				rerr = errno
-			}
-			return true
-		})
-		if err == nil {
-			err = rerr
 		}
-		if err != nil {
-			if buf != nil {
-				putBuf(buf)
-			}
-			return err
-		}
-		if n == 0 {
-			putBuf(buf)
-			return nil
-		}
-		if r.opts.Traffic != nil {
-			r.opts.Traffic()
-		}
-		_, werr := w.Write(buf[:n])
-		putBuf(buf)
-		if werr != nil {
-			return werr
-		}
-		r.stats.FromAppBytes.Add(int64(n))
+	})
+	if err != nil {
+		return err
 	}
+	return ferr
 }
+
+// testHookAppRead, set by tests, sees every read of podToWire.
+var testHookAppRead func(n int, errno unix.Errno)
 
 var bufPool sync.Pool
 
