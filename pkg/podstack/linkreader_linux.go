@@ -64,9 +64,15 @@ const linkReadBatch = 8
 // walk and ten iovecs to the application: with two, node→pod moved
 // 9.8–11.2 against 8.6–10.0 Gbit/s at 0.62–0.73 against 0.73–0.86
 // core·s per GB, TCP_RR and redis level (lab, alternated;
-// docs/benchmarks/2026-12-01-relay-writev-gro.md). A frame between 2 and
-// 64 KiB has the whole large view cleared for it by gVisor's pool.
+// docs/benchmarks/2026-12-01-relay-writev-gro.md).
 var rxBufSizes = [...]int{2048, 63616}
+
+// newRxView takes a view for frames from gVisor's pool without clearing it
+// (patch 0002): recvmmsg overwrites what a frame uses, and take exposes
+// only that. gVisor's NewViewSize clears the whole 64 KiB chunk for every
+// frame, and more so per byte the smaller the frames: `memclr` was 7 % of
+// the stack's CPU under 128 streams (docs/performance.md).
+var newRxView = buffer.NewViewSizeUninitialized
 
 type rxBuffer struct {
 	vnet   [virtioNetHdrLen]byte // filled by the kernel, not used: see deliver
@@ -207,7 +213,7 @@ func (b *rxBuffer) iovecsFor(vnetHdr bool) []unix.Iovec {
 	}
 	for i, size := range rxBufSizes {
 		if b.views[i] == nil {
-			b.views[i] = buffer.NewViewSize(size)
+			b.views[i] = newRxView(size)
 		}
 		iov = append(iov, unix.Iovec{Base: b.views[i].BasePtr()})
 		iov[len(iov)-1].SetLen(size)
