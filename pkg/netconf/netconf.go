@@ -67,7 +67,8 @@ type NetConf struct {
 	WireQueueLen int `json:"wireQueueLen,omitempty"`
 	AppQueueLen  int `json:"appQueueLen,omitempty"`
 	// StackThreads is how many threads run the pod stack's Go code at
-	// once (its GOMAXPROCS). Zero: stackconfig.DefaultThreads.
+	// once (its GOMAXPROCS). Zero: stackconfig.DefaultThreads, and a
+	// second while bulk traffic saturates it (pkg/threads).
 	StackThreads int `json:"stackThreads,omitempty"`
 	// BusyPoll keeps each pod stack's thread polling for that long after
 	// traffic ("50us"), so that a request arriving within it does not have

@@ -60,8 +60,12 @@ func Run(argv []string) error {
 	log = log.With("ifName", cfg.IfName)
 	// GOMAXPROCS in the environment (passed on by the plugin) is for
 	// experiments and wins over the configuration.
+	adaptive := false
 	if os.Getenv("GOMAXPROCS") == "" {
-		runtime.GOMAXPROCS(cfg.Threads)
+		runtime.GOMAXPROCS(max(cfg.Threads, stackconfig.DefaultThreads))
+		// Busy polling keeps one thread polling by design: a second
+		// would spin beside it.
+		adaptive = cfg.Threads == 0 && cfg.BusyPoll == 0 && runtime.NumCPU() > 1
 	}
 	sandboxMode, err := sandbox.ModeFromEnv()
 	if err != nil {
@@ -73,6 +77,9 @@ func Run(argv []string) error {
 		log.Error("stack failed to start", "err", err)
 		report("error: " + err.Error())
 		return err
+	}
+	if adaptive {
+		d.AdaptThreads(min(stackconfig.AdaptiveMaxThreads, runtime.NumCPU()))
 	}
 	// Signal handling is set up before the sandbox, like everything else
 	// the stack will use while serving.

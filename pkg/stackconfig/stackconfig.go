@@ -60,7 +60,9 @@ type Config struct {
 	// off never queues the wire leg: it is defined as one packet per
 	// system call, the baseline the other modes are measured against.
 	WireQueueLen int `json:"wireQueueLen,omitempty"`
-	// Threads is the stack process's GOMAXPROCS. Zero: DefaultThreads.
+	// Threads is the stack process's GOMAXPROCS. Zero: DefaultThreads,
+	// and up to AdaptiveMaxThreads while bulk traffic saturates them
+	// (pkg/threads).
 	Threads int `json:"threads,omitempty"`
 	// BusyPoll keeps the stack's thread polling for that long after
 	// traffic instead of sleeping (pkg/busypoll), up to MaxBusyPoll.
@@ -134,6 +136,11 @@ const DefaultQueueLen = 1024
 // thread against two.
 const DefaultThreads = 1
 
+// AdaptiveMaxThreads is the most threads a stack whose configuration
+// leaves Threads at zero is given, while bulk traffic over many
+// connections saturates the one (pkg/threads explains and measures it).
+const AdaptiveMaxThreads = 2
+
 // MaxBusyPoll bounds BusyPoll: a longer window is a core spent, not a
 // wake-up saved.
 const MaxBusyPoll = 10 * time.Millisecond
@@ -182,10 +189,7 @@ func (c *Config) Validate() error {
 	case c.WireQueueLen < -1:
 		return fmt.Errorf("queue length %d: want a positive length, 0 for the default or -1 for none", c.WireQueueLen)
 	}
-	switch {
-	case c.Threads == 0:
-		c.Threads = DefaultThreads
-	case c.Threads < 0:
+	if c.Threads < 0 {
 		return fmt.Errorf("threads %d: want a positive count, 0 for the default", c.Threads)
 	}
 	if c.BusyPoll < 0 || time.Duration(c.BusyPoll) > MaxBusyPoll {

@@ -27,7 +27,7 @@ func TestRead(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.TUNName != DefaultTUNName || c.TUNMTU != DefaultTUNMTU || c.GSO != offload.ModeAuto || c.WireQueueLen != DefaultQueueLen || c.Threads != DefaultThreads || c.VerifyRXChecksums {
+	if c.TUNName != DefaultTUNName || c.TUNMTU != DefaultTUNMTU || c.GSO != offload.ModeAuto || c.WireQueueLen != DefaultQueueLen || c.Threads != 0 || c.VerifyRXChecksums {
 		t.Fatalf("defaults: %+v", c)
 	}
 	c, err = Read(write(`{"ifName":"eth0","specPath":"/s","controlSocket":"/c","noRxChecksumOffload":true,"tunOffload":true,"appQueueLen":5,"wireQueueLen":-1,"udpIdle":"30s"}`))

@@ -28,6 +28,7 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/relay"
 	"github.com/cni-usernet/cni-usernet/pkg/stackconfig"
 	"github.com/cni-usernet/cni-usernet/pkg/steptime"
+	"github.com/cni-usernet/cni-usernet/pkg/threads"
 	"golang.org/x/sys/unix"
 )
 
@@ -49,8 +50,11 @@ type Daemon struct {
 	stack           *podstack.Stack
 	// policy is the network policy in force; nil when the stack does not
 	// enforce policy (stackconfig.Config.Policy).
-	policy  *policy.Enforcer
-	ctl     *control.Server
+	policy *policy.Enforcer
+	ctl    *control.Server
+	// threads follows the load with the thread count; nil: fixed
+	// (AdaptThreads).
+	threads *threads.Governor
 	started time.Time
 	// Startup is how long each step of Start took.
 	Startup *steptime.Steps
@@ -300,6 +304,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go d.releaseWhenQuiet(ctx)
+	if d.threads != nil {
+		go d.threads.Run(ctx)
+	}
 	var err error
 	select {
 	case <-ctx.Done():
@@ -344,6 +351,8 @@ type Status struct {
 	Policy *policy.Status `json:"policy,omitempty"`
 	// BusyPoll is what busy polling did; absent when it is off.
 	BusyPoll *BusyPollStatus `json:"busyPoll,omitempty"`
+	// Threads is how many threads run the stack's Go code.
+	Threads ThreadsStatus `json:"threads"`
 }
 
 // BusyPollStatus is busypoll.Stats with its window: Windows counts the
@@ -400,7 +409,7 @@ func (d *Daemon) Status() any {
 	s := Status{
 		Protocol: control.Protocol, Build: control.Build(), SpecVersion: podnet.SpecVersion, ConfigVersion: stackconfig.Version,
 		PID: os.Getpid(), StartTime: d.started, IfName: d.cfg.IfName, TUNName: d.cfg.TUNName,
-		Spec: d.spec, GSO: d.gso, Relay: d.stack.Relay.Stats().Snapshot(),
+		Spec: d.spec, GSO: d.gso, Relay: d.stack.Relay.Stats().Snapshot(), Threads: d.threadsStatus(),
 	}
 	if err := d.Healthy(); err != nil {
 		s.Problem = err.Error()

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -446,5 +447,109 @@ func TestBusyPoll(t *testing.T) {
 	plainEnv, plain := newPod(t, nil)
 	if st := stackStatus(t, plainEnv, plain); st.BusyPoll != nil {
 		t.Errorf("a stack without busyPoll reports %+v", *st.BusyPoll)
+	}
+}
+
+// TestThreadsFollowBulkLoad: a stack left to choose its thread count
+// takes a second thread while many streams into the pod saturate its one,
+// gives it back when they stop, and never takes one for requests.
+func TestThreadsFollowBulkLoad(t *testing.T) {
+	env, pod := newPod(t, map[string]any{"gso": "hardware"})
+	if runtime.NumCPU() < 2 {
+		t.Skip("one CPU: the stack keeps one thread")
+	}
+	st := stackStatus(t, env, pod)
+	if !st.Threads.Adaptive || st.Threads.Threads != 1 || st.Threads.Max != 2 {
+		t.Fatalf("a fresh stack's threads: %+v, want 1 of at most 2, adaptive", st.Threads)
+	}
+
+	// Requests from 32 connections at once: small frames both ways.
+	nettest.Serve(nettest.Listen(t, pod.NS, "tcp", ":7000"), nettest.Echo)
+	var wg sync.WaitGroup
+	stop := time.Now().Add(2 * time.Second)
+	for range 32 {
+		c, err := nettest.Dial(env.Node, "tcp", nettest.HostPort(pod.IP(4), 7000), 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			buf := make([]byte, 100)
+			for time.Now().Before(stop) {
+				c.SetDeadline(time.Now().Add(5 * time.Second))
+				if _, err := c.Write(buf); err != nil {
+					return
+				}
+				if _, err := io.ReadFull(c, buf); err != nil {
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if st := stackStatus(t, env, pod); st.Threads.Raised != 0 {
+		t.Fatalf("requests raised the thread count: %+v", st.Threads)
+	}
+
+	// 16 streams node→pod until the stack has raised its count.
+	ln := nettest.Listen(t, pod.NS, "tcp", ":7002")
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { io.Copy(io.Discard, c); c.Close() }()
+		}
+	}()
+	done := make(chan struct{})
+	var senders sync.WaitGroup
+	for range 16 {
+		c, err := nettest.Dial(env.Node, "tcp", nettest.HostPort(pod.IP(4), 7002), 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		senders.Add(1)
+		go func() {
+			defer senders.Done()
+			buf := make([]byte, 256<<10)
+			for {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				c.SetWriteDeadline(time.Now().Add(5 * time.Second))
+				if _, err := c.Write(buf); err != nil {
+					return
+				}
+			}
+		}()
+	}
+	raised := false
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if st := stackStatus(t, env, pod); st.Threads.Threads == 2 && st.Threads.Raised >= 1 {
+			raised = true
+			break
+		}
+	}
+	close(done)
+	senders.Wait()
+	st = stackStatus(t, env, pod)
+	t.Logf("under 16 streams: %+v, relayed %d bytes to the application", st.Threads, st.Relay.ToAppBytes)
+	if !raised {
+		t.Fatalf("16 streams into the pod never raised the thread count: %+v", st.Threads)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		st = stackStatus(t, env, pod)
+		if st.Threads.Threads == 1 && st.Threads.Lowered >= 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the streams stopped, the count stayed raised: %+v", st.Threads)
+		}
 	}
 }

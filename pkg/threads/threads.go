@@ -1,0 +1,161 @@
+// Package threads decides how many threads run a pod stack's Go code
+// (its GOMAXPROCS) from what the stack is doing: one, and a second only
+// while bulk traffic keeps the one busy.
+//
+// One thread is the stack's best shape for requests: every goroutine a
+// frame wakes runs on the thread that read it, and a second P only adds a
+// thread that the runtime wakes to spin for work at every hand-off (40 %
+// more stack CPU under request/response, redis 0.44× against 0.61× the
+// kernel veth; docs/benchmarks/2026-12-01-netpoller-reader-one-thread.md).
+// Bulk traffic over many connections is the opposite: each goroutine
+// has a large write to make, the one thread saturates, and 16 or 128
+// streams into one pod moved 6.2–8.2 Gbit/s on one thread against
+// 8.0–10.9 on two (lab, alternated, 2026-12-02). What tells them apart
+// is the size of the frames: GSO and GRO aggregates under bulk traffic, a
+// few hundred bytes under requests.
+package threads
+
+import (
+	"context"
+	"sync/atomic"
+	"time"
+)
+
+// Sample is what the governor reads at each tick: running totals.
+type Sample struct {
+	// CPU is the CPU time the process has used.
+	CPU time.Duration
+	// RxFrames, RxBytes, TxFrames and TxBytes count the wire link's frames
+	// and their bytes, each way.
+	RxFrames, RxBytes, TxFrames, TxBytes uint64
+}
+
+const (
+	// DefaultInterval is how often the governor looks.
+	DefaultInterval = 250 * time.Millisecond
+	// busyCores: a stack that used this much of a core per thread over an
+	// interval is saturated.
+	busyCores = 0.9
+	// idleCores: a stack on two threads that used less than this over an
+	// interval fits on one.
+	idleCores = 0.75
+	// bulkFrameBytes: frames larger than this on average, one way or the
+	// other, are aggregates (GSO, GRO): bulk traffic. An MTU frame is
+	// smaller, a request's much smaller.
+	bulkFrameBytes = 4096
+	// upAfter and downAfter are how many intervals in a row must agree
+	// before the count changes: a change costs a stop of the world, and a
+	// burst of a few hundred milliseconds is not worth one.
+	upAfter   = 2
+	downAfter = 4
+)
+
+// Stats counts what the governor did.
+type Stats struct {
+	// Threads is the current count.
+	Threads atomic.Int32
+	// Raised and Lowered count the changes.
+	Raised, Lowered atomic.Uint64
+}
+
+// Governor sets the thread count from the samples it reads.
+type Governor struct {
+	max      int
+	interval time.Duration
+	read     func() Sample
+	set      func(int)
+	stats    Stats
+
+	last     Sample
+	n        int
+	up, down int // intervals in a row that asked for a change
+}
+
+// New returns a governor between one and most threads, starting at one
+// (the caller's to set). read gives the samples, set applies a change
+// (runtime.GOMAXPROCS in the stack).
+func New(most int, interval time.Duration, read func() Sample, set func(int)) *Governor {
+	if interval <= 0 {
+		interval = DefaultInterval
+	}
+	g := &Governor{max: max(1, most), interval: interval, read: read, set: set, n: 1}
+	g.stats.Threads.Store(1)
+	g.last = read()
+	return g
+}
+
+// Stats returns the governor's counters.
+func (g *Governor) Stats() *Stats { return &g.stats }
+
+// Max is the most threads the governor gives.
+func (g *Governor) Max() int { return g.max }
+
+// Run ticks until ctx ends.
+func (g *Governor) Run(ctx context.Context) {
+	t := time.NewTicker(g.interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			g.Tick()
+		}
+	}
+}
+
+// Tick takes a sample and changes the count if the last intervals asked
+// for it. Run calls it; tests call it directly.
+func (g *Governor) Tick() {
+	s := g.read()
+	want := decide(g.n, g.max, g.interval, g.last, s)
+	g.last = s
+	switch {
+	case want > g.n:
+		g.down = 0
+		if g.up++; g.up < upAfter {
+			return
+		}
+	case want < g.n:
+		g.up = 0
+		if g.down++; g.down < downAfter {
+			return
+		}
+	default:
+		g.up, g.down = 0, 0
+		return
+	}
+	g.up, g.down = 0, 0
+	if want > g.n {
+		g.stats.Raised.Add(1)
+	} else {
+		g.stats.Lowered.Add(1)
+	}
+	g.n = want
+	g.set(want)
+	g.stats.Threads.Store(int32(want))
+}
+
+// decide is the count one interval (from prev to cur, interval long) asks
+// for, n threads running: one more when each thread was saturated and
+// the frames were bulk aggregates, one fewer when the load would fit on
+// one thread less or is no longer bulk.
+func decide(n, max int, interval time.Duration, prev, cur Sample) int {
+	cores := float64(cur.CPU-prev.CPU) / float64(interval)
+	bulk := avg(cur.RxBytes-prev.RxBytes, cur.RxFrames-prev.RxFrames) > bulkFrameBytes ||
+		avg(cur.TxBytes-prev.TxBytes, cur.TxFrames-prev.TxFrames) > bulkFrameBytes
+	switch {
+	case n < max && bulk && cores >= busyCores*float64(n):
+		return n + 1
+	case n > 1 && (!bulk || cores < idleCores*float64(n-1)):
+		return n - 1
+	}
+	return n
+}
+
+func avg(bytes, frames uint64) float64 {
+	if frames == 0 {
+		return 0
+	}
+	return float64(bytes) / float64(frames)
+}
