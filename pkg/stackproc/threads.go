@@ -16,8 +16,8 @@ func (d *Daemon) AdaptThreads(most int) {
 	d.threads = threads.New(most, threads.DefaultInterval, d.threadSample, func(n int) { runtime.GOMAXPROCS(n) })
 }
 
-// threadSample is what the governor decides from: the process's CPU time
-// and the wire link's frames.
+// threadSample is what the governor decides from: the process's CPU time,
+// the wire link's frames and the relayed connections.
 func (d *Daemon) threadSample() threads.Sample {
 	// clock_gettime, which the sandbox allows (getrusage it does not).
 	var ts unix.Timespec
@@ -27,7 +27,7 @@ func (d *Daemon) threadSample() threads.Sample {
 	}
 	w := &d.stack.WireStats
 	return threads.Sample{CPU: cpu, RxFrames: w.RxPackets.Load(), RxBytes: w.RxBytes.Load(),
-		TxFrames: w.TxPackets.Load(), TxBytes: w.TxBytes.Load()}
+		TxFrames: w.TxPackets.Load(), TxBytes: w.TxBytes.Load(), Conns: d.stack.Relay.Stats().TCPActive.Load()}
 }
 
 // ThreadsStatus is the thread count (GOMAXPROCS) and, when it follows the

@@ -12,7 +12,9 @@
 // streams into one pod moved 6.2–8.2 Gbit/s on one thread against
 // 8.0–10.9 on two (lab, alternated, 2026-12-02). What tells them apart
 // is the size of the frames: GSO and GRO aggregates under bulk traffic, a
-// few hundred bytes under requests.
+// few hundred bytes under requests; and the number of connections: one
+// stream gains nothing from a second thread (8.2–8.4 against 8.2–9.8
+// Gbit/s in the same lab) and pays 25 % more CPU per byte for it.
 package threads
 
 import (
@@ -28,14 +30,18 @@ type Sample struct {
 	// RxFrames, RxBytes, TxFrames and TxBytes count the wire link's frames
 	// and their bytes, each way.
 	RxFrames, RxBytes, TxFrames, TxBytes uint64
+	// Conns is how many connections the stack relays now.
+	Conns int64
 }
 
 const (
 	// DefaultInterval is how often the governor looks.
-	DefaultInterval = 250 * time.Millisecond
+	DefaultInterval = 100 * time.Millisecond
 	// busyCores: a stack that used this much of a core per thread over an
-	// interval is saturated.
-	busyCores = 0.9
+	// interval is saturated. One stream in one thread's reach uses 0.75 to
+	// 0.9; a saturated thread 0.97 and more (the runtime's other threads
+	// add a little).
+	busyCores = 0.95
 	// idleCores: a stack on two threads that used less than this over an
 	// interval fits on one.
 	idleCores = 0.75
@@ -43,9 +49,14 @@ const (
 	// other, are aggregates (GSO, GRO): bulk traffic. An MTU frame is
 	// smaller, a request's much smaller.
 	bulkFrameBytes = 4096
+	// minConns: fewer relayed connections than this are not "many" (an
+	// iperf3 stream and its control connection are two).
+	minConns = 4
 	// upAfter and downAfter are how many intervals in a row must agree
 	// before the count changes: a change costs a stop of the world, and a
-	// burst of a few hundred milliseconds is not worth one.
+	// burst of a few hundred milliseconds is not worth one. Traffic that
+	// is no longer bulk (requests, or none) lowers it at once: requests
+	// pay for a second thread from their first interval.
 	upAfter   = 2
 	downAfter = 4
 )
@@ -108,9 +119,10 @@ func (g *Governor) Run(ctx context.Context) {
 // for it. Run calls it; tests call it directly.
 func (g *Governor) Tick() {
 	s := g.read()
-	want := decide(g.n, g.max, g.interval, g.last, s)
+	want, now := decide(g.n, g.max, g.interval, g.last, s)
 	g.last = s
 	switch {
+	case now:
 	case want > g.n:
 		g.down = 0
 		if g.up++; g.up < upAfter {
@@ -137,20 +149,23 @@ func (g *Governor) Tick() {
 }
 
 // decide is the count one interval (from prev to cur, interval long) asks
-// for, n threads running: one more when each thread was saturated and
-// the frames were bulk aggregates, one fewer when the load would fit on
-// one thread less or is no longer bulk.
-func decide(n, max int, interval time.Duration, prev, cur Sample) int {
+// for, n threads running: one more when each thread was saturated by bulk
+// aggregates over many connections, one fewer when the load would fit on
+// one thread less, and one at once (now) when the traffic is no longer
+// bulk.
+func decide(n, max int, interval time.Duration, prev, cur Sample) (want int, now bool) {
 	cores := float64(cur.CPU-prev.CPU) / float64(interval)
 	bulk := avg(cur.RxBytes-prev.RxBytes, cur.RxFrames-prev.RxFrames) > bulkFrameBytes ||
 		avg(cur.TxBytes-prev.TxBytes, cur.TxFrames-prev.TxFrames) > bulkFrameBytes
 	switch {
-	case n < max && bulk && cores >= busyCores*float64(n):
-		return n + 1
-	case n > 1 && (!bulk || cores < idleCores*float64(n-1)):
-		return n - 1
+	case n > 1 && !bulk:
+		return 1, true
+	case n < max && bulk && cur.Conns >= minConns && cores >= busyCores*float64(n):
+		return n + 1, false
+	case n > 1 && cores < idleCores*float64(n-1):
+		return n - 1, false
 	}
-	return n
+	return n, false
 }
 
 func avg(bytes, frames uint64) float64 {

@@ -15,7 +15,7 @@ type load struct {
 const tick = 100 * time.Millisecond
 
 func newLoad(most int) *load {
-	l := &load{}
+	l := &load{s: Sample{Conns: 34}} // 32 streams and iperf3's control connections
 	l.g = New(most, tick, func() Sample { return l.s }, func(n int) { l.sets = append(l.sets, n) })
 	return l
 }
@@ -87,23 +87,23 @@ func TestRequestsStayOnOne(t *testing.T) {
 func TestBulkNotSaturatedStaysOnOne(t *testing.T) {
 	l := newLoad(2)
 	for range 50 {
-		l.interval(0.75, 20000, 60000, 10000, 66)
+		l.interval(0.9, 20000, 60000, 10000, 66)
 	}
 	if l.threads() != 1 {
 		t.Fatalf("one unsaturated stream got %d threads", l.threads())
 	}
 }
 
-// TestLowersWhenQuietOrRequests: back to one thread once the load fits
-// on one or turns to requests, after downAfter intervals, and a single
-// interval of either does not flap it.
-func TestLowersWhenQuietOrRequests(t *testing.T) {
+// TestLowersAtOnceForRequestsOrQuiet: once the traffic is requests, or
+// none, the second thread goes at the next tick: requests pay for it from
+// their first interval.
+func TestLowersAtOnceForRequestsOrQuiet(t *testing.T) {
 	for _, c := range []struct {
 		name          string
 		cores         float64
 		frames, bytes uint64
 	}{
-		{"quiet", 0.01, 10, 100},
+		{"quiet", 0.01, 0, 0},
 		{"requests", 1.4, 40000, 120},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -115,20 +115,51 @@ func TestLowersWhenQuietOrRequests(t *testing.T) {
 				t.Fatal("not raised")
 			}
 			l.interval(c.cores, c.frames, c.bytes, c.frames, c.bytes)
-			l.interval(1.5, 20000, 16000, 15000, 66)
-			if l.threads() != 2 {
-				t.Fatal("one interval lowered it")
-			}
-			for range downAfter {
-				l.interval(c.cores, c.frames, c.bytes, c.frames, c.bytes)
-			}
 			if l.threads() != 1 || l.g.Stats().Lowered.Load() != 1 {
-				t.Fatalf("%d threads, lowered %d times after %d %s intervals: want 1 and once", l.threads(), l.g.Stats().Lowered.Load(), downAfter, c.name)
+				t.Fatalf("%d threads, lowered %d times after one %s interval: want 1 and once", l.threads(), l.g.Stats().Lowered.Load(), c.name)
 			}
 			if got := l.sets; len(got) != 2 || got[0] != 2 || got[1] != 1 {
 				t.Fatalf("set %v, want [2 1]", got)
 			}
 		})
+	}
+}
+
+// TestLowersWhenBulkFitsOnOne: bulk traffic that one thread would carry
+// lowers the count after downAfter intervals, and one such interval
+// does not flap it.
+func TestLowersWhenBulkFitsOnOne(t *testing.T) {
+	l := newLoad(2)
+	for range upAfter {
+		l.interval(0.97, 20000, 16000, 15000, 66)
+	}
+	l.interval(0.5, 8000, 16000, 6000, 66)
+	l.interval(1.5, 20000, 16000, 15000, 66)
+	if l.threads() != 2 {
+		t.Fatal("one light interval lowered it")
+	}
+	for i := range downAfter {
+		if l.threads() != 2 {
+			t.Fatalf("lowered after %d light interval(s), want %d", i, downAfter)
+		}
+		l.interval(0.5, 8000, 16000, 6000, 66)
+	}
+	if l.threads() != 1 {
+		t.Fatalf("%d threads after %d light intervals, want 1", l.threads(), downAfter)
+	}
+}
+
+// TestOneStreamStaysOnOne: one stream saturating the thread (two
+// connections: the stream and iperf3's control) gains nothing from a
+// second thread.
+func TestOneStreamStaysOnOne(t *testing.T) {
+	l := newLoad(2)
+	l.s.Conns = 2
+	for range 20 {
+		l.interval(1.0, 20000, 60000, 10000, 66)
+	}
+	if l.threads() != 1 {
+		t.Fatalf("one stream got %d threads", l.threads())
 	}
 }
 
