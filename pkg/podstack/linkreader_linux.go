@@ -43,6 +43,8 @@ type linkReader struct {
 	stopping atomic.Bool
 	// busy hears of every batch read (nil: no busy polling).
 	busy *busypoll.Poller
+	// onBatch, when set, is called for every batch read (Stack.OnLinkBatch).
+	onBatch atomic.Pointer[func()]
 
 	bufs [linkReadBatch]rxBuffer
 	msgs [linkReadBatch]rawfile.MMsgHdr
@@ -172,6 +174,9 @@ func (r *linkReader) serve(fd uintptr) bool {
 		}
 		r.gro.Flush()
 		r.busy.Touch()
+		if f := r.onBatch.Load(); f != nil {
+			(*f)()
+		}
 		r.refill = int(n)
 		if r.refill < len(r.msgs) {
 			return false

@@ -154,6 +154,15 @@ type Stack struct {
 // interface was set down, which also unhooks the socket). The stack is
 // deaf from then on, even once the link is up again; its process should
 // exit so that the node agent starts a new one.
+// OnLinkBatch has f called for every batch of frames the stack reads from
+// the pod's link, from the reader's goroutine: it must not block. Without
+// the stack's own link reader (fdbased reads the link), f is never called.
+func (s *Stack) OnLinkBatch(f func()) {
+	if s.reader != nil {
+		s.reader.onBatch.Store(&f)
+	}
+}
+
 func (s *Stack) Failed() <-chan error { return s.failed }
 
 func (s *Stack) fail(err error) {

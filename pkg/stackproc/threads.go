@@ -14,6 +14,7 @@ import (
 // whole process's GOMAXPROCS. Call it before Run.
 func (d *Daemon) AdaptThreads(most int) {
 	d.threads = threads.New(most, threads.DefaultInterval, d.threadSample, func(n int) { runtime.GOMAXPROCS(n) })
+	d.stack.OnLinkBatch(d.threads.Wake)
 }
 
 // threadSample is what the governor decides from: the process's CPU time,

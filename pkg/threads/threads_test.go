@@ -1,6 +1,8 @@
 package threads
 
 import (
+	"context"
+	"sync"
 	"testing"
 	"time"
 )
@@ -82,12 +84,13 @@ func TestRequestsStayOnOne(t *testing.T) {
 	}
 }
 
-// TestBulkNotSaturatedStaysOnOne: one stream that one thread keeps up
-// with stays there: a second thread only costs it CPU.
+// TestBulkNotSaturatedStaysOnOne: bulk traffic over many connections
+// that one thread keeps up with stays there: a second thread would only
+// cost CPU.
 func TestBulkNotSaturatedStaysOnOne(t *testing.T) {
 	l := newLoad(2)
 	for range 50 {
-		l.interval(0.9, 20000, 60000, 10000, 66)
+		l.interval(0.7, 20000, 60000, 10000, 66)
 	}
 	if l.threads() != 1 {
 		t.Fatalf("one unsaturated stream got %d threads", l.threads())
@@ -172,5 +175,54 @@ func TestMaxOneNeverRaises(t *testing.T) {
 	}
 	if l.threads() != 1 || len(l.sets) != 0 {
 		t.Fatalf("%d threads, sets %v", l.threads(), l.sets)
+	}
+}
+
+// TestSleepsWhileQuiet: at one thread on a quiet link the governor stops
+// ticking (an idle stack wakes for nothing) until Wake, then ticks while
+// frames flow, and sleeps again once they stop.
+func TestSleepsWhileQuiet(t *testing.T) {
+	var mu sync.Mutex
+	var s Sample
+	reads := 0
+	flowing := false
+	g := New(2, 2*time.Millisecond, func() Sample {
+		mu.Lock()
+		defer mu.Unlock()
+		reads++
+		if flowing {
+			s.RxFrames += 1000
+			s.RxBytes += 1000 * 200
+		}
+		return s
+	}, func(int) {})
+	count := func() int { mu.Lock(); defer mu.Unlock(); return reads }
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { g.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	time.Sleep(50 * time.Millisecond)
+	before := count()
+	time.Sleep(100 * time.Millisecond)
+	if n := count() - before; n != 0 {
+		t.Fatalf("a quiet governor read %d samples in 100 ms (ticks of 2 ms): it should sleep", n)
+	}
+	mu.Lock()
+	flowing = true
+	mu.Unlock()
+	g.Wake()
+	time.Sleep(100 * time.Millisecond)
+	if n := count() - before; n < 10 {
+		t.Fatalf("%d samples in 100 ms after Wake with frames flowing, want ticks", n)
+	}
+	mu.Lock()
+	flowing = false
+	mu.Unlock()
+	time.Sleep(50 * time.Millisecond)
+	before = count()
+	time.Sleep(100 * time.Millisecond)
+	if n := count() - before; n != 0 {
+		t.Fatalf("%d samples in 100 ms after the frames stopped: it should sleep again", n)
 	}
 }
