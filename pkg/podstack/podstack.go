@@ -149,11 +149,6 @@ type Stack struct {
 	closeOnce sync.Once
 }
 
-// Failed is readable when a reader of the pod's link stopped on its own:
-// the kernel reported an error on its socket (ENETDOWN when the pod's
-// interface was set down, which also unhooks the socket). The stack is
-// deaf from then on, even once the link is up again; its process should
-// exit so that the node agent starts a new one.
 // OnLinkBatch has f called for every batch of frames the stack reads from
 // the pod's link, from the reader's goroutine: it must not block. Without
 // the stack's own link reader (fdbased reads the link), f is never called.
@@ -163,6 +158,11 @@ func (s *Stack) OnLinkBatch(f func()) {
 	}
 }
 
+// Failed is readable when a reader of the pod's link stopped on its own:
+// the kernel reported an error on its socket (ENETDOWN when the pod's
+// interface was set down, which also unhooks the socket). The stack is
+// deaf from then on, even once the link is up again; its process should
+// exit so that the node agent starts a new one.
 func (s *Stack) Failed() <-chan error { return s.failed }
 
 func (s *Stack) fail(err error) {

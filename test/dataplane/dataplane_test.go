@@ -465,30 +465,16 @@ func TestThreadsFollowBulkLoad(t *testing.T) {
 
 	// Requests from 32 connections at once: small frames both ways.
 	nettest.Serve(nettest.Listen(t, pod.NS, "tcp", ":7000"), nettest.Echo)
-	var wg sync.WaitGroup
 	stop := time.Now().Add(2 * time.Second)
-	for range 32 {
-		c, err := nettest.Dial(env.Node, "tcp", nettest.HostPort(pod.IP(4), 7000), 5*time.Second)
-		if err != nil {
-			t.Fatal(err)
+	onConns(t, env, pod, 7000, 32, func(c net.Conn) bool {
+		buf := make([]byte, 100)
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := c.Write(buf); err != nil {
+			return false
 		}
-		defer c.Close()
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			buf := make([]byte, 100)
-			for time.Now().Before(stop) {
-				c.SetDeadline(time.Now().Add(5 * time.Second))
-				if _, err := c.Write(buf); err != nil {
-					return
-				}
-				if _, err := io.ReadFull(c, buf); err != nil {
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
+		_, err := io.ReadFull(c, buf)
+		return err == nil && time.Now().Before(stop)
+	})()
 	if st := stackStatus(t, env, pod); st.Threads.Raised != 0 {
 		t.Fatalf("requests raised the thread count: %+v", st.Threads)
 	}
@@ -505,30 +491,17 @@ func TestThreadsFollowBulkLoad(t *testing.T) {
 		}
 	}()
 	done := make(chan struct{})
-	var senders sync.WaitGroup
-	for range 16 {
-		c, err := nettest.Dial(env.Node, "tcp", nettest.HostPort(pod.IP(4), 7002), 5*time.Second)
-		if err != nil {
-			t.Fatal(err)
+	buf := make([]byte, 256<<10) // only read from
+	waitSenders := onConns(t, env, pod, 7002, 16, func(c net.Conn) bool {
+		select {
+		case <-done:
+			return false
+		default:
 		}
-		defer c.Close()
-		senders.Add(1)
-		go func() {
-			defer senders.Done()
-			buf := make([]byte, 256<<10)
-			for {
-				select {
-				case <-done:
-					return
-				default:
-				}
-				c.SetWriteDeadline(time.Now().Add(5 * time.Second))
-				if _, err := c.Write(buf); err != nil {
-					return
-				}
-			}
-		}()
-	}
+		c.SetWriteDeadline(time.Now().Add(5 * time.Second))
+		_, err := c.Write(buf)
+		return err == nil
+	})
 	raised := false
 	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
 		if st := stackStatus(t, env, pod); st.Threads.Threads == 2 && st.Threads.Raised >= 1 {
@@ -537,7 +510,7 @@ func TestThreadsFollowBulkLoad(t *testing.T) {
 		}
 	}
 	close(done)
-	senders.Wait()
+	waitSenders()
 	st = stackStatus(t, env, pod)
 	t.Logf("under 16 streams: %+v, relayed %d bytes to the application", st.Threads, st.Relay.ToAppBytes)
 	if !raised {
@@ -552,4 +525,26 @@ func TestThreadsFollowBulkLoad(t *testing.T) {
 			t.Fatalf("the streams stopped, the count stayed raised: %+v", st.Threads)
 		}
 	}
+}
+
+// onConns dials n connections from the node to the pod's port and runs
+// loop on each in a goroutine of its own until it returns false; the
+// connections close with the test. It returns a wait for the loops.
+func onConns(t *testing.T, env *nettest.Env, pod *nettest.Pod, port, n int, loop func(net.Conn) bool) (wait func()) {
+	t.Helper()
+	var wg sync.WaitGroup
+	for range n {
+		c, err := nettest.Dial(env.Node, "tcp", nettest.HostPort(pod.IP(4), port), 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for loop(c) {
+			}
+		}()
+	}
+	return wg.Wait
 }
