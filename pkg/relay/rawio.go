@@ -72,6 +72,7 @@ func newAppReader(rc syscall.RawConn) *appReader {
 	})
 	a.msg.Iov = &a.iov
 	a.msg.SetIovlen(1)
+	a.msg.Control = &a.oob[0]
 	return a
 }
 
@@ -84,7 +85,7 @@ func (a *appReader) read(fd uintptr, b []byte) (n, left int, errno unix.Errno) {
 	}
 	a.iov.Base = &b[0]
 	a.iov.SetLen(len(b))
-	a.msg.Control = &a.oob[0]
+	// The kernel shrinks Controllen to what it wrote: room again.
 	a.msg.SetControllen(len(a.oob))
 	a.msg.Flags = 0
 	n, errno = rawCall(unix.SYS_RECVMSG, fd, uintptr(unsafe.Pointer(&a.msg)), 0)

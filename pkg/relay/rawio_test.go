@@ -2,6 +2,7 @@ package relay
 
 import (
 	"bytes"
+	"io"
 	"net"
 	"sync/atomic"
 	"testing"
@@ -10,8 +11,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// tcpPair is a kernel TCP connection over loopback: a is read by the
-// test through an appReader, b written.
+// tcpPair is a kernel TCP connection over loopback: a is the dialling
+// end, b the accepted one (the relay's socket and the application's in
+// a splice rig).
 func tcpPair(t *testing.T) (a, b *net.TCPConn) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -111,7 +113,7 @@ func TestPodToWireOneReadPerAnswer(t *testing.T) {
 		if _, err := rig.app.Write(answer); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := readFull(rig.peer, buf); err != nil {
+		if _, err := io.ReadFull(rig.peer, buf); err != nil {
 			t.Fatalf("answer %d: %v", i, err)
 		}
 	}
@@ -157,20 +159,8 @@ func TestPodToWireSeesFINBehindData(t *testing.T) {
 		rig.wire.CloseWrite()
 		rig.peer.SetReadDeadline(time.Now().Add(5 * time.Second))
 		buf := make([]byte, 3)
-		if _, err := readFull(rig.peer, buf); err != nil || string(buf) != "bye" {
+		if _, err := io.ReadFull(rig.peer, buf); err != nil || string(buf) != "bye" {
 			t.Fatalf("the peer read %q, %v; want \"bye\"", buf, err)
 		}
 	}
-}
-
-func readFull(c net.Conn, b []byte) (int, error) {
-	n := 0
-	for n < len(b) {
-		m, err := c.Read(b[n:])
-		n += m
-		if err != nil {
-			return n, err
-		}
-	}
-	return n, nil
 }

@@ -54,28 +54,14 @@ func newSpliceRig(t *testing.T) *spliceRig {
 
 	wire, peer := connectWire(t, s, 80)
 
-	kln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer kln.Close()
-	pod, err := net.Dial("tcp", kln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { pod.Close() })
-	app, err := kln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { app.Close() })
+	pod, app := tcpPair(t)
 	return &spliceRig{
 		r:    &Relay{opts: Options{CopyBufferBytes: 256 << 10}},
 		s:    s,
 		wire: wire,
 		peer: peer,
-		pod:  podConn{pod.(*net.TCPConn)},
-		app:  app.(*net.TCPConn),
+		pod:  podConn{pod},
+		app:  app,
 	}
 }
 

@@ -480,16 +480,7 @@ func TestThreadsFollowBulkLoad(t *testing.T) {
 	}
 
 	// 16 streams node→pod until the stack has raised its count.
-	ln := nettest.Listen(t, pod.NS, "tcp", ":7002")
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() { io.Copy(io.Discard, c); c.Close() }()
-		}
-	}()
+	nettest.Serve(nettest.Listen(t, pod.NS, "tcp", ":7002"), func(c net.Conn) { io.Copy(io.Discard, c) })
 	done := make(chan struct{})
 	buf := make([]byte, 256<<10) // only read from
 	waitSenders := onConns(t, env, pod, 7002, 16, func(c net.Conn) bool {
