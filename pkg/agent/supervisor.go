@@ -296,7 +296,7 @@ func (s *Supervisor) handleExit(ctx context.Context, containerID, ifName string,
 	if gone, err := netnsGone(att.Netns); err != nil {
 		log.Error("checking netns", "netns", att.Netns, "err", err)
 	} else if gone {
-		err := attachment.Reclaim(s.cfg.Store, att, s.cfg.CNIPath, log)
+		err := attachment.Reclaim(s.cfg.Store, att, s.cfg.CNIPath, s.cfg.MountNS, log)
 		lock.Release()
 		if err != nil {
 			log.Error("reclaiming attachment of a deleted netns", "err", err)
@@ -557,7 +557,7 @@ func (s *Supervisor) Reconcile() {
 			lock.Release()
 			continue
 		}
-		err = attachment.Reclaim(s.cfg.Store, att, s.cfg.CNIPath, log)
+		err = attachment.Reclaim(s.cfg.Store, att, s.cfg.CNIPath, s.cfg.MountNS, log)
 		lock.Release()
 		if err != nil {
 			log.Error("reclaiming attachment of a deleted netns", "containerID", att.ContainerID, "err", err)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/cni-usernet/cni-usernet/pkg/state"
+	"github.com/cni-usernet/cni-usernet/pkg/wirens"
 )
 
 // Paths are an attachment's files.
@@ -23,6 +24,9 @@ type Paths struct {
 	// Policy is the pod's compiled network policy (pkg/policy), which the
 	// node agent writes and the stack reads at start.
 	Policy string
+	// WireNetns pins the stack's own network namespace, where the pod's
+	// link to the node lives (pkg/wirens).
+	WireNetns string
 }
 
 // PathsFor gives the files of the attachment of containerID's ifName:
@@ -31,12 +35,13 @@ func PathsFor(stateDir, runDir, logDir, containerID, ifName string) Paths {
 	key := state.Key(containerID, ifName)
 	dir := filepath.Join(stateDir, "stacks", key)
 	return Paths{
-		StackDir: dir,
-		Config:   filepath.Join(dir, "config.json"),
-		Spec:     filepath.Join(dir, "spec.json"),
-		Policy:   filepath.Join(dir, "policy.json"),
-		Socket:   filepath.Join(runDir, key+".sock"),
-		Log:      filepath.Join(logDir, key+".log"),
+		StackDir:  dir,
+		Config:    filepath.Join(dir, "config.json"),
+		Spec:      filepath.Join(dir, "spec.json"),
+		Policy:    filepath.Join(dir, "policy.json"),
+		Socket:    filepath.Join(runDir, key+".sock"),
+		Log:       filepath.Join(logDir, key+".log"),
+		WireNetns: wirens.Path(runDir, key),
 	}
 }
 

@@ -21,6 +21,7 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/podnet"
 	"github.com/cni-usernet/cni-usernet/pkg/stackconfig"
 	"github.com/cni-usernet/cni-usernet/pkg/state"
+	"github.com/cni-usernet/cni-usernet/pkg/wirens"
 )
 
 // Teardown is everything needed to undo one attachment: a plain record,
@@ -43,6 +44,12 @@ type Teardown struct {
 	// IPs are the attachment's addresses (CIDR notation): chained, they go
 	// back on the interface for the earlier plugins' DEL (restoreAddrs).
 	IPs []string
+	// WireNetns is the pin of the stack's own namespace, which holds the
+	// pod's link; empty: where PathsFor puts it, if it is there.
+	WireNetns string
+	// MountNS is the mount namespace the pin was made in (a node agent in
+	// a container passes the host's, /proc/1/ns/mnt); empty: the caller's.
+	MountNS string
 	// Proc is the stack; zero: found by its config path.
 	Proc     launch.Process
 	IPAMType string
@@ -56,6 +63,9 @@ func (td *Teardown) FromState(att *state.Attachment) {
 	td.Chained = att.Chained
 	td.IPs = att.IPs
 	td.Proc = launch.Process{PID: att.StackPID, StartTime: att.StackStartTime}
+	if att.WireNetns != "" {
+		td.WireNetns = att.WireNetns
+	}
 	if att.Netns != "" && td.Netns == "" {
 		td.Netns = att.Netns
 	}
@@ -105,54 +115,141 @@ func (td *Teardown) Run() error {
 	return td.Store.Delete(td.ContainerID, td.IfName)
 }
 
-// CleanNetns removes what the stack left in the pod's namespace: the TUN,
-// the ingress drop and, standalone, the pod's veth end. A namespace that
-// is gone took all of it with it.
+// CleanNetns removes what the stack left in the pod's namespace (the TUN,
+// the divert) and its own namespace with the pod's link: standalone the
+// veth goes with it; chained, the earlier plugin's interface goes back
+// into the pod's namespace with its addresses, for that plugin's DEL. A
+// pod namespace that is gone took its part with it. Attachments made
+// when the link sat in the pod's namespace have no namespace of their
+// own; for them the link and its ingress drop are undone in the pod's.
 func (td *Teardown) CleanNetns() error {
+	wirePath := td.WireNetns
+	if wirePath == "" {
+		wirePath = PathsFor(td.Store.Dir, td.RunDir, td.LogDir, td.ContainerID, td.IfName).WireNetns
+	}
+	wire := wirens.Exists(wirePath)
+	podNS, err := td.openPodNS()
+	if err != nil {
+		return err
+	}
+	var errs []error
+	if podNS != nil {
+		defer podNS.Close()
+		// The pod's link is ours only as the peer of this attachment's
+		// veth: a DEL after an ADD that found CNI_IFNAME taken must leave
+		// it. Looked up here, in the node's namespace.
+		host := 0
+		if !td.Chained {
+			host = hostIndex(td.ContainerID, td.IfName)
+		}
+		if err := podNS.Do(func(ns.NetNS) error { return td.cleanPodNS(wire, host) }); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if wire {
+		if td.Chained && podNS != nil {
+			// Best effort, as restoreAddrs: a DEL failing here would
+			// keep the pod from ever being deleted.
+			if err := ReturnLink(wirePath, podNS, td.IfName, td.IPs); err != nil {
+				td.log().Warn("cannot give the earlier plugin its interface back for its DEL", "err", err)
+			}
+		}
+		if err := wirens.RemoveIn(td.MountNS, wirePath); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// openPodNS opens the pod's namespace; nil when there is none to clean.
+func (td *Teardown) openPodNS() (ns.NetNS, error) {
 	if td.Netns == "" {
-		return nil
+		return nil, nil
 	}
 	netns, err := ns.GetNS(td.Netns)
 	if err != nil {
 		var notExist ns.NSPathNotExistErr
 		var notNS ns.NSPathNotNSErr
 		if errors.As(err, &notExist) || errors.As(err, &notNS) || errors.Is(err, os.ErrNotExist) {
-			return nil
+			return nil, nil
 		}
-		return fmt.Errorf("opening netns %s: %w", td.Netns, err)
+		return nil, fmt.Errorf("opening netns %s: %w", td.Netns, err)
 	}
-	defer netns.Close()
 	if !isNetNS(netns) {
-		return nil // another kind of namespace: nothing of ours can be in it
+		netns.Close()
+		return nil, nil // another kind of namespace: nothing of ours can be in it
 	}
-	tun := td.TUNName
-	// The pod's link is ours only as the peer of this attachment's veth:
-	// a DEL after an ADD that found CNI_IFNAME taken must leave it.
-	host := 0
-	if !td.Chained {
-		host = hostIndex(td.ContainerID, td.IfName)
-	}
-	return netns.Do(func(ns.NetNS) error {
+	return netns, nil
+}
+
+// cleanPodNS runs in the pod's namespace. wire says the pod's link is in
+// the stack's own namespace, so that CNI_IFNAME here is the stack's TUN;
+// host is the index of the attachment's node-side veth (hostIndex).
+func (td *Teardown) cleanPodNS(wire bool, host int) error {
+	for _, tun := range []string{td.TUNName, td.IfName} {
 		if err := podnet.DeleteTUN(tun); err != nil {
 			return err
 		}
-		if err := podnet.RemoveDivert(); err != nil {
-			return err
-		}
-		if err := ingressdrop.Remove(td.IfName); err != nil {
-			return err
-		}
-		if td.Chained {
-			// Best effort: a DEL failing here would keep the pod from
-			// ever being deleted.
-			if err := restoreAddrs(td.IfName, td.IPs); err != nil {
-				td.log().Warn("cannot give the interface its addresses back for the earlier plugins' DEL", "err", err)
-			}
-		}
-		if l, err := netlinksafe.LinkByName(td.IfName); err == nil && isPeerOf(l, host) {
-			return DelLink(td.IfName)
-		}
+	}
+	if err := podnet.RemoveDivert(); err != nil {
+		return err
+	}
+	if wire {
 		return nil
+	}
+	if err := ingressdrop.Remove(td.IfName); err != nil {
+		return err
+	}
+	if td.Chained {
+		// Best effort: a DEL failing here would keep the pod from ever
+		// being deleted.
+		if err := restoreAddrs(td.IfName, td.IPs); err != nil {
+			td.log().Warn("cannot give the interface its addresses back for the earlier plugins' DEL", "err", err)
+		}
+	}
+	if l, err := netlinksafe.LinkByName(td.IfName); err == nil && isPeerOf(l, host) {
+		return DelLink(td.IfName)
+	}
+	return nil
+}
+
+// ReturnLink moves a chained attachment's interface out of the stack's
+// namespace at wirePath back into the pod's, up and with its addresses,
+// as the earlier plugin made it. Nothing to move is success.
+func ReturnLink(wirePath string, podNS ns.NetNS, ifName string, cidrs []string) error {
+	wire, err := ns.GetNS(wirePath)
+	if err != nil {
+		return nil
+	}
+	defer wire.Close()
+	moved := false
+	err = wire.Do(func(ns.NetNS) error {
+		l, err := netlinksafe.LinkByName(ifName)
+		if err != nil {
+			var nf netlink.LinkNotFoundError
+			if errors.As(err, &nf) {
+				return nil
+			}
+			return fmt.Errorf("finding %s in the wire namespace: %w", ifName, err)
+		}
+		if err := netlink.LinkSetNsFd(l, int(podNS.Fd())); err != nil {
+			return fmt.Errorf("moving %s back into the pod's namespace: %w", ifName, err)
+		}
+		moved = true
+		return nil
+	})
+	if err != nil || !moved {
+		return err
+	}
+	return podNS.Do(func(ns.NetNS) error {
+		l, err := netlinksafe.LinkByName(ifName)
+		if err != nil {
+			return fmt.Errorf("finding %s in the pod's namespace: %w", ifName, err)
+		}
+		if err := netlink.LinkSetUp(l); err != nil {
+			return fmt.Errorf("bringing %s up: %w", ifName, err)
+		}
+		return restoreAddrs(ifName, cidrs)
 	})
 }
 
@@ -185,6 +282,11 @@ func DelLink(name string) error {
 	// ENODEV: the kernel removed it between lookup and delete (a veth dies
 	// with its peer's namespace, asynchronously).
 	if err := ip.DelLinkByName(name); err != nil && !errors.Is(err, ip.ErrLinkNotFound) && !errors.Is(err, unix.ENODEV) {
+		// DelLinkByName keeps only the message of the kernel's ENODEV.
+		var nf netlink.LinkNotFoundError
+		if _, lerr := netlinksafe.LinkByName(name); errors.As(lerr, &nf) {
+			return nil
+		}
 		return fmt.Errorf("deleting %s: %w", name, err)
 	}
 	return nil
@@ -257,10 +359,12 @@ func restoreAddrs(ifName string, cidrs []string) error {
 // namespace leftovers, its node-side veth, its IP lease and its files. The
 // node agent uses it for attachments whose network namespace is gone
 // without a DEL (a runtime that lost the pod, a reboot). The caller holds
-// the attachment's lock. cniPath is where the IPAM plugin is found.
-func Reclaim(store state.Store, att *state.Attachment, cniPath string, log *slog.Logger) error {
+// the attachment's lock. cniPath is where the IPAM plugin is found,
+// mountNS the mount namespace the attachment's pins were made in
+// (Teardown.MountNS).
+func Reclaim(store state.Store, att *state.Attachment, cniPath, mountNS string, log *slog.Logger) error {
 	td := Teardown{
-		Store: store, Log: log,
+		Store: store, Log: log, MountNS: mountNS,
 		RunDir: filepath.Dir(att.ControlSocket), LogDir: filepath.Dir(att.LogPath),
 		TUNName:     tunNameOf(att.ConfigPath),
 		ContainerID: att.ContainerID, IfName: att.IfName, Netns: att.Netns, CNIPath: cniPath,

@@ -79,10 +79,6 @@ func (inv *invocation) add() (_ *current.Result, err error) {
 		inv.event(kube.EventWarning, "InvalidBusyPollAnnotation", err.Error()+"; the pod gets no network until the annotation is fixed")
 		return nil, errorf(types.ErrInvalidNetworkConfig, "%v", err)
 	}
-	// The stack would refuse it only after the lease and the veth.
-	if conf.TUNName == args.IfName {
-		return nil, errorf(types.ErrInvalidNetworkConfig, `"tunName" %q is CNI_IFNAME, the pod interface's name: the applications' TUN needs a name of its own`, conf.TUNName)
-	}
 	if conf.NetworkPolicy && (inv.pod.K8S_POD_NAMESPACE == "" || inv.pod.K8S_POD_NAME == "") {
 		return nil, errorf(types.ErrInvalidNetworkConfig, `"networkPolicy" is on, but CNI_ARGS names no pod (K8S_POD_NAMESPACE, K8S_POD_NAME): the node agent compiles a pod's policy from its API object`)
 	}
@@ -109,20 +105,6 @@ func (inv *invocation) add() (_ *current.Result, err error) {
 		PodNS: string(inv.pod.K8S_POD_NAMESPACE), PodName: string(inv.pod.K8S_POD_NAME),
 		Created: time.Now().UTC(), Chained: conf.Chained(),
 	}
-	var result *current.Result
-	if att.Chained {
-		if result, err = inv.takeOverPrevious(netns); err != nil {
-			return nil, err
-		}
-	} else {
-		if result, err = inv.attachVeth(netns, att, &u); err != nil {
-			return nil, err
-		}
-	}
-	for _, ipc := range result.IPs {
-		att.IPs = append(att.IPs, ipc.Address.String())
-	}
-
 	p := inv.pathsFor(args.ContainerID, args.IfName)
 	// A spec left by an earlier failed ADD describes a link that no longer
 	// exists; the stack must collect afresh.
@@ -130,6 +112,30 @@ func (inv *invocation) add() (_ *current.Result, err error) {
 		return nil, errStateDir(conf.StateDir, fmt.Errorf("clearing %s: %w", p.StackDir, err))
 	}
 	u.add(func() { os.RemoveAll(p.StackDir); os.Remove(p.Socket) })
+	wire, err := inv.makeWireNetns(p.WireNetns, netns, &u)
+	if err != nil {
+		return nil, err
+	}
+	defer wire.Close()
+	att.WireNetns = p.WireNetns
+	var result *current.Result
+	if att.Chained {
+		if result, err = inv.takeOverPrevious(netns); err != nil {
+			return nil, err
+		}
+		if err := inv.moveToWire(netns, wire, p.Spec, &u); err != nil {
+			return nil, err
+		}
+	} else {
+		if result, err = inv.attachVeth(netns, wire, att, &u); err != nil {
+			return nil, err
+		}
+	}
+	for _, ipc := range result.IPs {
+		att.IPs = append(att.IPs, ipc.Address.String())
+	}
+	inv.step("wire")
+
 	if err := inv.writeStackConfig(p, mode); err != nil {
 		return nil, errStateDir(conf.StateDir, fmt.Errorf("writing the stack's configuration: %w", err))
 	}
@@ -145,6 +151,7 @@ func (inv *invocation) add() (_ *current.Result, err error) {
 	// them (it keeps them for a restart); undo them with the rest.
 	td := inv.teardown(args.ContainerID, args.IfName, args.Netns)
 	td.Chained, td.IPs = att.Chained, att.IPs
+	td.WireNetns = att.WireNetns
 	u.add(func() { td.CleanNetns() })
 	inv.step("state")
 	self, err := os.Executable()
@@ -225,6 +232,7 @@ func (inv *invocation) writeStackConfig(p attachment.Paths, mode offload.Mode) e
 	conf := inv.conf
 	sc := conf.StackConfig(inv.args.IfName, mode, netconf.StackFiles{Spec: p.Spec, ControlSocket: p.Socket, Policy: p.Policy})
 	sc.Version = stackconfig.Version
+	sc.WireNetns = p.WireNetns
 	if err := os.MkdirAll(p.StackDir, 0o700); err != nil {
 		return fmt.Errorf("creating %s: %w", p.StackDir, err)
 	}
@@ -253,9 +261,12 @@ func (inv *invocation) takeOverPrevious(netns ns.NetNS) (*current.Result, error)
 	return nil, errorf(types.ErrInvalidNetworkConfig, "prevResult has no interface %q in a sandbox to take over", inv.args.IfName)
 }
 
-// attachVeth is the standalone path: lease addresses, create the veth and
-// configure both ends the way the standard ptp plugin does.
-func (inv *invocation) attachVeth(netns ns.NetNS, att *state.Attachment, u *undo) (*current.Result, error) {
+// attachVeth is the standalone path: lease addresses, create the veth with
+// its pod end in the stack's namespace wire and configure both ends the
+// way the standard ptp plugin does; the stack takes the pod end's
+// configuration over from there. netns, the pod's, must not hold
+// CNI_IFNAME: the stack's TUN takes that name.
+func (inv *invocation) attachVeth(netns, wire ns.NetNS, att *state.Attachment, u *undo) (*current.Result, error) {
 	conf, args := inv.conf, inv.args
 	if conf.IPAM.Type == "" {
 		return nil, errorf(types.ErrInvalidNetworkConfig, `no "ipam" section and no prevResult: cni-usernet needs one or the other`)
@@ -288,7 +299,7 @@ func (inv *invocation) attachVeth(netns ns.NetNS, att *state.Attachment, u *undo
 	}
 	inv.step("ipam")
 	att.HostVeth = attachment.HostVethName(args.ContainerID, args.IfName)
-	if err := setupVeth(netns, args.IfName, att.HostVeth, conf.MTU, result); err != nil {
+	if err := setupVeth(wire, args.Netns, args.IfName, att.HostVeth, conf.MTU, result); err != nil {
 		attachment.DelLink(att.HostVeth)
 		return nil, cniError(types.ErrInternal, err)
 	}

@@ -56,7 +56,6 @@ func TestAddBadConflistKeys(t *testing.T) {
 		{"rxChecksumOffload wrong type", map[string]any{"rxChecksumOffload": "no"}, []string{`"rxChecksumOffload": got "no" (a string)`, "true or false"}, 0},
 		{"tunMTU too large", map[string]any{"tunMTU": 70000}, []string{`"tunMTU": got 70000`, "1280..65535"}, 0},
 		{"tunName with percent", map[string]any{"tunName": "tun%d"}, []string{`"tunName": got "tun%d"`, `"%"`}, 0},
-		{"tunName is CNI_IFNAME", map[string]any{"tunName": "eth0"}, []string{`"tunName"`, `"eth0"`, "CNI_IFNAME"}, 0},
 		{"wireQueueLen below -1", map[string]any{"wireQueueLen": -2}, []string{`"wireQueueLen": got -2`, "-1 for no queue"}, 0},
 		{"maxUDP negative", map[string]any{"maxUDP": -1}, []string{`"maxUDP": got -1`, "non-negative"}, 0},
 		{"readyTimeout zero", map[string]any{"readyTimeout": "0s"}, []string{`"readyTimeout": got "0s"`, "positive duration"}, 0},
@@ -430,6 +429,7 @@ func assertOnlyPod(t *testing.T, env *nettest.Env, p *nettest.Pod) {
 		"file state/" + key + ".json",
 		"file state/stacks/" + key,
 		"file run/" + key + ".sock",
+		"file run/netns/" + key,
 		fmt.Sprintf("stack process %d", att.StackPID),
 	}
 	for _, a := range podAddrs(p.Result) {

@@ -22,7 +22,8 @@ import (
 
 // cmdCheck verifies that the attachment is as ADD left it: the stack runs
 // and is healthy, it serves the addresses of prevResult, the applications'
-// TUN carries them, and the kernel holds none on the pod's link.
+// TUN (the pod's interface) carries them, and the kernel holds none on the
+// pod's link in the stack's namespace.
 func cmdCheck(args *skel.CmdArgs) error {
 	inv, err := start(args)
 	if err != nil {
@@ -78,10 +79,13 @@ func (inv *invocation) check() error {
 		return fmt.Errorf("opening netns %s: %w", args.Netns, err)
 	}
 	defer netns.Close()
-	return netns.Do(func(ns.NetNS) error {
+	err = netns.Do(func(ns.NetNS) error {
 		tun, err := netlinksafe.LinkByName(st.TUNName)
 		if err != nil {
 			return fmt.Errorf("TUN %s of the applications: %w", st.TUNName, err)
+		}
+		if _, ok := tun.(*netlink.Tuntap); !ok {
+			return fmt.Errorf("%s in the pod is a %s, not the stack's TUN", st.TUNName, tun.Type())
 		}
 		have, err := addrsOf(tun)
 		if err != nil {
@@ -92,21 +96,39 @@ func (inv *invocation) check() error {
 				return fmt.Errorf("TUN %s lacks pod address %s", st.TUNName, ip)
 			}
 		}
-		link, err := netlinksafe.LinkByName(args.IfName)
-		if err != nil {
-			return fmt.Errorf("pod link %s: %w", args.IfName, err)
+		if att.WireNetns != "" {
+			return nil
 		}
-		kernel, err := addrsOf(link)
-		if err != nil {
-			return err
-		}
-		for _, a := range kernel {
-			if !a.IsLinkLocalUnicast() {
-				return fmt.Errorf("kernel holds %s on %s, which the stack owns", a, args.IfName)
-			}
-		}
-		return nil
+		return kernelHoldsNone(args.IfName)
 	})
+	if err != nil || att.WireNetns == "" {
+		return err
+	}
+	wire, err := ns.GetNS(att.WireNetns)
+	if err != nil {
+		return fmt.Errorf("the stack's namespace, which holds the pod's link: %w", err)
+	}
+	defer wire.Close()
+	return wire.Do(func(ns.NetNS) error { return kernelHoldsNone(args.IfName) })
+}
+
+// kernelHoldsNone checks, in the namespace that holds the pod's link, that
+// the kernel has no address on it that the stack took over.
+func kernelHoldsNone(ifName string) error {
+	link, err := netlinksafe.LinkByName(ifName)
+	if err != nil {
+		return fmt.Errorf("pod link %s: %w", ifName, err)
+	}
+	kernel, err := addrsOf(link)
+	if err != nil {
+		return err
+	}
+	for _, a := range kernel {
+		if !a.IsLinkLocalUnicast() {
+			return fmt.Errorf("kernel holds %s on %s, which the stack owns", a, ifName)
+		}
+	}
+	return nil
 }
 
 // expectedIPs are the addresses of prevResult (CHECK's contract), or those

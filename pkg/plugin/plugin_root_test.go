@@ -107,6 +107,23 @@ func podAddrs(r *current.Result) []netip.Prefix {
 }
 
 // kernelV4 lists the IPv4 addresses the kernel holds on link in netns.
+// linkTypes lists the links of netns as "name:type".
+func linkTypes(t *testing.T, netns ns.NetNS) []string {
+	t.Helper()
+	var out []string
+	err := nettest.In(netns, func() error {
+		links, err := netlinksafe.LinkList()
+		for _, l := range links {
+			out = append(out, l.Attrs().Name+":"+l.Type())
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatalf("listing links: %v", err)
+	}
+	return out
+}
+
 func kernelV4(t *testing.T, netns ns.NetNS, link string) []string {
 	t.Helper()
 	var out []string
@@ -486,6 +503,7 @@ func TestGCRemovesUnlisted(t *testing.T) {
 	want = append(want, "file state/"+state.Key(keep.ID, "eth0")+".json")
 	want = append(want, "file state/stacks/"+state.Key(keep.ID, "eth0"))
 	want = append(want, "file run/"+state.Key(keep.ID, "eth0")+".sock")
+	want = append(want, "file run/netns/"+state.Key(keep.ID, "eth0"))
 	for _, p := range podAddrs(keep.Result) {
 		want = append(want, "lease "+p.Addr().String())
 	}
@@ -619,8 +637,17 @@ func TestChainedAfterPtp(t *testing.T) {
 		t.Errorf("state: got chained=%v hostVeth=%q ipamType=%q, want chained with no veth or IPAM of its own",
 			att.Chained, att.HostVeth, att.IPAMType)
 	}
-	if got := kernelV4(t, pod, "eth0"); len(got) != 0 {
-		t.Errorf("kernel IPv4 addresses on the pod's eth0: got %v, want none (the stack owns them)", got)
+	att := loadState(t, env, id)
+	wire, err := ns.GetNS(att.WireNetns)
+	if err != nil {
+		t.Fatalf("the stack's namespace: %v", err)
+	}
+	defer wire.Close()
+	if got := kernelV4(t, wire, "eth0"); len(got) != 0 {
+		t.Errorf("kernel IPv4 addresses on ptp's eth0 in the stack's namespace: got %v, want none (the stack owns them)", got)
+	}
+	if got, want := linkTypes(t, pod), []string{"lo:device", "eth0:tuntap"}; !slices.Equal(got, want) {
+		t.Errorf("links in the pod: got %v, want %v (ptp's veth lives in the stack's namespace)", got, want)
 	}
 	if err := env.Check(nettest.WithPrevResult(t, env.Conf(latest, map[string]any{"ipam": nil}), res), id, pod); err != nil {
 		t.Errorf("CHECK: %v", err)

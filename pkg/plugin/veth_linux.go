@@ -14,12 +14,14 @@ import (
 	"github.com/vishvananda/netlink"
 )
 
-// setupVeth creates the veth and configures it like ptp: the pod gets its
+// setupVeth creates the veth, its pod end in netns (the stack's own
+// namespace; sandbox is the pod's, which the result names), and
+// configures it like ptp: the pod gets its
 // address with the subnet's mask, a host route to the gateway and the
 // subnet (and the IPAM routes) via the gateway; the node side gets the
 // gateway address as a /32 (/128) and a host route to the pod. Forwarding
 // is enabled on the node, as ptp does.
-func setupVeth(netns ns.NetNS, ifName, hostName string, mtu int, result *current.Result) error {
+func setupVeth(netns ns.NetNS, sandbox, ifName, hostName string, mtu int, result *current.Result) error {
 	if err := ip.EnableForward(result.IPs); err != nil {
 		return fmt.Errorf("enabling IP forwarding: %w", err)
 	}
@@ -30,7 +32,7 @@ func setupVeth(netns ns.NetNS, ifName, hostName string, mtu int, result *current
 			return fmt.Errorf("creating veth %s/%s: %w", hostName, ifName, err)
 		}
 		hostIface = current.Interface{Name: hv.Name, Mac: hv.HardwareAddr.String()}
-		podIface = current.Interface{Name: pv.Name, Mac: pv.HardwareAddr.String(), Sandbox: netns.Path()}
+		podIface = current.Interface{Name: pv.Name, Mac: pv.HardwareAddr.String(), Sandbox: sandbox}
 		// The addresses are about to move into the pod's stack, which does
 		// no duplicate address detection of its own; waiting for the
 		// kernel's (ipam.ConfigureIface settles IPv6 addresses) would add

@@ -43,7 +43,10 @@ func OpenTUN(name string) (*os.File, error) {
 	return os.NewFile(uintptr(fd), name), nil
 }
 
-// DeleteTUN removes the TUN device; already gone is success.
+// DeleteTUN removes the TUN device; already gone is success, and so is a
+// link of that name that is no TUN: the pod's interface is a TUN named
+// CNI_IFNAME, but in a namespace shaped by an earlier release the same
+// name is the pod's veth, which its own teardown decides on.
 func DeleteTUN(name string) error {
 	link, err := netlinksafe.LinkByName(name)
 	if err != nil {
@@ -52,6 +55,9 @@ func DeleteTUN(name string) error {
 			return nil
 		}
 		return fmt.Errorf("looking up %s: %w", name, err)
+	}
+	if _, ok := link.(*netlink.Tuntap); !ok {
+		return nil
 	}
 	if err := netlink.LinkDel(link); err != nil {
 		return fmt.Errorf("deleting %s: %w", name, err)

@@ -29,8 +29,16 @@ type Config struct {
 	SpecPath string `json:"specPath"`
 	// ControlSocket is the unix socket path for health and status. Required.
 	ControlSocket string `json:"controlSocket"`
+	// WireNetns is the pinned network namespace (pkg/wirens) that holds
+	// the pod's link IfName: the stack opens its packet sockets there and
+	// serves the pod's namespace, where it runs, with a TUN named IfName.
+	// Empty: the link is in the pod's namespace beside a TUN named
+	// TUNName, as attachments made by earlier releases have it; the
+	// pod's processes can then reach the wire (docs/security.md).
+	WireNetns string `json:"wireNetns,omitempty"`
 	// TUNName names the TUN device that carries the pod IPs and routes in
-	// the pod's kernel. Zero: "usernet0".
+	// the pod's kernel when WireNetns is empty. Zero: "usernet0". With a
+	// WireNetns the TUN is the pod's interface and takes IfName.
 	TUNName string `json:"tunName,omitempty"`
 	// TUNMTU is the TUN's MTU. Zero: DefaultTUNMTU.
 	TUNMTU uint32 `json:"tunMTU,omitempty"`
@@ -145,7 +153,8 @@ const AdaptiveMaxThreads = 2
 // wake-up saved.
 const MaxBusyPoll = 10 * time.Millisecond
 
-// DefaultTUNName is the app leg's device in the pod.
+// DefaultTUNName is the app leg's device in the pod when the pod's link
+// shares its namespace (Config.WireNetns empty).
 const DefaultTUNName = "usernet0"
 
 // DefaultTUNMTU is the TUN's MTU. The applications' TCP and UDP do not
@@ -160,13 +169,16 @@ func (c *Config) Validate() error {
 	if c.IfName == "" || c.SpecPath == "" || c.ControlSocket == "" {
 		return fmt.Errorf("stack config needs ifName, specPath and controlSocket")
 	}
-	if c.TUNName == "" {
+	switch {
+	case c.WireNetns != "":
+		c.TUNName = c.IfName
+	case c.TUNName == "":
 		c.TUNName = DefaultTUNName
 	}
 	if len(c.TUNName) > 15 {
 		return fmt.Errorf("TUN name %q is longer than 15 bytes", c.TUNName)
 	}
-	if c.TUNName == c.IfName {
+	if c.TUNName == c.IfName && c.WireNetns == "" {
 		return fmt.Errorf("TUN name %q is the pod interface's name", c.TUNName)
 	}
 	if c.TUNMTU == 0 {

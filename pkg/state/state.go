@@ -25,14 +25,18 @@ const Version = 1
 
 // Attachment is what ADD did for one container interface.
 type Attachment struct {
-	Version     int       `json:"version"`
-	Network     string    `json:"network"`
-	ContainerID string    `json:"containerID"`
-	IfName      string    `json:"ifName"`
-	Netns       string    `json:"netns"`
-	PodNS       string    `json:"podNamespace,omitempty"`
-	PodName     string    `json:"podName,omitempty"`
-	Created     time.Time `json:"created"`
+	Version     int    `json:"version"`
+	Network     string `json:"network"`
+	ContainerID string `json:"containerID"`
+	IfName      string `json:"ifName"`
+	Netns       string `json:"netns"`
+	// WireNetns is the pinned network namespace of the stack's own that
+	// holds the pod's link to the node (pkg/wirens); empty for an
+	// attachment made when that link still sat in the pod's namespace.
+	WireNetns string    `json:"wireNetns,omitempty"`
+	PodNS     string    `json:"podNamespace,omitempty"`
+	PodName   string    `json:"podName,omitempty"`
+	Created   time.Time `json:"created"`
 	// Chained is true when an earlier plugin made the interface; DEL then
 	// leaves the link and the IP lease to that plugin.
 	Chained  bool   `json:"chained"`

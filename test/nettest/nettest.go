@@ -25,6 +25,9 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/cni-usernet/cni-usernet/pkg/wirens"
 )
 
 // RequireRoot skips tests that need namespaces when not root.
@@ -131,9 +134,20 @@ func NewEnv(t testing.TB) *Env {
 		if t.Failed() {
 			e.dumpLogs()
 		}
+		unmountAll(wirens.Dir(filepath.Join(e.Dir, "run")))
 		os.RemoveAll(e.Dir)
 	})
 	return e
+}
+
+// unmountAll detaches every mount stacked on dir: the plugin makes the
+// directory of the wire namespaces' pins a mount point of its own.
+func unmountAll(dir string) {
+	for range 10 {
+		if unix.Unmount(dir, unix.MNT_DETACH) != nil {
+			return
+		}
+	}
 }
 
 // Conf returns a cni-usernet configuration for this env. extra keys are

@@ -1,0 +1,99 @@
+package plugin
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/containernetworking/cni/pkg/types"
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+
+	"github.com/cni-usernet/cni-usernet/pkg/attachment"
+	"github.com/cni-usernet/cni-usernet/pkg/podnet"
+	"github.com/cni-usernet/cni-usernet/pkg/wirens"
+)
+
+// makeWireNetns creates the stack's own namespace, pinned at path, where
+// the pod's link to the node will live. ADD runs only for an attachment
+// that has no record (checked under its lock), so a pin already there was
+// left by an ADD that died before its record: undone first (chained, the
+// earlier plugin's interface goes back to the pod's namespace).
+func (inv *invocation) makeWireNetns(path string, podNS ns.NetNS, u *undo) (ns.NetNS, error) {
+	if wirens.Exists(path) && inv.conf.Chained() {
+		if err := attachment.ReturnLink(path, podNS, inv.args.IfName, nil); err != nil {
+			inv.log.Warn("an earlier ADD's wire namespace keeps the interface", "err", err)
+		}
+	}
+	if err := wirens.Remove(path); err != nil {
+		return nil, cniError(types.ErrInternal, fmt.Errorf("removing an earlier ADD's wire namespace: %w", err))
+	}
+	wire, err := wirens.Create(path)
+	if err != nil {
+		return nil, cniError(types.ErrInternal, err)
+	}
+	u.add(func() { wirens.Remove(path) })
+	return wire, nil
+}
+
+// moveToWire is the chained path's hand-over: the earlier plugin's
+// interface leaves the pod's namespace for the stack's. Moving a link
+// drops its addresses and routes, so they are collected first into the
+// spec the stack starts from (it loads a spec it finds instead of
+// collecting). The interface comes back, with its addresses, on DEL and
+// on a failed ADD (attachment.ReturnLink).
+func (inv *invocation) moveToWire(podNS, wire ns.NetNS, specPath string, u *undo) error {
+	ifName := inv.args.IfName
+	var spec *podnet.Spec
+	err := podNS.Do(func(ns.NetNS) error {
+		var err error
+		if spec, err = podnet.Collect(ifName); err != nil {
+			return err
+		}
+		if err := spec.Validate(); err != nil {
+			return fmt.Errorf("interface %s cannot be taken over: %w", ifName, err)
+		}
+		l, err := netlinksafe.LinkByName(ifName)
+		if err != nil {
+			return fmt.Errorf("looking up %s: %w", ifName, err)
+		}
+		if err := netlink.LinkSetNsFd(l, int(wire.Fd())); err != nil {
+			return fmt.Errorf("moving %s into the stack's namespace: %w", ifName, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return cniError(types.ErrInternal, err)
+	}
+	var cidrs []string
+	for _, a := range spec.Addrs {
+		cidrs = append(cidrs, a.String())
+	}
+	u.add(func() {
+		if err := attachment.ReturnLink(wire.Path(), podNS, ifName, cidrs); err != nil {
+			inv.log.Warn("cannot give the earlier plugin its interface back", "err", err)
+		}
+	})
+	if err := os.MkdirAll(filepath.Dir(specPath), 0o700); err != nil {
+		return errStateDir(inv.conf.StateDir, fmt.Errorf("creating %s: %w", filepath.Dir(specPath), err))
+	}
+	if err := podnet.WriteSpec(specPath, spec); err != nil {
+		return errStateDir(inv.conf.StateDir, fmt.Errorf("saving the spec of %s: %w", ifName, err))
+	}
+	// A link moved between namespaces arrives down.
+	err = wire.Do(func(ns.NetNS) error {
+		l, err := netlinksafe.LinkByName(ifName)
+		if err != nil {
+			return fmt.Errorf("looking up %s in the stack's namespace: %w", ifName, err)
+		}
+		if err := netlink.LinkSetUp(l); err != nil {
+			return fmt.Errorf("bringing %s up in the stack's namespace: %w", ifName, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return cniError(types.ErrInternal, err)
+	}
+	return nil
+}
