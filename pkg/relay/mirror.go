@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/cni-usernet/cni-usernet/pkg/podsock"
+	"github.com/cni-usernet/cni-usernet/pkg/policy"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv6"
@@ -253,16 +254,27 @@ func (r *Relay) acceptInbound(m *mirrored) {
 
 // relayAccepted dials the application for a connection whose handshake a
 // mirrored listener completed; a refusal (the application closed its
-// listener meanwhile) resets it.
+// listener meanwhile) resets it. A peer the ingress policy denies is
+// dropped unanswered first (see ingress.go): its handshake may have
+// completed through a SYN cookie, without the SYN the wire leg judged.
 func (r *Relay) relayAccepted(ep tcpip.Endpoint, wq *waiter.Queue) {
 	local, lerr := ep.GetLocalAddress()
 	remote, rerr := ep.GetRemoteAddress()
-	if lerr != nil || rerr != nil || !r.admitTCP() {
+	if lerr != nil || rerr != nil {
 		ep.Abort()
 		ep.Close()
 		return
 	}
 	id := stack.TransportEndpointID{LocalAddress: local.Addr, LocalPort: local.Port, RemoteAddress: remote.Addr, RemotePort: remote.Port}
+	if !r.ingressAllowed(id, policy.ProtoTCP) {
+		abortSilently(ep, wq)
+		return
+	}
+	if !r.admitTCP() {
+		ep.Abort()
+		ep.Close()
+		return
+	}
 	app, err := r.dialApp(r.ctx, id)
 	if err != nil {
 		r.stats.TCPActive.Add(-1)

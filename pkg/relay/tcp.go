@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/cni-usernet/cni-usernet/pkg/podsock"
+	"github.com/cni-usernet/cni-usernet/pkg/policy"
 	"golang.org/x/sys/unix"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
@@ -48,6 +49,12 @@ func tcpipAddr(a netip.Addr) tcpip.Address { return tcpip.AddrFromSlice(a.AsSlic
 // instead of refused in answer to its SYN.
 func (r *Relay) forwardInbound(req *tcp.ForwarderRequest) {
 	id := req.ID() // req is not to be used once completed
+	// The wire leg judged the SYN; the policy may have changed since.
+	// Before knownClosed: a denied peer gets no RST either.
+	if !r.ingressAllowed(id, policy.ProtoTCP) {
+		req.Complete(false)
+		return
+	}
 	if r.knownClosed(id.LocalPort, time.Now()) {
 		r.stats.TCPRefused.Add(1)
 		req.Complete(true)

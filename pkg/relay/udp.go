@@ -29,8 +29,7 @@ var datagramPool = sync.Pool{New: func() any { b := make([]byte, maxDatagram); r
 // their real peer. Flows from the network may be evicted until answered.
 func (r *Relay) forwardInboundUDP(req *udp.ForwarderRequest) bool {
 	id := req.ID()
-	if m := r.opts.Policy.For(policy.Ingress); m != nil &&
-		!m.Check(policy.Ingress, addrPort(id.RemoteAddress, 0).Addr(), policy.ProtoUDP, id.LocalPort) {
+	if !r.ingressAllowed(id, policy.ProtoUDP) {
 		return true // dropped: no flow, and no port unreachable either
 	}
 	f, ok := r.newFlow(true)
