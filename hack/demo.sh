@@ -25,13 +25,18 @@ p["ipam"]["dataDir"] = work + "/ipam"
 json.dump(c, open(work + "/10-cni-usernet.conflist", "w"), indent=2)
 PY
 export NETCONFPATH=$WORK CNI_PATH=$PWD/bin/cni
-cnitool() { ip netns exec "$NODE" "$PWD/bin/cnitool" "$@"; }
+# nsenter, not ip netns exec: the plugin pins the stack's own namespace with
+# a bind mount, which must land in this mount namespace, not in a private
+# one of ip netns exec's that is gone when the command ends.
+cnitool() { nsenter --net="/var/run/netns/$NODE" "$PWD/bin/cnitool" "$@"; }
 
 cleanup() {
   set +e
   kill "${PIDS[@]}" 2>/dev/null
   [ -e "/var/run/netns/$POD" ] && cnitool del cni-usernet "/var/run/netns/$POD" >/dev/null
   ip netns del "$POD" 2>/dev/null; ip netns del "$NODE" 2>/dev/null
+  # the plugin made the pins' directory a mount point of its own
+  while umount -l "$WORK/run/netns" 2>/dev/null; do :; done
   rm -rf "$WORK"
 }
 PIDS=()
@@ -46,8 +51,11 @@ cnitool add cni-usernet "/var/run/netns/$POD" | tee "$WORK/result.json"
 POD_IP=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["ips"][0]["address"].split("/")[0])' "$WORK/result.json")
 NODE_IP=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["ips"][0]["gateway"])' "$WORK/result.json")
 
-echo "== the pod's kernel: no address on eth0, the pod IP on the TUN usernet0"
+echo "== the pod's namespace: lo and eth0, the stack's TUN with the pod IP; no link to the wire"
 ip -n "$POD" -br addr
+ip -n "$POD" -d link show eth0 | sed -n 3p | sed 's/^ */   /'
+echo "== the stack's own namespace: the pod's veth end, no kernel address (the stack owns them)"
+nsenter --net="$(ls "$WORK"/run/netns/*)" ip -br addr
 
 mkdir -p "$WORK/www"; echo "hello from a pod behind a userspace TCP/IP stack" > "$WORK/www/index.html"
 ip netns exec "$POD" python3 -m http.server 8080 -d "$WORK/www" >"$WORK/http.log" 2>&1 & PIDS+=($!)

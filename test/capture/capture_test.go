@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 
 	"github.com/cni-usernet/cni-usernet/pkg/state"
@@ -134,10 +135,10 @@ func mustPort(s string) uint16 {
 	return uint16(n)
 }
 
-func ifIndexIn(t *testing.T, pod *nettest.Pod, name string) int {
+func ifIndexIn(t *testing.T, netns ns.NetNS, name string) int {
 	t.Helper()
 	var idx int
-	err := nettest.In(pod.NS, func() error {
+	err := nettest.In(netns, func() error {
 		l, err := netlink.LinkByName(name)
 		if err != nil {
 			return err
@@ -146,7 +147,7 @@ func ifIndexIn(t *testing.T, pod *nettest.Pod, name string) int {
 		return nil
 	})
 	if err != nil {
-		t.Fatalf("looking up %s in the pod: %v", name, err)
+		t.Fatalf("looking up %s: %v", name, err)
 	}
 	return idx
 }
@@ -272,7 +273,7 @@ func checkHTTPCapture(t *testing.T, env *nettest.Env, pod *nettest.Pod, fam int,
 	t.Logf("tcpdump -nn -e -A -r -:\n%s", tdOut.String())
 	pkts := parseTcpdump(t, tdOut.String())
 
-	wireIdx, loIdx := ifIndexIn(t, pod, "eth0"), ifIndexIn(t, pod, "lo")
+	wireIdx, loIdx := ifIndexIn(t, env.WireNS(pod), "eth0"), ifIndexIn(t, pod.NS, "lo")
 	client := pod.Gateway(fam)
 	server := netip.AddrPortFrom(podIP, 8080)
 	// The client's port, from the wire SYN; the app leg must show the
@@ -451,7 +452,7 @@ func TestCaptureCountLegAndFile(t *testing.T) {
 	pod := env.NewPod(env.Conf(cniVersion, nil))
 	serveBody(t, pod)
 	url := "http://" + nettest.HostPort(pod.IP(4), 8080) + "/"
-	wireIdx, loIdx := ifIndexIn(t, pod, "eth0"), ifIndexIn(t, pod, "lo")
+	wireIdx, loIdx := ifIndexIn(t, env.WireNS(pod), "eth0"), ifIndexIn(t, pod.NS, "lo")
 	for _, tc := range []struct {
 		leg  string
 		want map[int]bool // interface indexes allowed

@@ -302,15 +302,18 @@ spec:
 			if !containsIP(row.IPs, podIP[name]) {
 				t.Errorf("%s: status IPs %v, pod IP %s", name, row.IPs, podIP[name])
 			}
-			// The pod's own view: eth0 carries no kernel address (the stack
-			// owns it), the applications' TUN carries the pod IP.
-			eth0 := mustKubectl(t, "-n", ns, "exec", name, "--", "ip", "-o", "addr", "show", "dev", "eth0")
-			if strings.Contains(eth0, " inet") {
-				t.Errorf("%s: eth0 has kernel addresses:\n%s", name, eth0)
+			// The pod's own view: lo and eth0, the stack's TUN with the
+			// pod IP; the link to the node is in the stack's namespace.
+			if links := strings.Fields(mustKubectl(t, "-n", ns, "exec", name, "--", "ls", "/sys/class/net")); !slices.Equal(links, []string{"eth0", "lo"}) {
+				t.Errorf("%s: the pod's links: got %v, want [eth0 lo]", name, links)
 			}
-			tun := mustKubectl(t, "-n", ns, "exec", name, "--", "ip", "-o", "addr", "show", "dev", "usernet0")
-			if !strings.Contains(tun, " "+podIP[name]+"/") {
-				t.Errorf("%s: usernet0 lacks the pod IP %s:\n%s", name, podIP[name], tun)
+			// Only a TUN has tun_flags.
+			if _, err := kubectl("-n", ns, "exec", name, "--", "cat", "/sys/class/net/eth0/tun_flags"); err != nil {
+				t.Errorf("%s: eth0 is not the stack's TUN: %v", name, err)
+			}
+			eth0 := mustKubectl(t, "-n", ns, "exec", name, "--", "ip", "-o", "addr", "show", "dev", "eth0")
+			if !strings.Contains(eth0, " "+podIP[name]+"/") {
+				t.Errorf("%s: eth0 lacks the pod IP %s:\n%s", name, podIP[name], eth0)
 			}
 			checkMTU(t, ns, name, row, chained)
 		}

@@ -256,7 +256,7 @@ func mib(n int64) float64 { return float64(n) / (1 << 20) }
 func floodSocket(t *testing.T, env *nettest.Env, pod *nettest.Pod, att *state.Attachment) (int, *framer) {
 	t.Helper()
 	var podMAC net.HardwareAddr
-	err := nettest.In(pod.NS, func() error {
+	err := nettest.In(env.WireNS(pod), func() error {
 		l, err := netlink.LinkByName("eth0")
 		if err != nil {
 			return err

@@ -253,6 +253,15 @@ type probe struct {
 	err     error
 }
 
+// linkNS is where pod's link to the node is: the stack's own namespace for
+// a cni-usernet pod, the pod's for one on the kernel veth.
+func linkNS(env *nettest.Env, pod *nettest.Pod) ns.NetNS {
+	if strings.Contains(string(pod.Conf), `"ptp"`) {
+		return pod.NS
+	}
+	return env.WireNS(pod)
+}
+
 // measure runs m.flood for floodDuration from the node's namespace or a
 // pod while probing m.victim and downloading from it.
 func measure(t *testing.T, env *nettest.Env, guard *nodeGuard, m measurement) *result {
@@ -276,7 +285,7 @@ func measure(t *testing.T, env *nettest.Env, guard *nodeGuard, m measurement) *r
 		stacks = append(stacks, st)
 	}
 	linkBefore := linkStats(t, env.Node, m.veth)
-	podLinkBefore := linkStats(t, m.victim.NS, "eth0")
+	podLinkBefore := linkStats(t, linkNS(env, m.victim), "eth0")
 	netstatBefore := tcpExt(m.victim.NS)
 	guardBefore := guard.dropped(t)
 
@@ -296,7 +305,7 @@ func measure(t *testing.T, env *nettest.Env, guard *nodeGuard, m measurement) *r
 		stacks[i].atEnd = rawStatus(t, stacks[i].att)
 	}
 	linkAfter := linkStats(t, env.Node, m.veth)
-	podLinkAfter := linkStats(t, m.victim.NS, "eth0")
+	podLinkAfter := linkStats(t, linkNS(env, m.victim), "eth0")
 	netstatAfter := tcpExt(m.victim.NS)
 	guardAfter := guard.dropped(t)
 	r.probes = probes()

@@ -2,8 +2,6 @@ package nettest
 
 import (
 	"fmt"
-	"github.com/cni-usernet/cni-usernet/pkg/podnet"
-	"github.com/cni-usernet/cni-usernet/pkg/wirens"
 	"net"
 	"net/netip"
 	"os"
@@ -21,6 +19,9 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/cni-usernet/cni-usernet/pkg/launch"
+	"github.com/cni-usernet/cni-usernet/pkg/podnet"
+	"github.com/cni-usernet/cni-usernet/pkg/state"
+	"github.com/cni-usernet/cni-usernet/pkg/wirens"
 )
 
 // Pod is a namespace attached through a plugin.
@@ -104,6 +105,19 @@ func (e *Env) NewPodWith(plugin string, conf []byte) *Pod {
 		}
 	})
 	return p
+}
+
+// WireNS opens the stack's own namespace of a pod attached through
+// cni-usernet, the one that holds the pod's link to the node (closed at
+// cleanup).
+func (e *Env) WireNS(p *Pod) ns.NetNS {
+	e.T.Helper()
+	n, err := ns.GetNS(wirens.Path(filepath.Join(e.Dir, "run"), state.Key(p.ID, "eth0")))
+	if err != nil {
+		e.T.Fatalf("opening the wire namespace of %s: %v", p.ID, err)
+	}
+	e.T.Cleanup(func() { n.Close() })
+	return n
 }
 
 // In runs f in netns (on a locked thread).

@@ -12,8 +12,9 @@ import (
 	"github.com/cni-usernet/cni-usernet/test/nettest"
 )
 
-// TestPodLinkDownAndUp sets the pod's interface down and up again, as an
-// administrator in the pod's namespace can. The kernel reports ENETDOWN on
+// TestPodLinkDownAndUp sets the pod's link to the node down and up again
+// in the stack's namespace, as an administrator of the node can (the pod's
+// processes cannot reach it). The kernel reports ENETDOWN on
 // every packet socket bound to it, which ends the stack's readers; the
 // stack must not stay up deaf: it exits, the agent restarts it, and the
 // pod opens connections again.
@@ -26,7 +27,7 @@ func TestPodLinkDownAndUp(t *testing.T) {
 		t.Fatalf("before the link went down: %v", err)
 	}
 	old := stackOf(t, env, pod)
-	err := pod.NS.Do(func(ns.NetNS) error {
+	err := env.WireNS(pod).Do(func(ns.NetNS) error {
 		l, err := netlinksafe.LinkByName("eth0")
 		if err != nil {
 			return err
