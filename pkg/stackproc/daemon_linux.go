@@ -61,8 +61,9 @@ type Daemon struct {
 	Startup *steptime.Steps
 }
 
-// Start takes the interface over and brings the stack up in the current
-// network namespace. When it returns nil the stack carries traffic; on an
+// Start takes the interface over and brings the stack up: the pod's link
+// in cfg.WireNetns (the stack's own namespace), the applications' side in
+// the current one, the pod's. When it returns nil the stack carries traffic; on an
 // error, everything it did to the kernel is left so that a retry (or the
 // plugin's cleanup) finds the spec and can finish or undo.
 func Start(cfg stackconfig.Config, log *slog.Logger) (*Daemon, error) {
@@ -404,12 +405,16 @@ type Status struct {
 	SpecVersion   int    `json:"specVersion"`
 	ConfigVersion int    `json:"configVersion"`
 	// Healthy is Daemon.Healthy's verdict, Problem its reason.
-	Healthy   bool             `json:"healthy"`
-	Problem   string           `json:"problem,omitempty"`
-	PID       int              `json:"pid"`
-	StartTime time.Time        `json:"startTime"`
-	IfName    string           `json:"ifName"`
-	TUNName   string           `json:"tunName"`
+	Healthy   bool      `json:"healthy"`
+	Problem   string    `json:"problem,omitempty"`
+	PID       int       `json:"pid"`
+	StartTime time.Time `json:"startTime"`
+	IfName    string    `json:"ifName"`
+	TUNName   string    `json:"tunName"`
+	// WireNetns is the stack's own namespace, which holds the pod's link
+	// IfName; empty: the link shares the pod's namespace (an attachment
+	// made by an earlier release, until the pod is recreated).
+	WireNetns string           `json:"wireNetns,omitempty"`
 	Spec      *podnet.Spec     `json:"spec"`
 	GSO       offload.Decision `json:"gso"`
 	Wire      LegStatus        `json:"wire"`
@@ -476,7 +481,7 @@ type LegStatus struct {
 func (d *Daemon) Status() any {
 	s := Status{
 		Protocol: control.Protocol, Build: control.Build(), SpecVersion: podnet.SpecVersion, ConfigVersion: stackconfig.Version,
-		PID: os.Getpid(), StartTime: d.started, IfName: d.cfg.IfName, TUNName: d.cfg.TUNName,
+		PID: os.Getpid(), StartTime: d.started, IfName: d.cfg.IfName, TUNName: d.cfg.TUNName, WireNetns: d.cfg.WireNetns,
 		Spec: d.spec, GSO: d.gso, Relay: d.stack.Relay.Stats().Snapshot(), Threads: d.threadsStatus(),
 	}
 	if err := d.Healthy(); err != nil {
