@@ -469,6 +469,9 @@ func (b *bench) cleanup() {
 	// itself does before removing a root (specutils.UnmountNullNetNS).
 	for syscall.Unmount(filepath.Join(b.runscRoot(), "null-netns"), syscall.MNT_DETACH) == nil {
 	}
+	// The plugin made the directory of its pins a mount point.
+	for syscall.Unmount(filepath.Join(b.tmp, "run", "netns"), syscall.MNT_DETACH) == nil {
+	}
 	if err := os.RemoveAll(b.tmp); err != nil {
 		logf("cleanup: %v", err)
 	}
@@ -487,9 +490,15 @@ type proc struct {
 }
 
 // command builds argv to run inside namespace ns ("" for the current one),
-// in its own process group so that everything it forks can be ended.
+// in its own process group so that everything it forks can be ended. The
+// CNI role enters the namespace with nsenter, in this mount namespace: ip
+// netns exec gives its command a mount namespace of its own, where the
+// plugin's pin of a stack's namespace would vanish with the command.
 func command(ctx context.Context, ns string, argv ...string) *exec.Cmd {
-	if ns != "" {
+	switch {
+	case ns != "" && len(argv) > 1 && argv[1] == "cni":
+		argv = append([]string{"nsenter", "--net=/var/run/netns/" + ns}, argv...)
+	case ns != "":
 		argv = append([]string{"ip", "netns", "exec", ns}, argv...)
 	}
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)

@@ -15,7 +15,7 @@ import (
 )
 
 // The "cni" role runs libcni inside the node namespace. It is started as
-// `ip netns exec ub-node bench cni ...`, so the plugins it executes, and the
+// `nsenter --net=/var/run/netns/ub-node bench cni ...`, so the plugins it executes, and the
 // veth host sides they create, live in the node namespace, never in the
 // root one.
 
