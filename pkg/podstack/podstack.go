@@ -187,6 +187,12 @@ func Build(o Options) (*Stack, error) {
 		o.Policy = policy.AllowAll()
 	}
 	o.Relay.Policy = o.Policy
+	// The applications send from the addresses the TUN holds, the spec's
+	// global ones; the relay drops anything else they hand it.
+	o.Relay.PodAddrs = nil
+	for _, p := range o.Spec.PodIPs() {
+		o.Relay.PodAddrs = append(o.Relay.PodAddrs, p.Addr())
+	}
 	mac, err := net.ParseMAC(o.Spec.MAC)
 	if err != nil {
 		return nil, fmt.Errorf("parsing MAC %q: %w", o.Spec.MAC, err)

@@ -261,6 +261,12 @@ func (r *Relay) acceptOutbound(l *net.TCPListener) {
 			continue
 		}
 		k := flowKey{app: podsock.AddrPort(conn.RemoteAddr()), remote: podsock.AddrPort(conn.LocalAddr())}
+		// readTUN never dials for a foreign source, so claim would find
+		// nothing; counted here all the same, as the attempt it is.
+		if !r.fromPodSocket(k.app.Addr()) {
+			podsock.Reset(conn)
+			continue
+		}
 		c := r.outbound.claim(k)
 		if c == nil {
 			// Not a connection the stack dialled for (an application that

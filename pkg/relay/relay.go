@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -157,6 +158,12 @@ type Options struct {
 	// --baseline, 3 rounds, loaded machine): bulk +40 % node→pod and
 	// +54 % pod→node, nginx 10 MiB +50 %, stack CPU per GB pod→node -23 %.
 	CopyBufferBytes int
+	// PodAddrs are the pod's own addresses (podnet.Spec.PodIPs): the only
+	// sources the relay takes from the applications' leg, in the TUN and
+	// on its listeners; anything else is dropped and counted in
+	// Stats.PodSpoofed (see spoof.go). Empty: nothing from the
+	// applications is relayed.
+	PodAddrs []netip.Addr
 	// Policy is the pod's network policy in force: the relay takes the
 	// ingress verdict on UDP flows from the network and the egress verdict
 	// on the applications' connections, flows and echo requests, and
@@ -246,8 +253,14 @@ type Stats struct {
 	// up because MaxOutboundPending connections were being dialled.
 	TCPOutboundDropped atomic.Int64
 	// PodDropped counts packets from the applications the relay does not
-	// carry (protocols other than TCP, UDP and ICMP echo).
+	// carry (protocols other than TCP, UDP and ICMP echo, the kernel's own
+	// IPv6 neighbour discovery on the TUN, what reaches its listeners
+	// from loopback).
 	PodDropped atomic.Int64
+	// PodSpoofed counts packets, connections and datagrams from the
+	// applications' leg whose source is none of the pod's addresses
+	// (Options.PodAddrs), dropped.
+	PodSpoofed atomic.Int64
 	// TCPMirrored is how many of the applications' listeners the wire leg
 	// mirrors now; TCPMirrorChanges counts mirrors opened and closed.
 	TCPMirrored      atomic.Int64
@@ -289,6 +302,7 @@ type Snapshot struct {
 	ICMPEchoFailed       int64 `json:"icmpEchoFailed"`
 	TCPOutboundDropped   int64 `json:"tcpOutboundDropped"`
 	PodDropped           int64 `json:"podDropped"`
+	PodSpoofed           int64 `json:"podSpoofed"`
 	TCPMirrored          int64 `json:"tcpMirrored"`
 	TCPMirrorChanges     int64 `json:"tcpMirrorChanges"`
 	TCPCookieFast        int64 `json:"tcpCookieFast"`
@@ -308,7 +322,7 @@ func (s *Stats) Snapshot() Snapshot {
 		UDPActive: s.UDPActive.Load(), UDPTotal: s.UDPTotal.Load(), UDPLimitHit: s.UDPLimitHit.Load(),
 		UDPEvicted: s.UDPEvicted.Load(), UDPDropped: s.UDPDropped.Load(),
 		ICMPEchoes: s.ICMPEchoes.Load(), ICMPEchoFailed: s.ICMPEchoFailed.Load(),
-		TCPOutboundDropped: s.TCPOutboundDropped.Load(), PodDropped: s.PodDropped.Load(),
+		TCPOutboundDropped: s.TCPOutboundDropped.Load(), PodDropped: s.PodDropped.Load(), PodSpoofed: s.PodSpoofed.Load(),
 		TCPMirrored: s.TCPMirrored.Load(), TCPMirrorChanges: s.TCPMirrorChanges.Load(),
 		TCPCookieFast: s.TCPCookieFast.Load(), TCPCookieFastErrors: s.TCPCookieFastErrors.Load(),
 		TCPCookieFastDirect: s.TCPCookieFastDirect.Load(),
@@ -350,6 +364,10 @@ func New(wire Leg, pod PodSide, opts Options) (*Relay, error) {
 	}
 	if pod.Dialer == nil {
 		pod.Dialer = transparentDialer{}
+	}
+	opts.PodAddrs = slices.Clone(opts.PodAddrs)
+	for i, a := range opts.PodAddrs {
+		opts.PodAddrs[i] = a.Unmap()
 	}
 	r := &Relay{wire: wire, pod: pod, opts: opts, done: make(chan struct{}), wireMTU: int(cmp.Or(wire.MTU, 1500))}
 	r.ctx, r.cancel = context.WithCancel(context.Background())

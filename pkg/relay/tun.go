@@ -17,6 +17,7 @@ const (
 
 // readTUN takes what the divert rules leave in the TUN: the applications'
 // first SYNs, their echo requests, and protocols the relay does not carry.
+// Only packets from the pod's own addresses go further (see spoof.go).
 func (r *Relay) readTUN() {
 	defer r.wg.Done()
 	buf := make([]byte, tunReadSize)
@@ -30,6 +31,14 @@ func (r *Relay) readTUN() {
 			continue
 		}
 		p := buf[:n]
+		src, dst, ok := ipAddrs(p)
+		if !ok || kernelLinkTraffic(src, dst) {
+			r.stats.PodDropped.Add(1)
+			continue
+		}
+		if !r.fromPod(src) {
+			continue
+		}
 		if k, ok := parseSYN(p); ok {
 			r.outboundSYN(k, append([]byte(nil), p...))
 			continue

@@ -91,6 +91,9 @@ func (r *Relay) readOutboundUDP(l *net.UDPConn) {
 			r.opts.Logger.Debug("reading the applications' datagrams", "err", err)
 			continue
 		}
+		if !r.fromPodSocket(src.Addr()) {
+			continue // a transparent socket bound to a foreign address
+		}
 		k := flowKey{app: src, remote: dst}
 		f := r.udp.lookup(k)
 		if f == nil {
