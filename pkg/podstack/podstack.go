@@ -187,6 +187,8 @@ func Build(o Options) (*Stack, error) {
 		o.Policy = policy.AllowAll()
 	}
 	o.Relay.Policy = o.Policy
+	// Each denial gets a line in the stack's log (rate-limited).
+	o.Policy.SetLogger(o.Relay.Logger)
 	// The applications send from the addresses the TUN holds, the spec's
 	// global ones; the relay drops anything else they hand it.
 	o.Relay.PodAddrs = nil

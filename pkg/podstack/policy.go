@@ -53,10 +53,10 @@ const maxExtHeaders = 8
 // reach netstack under m, counting a denial.
 func admitIngress[S headerSource](m *policy.Matcher, proto tcpip.NetworkProtocolNumber, s S) bool {
 	var (
-		src  netip.Addr
-		l4   uint8
-		off  int  // of the transport header
-		frag bool // the first fragment of a larger packet
+		src, dst netip.Addr
+		l4       uint8
+		off      int  // of the transport header
+		frag     bool // the first fragment of a larger packet
 	)
 	switch proto {
 	case header.IPv4ProtocolNumber:
@@ -68,7 +68,7 @@ func admitIngress[S headerSource](m *policy.Matcher, proto tcpip.NetworkProtocol
 		if ip.FragmentOffset() != 0 {
 			return true
 		}
-		src = netip.AddrFrom4([4]byte(h[12:16]))
+		src, dst = netip.AddrFrom4([4]byte(h[12:16])), netip.AddrFrom4([4]byte(h[16:20]))
 		l4, off, frag = ip.Protocol(), int(ip.HeaderLength()), ip.More()
 		if off < header.IPv4MinimumSize {
 			return true
@@ -78,11 +78,11 @@ func admitIngress[S headerSource](m *policy.Matcher, proto tcpip.NetworkProtocol
 		if !ok {
 			return true
 		}
-		src = netip.AddrFrom16([16]byte(h[8:24]))
+		src, dst = netip.AddrFrom16([16]byte(h[8:24])), netip.AddrFrom16([16]byte(h[24:40]))
 		l4, off = h[6], header.IPv6MinimumSize
 		for n := 0; ; n++ {
 			if n == maxExtHeaders {
-				m.Denied(policy.Ingress)
+				m.Deny(policy.Flow{Dir: policy.Ingress, Proto: l4, Peer: src, Local: dst}, policy.TooManyHeaders)
 				return false
 			}
 			switch header.IPv6ExtensionHeaderIdentifier(l4) {
@@ -117,10 +117,10 @@ func admitIngress[S headerSource](m *policy.Matcher, proto tcpip.NetworkProtocol
 			if !ok {
 				// A first fragment too short for the ports (RFC 1858's
 				// tiny fragment): what it opens cannot be judged.
-				m.Denied(policy.Ingress)
+				m.Deny(policy.Flow{Dir: policy.Ingress, Proto: l4, Peer: src, Local: dst}, policy.TinyFragment)
 				return false
 			}
-			return m.Check(policy.Ingress, src, l4, binary.BigEndian.Uint16(t[off+2:]))
+			return m.CheckFlow(policy.Flow{Dir: policy.Ingress, Proto: l4, Peer: src, Port: binary.BigEndian.Uint16(t[off+2:]), Local: dst})
 		}
 		t, ok := s.pull(off + header.TCPMinimumSize)
 		if !ok {
@@ -129,7 +129,7 @@ func admitIngress[S headerSource](m *policy.Matcher, proto tcpip.NetworkProtocol
 		if header.TCPFlags(t[off+13])&(header.TCPFlagSyn|header.TCPFlagAck) != header.TCPFlagSyn {
 			return true
 		}
-		return m.Check(policy.Ingress, src, l4, binary.BigEndian.Uint16(t[off+2:]))
+		return m.CheckFlow(policy.Flow{Dir: policy.Ingress, Proto: l4, Peer: src, Port: binary.BigEndian.Uint16(t[off+2:]), Local: dst})
 	case policy.ProtoICMP, policy.ProtoICMPv6:
 		icmp, echo := policy.ProtoICMP, byte(header.ICMPv4Echo)
 		if proto == header.IPv6ProtocolNumber {
@@ -142,7 +142,7 @@ func admitIngress[S headerSource](m *policy.Matcher, proto tcpip.NetworkProtocol
 		if !ok || t[off] != echo {
 			return true
 		}
-		return m.Check(policy.Ingress, src, l4, 0)
+		return m.CheckFlow(policy.Flow{Dir: policy.Ingress, Proto: l4, Peer: src, Local: dst})
 	}
 	return true
 }

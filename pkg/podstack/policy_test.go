@@ -163,3 +163,49 @@ func FuzzAdmitIngress(f *testing.F) {
 		}
 	})
 }
+
+// TestAdmitIngressRecords: the wire leg's denials carry the peer, the
+// pod's address and port, and why: no rule, or a packet that cannot be
+// judged.
+func TestAdmitIngressRecords(t *testing.T) {
+	e, err := policy.NewEnforcer(&policy.PodPolicy{Version: policy.FormatVersion, Generation: 3,
+		Ingress: policy.Direction{Isolated: true, Policies: []string{"ns/p"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := e.For(policy.Ingress)
+	dst := uint8(header.IPv6DestinationOptionsExtHdrIdentifier)
+	var chain []byte
+	for range maxExtHeaders {
+		chain = append(chain, optHeader(dst)...)
+	}
+	for _, c := range []struct {
+		proto  tcpip.NetworkProtocolNumber
+		packet []byte
+	}{
+		{header.IPv4ProtocolNumber, ipv4Packet(deniedV4, policy.ProtoTCP, 0, 0, tcpSeg(8080, header.TCPFlagSyn))},
+		{header.IPv4ProtocolNumber, ipv4Packet(deniedV4, policy.ProtoTCP, header.IPv4FlagMoreFragments, 0, []byte{1, 2})},
+		{header.IPv6ProtocolNumber, ipv6Packet(deniedV6, dst, chain, tcpSeg(80, header.TCPFlagSyn))},
+		{header.IPv6ProtocolNumber, ipv6Packet(deniedV6, policy.ProtoICMPv6, nil, []byte{128, 0, 0, 0, 0, 1, 0, 1})},
+	} {
+		if admitIngress(m, c.proto, frameHeaders(c.packet)) {
+			t.Fatalf("admitted % x", c.packet)
+		}
+	}
+	want := []policy.Denial{
+		{Direction: "ingress", Protocol: "TCP", Peer: deniedV4, Port: 8080, Local: podV4, Policies: "ns/p", Reason: "no rule admits", Generation: 3},
+		{Direction: "ingress", Protocol: "TCP", Peer: deniedV4, Local: podV4, Policies: "ns/p", Reason: "first fragment without ports", Generation: 3},
+		{Direction: "ingress", Protocol: "60", Peer: deniedV6, Local: podV6, Policies: "ns/p", Reason: "too many extension headers", Generation: 3},
+		{Direction: "ingress", Protocol: "ICMPv6", Peer: deniedV6, Local: podV6, Policies: "ns/p", Reason: "no rule admits", Generation: 3},
+	}
+	got := e.Status().RecentDenials
+	if len(got) != len(want) {
+		t.Fatalf("recent denials: got %d, want %d: %+v", len(got), len(want), got)
+	}
+	for i := range want {
+		got[i].Time = want[i].Time
+		if got[i] != want[i] {
+			t.Errorf("denial %d: got %+v, want %+v", i, got[i], want[i])
+		}
+	}
+}

@@ -3,6 +3,7 @@ package policy
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"sync"
 	"sync/atomic"
@@ -31,6 +32,8 @@ type Enforcer struct {
 	// denied counts denials per direction and label, across policies: a
 	// new policy with the same isolating policies counts on.
 	denied [2]map[string]*atomic.Uint64
+	// log keeps the recent denials, whichever policy denied them.
+	log denialLog
 }
 
 // NewEnforcer returns an Enforcer holding p.
@@ -101,6 +104,7 @@ func (e *Enforcer) install(m *Matcher) {
 		}
 		dm.denied = c
 	}
+	m.log = &e.log
 	e.cur.Store(m)
 	for d := range m.dirs {
 		if m.dirs[d].isolated {
@@ -111,12 +115,26 @@ func (e *Enforcer) install(m *Matcher) {
 	}
 }
 
+// SetLogger has each denial logged to l, at most denialLogLines a second
+// (the lines beyond are counted, and the next line says how many). Nil:
+// none.
+func (e *Enforcer) SetLogger(l *slog.Logger) {
+	e.log.mu.Lock()
+	e.log.logger = l
+	e.log.mu.Unlock()
+}
+
 // Status is the policy in force and the denials, for the control socket.
 type Status struct {
 	Generation      uint64 `json:"generation"`
 	IngressIsolated bool   `json:"ingressIsolated"`
 	EgressIsolated  bool   `json:"egressIsolated"`
 	Denied          Denied `json:"denied"`
+	// RecentDenials are the last RecentDenials denials, oldest first.
+	RecentDenials []Denial `json:"recentDenials,omitempty"`
+	// DenialLogsSuppressed counts the denials that got no log line
+	// (the rate limit).
+	DenialLogsSuppressed uint64 `json:"denialLogsSuppressed,omitempty"`
 }
 
 // Denied counts denials per isolating policies' label.
@@ -139,5 +157,6 @@ func (e *Enforcer) Status() Status {
 		return out
 	}
 	s.Denied = Denied{Ingress: read(Ingress), Egress: read(Egress)}
+	s.RecentDenials, s.DenialLogsSuppressed = e.log.recent()
 	return s
 }

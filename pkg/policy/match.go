@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"sync/atomic"
+	"time"
 )
 
 // Dir is a direction of the pod's traffic.
@@ -50,6 +51,9 @@ type Matcher struct {
 	// services maps a Service's VIP to the backends the egress rules
 	// allow, decided at compile time.
 	services map[serviceKey][]netip.AddrPort
+	// log records the denials; set by the Enforcer that holds the
+	// matcher (nil: not recorded).
+	log *denialLog
 }
 
 type serviceKey struct {
@@ -241,19 +245,30 @@ func (t *portTable) allows(peer netip.Addr, port uint16) bool {
 	return false
 }
 
-// Check is Allow that also counts a denial.
+// Check is Allow that also counts and records a denial.
 func (m *Matcher) Check(d Dir, peer netip.Addr, proto uint8, port uint16) bool {
-	ok, _ := m.Allow(d, peer, proto, port)
+	return m.CheckFlow(Flow{Dir: d, Proto: proto, Peer: peer, Port: port})
+}
+
+// CheckFlow is Check of f, whose Local goes into the denial's record.
+func (m *Matcher) CheckFlow(f Flow) bool {
+	ok, _ := m.Allow(f.Dir, f.Peer, f.Proto, f.Port)
 	if !ok {
-		m.Denied(d)
+		m.Deny(f, NoRuleAdmits)
 	}
 	return ok
 }
 
-// Denied counts a denial in direction d.
-func (m *Matcher) Denied(d Dir) {
-	if c := m.dirs[d].denied; c != nil {
-		c.Add(1)
+// Deny counts a denial of f for why, and records it in the recent
+// denials of the Enforcer that holds m (with a log line, rate-limited),
+// for a verdict site that denies without Allow's say.
+func (m *Matcher) Deny(f Flow, why Reason) {
+	dm := &m.dirs[f.Dir]
+	if dm.denied != nil {
+		dm.denied.Add(1)
+	}
+	if m.log != nil {
+		m.log.add(time.Now(), f, why, dm.label, m.gen)
 	}
 }
 

@@ -26,7 +26,8 @@ func (r *Relay) ingressAllowed(id stack.TransportEndpointID, proto uint8) bool {
 	if m == nil {
 		return true
 	}
-	return m.Check(policy.Ingress, addrPort(id.RemoteAddress, 0).Addr(), proto, id.LocalPort)
+	return m.CheckFlow(policy.Flow{Dir: policy.Ingress, Proto: proto, Peer: addrPort(id.RemoteAddress, 0).Addr(),
+		Port: id.LocalPort, Local: addrPort(id.LocalAddress, 0).Addr()})
 }
 
 // silentAbortWait bounds abortSilently's wait for netstack's timer, which

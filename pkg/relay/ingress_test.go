@@ -138,6 +138,10 @@ func TestCookieHandshakeTakesIngressVerdict(t *testing.T) {
 			if n := r.stats.TCPActive.Load(); n != 0 {
 				t.Errorf("TCPActive: got %d, want 0", n)
 			}
+			if d := e.Status().RecentDenials; len(d) != 1 || d[0].Direction != "ingress" || d[0].Protocol != "TCP" ||
+				d[0].Peer != rig.client || d[0].Port != 80 || d[0].Local != rig.pod || d[0].Policies != "test/in" || d[0].Generation != 2 {
+				t.Errorf("recorded denials: got %+v, want the client's TCP to %s:80 under test/in, generation 2", d, rig.pod)
+			}
 
 			// The same client allowed: its cookie handshake is relayed.
 			allow := denyAll(3)

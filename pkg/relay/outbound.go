@@ -177,9 +177,9 @@ func (r *Relay) egressTo(k flowKey, proto uint8) (netip.AddrPort, bool) {
 	dst, isService, ok := m.ResolveService(k.remote, proto, k.hash())
 	switch {
 	case !isService:
-		return dst, m.Check(policy.Egress, dst.Addr(), proto, dst.Port())
+		return dst, m.CheckFlow(policy.Flow{Dir: policy.Egress, Proto: proto, Peer: dst.Addr(), Port: dst.Port(), Local: k.app.Addr()})
 	case !ok:
-		m.Denied(policy.Egress)
+		m.Deny(policy.Flow{Dir: policy.Egress, Proto: proto, Peer: k.remote.Addr(), Port: k.remote.Port(), Local: k.app.Addr()}, policy.NoAllowedBackend)
 	}
 	return dst, ok
 }

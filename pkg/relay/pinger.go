@@ -64,7 +64,7 @@ func (p *Pinger) handle(b []byte) bool {
 		if e.dst.Is6() {
 			proto = policy.ProtoICMPv6
 		}
-		if !m.Check(policy.Egress, e.dst, proto, 0) {
+		if !m.CheckFlow(policy.Flow{Dir: policy.Egress, Proto: proto, Peer: e.dst, Local: e.src}) {
 			return true // dropped: the application's ping times out
 		}
 	}

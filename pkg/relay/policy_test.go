@@ -60,6 +60,17 @@ func TestEgressTo(t *testing.T) {
 	if n := e.Status().Denied.Egress["ns/out"]; n != 4 {
 		t.Errorf("egress denials: got %d, want 4", n)
 	}
+	// The VIP without an allowed backend is recorded as what the
+	// application asked for, with why.
+	var vip policy.Denial
+	for _, d := range e.Status().RecentDenials {
+		if d.Peer == ap("10.96.0.11:80").Addr() {
+			vip = d
+		}
+	}
+	if vip.Direction != "egress" || vip.Port != 80 || vip.Local != app.Addr() || vip.Reason != "no allowed backend" {
+		t.Errorf("the Service's denial: got %+v", vip)
+	}
 	// Egress open: the remote as the application asked, VIP included.
 	open := &policy.PodPolicy{Version: policy.FormatVersion, Generation: 2}
 	if err := e.Set(open); err != nil {
