@@ -19,6 +19,7 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/ingressdrop"
 	"github.com/cni-usernet/cni-usernet/pkg/launch"
 	"github.com/cni-usernet/cni-usernet/pkg/podnet"
+	"github.com/cni-usernet/cni-usernet/pkg/sourceguard"
 	"github.com/cni-usernet/cni-usernet/pkg/stackconfig"
 	"github.com/cni-usernet/cni-usernet/pkg/state"
 	"github.com/cni-usernet/cni-usernet/pkg/wirens"
@@ -50,6 +51,9 @@ type Teardown struct {
 	// MountNS is the mount namespace the pin was made in (a node agent in
 	// a container passes the host's, /proc/1/ns/mnt); empty: the caller's.
 	MountNS string
+	// SourceGuard is the node-side link whose source guard goes; empty:
+	// the standalone veth's (HostVethName).
+	SourceGuard string
 	// Proc is the stack; zero: found by its config path.
 	Proc     launch.Process
 	IPAMType string
@@ -66,6 +70,7 @@ func (td *Teardown) FromState(att *state.Attachment) {
 	if att.WireNetns != "" {
 		td.WireNetns = att.WireNetns
 	}
+	td.SourceGuard = att.SourceGuard
 	if att.Netns != "" && td.Netns == "" {
 		td.Netns = att.Netns
 	}
@@ -92,6 +97,17 @@ func (td *Teardown) Run() error {
 	}
 	if err := td.CleanNetns(); err != nil {
 		errs = append(errs, err)
+	}
+	// The guard's table outlives its link on newer kernels, where a link
+	// of the same name would take it over.
+	guard := td.SourceGuard
+	if guard == "" && !td.Chained {
+		guard = HostVethName(td.ContainerID, td.IfName)
+	}
+	if guard != "" {
+		if err := sourceguard.Remove(guard); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if !td.Chained {
 		if err := DelLink(HostVethName(td.ContainerID, td.IfName)); err != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/agent"
 	"github.com/cni-usernet/cni-usernet/pkg/control"
 	"github.com/cni-usernet/cni-usernet/pkg/oplog"
+	"github.com/cni-usernet/cni-usernet/pkg/sourceguard"
 	"github.com/cni-usernet/cni-usernet/pkg/stackproc"
 	"github.com/cni-usernet/cni-usernet/pkg/state"
 )
@@ -110,6 +111,9 @@ var (
 	descSynCookies = podDesc("syn_cookies_total",
 		"SYN cookies of the pod's wire leg, by result: sent (a mirrored listener's handshake backlog was full), fast_path (SYNs the link answered with the listener's cookie itself, during a flood), valid and invalid (the ACKs that came back).",
 		"result")
+	descSpoofed = podDesc("spoofed_dropped_total",
+		"Packets dropped for a source that is not the pod's, by where: node (frames on the node end of the pod's veth without the pod's MAC or addresses, ARP and NDP included: the node's source guard) and stack (packets the pod's applications' leg handed the stack from another address).",
+		"where")
 	descPolicyDenied = podDesc("policy_denied_total",
 		"Packets that would have opened a connection or flow the pod's network policy denied (dropped, unanswered; a client's SYN retransmissions count each), by direction (ingress: from the network; egress: the applications') and policy (the isolating NetworkPolicies, \"namespace/name\" joined with \",\"; \"(pending)\" before the node agent's first push).",
 		"direction", "policy")
@@ -217,7 +221,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		descStackUp, descBytes, descPackets, descGSOBatches, descDropped, descErrors, descRetransmits,
 		descTCPActive, descTCPTotal, descTCPRefused, descTCPOverLimit, descTCPResets,
 		descUDPActive, descUDPTotal, descUDPOverLimit, descICMPEchoes, descICMPFailed, descSynCookies,
-		descPolicyDenied, descPolicyGeneration,
+		descPolicyDenied, descPolicyGeneration, descSpoofed,
 		descRestarts, descCrashLoop, descRSS, descCPU, descGSOInfo, descGSOMaxSize, descGSOMaxSegs,
 		descAttachments, descUnreadable, descReconciles, descReclaimed, descDirsRemoved, descUntracked,
 		descAgentRestarts, descAgentStarts, descBadRecords,
@@ -264,6 +268,10 @@ type pod struct {
 	att    *state.Attachment
 	status *stackproc.Status // nil: the stack did not answer
 	usage  *procUsage        // nil: no live stack process
+	// guardDrops is what the node's source guard dropped; guarded false:
+	// the pod has no guard (or it could not be read).
+	guardDrops uint64
+	guarded    bool
 }
 
 // query asks every stack for its status, Parallel at a time, within the
@@ -283,6 +291,11 @@ func (c *Collector) query(atts []*state.Attachment) []pod {
 			left := time.Until(deadline)
 			if left <= 0 {
 				return
+			}
+			if att.SourceGuard != "" {
+				if n, err := sourceguard.Dropped(att.SourceGuard); err == nil {
+					pods[i].guardDrops, pods[i].guarded = n, true
+				}
 			}
 			if u, err := readProc(att.StackPID, att.StackStartTime); err == nil {
 				pods[i].usage = &u
@@ -331,6 +344,9 @@ func (p pod) emit(ch chan<- prometheus.Metric) {
 		m(descRSS, prometheus.GaugeValue, p.usage.rssBytes)
 		m(descCPU, prometheus.CounterValue, p.usage.cpuSeconds)
 	}
+	if p.guarded {
+		ctr(descSpoofed, p.guardDrops, "node")
+	}
 	if p.status == nil {
 		m(descStackUp, prometheus.GaugeValue, 0)
 		return
@@ -354,6 +370,7 @@ func (p pod) emit(ch chan<- prometheus.Metric) {
 	ctr(descDropped, w.ListenAckDrops, "listen_ack_queue")
 	ictr(descDropped, r.UDPDropped, "udp")
 	ictr(descDropped, r.PodDropped, "app_protocol")
+	ictr(descSpoofed, r.PodSpoofed, "stack")
 	ctr(descErrors, w.TxErrors, "transmit")
 	ctr(descErrors, w.IPMalformed, "ip_malformed")
 	ctr(descErrors, w.IPOutgoingErrors, "ip_outgoing")

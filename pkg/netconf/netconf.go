@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/cni-usernet/cni-usernet/pkg/offload"
+	"github.com/cni-usernet/cni-usernet/pkg/shaping"
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/cni/pkg/version"
 )
@@ -105,6 +106,10 @@ type NetConf struct {
 	RuntimeConfig struct {
 		PodAnnotations map[string]string `json:"io.kubernetes.cri.pod-annotations,omitempty"`
 		CgroupPath     string            `json:"cgroupPath,omitempty"`
+		// Bandwidth is the pod's bandwidth annotations, passed to a
+		// plugin that declares the "bandwidth" capability: cni-usernet
+		// shapes its pods itself (pkg/shaping).
+		Bandwidth *shaping.Limits `json:"bandwidth,omitempty"`
 	} `json:"runtimeConfig,omitzero"`
 
 	// Filled by Parse.

@@ -25,6 +25,7 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/launch"
 	"github.com/cni-usernet/cni-usernet/pkg/netconf"
 	"github.com/cni-usernet/cni-usernet/pkg/offload"
+	"github.com/cni-usernet/cni-usernet/pkg/shaping"
 	"github.com/cni-usernet/cni-usernet/pkg/stackconfig"
 	"github.com/cni-usernet/cni-usernet/pkg/stackproc"
 	"github.com/cni-usernet/cni-usernet/pkg/state"
@@ -82,6 +83,11 @@ func (inv *invocation) add() (_ *current.Result, err error) {
 	if conf.NetworkPolicy && (inv.pod.K8S_POD_NAMESPACE == "" || inv.pod.K8S_POD_NAME == "") {
 		return nil, errorf(types.ErrInvalidNetworkConfig, `"networkPolicy" is on, but CNI_ARGS names no pod (K8S_POD_NAMESPACE, K8S_POD_NAME): the node agent compiles a pod's policy from its API object`)
 	}
+	if bw := conf.RuntimeConfig.Bandwidth; bw != nil {
+		if err := bw.Validate(); err != nil {
+			return nil, errorf(types.ErrInvalidNetworkConfig, "runtimeConfig bandwidth: %v", err)
+		}
+	}
 	if _, err := inv.store.Load(args.ContainerID, args.IfName); err == nil {
 		return nil, errorf(types.ErrInternal, "container %s interface %s is already attached; DEL it before adding it again", args.ContainerID, args.IfName)
 	} else if !errors.Is(err, state.ErrNotFound) {
@@ -130,9 +136,15 @@ func (inv *invocation) add() (_ *current.Result, err error) {
 		if result, err = inv.attachVeth(netns, wire, att, &u); err != nil {
 			return nil, err
 		}
+		if err := inv.shape(wire, att.HostVeth); err != nil {
+			return nil, err
+		}
 	}
 	for _, ipc := range result.IPs {
 		att.IPs = append(att.IPs, ipc.Address.String())
+	}
+	if err := inv.guardSources(wire, att, &u); err != nil {
+		return nil, err
 	}
 	inv.step("wire")
 
@@ -244,6 +256,26 @@ func (inv *invocation) writeStackConfig(p attachment.Paths, mode offload.Mode) e
 		return err
 	}
 	return atomicfile.Write(p.Config, b, 0o600)
+}
+
+// shape applies the pod's bandwidth annotations on both ends of its veth
+// (pkg/shaping). Chained, the bandwidth plugin does it where the earlier
+// plugin's veth is, before this plugin moves the pod's end: the installer
+// puts it there, and declares the capability only on that entry.
+func (inv *invocation) shape(wire ns.NetNS, hostVeth string) error {
+	bw := inv.conf.RuntimeConfig.Bandwidth
+	if bw == nil || bw.Zero() {
+		return nil
+	}
+	if err := shaping.Apply(hostVeth, bw.IngressRate, bw.IngressBurst); err != nil {
+		return cniError(types.ErrInternal, err)
+	}
+	err := wire.Do(func(ns.NetNS) error { return shaping.Apply(inv.args.IfName, bw.EgressRate, bw.EgressBurst) })
+	if err != nil {
+		return cniError(types.ErrInternal, err)
+	}
+	inv.log.Info("bandwidth shaped", "ingressRate", bw.IngressRate, "egressRate", bw.EgressRate)
+	return nil
 }
 
 // takeOverPrevious finds the sandbox interface an earlier plugin reported

@@ -2,6 +2,8 @@ package plugin
 
 import (
 	"fmt"
+	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 
@@ -12,6 +14,8 @@ import (
 
 	"github.com/cni-usernet/cni-usernet/pkg/attachment"
 	"github.com/cni-usernet/cni-usernet/pkg/podnet"
+	"github.com/cni-usernet/cni-usernet/pkg/sourceguard"
+	"github.com/cni-usernet/cni-usernet/pkg/state"
 	"github.com/cni-usernet/cni-usernet/pkg/wirens"
 )
 
@@ -95,5 +99,55 @@ func (inv *invocation) moveToWire(podNS, wire ns.NetNS, specPath string, u *undo
 	if err != nil {
 		return cniError(types.ErrInternal, err)
 	}
+	return nil
+}
+
+// guardSources has the node accept from the node end of the pod's veth
+// only frames with the pod's MAC and addresses (pkg/sourceguard): should
+// the stack, which parses hostile traffic, ever be subverted, it still
+// cannot speak for another pod. The node end is the veth peer of the
+// pod's link in the stack's namespace: ours standalone, the earlier
+// plugin's chained. A chained interface that is no veth (macvlan,
+// ipvlan) has no node end to guard; that is logged, not refused.
+func (inv *invocation) guardSources(wire ns.NetNS, att *state.Attachment, u *undo) error {
+	var mac net.HardwareAddr
+	peer := 0
+	err := wire.Do(func(ns.NetNS) error {
+		l, err := netlinksafe.LinkByName(inv.args.IfName)
+		if err != nil {
+			return fmt.Errorf("looking up %s in the stack's namespace: %w", inv.args.IfName, err)
+		}
+		mac = l.Attrs().HardwareAddr
+		if v, ok := l.(*netlink.Veth); ok {
+			if peer, err = netlink.VethPeerIndex(v); err != nil {
+				return fmt.Errorf("finding the node end of %s: %w", inv.args.IfName, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return cniError(types.ErrInternal, err)
+	}
+	if peer == 0 {
+		inv.log.Warn("the pod's interface is no veth: the node does not check its sources", "ifName", inv.args.IfName)
+		return nil
+	}
+	host, err := netlink.LinkByIndex(peer)
+	if err != nil {
+		return errorf(types.ErrInternal, "finding the node end of %s (index %d): %v", inv.args.IfName, peer, err)
+	}
+	g := sourceguard.Guard{Link: host.Attrs().Name, MAC: mac}
+	for _, c := range att.IPs {
+		p, err := netip.ParsePrefix(c)
+		if err != nil {
+			return errorf(types.ErrInternal, "pod address %q: %v", c, err)
+		}
+		g.IPs = append(g.IPs, p.Addr())
+	}
+	if err := sourceguard.Install(g); err != nil {
+		return cniError(types.ErrInternal, err)
+	}
+	u.add(func() { sourceguard.Remove(g.Link) })
+	att.SourceGuard = g.Link
 	return nil
 }

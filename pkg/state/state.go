@@ -33,10 +33,15 @@ type Attachment struct {
 	// WireNetns is the pinned network namespace of the stack's own that
 	// holds the pod's link to the node (pkg/wirens); empty for an
 	// attachment made when that link still sat in the pod's namespace.
-	WireNetns string    `json:"wireNetns,omitempty"`
-	PodNS     string    `json:"podNamespace,omitempty"`
-	PodName   string    `json:"podName,omitempty"`
-	Created   time.Time `json:"created"`
+	WireNetns string `json:"wireNetns,omitempty"`
+	// SourceGuard is the node-side link of the pod's veth that only
+	// frames with the pod's MAC and addresses may enter from
+	// (pkg/sourceguard); empty: none (an earlier release, or a chained
+	// interface that is no veth).
+	SourceGuard string    `json:"sourceGuard,omitempty"`
+	PodNS       string    `json:"podNamespace,omitempty"`
+	PodName     string    `json:"podName,omitempty"`
+	Created     time.Time `json:"created"`
 	// Chained is true when an earlier plugin made the interface; DEL then
 	// leaves the link and the IP lease to that plugin.
 	Chained  bool   `json:"chained"`
