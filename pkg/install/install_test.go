@@ -982,6 +982,13 @@ func TestChain(t *testing.T) {
 			if !sameJSON(l.Plugins[len(l.Plugins)-1].Bytes, o.Plugin) {
 				t.Errorf("our entry: got %s, want %s", l.Plugins[len(l.Plugins)-1].Bytes, o.Plugin)
 			}
+			// As the runtime reads it: it passes an argument only for a
+			// capability the entry declares.
+			for _, c := range []string{"io.kubernetes.cri.pod-annotations", "cgroupPath"} {
+				if !l.Plugins[len(l.Plugins)-1].Network.Capabilities[c] {
+					t.Errorf("our entry: capability %q not declared as the runtime reads it", c)
+				}
+			}
 			after := snapshot(t, n.confDir)
 			if w, g := before[tc.first], after[name]; g.mode != w.mode || g.uid != w.uid || g.gid != w.gid {
 				t.Errorf("mode/owner: got %v %d:%d, want %v %d:%d", g.mode, g.uid, g.gid, w.mode, w.uid, w.gid)

@@ -8,24 +8,35 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
-// joinCgroup moves pid into cgroupPath. On a unified (v2) hierarchy that is
-// one write; on v1 the path is joined in each controller that has it.
-// Finding none is an error: the caller asked for the stack to be charged
-// to the pod.
-func joinCgroup(pid int, cgroupPath string) error {
+// joinCgroup moves pid into cgroupPath under root. On a unified (v2)
+// hierarchy that is one write; on v1 the path is joined in each hierarchy
+// that has it. Finding none is an error: the caller asked for the stack to
+// be charged there.
+func joinCgroup(pid int, root, cgroupPath string) error {
 	cgroupPath = strings.TrimPrefix(filepath.Clean("/"+cgroupPath), "/")
-	pidStr := []byte(strconv.Itoa(pid))
-	if err := os.WriteFile(filepath.Join("/sys/fs/cgroup", cgroupPath, "cgroup.procs"), pidStr, 0); err == nil {
+	if exists(filepath.Join(root, "cgroup.controllers")) {
+		p := filepath.Join(root, cgroupPath, "cgroup.procs")
+		err := writeProcs(p, pid)
+		if errors.Is(err, unix.EBUSY) {
+			// v2 puts no process in a cgroup that enables controllers
+			// for its children (a pod's cgroup does, for its containers).
+			return fmt.Errorf("joining cgroup %s: %w: it has controllers enabled for child cgroups, join a leaf below it", p, err)
+		}
+		if err != nil {
+			return fmt.Errorf("joining cgroup %s: %w", p, err)
+		}
 		return nil
 	}
-	roots, _ := filepath.Glob("/sys/fs/cgroup/*")
+	hierarchies, _ := filepath.Glob(filepath.Join(root, "*"))
 	joined := 0
-	for _, root := range roots {
-		p := filepath.Join(root, cgroupPath, "cgroup.procs")
-		if err := os.WriteFile(p, pidStr, 0); err != nil {
-			if errors.Is(err, fs.ErrNotExist) {
+	for _, h := range hierarchies {
+		p := filepath.Join(h, cgroupPath, "cgroup.procs")
+		if err := writeProcs(p, pid); err != nil {
+			if errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ENOTDIR) {
 				continue
 			}
 			return fmt.Errorf("joining cgroup %s: %w", p, err)
@@ -33,7 +44,43 @@ func joinCgroup(pid int, cgroupPath string) error {
 		joined++
 	}
 	if joined == 0 {
-		return fmt.Errorf("cgroup %s not found under /sys/fs/cgroup", cgroupPath)
+		return fmt.Errorf("cgroup %s not found under %s", cgroupPath, root)
+	}
+	return nil
+}
+
+// writeProcs moves pid into the cgroup whose cgroup.procs is p. It never
+// creates p: a cgroup file system makes it, and a missing one means
+// there is no such cgroup.
+func writeProcs(p string, pid int) error {
+	f, err := os.OpenFile(p, os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	_, err = f.WriteString(strconv.Itoa(pid))
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// StackOOMScoreAdj is a stack's oom_score_adj: kubelet's for a pod's
+// pause container, one below the -997 of a Guaranteed pod's containers.
+// In a pod's memory cgroup, whatever the pod's QoS class (Burstable
+// containers get 2..999, BestEffort 1000), the kernel's OOM killer then
+// takes an application process before the pod's network. Not -1000,
+// which would exempt the stack: one that leaked would have the killer
+// take every application process of its pod and still not free the
+// memory.
+const StackOOMScoreAdj = -998
+
+// setOOMScoreAdj sets the OOM killer's adjustment of pid. The stack would
+// otherwise inherit its launcher's: the runtime's at ADD (containerd's
+// unit file sets -999), the node agent's container's on a restart.
+func setOOMScoreAdj(pid, adj int) error {
+	p := "/proc/" + strconv.Itoa(pid) + "/oom_score_adj"
+	if err := os.WriteFile(p, []byte(strconv.Itoa(adj)), 0); err != nil {
+		return fmt.Errorf("setting the stack's oom_score_adj to %d: %w", adj, err)
 	}
 	return nil
 }

@@ -33,8 +33,9 @@ type Options struct {
 	LogPath string
 	// ReadyTimeout bounds the wait for readiness. Required.
 	ReadyTimeout time.Duration
-	// CgroupPath, when set, is the cgroup (relative to the hierarchy roots)
-	// the process joins: the pod's, so the stack is charged to the pod.
+	// CgroupPath, when set, is the cgroup (relative to the hierarchy roots
+	// under CgroupRoot) the process joins: the pod's, so the stack is
+	// charged to the pod. Failing to join it fails Start.
 	CgroupPath string
 	// Cgroups, when set, are /proc/PID/cgroup lines to put the process in
 	// (see Cgroups), looked up under CgroupRoot (default /sys/fs/cgroup).
@@ -47,13 +48,17 @@ type Options struct {
 	// the host's, so that Binary and every path mean what they meant to the
 	// plugin that started the stack first.
 	MountNS string
+	// OOMScoreAdj is the process's oom_score_adj. Zero: StackOOMScoreAdj.
+	// Failing to set it is reported through Process.Warning.
+	OOMScoreAdj int
 }
 
 // Process identifies a started stack: PID plus the kernel's start time.
 type Process struct {
 	PID       int
 	StartTime uint64
-	// Warning reports a non-fatal problem of the start (cgroups).
+	// Warning reports a non-fatal problem of the start (recorded
+	// cgroups, oom_score_adj).
 	Warning error `json:"-"`
 }
 
@@ -116,18 +121,22 @@ func Start(o Options) (Process, error) {
 		cmd.Wait()
 		return Process{}, err
 	}
+	adj := o.OOMScoreAdj
+	if adj == 0 {
+		adj = StackOOMScoreAdj
+	}
+	warning := setOOMScoreAdj(cmd.Process.Pid, adj)
+	root := o.CgroupRoot
+	if root == "" {
+		root = "/sys/fs/cgroup"
+	}
 	if o.CgroupPath != "" {
-		if err := joinCgroup(cmd.Process.Pid, o.CgroupPath); err != nil {
+		if err := joinCgroup(cmd.Process.Pid, root, o.CgroupPath); err != nil {
 			return fail(err)
 		}
 	}
-	var warning error
 	if len(o.Cgroups) > 0 {
-		root := o.CgroupRoot
-		if root == "" {
-			root = "/sys/fs/cgroup"
-		}
-		warning = joinRecorded(cmd.Process.Pid, root, o.Cgroups)
+		warning = errors.Join(warning, joinRecorded(cmd.Process.Pid, root, o.Cgroups))
 	}
 	line, err := readLine(rd, o.ReadyTimeout)
 	if err != nil {

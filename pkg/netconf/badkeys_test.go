@@ -42,6 +42,7 @@ var wrongTypes = []badKey{
 	{"busyPoll", 50, "50 (a number)", `duration like "50us"`},
 	{"podLinkOffloadsOff", "true", `"true" (a string)`, "true or false"},
 	{"networkPolicy", "yes", `"yes" (a string)`, "true or false"},
+	{"stackCgroup", true, "true (a boolean)", "one of pod (the stack is charged to its pod's cgroup), node"},
 	{"stateDir", map[string]any{}, "{} (an object)", "absolute path"},
 	{"logDir", 0, "0 (a number)", "absolute path"},
 	{"runDir", []any{}, "[] (an array)", "absolute path"},
@@ -101,6 +102,8 @@ var badValues = []badKey{
 	{"nodeName", "Node_1", `"Node_1"`, "Kubernetes node name"},
 	{"nodeName", "node-", `"node-"`, "lower-case letters"},
 	{"nodeName", strings.Repeat("n", 254), `"` + strings.Repeat("n", 254) + `"`, "at most 253 bytes"},
+	{"stackCgroup", "Pod", `"Pod"`, "one of pod"},
+	{"stackCgroup", "runtime", `"runtime"`, "absent: pod"},
 	{"ipam", map[string]any{}, "{}", `naming the IPAM plugin`},
 	{"ipam", map[string]any{"type": "../../bin/sh"}, `{"type":"../../bin/sh"}`, `naming the IPAM plugin`},
 }
@@ -163,7 +166,8 @@ func TestBadKeysAcceptEdges(t *testing.T) {
 		{"kubeconfig": "/etc/cni/net.d/cni-usernet.kubeconfig", "nodeName": "node-1.example.com"},
 		{"ipam": nil}, {"rxChecksumOffload": nil},
 		{"dns": map[string]any{"nameservers": []any{"10.96.0.10"}}},
-		{"capabilities": map[string]any{"io.kubernetes.cri.pod-annotations": true}},
+		{"capabilities": map[string]any{"io.kubernetes.cri.pod-annotations": true, "cgroupPath": true}},
+		{"stackCgroup": "pod"}, {"stackCgroup": "node"}, {"stackCgroup": ""},
 		{"unknownKeyOfAnotherTool": []any{1, "x"}},
 	} {
 		data := conf(t, c)

@@ -21,6 +21,12 @@ const (
 	DefaultReadyTimeout = 10 * time.Second
 )
 
+// The values of StackCgroup.
+const (
+	StackCgroupPod  = "pod"
+	StackCgroupNode = "node"
+)
+
 // AnnotationPrefix is the prefix of every pod annotation cni-usernet reads.
 const AnnotationPrefix = "cni-usernet.io/"
 
@@ -102,6 +108,11 @@ type NetConf struct {
 	Kubeconfig string `json:"kubeconfig,omitempty"`
 	// NodeName names the node in Events. Zero: the host name.
 	NodeName string `json:"nodeName,omitempty"`
+	// StackCgroup says where a pod's stack is charged (docs/accounting.md):
+	// StackCgroupPod, the pod's own cgroup, so that network work counts
+	// against the pod's limits; StackCgroupNode, one node-level cgroup of
+	// cni-usernet's under the kubepods tree. Zero: StackCgroupPod.
+	StackCgroup string `json:"stackCgroup,omitempty"`
 
 	RuntimeConfig struct {
 		PodAnnotations map[string]string `json:"io.kubernetes.cri.pod-annotations,omitempty"`

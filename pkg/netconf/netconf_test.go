@@ -47,6 +47,7 @@ func TestParseDefaults(t *testing.T) {
 		{"Chained", c.Chained(), false},
 		{"RXChecksumOffload", c.RXChecksumOffload == nil, true},
 		{"GROEnabled", c.GROEnabled(), true},
+		{"StackCgroup", c.StackCgroup, netconf.StackCgroupPod},
 		{"StackConfig GRO", c.StackConfig("eth0", offload.ModeHardware, netconf.StackFiles{Spec: "/spec", ControlSocket: "/sock"}).GRO, true},
 	} {
 		if f.got != f.want {
@@ -60,7 +61,7 @@ func TestParseKeepsValues(t *testing.T) {
 		"mtu": 9000, "gso": "software", "gsoMaxSize": 32768, "gsoMaxSegs": 16, "gro": false,
 		"rxChecksumOffload": false, "tunName": "tun7", "tunMTU": 9000, "maxTCP": 10, "maxUDP": 20,
 		"udpIdle": "45s", "podLinkOffloadsOff": true, "stateDir": "/s", "logDir": "/l", "runDir": "/r",
-		"readyTimeout": "1m", "busyPoll": "200us",
+		"readyTimeout": "1m", "busyPoll": "200us", "stackCgroup": "node",
 		"runtimeConfig": map[string]any{
 			"io.kubernetes.cri.pod-annotations": map[string]any{"cni-usernet.io/gso": "off", "other": "x"},
 			"cgroupPath":                        "/kubepods/pod1",
@@ -91,6 +92,7 @@ func TestParseKeepsValues(t *testing.T) {
 		{"RunDir", c.RunDir, "/r"},
 		{"ReadyTimeoutDuration", c.ReadyTimeoutDuration(), time.Minute},
 		{"CgroupPath", c.RuntimeConfig.CgroupPath, "/kubepods/pod1"},
+		{"StackCgroup", c.StackCgroup, netconf.StackCgroupNode},
 		{"annotation", c.RuntimeConfig.PodAnnotations[netconf.AnnotationGSO], "off"},
 	} {
 		if f.got != f.want {
@@ -283,7 +285,7 @@ func TestBusyPollWindow(t *testing.T) {
 func FuzzParse(f *testing.F) {
 	f.Add(conf(f, nil))
 	f.Add(conf(f, map[string]any{"mtu": 9000, "gso": "software", "tunName": "tun0", "tunMTU": 1280,
-		"udpIdle": "1m", "readyTimeout": "5s", "stateDir": "/s", "logDir": "/l", "runDir": "/r"}))
+		"udpIdle": "1m", "readyTimeout": "5s", "stateDir": "/s", "logDir": "/l", "runDir": "/r", "stackCgroup": "node"}))
 	f.Add(conf(f, map[string]any{"runtimeConfig": map[string]any{
 		"io.kubernetes.cri.pod-annotations": map[string]any{"cni-usernet.io/gso": "off"}}}))
 	f.Add(conf(f, map[string]any{"prevResult": map[string]any{"cniVersion": "1.1.0",
@@ -311,6 +313,9 @@ func FuzzParse(f *testing.F) {
 		}
 		if c.TUNMTU != 0 && (c.TUNMTU < 1280 || c.TUNMTU > 65535) {
 			t.Errorf("TUNMTU: got %d, want 0 or 1280..65535", c.TUNMTU)
+		}
+		if c.StackCgroup != netconf.StackCgroupPod && c.StackCgroup != netconf.StackCgroupNode {
+			t.Errorf("StackCgroup: got %q, want %q or %q", c.StackCgroup, netconf.StackCgroupPod, netconf.StackCgroupNode)
 		}
 		if c.MaxTCP < 0 || c.MaxUDP < 0 {
 			t.Errorf("MaxTCP, MaxUDP: got %d, %d, want non-negative", c.MaxTCP, c.MaxUDP)

@@ -97,6 +97,7 @@ var accepted = map[string]string{
 		maxRunDir, socketName, maxSocketPath, DefaultRunDir),
 	"kubeconfig":    "an absolute path to a kubeconfig file; absent: the API server is not used",
 	"nodeName":      fmt.Sprintf(`a Kubernetes node name (lower-case letters, digits, "-" and ".", at most %d bytes); absent: the host name`, maxNodeName),
+	"stackCgroup":   fmt.Sprintf("one of %s (the stack is charged to its pod's cgroup), %s (to cni-usernet's cgroup under the node's kubepods tree); absent: %s", StackCgroupPod, StackCgroupNode, StackCgroupPod),
 	"runtimeConfig": `an object, e.g. {"io.kubernetes.cri.pod-annotations": {...}, "cgroupPath": "..."}`,
 	"runtimeConfig.io.kubernetes.cri.pod-annotations": "an object of strings (the pod's annotations)",
 	"runtimeConfig.cgroupPath":                        "a string",
@@ -186,6 +187,12 @@ func (c *NetConf) validate(data []byte) error {
 	}
 	if c.NodeName != "" && (len(c.NodeName) > maxNodeName || !nodeNameRE.MatchString(c.NodeName)) {
 		return badValue("nodeName", strconv.Quote(c.NodeName))
+	}
+	if c.StackCgroup == "" {
+		c.StackCgroup = StackCgroupPod
+	}
+	if c.StackCgroup != StackCgroupPod && c.StackCgroup != StackCgroupNode {
+		return badValue("stackCgroup", strconv.Quote(c.StackCgroup))
 	}
 	if err := c.validateIPAM(data); err != nil {
 		return err

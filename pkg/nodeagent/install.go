@@ -109,10 +109,12 @@ func (n *nodeInstall) hostPath(p string) string {
 
 // pluginConf is the cni-usernet plugin object, standalone or chained.
 func (n *nodeInstall) pluginConf(ctx context.Context) ([]byte, error) {
+	// cgroupPath: runtimes that pass it (containerd ≥ 1.7.1, CRI-O) name
+	// the pod's cgroup, which its stack is charged to (docs/accounting.md).
 	p := map[string]any{
 		"type":         "cni-usernet",
 		"gso":          n.f.gso,
-		"capabilities": map[string]bool{"io.kubernetes.cri.pod-annotations": true},
+		"capabilities": map[string]bool{netconf.PodAnnotationsCapability: true, "cgroupPath": true},
 	}
 	if n.f.kubeconfigOut != "" {
 		p["kubeconfig"] = n.hostPath(n.f.kubeconfigOut)
