@@ -40,6 +40,8 @@ func main() {
 		err = stackcmd.Run(os.Args[2:])
 	case "status":
 		err = runStatus(os.Args[2:], os.Stdout)
+	case "denials":
+		err = runDenials(os.Args[2:], os.Stdout, os.Stderr)
 	case "capture":
 		err = runCapture(os.Args[2:], os.Stdout, os.Stderr)
 	case "agent":
