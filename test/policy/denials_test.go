@@ -35,6 +35,13 @@ func (r *rig) findDenial(t *testing.T, want policy.Denial) (policy.Denial, bool)
 	return policy.Denial{}, false
 }
 
+// denialRow is a row of `cni-usernet denials -json`.
+type denialRow struct {
+	Pod         string `json:"pod"`
+	ContainerID string `json:"containerID"`
+	policy.Denial
+}
+
 // TestDenialsSeen: each denied connection and flow is in the stack's
 // status with what was denied and where, in its log, and in
 // `cni-usernet denials` with its pod.
@@ -77,20 +84,12 @@ func TestDenialsSeen(t *testing.T) {
 	if err != nil {
 		t.Fatalf("cni-usernet denials -json: %v", err)
 	}
-	var rows []struct {
-		Pod         string `json:"pod"`
-		ContainerID string `json:"containerID"`
-		policy.Denial
-	}
+	var rows []denialRow
 	if err := json.Unmarshal(out, &rows); err != nil {
 		t.Fatalf("cni-usernet denials -json: %v\n%s", err, out)
 	}
 	pod := "test/" + r.pod.ID
-	if !slices.ContainsFunc(rows, func(d struct {
-		Pod         string `json:"pod"`
-		ContainerID string `json:"containerID"`
-		policy.Denial
-	}) bool {
+	if !slices.ContainsFunc(rows, func(d denialRow) bool {
 		return d.Pod == pod && d.ContainerID == r.pod.ID && d.Direction == "ingress" && d.Peer == r.allowed.IP(4) && d.Port == tcpPort
 	}) {
 		t.Errorf("cni-usernet denials -json lists no ingress denial of %s for %s:\n%s", r.allowed.IP(4), pod, out)
@@ -261,4 +260,3 @@ func TestCookieHandshakeDenied(t *testing.T) {
 		t.Errorf("the denial's record: got %+v (found %v)", d, ok)
 	}
 }
-
