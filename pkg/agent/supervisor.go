@@ -423,6 +423,7 @@ func (s *Supervisor) restart(containerID, ifName string, dead launch.Process, lo
 		Cgroups:      att.StackCgroups,
 		CgroupRoot:   s.cfg.CgroupRoot,
 		MountNS:      s.cfg.MountNS,
+		OOMScoreAdj:  launch.StackOOMScoreAdj,
 	})
 	if err != nil {
 		// Counted as another quick exit: backoff grows, a stack that can

@@ -83,6 +83,13 @@ func (inv *invocation) add() (_ *current.Result, err error) {
 	if conf.NetworkPolicy && (inv.pod.K8S_POD_NAMESPACE == "" || inv.pod.K8S_POD_NAME == "") {
 		return nil, errorf(types.ErrInvalidNetworkConfig, `"networkPolicy" is on, but CNI_ARGS names no pod (K8S_POD_NAMESPACE, K8S_POD_NAME): the node agent compiles a pod's policy from its API object`)
 	}
+	stackCgroup, cgroupNote, err := inv.stackCgroup()
+	if err != nil {
+		return nil, err
+	}
+	if cgroupNote != "" {
+		inv.event(kube.EventWarning, "StackChargedToNode", cgroupNote)
+	}
 	if bw := conf.RuntimeConfig.Bandwidth; bw != nil {
 		if err := bw.Validate(); err != nil {
 			return nil, errorf(types.ErrInvalidNetworkConfig, "runtimeConfig bandwidth: %v", err)
@@ -177,12 +184,16 @@ func (inv *invocation) add() (_ *current.Result, err error) {
 		Netns:        args.Netns,
 		LogPath:      p.Log,
 		ReadyTimeout: conf.ReadyTimeoutDuration(),
-		CgroupPath:   conf.RuntimeConfig.CgroupPath,
+		CgroupPath:   stackCgroup,
+		OOMScoreAdj:  launch.StackOOMScoreAdj,
 	})
 	if err != nil {
 		return nil, errorf(types.ErrInternal, "starting the pod's stack (gso %s from %s): %v", mode, modeSource, err)
 	}
 	u.add(func() { launch.Stop(proc, attachment.StopGrace) })
+	if proc.Warning != nil {
+		inv.log.Warn("stack started with a warning", "warning", proc.Warning)
+	}
 	att.StackPID, att.StackStartTime = proc.PID, proc.StartTime
 	att.StackBinary = stackBinary
 	if att.StackCgroups, err = launch.Cgroups(proc.PID); err != nil {
