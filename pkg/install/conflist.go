@@ -224,30 +224,41 @@ func (c *conflist) hasAny(objs []json.RawMessage) bool {
 // addAfter puts each of objs after our entry (name), unless the list
 // already has a plugin of its type, and returns the ones it added. They go
 // after ours so that each gets our result as prevResult: the pod's
-// addresses and, in a standalone list, the host side of the veth that
-// bandwidth shapes.
+// addresses. Those that look for the pod's veth in the pod's namespace
+// (beforeOurs) go just before ours instead: our ADD moves the earlier
+// plugin's interface into the stack's namespace, where they would not
+// find it, and our DEL moves it back before theirs runs.
 func (c *conflist) addAfter(name string, objs [][]byte) []json.RawMessage {
 	var added []json.RawMessage
 	for _, o := range objs {
 		if c.has(pluginType(o)) {
 			continue
 		}
-		at := len(c.plugins)
+		ours := len(c.plugins)
 		for i := len(c.plugins) - 1; i >= 0; i-- {
 			if pluginType(c.plugins[i]) == name {
-				at = i + 1
+				ours = i
 				break
 			}
 		}
-		// After the ones added before it, in the order given.
-		for at < len(c.plugins) && slices.ContainsFunc(added, func(a json.RawMessage) bool { return sameJSON(a, c.plugins[at]) }) {
-			at++
+		at := min(ours+1, len(c.plugins))
+		if beforeOurs[pluginType(o)] {
+			at = ours
+		} else {
+			// After the ones added before it, in the order given.
+			for at < len(c.plugins) && slices.ContainsFunc(added, func(a json.RawMessage) bool { return sameJSON(a, c.plugins[at]) }) {
+				at++
+			}
 		}
 		c.plugins = slices.Insert(c.plugins, at, json.RawMessage(o))
 		added = append(added, json.RawMessage(o))
 	}
 	return added
 }
+
+// beforeOurs are the meta plugins that find the pod's veth through the
+// pod's CNI_IFNAME (the bandwidth plugin: the node end is its peer).
+var beforeOurs = map[string]bool{"bandwidth": true}
 
 // stripSame removes the entries equal to one of objs (the ones we added)
 // whose type keep does not name, and says whether there were any.

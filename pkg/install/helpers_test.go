@@ -175,18 +175,19 @@ func TestHelpersBadInput(t *testing.T) {
 	}
 }
 
-// TestChainAddsWhatIsMissing: portmap and bandwidth go after our entry,
-// each only when the primary's list lacks its type; a second run changes
+// TestChainAddsWhatIsMissing: portmap goes after our entry and bandwidth
+// just before it (it looks for the veth our ADD moves away), each only
+// when the primary's list lacks its type; a second run changes
 // nothing; uninstall restores the file byte for byte.
 func TestChainAddsWhatIsMissing(t *testing.T) {
 	for _, tc := range []struct {
 		file  string
 		types []string
 	}{
-		{"10-flannel.conflist", []string{"flannel", "portmap", "cni-usernet", "bandwidth"}},
+		{"10-flannel.conflist", []string{"flannel", "portmap", "bandwidth", "cni-usernet"}},
 		{"10-calico.conflist", []string{"calico", "portmap", "bandwidth", "cni-usernet"}},
-		{"05-cilium.conflist", []string{"cilium-cni", "cni-usernet", "portmap", "bandwidth"}},
-		{"10-flannel.conf", []string{"flannel", "cni-usernet", "portmap", "bandwidth"}},
+		{"05-cilium.conflist", []string{"cilium-cni", "bandwidth", "cni-usernet", "portmap"}},
+		{"10-flannel.conf", []string{"flannel", "bandwidth", "cni-usernet", "portmap"}},
 	} {
 		t.Run(tc.file, func(t *testing.T) {
 			n := newNode(t)

@@ -13,18 +13,20 @@ import (
 )
 
 // TestStandaloneConflistChainsMetaPlugins: the conflist the agent writes
-// loads as a runtime loads it, with portmap and bandwidth after
-// cni-usernet declaring the capabilities the runtimes fill in, and
-// without them when switched off.
+// loads as a runtime loads it, with portmap after cni-usernet declaring
+// the capability the runtimes fill in, and without it when switched off;
+// never the bandwidth plugin, whose work cni-usernet does standalone.
+// Chained, both go into the node's list (pkg/install places them).
 func TestStandaloneConflistChainsMetaPlugins(t *testing.T) {
 	plugin := []byte(`{"type":"cni-usernet","gso":"auto"}`)
 	for _, tc := range []struct {
 		args  []string
 		types []string
 	}{
-		{nil, []string{"cni-usernet", "portmap", "bandwidth"}},
+		{nil, []string{"cni-usernet", "portmap"}},
 		{[]string{"--bandwidth=false"}, []string{"cni-usernet", "portmap"}},
 		{[]string{"--port-map=false", "--bandwidth=false"}, []string{"cni-usernet"}},
+		{[]string{"--mode", "chain"}, []string{"cni-usernet", "portmap", "bandwidth"}},
 	} {
 		f, err := parseAgentFlags(tc.args)
 		if err != nil {

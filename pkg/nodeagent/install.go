@@ -111,10 +111,17 @@ func (n *nodeInstall) hostPath(p string) string {
 func (n *nodeInstall) pluginConf(ctx context.Context) ([]byte, error) {
 	// cgroupPath: runtimes that pass it (containerd ≥ 1.7.1, CRI-O) name
 	// the pod's cgroup, which its stack is charged to (docs/accounting.md).
+	caps := map[string]bool{netconf.PodAnnotationsCapability: true, "cgroupPath": true}
+	if n.f.bandwidth && n.f.mode == "standalone" {
+		// Standalone, cni-usernet shapes its pods itself (pkg/shaping):
+		// the bandwidth plugin looks for the pod's veth where the pod's
+		// interface is the stack's TUN.
+		caps["bandwidth"] = true
+	}
 	p := map[string]any{
 		"type":         "cni-usernet",
 		"gso":          n.f.gso,
-		"capabilities": map[string]bool{netconf.PodAnnotationsCapability: true, "cgroupPath": true},
+		"capabilities": caps,
 	}
 	if n.f.kubeconfigOut != "" {
 		p["kubeconfig"] = n.hostPath(n.f.kubeconfigOut)
@@ -167,10 +174,11 @@ func standaloneConflist(plugin []byte, meta [][]byte) []byte {
 	return b
 }
 
-// The meta plugins --port-map and --bandwidth chain after ours, in the
+// The meta plugins --port-map and --bandwidth chain beside ours, in the
 // form the Kubernetes runtimes pass the pod's hostPorts and bandwidth
 // annotations to (the capabilities), as flannel's and Calico's lists
-// carry them.
+// carry them. The bandwidth plugin only in chain mode, before ours
+// (pkg/install); standalone, our plugin takes the capability.
 var (
 	portmapPlugin   = []byte(`{"type":"portmap","capabilities":{"portMappings":true},"snat":true}`)
 	bandwidthPlugin = []byte(`{"type":"bandwidth","capabilities":{"bandwidth":true}}`)
@@ -181,7 +189,7 @@ func metaPlugins(f *agentFlags) [][]byte {
 	if f.portMap {
 		m = append(m, portmapPlugin)
 	}
-	if f.bandwidth {
+	if f.bandwidth && f.mode == "chain" {
 		m = append(m, bandwidthPlugin)
 	}
 	return m
@@ -195,7 +203,7 @@ func helperBinaries(dir string, f *agentFlags) ([]install.Helper, error) {
 	for _, h := range []struct {
 		name, flag string
 		on         bool
-	}{{"portmap", "--port-map", f.portMap}, {"bandwidth", "--bandwidth", f.bandwidth}} {
+	}{{"portmap", "--port-map", f.portMap}, {"bandwidth", "--bandwidth", f.bandwidth && f.mode == "chain"}} {
 		if !h.on {
 			continue
 		}

@@ -9,7 +9,8 @@ import (
 
 // TestPluginConfCapabilities: the entry the agent writes, chained or
 // standalone, declares the capabilities whose arguments the plugin reads:
-// the pod's annotations, and its cgroup (the stack is charged to it).
+// the pod's annotations, its cgroup (the stack is charged to it) and,
+// standalone, its bandwidth.
 func TestPluginConfCapabilities(t *testing.T) {
 	for _, args := range [][]string{
 		{"--mode", "chain"},
@@ -32,6 +33,11 @@ func TestPluginConfCapabilities(t *testing.T) {
 			if !conf.Network.Capabilities[c] {
 				t.Errorf("%v: entry %s: capability %q not declared", args, plugin, c)
 			}
+		}
+		// Standalone, the plugin shapes its pods itself; chained, the
+		// bandwidth plugin before it does, and a second shaper must not.
+		if got, want := conf.Network.Capabilities["bandwidth"], f.mode == "standalone"; got != want {
+			t.Errorf("%v: entry %s: capability bandwidth %v, want %v", args, plugin, got, want)
 		}
 	}
 }

@@ -88,12 +88,14 @@ func iperf3(t *testing.T, from ns.NetNS, addr string, seconds int, reverse bool)
 	return r.Server.rates()
 }
 
-// TestBandwidth: the bandwidth plugin, chained after cni-usernet, shapes
-// the pod's traffic on the host side of its veth (tbf on it for what
-// reaches the pod, tbf on an ifb for what the pod sends), whatever the
-// pod's own stack does on the other side: iperf3 from another node
-// measures each direction within ±10 % of the annotation once the
-// runtime's burst is spent. DEL removes the ifb.
+// TestBandwidth: standalone, cni-usernet shapes the pod's traffic on both
+// ends of its veth (tbf on the node end for what reaches the pod, tbf on
+// the pod end, in the stack's namespace, for what the pod sends);
+// chained behind ptp, the bandwidth plugin before cni-usernet does it on
+// the node side (tbf on the veth, tbf on an ifb). Whatever the pod's own
+// stack does, iperf3 from another node measures each direction within
+// ±10 % of the annotation once the runtime's burst is spent. DEL leaves
+// nothing.
 func TestBandwidth(t *testing.T) {
 	if _, err := exec.LookPath("iperf3"); err != nil {
 		t.Skip("needs iperf3")
@@ -113,7 +115,7 @@ func TestBandwidth(t *testing.T) {
 		t.Run("gso="+gso, func(t *testing.T) { testBandwidth(t, labOptions{GSO: gso}) })
 	}
 	// Behind ptp, as behind flannel's bridge: bandwidth finds the veth ptp
-	// made in the result cni-usernet passes on.
+	// made before cni-usernet moves its pod end.
 	t.Run("chained", func(t *testing.T) { testBandwidth(t, labOptions{Chained: true}) })
 }
 
@@ -187,7 +189,7 @@ func testBandwidth(t *testing.T, o labOptions) {
 		t.Fatalf("DEL: %v", err)
 	}
 	nettest.In(l.env.Node, func() error {
-		if _, err := netlink.LinkByName(ifb); err == nil {
+		if _, err := netlink.LinkByName(ifb); ifb != "" && err == nil {
 			t.Errorf("DEL left the ifb %s", ifb)
 		}
 		return nil
@@ -202,25 +204,20 @@ func burstMbits(rates []float64) float64 {
 	return s / 1e6
 }
 
-// shaping checks the qdiscs the bandwidth plugin made for p: a tbf on
-// the host side of its veth (what reaches the pod), an ingress qdisc
-// redirecting to an ifb with a tbf (what the pod sends). It returns the
-// ifb's name.
+// shaping checks the qdiscs made for p. Standalone, cni-usernet's: a
+// tbf on the node end of its veth (what reaches the pod) and one on the
+// pod end in the stack's namespace (what the pod sends); it returns "".
+// Chained, the bandwidth plugin's: a tbf on the node end, an ingress
+// qdisc redirecting to an ifb with a tbf; it returns the ifb's name.
 func (l *lab) shaping(t *testing.T, p *pod) string {
 	t.Helper()
 	ifb := ""
-	nettest.In(l.env.Node, func() error {
-		links, _ := netlink.LinkList()
-		for _, k := range links {
-			if k.Type() == "ifb" {
-				ifb = k.Attrs().Name
-			}
-		}
-		for _, dev := range []string{p.host, ifb} {
+	tbf := func(netns ns.NetNS, dev string) {
+		nettest.In(netns, func() error {
 			link, err := netlink.LinkByName(dev)
 			if err != nil {
 				t.Errorf("link %q: %v", dev, err)
-				continue
+				return nil
 			}
 			qs, _ := netlink.QdiscList(link)
 			var kinds []string
@@ -230,11 +227,26 @@ func (l *lab) shaping(t *testing.T, p *pod) string {
 			if !strings.Contains(strings.Join(kinds, " "), "tbf") {
 				t.Errorf("%s: qdiscs %v, want a tbf", dev, kinds)
 			}
+			return nil
+		})
+	}
+	tbf(l.env.Node, p.host)
+	if !l.chained {
+		tbf(l.env.WireNS(&nettest.Pod{ID: p.id}), "eth0")
+		return ""
+	}
+	nettest.In(l.env.Node, func() error {
+		links, _ := netlink.LinkList()
+		for _, k := range links {
+			if k.Type() == "ifb" {
+				ifb = k.Attrs().Name
+			}
 		}
 		return nil
 	})
 	if ifb == "" {
 		t.Fatal("no ifb on the node: egress is not shaped")
 	}
+	tbf(l.env.Node, ifb)
 	return ifb
 }

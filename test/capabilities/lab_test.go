@@ -87,8 +87,9 @@ type lab struct {
 type labOptions struct {
 	// Chained: ptp makes the pod's veth and address, and cni-usernet is
 	// chained behind it the way the agent's chain mode edits flannel's
-	// list: ptp, portmap, cni-usernet, bandwidth. Zero: the agent's
-	// standalone conflist, cni-usernet, portmap, bandwidth.
+	// list: ptp, portmap, bandwidth, cni-usernet. Zero: the agent's
+	// standalone conflist, cni-usernet (with the bandwidth capability),
+	// portmap.
 	Chained bool
 	// GSO is cni-usernet's "gso"; "" is the plugin's default (auto).
 	GSO string
@@ -119,13 +120,17 @@ func newLab(t *testing.T, o labOptions) *lab {
 	}
 	delete(plugin, "cniVersion")
 	delete(plugin, "name")
-	// As pkg/nodeagent writes them (standaloneConflist, metaPlugins).
+	// As pkg/nodeagent writes them (pluginConf, standaloneConflist,
+	// metaPlugins) and pkg/install chains them: standalone, cni-usernet
+	// shapes the pod itself; chained, the bandwidth plugin goes before it.
 	portmap := map[string]any{"type": "portmap", "capabilities": map[string]bool{"portMappings": true}, "snat": true}
 	bandwidth := map[string]any{"type": "bandwidth", "capabilities": map[string]bool{"bandwidth": true}}
-	plugins := []any{plugin, portmap, bandwidth}
+	plugins := []any{plugin, portmap}
 	if o.Chained {
 		ptp := map[string]any{"type": "ptp", "ipam": env.HostLocal(map[string]any{"subnet": env.Subnet})}
-		plugins = []any{ptp, portmap, plugin, bandwidth}
+		plugins = []any{ptp, portmap, bandwidth, plugin}
+	} else {
+		plugin["capabilities"] = map[string]bool{"io.kubernetes.cri.pod-annotations": true, "bandwidth": true}
 	}
 	conflist, _ := json.Marshal(map[string]any{
 		"cniVersion": "1.0.0",
