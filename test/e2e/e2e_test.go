@@ -178,9 +178,10 @@ func TestKubernetes(t *testing.T) {
 		}
 		if chained {
 			// Appended to flannel's list under its own name, on both nodes,
-			// with bandwidth, which flannel's list lacks, after it
-			// (flannel's own portmap stays the only one).
-			want := []string{"flannel", "portmap", "cni-usernet", "bandwidth"}
+			// with bandwidth, which flannel's list lacks, just before it
+			// (the bandwidth plugin looks for the pod's veth, which
+			// cni-usernet moves; flannel's own portmap stays the only one).
+			want := []string{"flannel", "portmap", "bandwidth", "cni-usernet"}
 			for _, d := range confDirs {
 				f, _, types, err := conflistIn(d)
 				if err != nil {
@@ -193,8 +194,8 @@ func TestKubernetes(t *testing.T) {
 			}
 		} else if typ != "cni-usernet" {
 			t.Fatalf("containerd uses %s, whose first plugin is %q, not cni-usernet", file, typ)
-		} else if _, _, types, err := conflistIn(cniConfDir); err != nil || !slices.Equal(types, []string{"cni-usernet", "portmap", "bandwidth"}) {
-			t.Fatalf("%s: plugins %v (%v), want cni-usernet, portmap, bandwidth", file, types, err)
+		} else if _, _, types, err := conflistIn(cniConfDir); err != nil || !slices.Equal(types, []string{"cni-usernet", "portmap"}) {
+			t.Fatalf("%s: plugins %v (%v), want cni-usernet (which shapes pods itself), portmap", file, types, err)
 		}
 		network = name
 		t.Logf("node Ready; containerd uses %s (network %q)", file, network)
@@ -563,11 +564,11 @@ spec:
 		})
 	})
 
-	// hostPort and the bandwidth annotations: portmap and bandwidth chained
-	// after cni-usernet (standalone: the agent's conflist; chained: the
-	// ones flannel's list lacks).
+	// hostPort and the bandwidth annotations: portmap chained after
+	// cni-usernet, bandwidth shaped by cni-usernet itself (standalone) or
+	// by the bandwidth plugin before it (chained; flannel's list lacks it).
 	check("HostPort", func(t *testing.T) { checkHostPort(t, repo, ns) })
-	check("Bandwidth", func(t *testing.T) { checkBandwidth(t, ns) })
+	check("Bandwidth", func(t *testing.T) { checkBandwidth(t, ns, network) })
 	check("NetworkPolicy", func(t *testing.T) { checkNetworkPolicy(t, repo, ns) })
 	check("NetworkPolicyPropagation", func(t *testing.T) { checkPolicyPropagation(t, ns, policyPods()) })
 

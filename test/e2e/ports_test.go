@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cni-usernet/cni-usernet/pkg/state"
 	"github.com/cni-usernet/cni-usernet/test/nettest"
 )
 
@@ -109,11 +110,12 @@ const (
 )
 
 // checkBandwidth: a pod's kubernetes.io/ingress-bandwidth (10M) and
-// egress-bandwidth (50M) annotations, which the runtime passes to the
-// bandwidth plugin chained after cni-usernet, shape its traffic within
+// egress-bandwidth (50M) annotations, which the runtime passes to
+// cni-usernet (standalone) or to the bandwidth plugin chained before it,
+// shape its traffic within
 // ±10 % once the runtime's burst is spent, measured from node 1 with
 // podtool's sink and source.
-func checkBandwidth(t *testing.T, ns string) {
+func checkBandwidth(t *testing.T, ns, network string) {
 	m := podManifest(ns, "shaped", "")
 	m = strings.Replace(m, "  labels:", "  annotations: {kubernetes.io/ingress-bandwidth: 10M, kubernetes.io/egress-bandwidth: 50M}\n  labels:", 1)
 	apply(t, m)
@@ -121,19 +123,30 @@ func checkBandwidth(t *testing.T, ns string) {
 	mustKubectl(t, "-n", ns, "wait", "--for=condition=Ready", "pod/shaped", "--timeout=3m")
 	ip := getPod(t, ns, "shaped").Status.PodIP
 
-	// The qdiscs on the host side of the pod's veth.
-	iflink := strings.TrimSpace(podExec(t, ns, "shaped", "cat", "/sys/class/net/eth0/iflink"))
-	var idx int
-	fmt.Sscan(iflink, &idx)
-	veth, err := net.InterfaceByIndex(idx)
-	if err != nil {
-		t.Fatalf("shaped's host-side veth (ifindex %q): %v", iflink, err)
+	// The qdiscs: on the node end of the pod's veth (the link the node
+	// guards the pod's sources on) a tbf; chained, the bandwidth plugin's
+	// ingress qdisc to its ifb beside it; standalone, cni-usernet's tbf on
+	// the pod end, in the stack's namespace.
+	var att *state.Attachment
+	for _, a := range readNodeState(t, network).atts {
+		if a.PodNS == ns && a.PodName == "shaped" {
+			att = a
+		}
 	}
-	out, _ := exec.Command("tc", "qdisc", "show", "dev", veth.Name).CombinedOutput()
-	if !strings.Contains(string(out), "tbf") || !strings.Contains(string(out), "ingress") {
-		t.Errorf("%s: qdiscs\n%s\nwant a tbf (ingress shaping) and an ingress qdisc (to the ifb)", veth.Name, out)
+	if att == nil || att.SourceGuard == "" {
+		t.Fatalf("no attachment of %s/shaped with a node-side link on this node", ns)
 	}
-	t.Logf("%s: %s", veth.Name, strings.TrimSpace(string(out)))
+	out, _ := exec.Command("tc", "qdisc", "show", "dev", att.SourceGuard).CombinedOutput()
+	if !strings.Contains(string(out), "tbf") || (att.Chained && !strings.Contains(string(out), "ingress")) {
+		t.Errorf("%s: qdiscs\n%s\nwant a tbf (ingress shaping) and, chained, an ingress qdisc (to the ifb)", att.SourceGuard, out)
+	}
+	t.Logf("%s: %s", att.SourceGuard, strings.TrimSpace(string(out)))
+	if !att.Chained {
+		out, _ := exec.Command("nsenter", "--net="+att.WireNetns, "tc", "qdisc", "show", "dev", att.IfName).CombinedOutput()
+		if !strings.Contains(string(out), "tbf") {
+			t.Errorf("%s in the stack's namespace: qdiscs\n%s\nwant a tbf (egress shaping)", att.IfName, out)
+		}
+	}
 
 	const seconds = 20
 	for _, dir := range []struct {
