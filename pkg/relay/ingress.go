@@ -41,7 +41,9 @@ const silentAbortWait = time.Second
 // probes all went unanswered as timed out, without a RST; with a probe
 // count of zero and an idle time of a nanosecond, its keepalive timer
 // does that at once, before any probe is sent. Close then finds the
-// connection already closed.
+// connection already closed. This leans on how netstack treats a
+// keepalive timeout; TestCookieHandshakeTakesIngressVerdict sees the RST
+// of the fallback below if a gVisor update changes it.
 func abortSilently(ep tcpip.Endpoint, wq *waiter.Queue) {
 	entry, failed := waiter.NewChannelEntry(waiter.EventHUp | waiter.EventErr)
 	wq.EventRegister(&entry)
