@@ -84,8 +84,10 @@ type Options struct {
 	TCPBufferBytes int
 	// Policy is the pod's network policy in force, shared with the relay
 	// (Relay.Policy is set to it): the wire leg takes the ingress verdict
-	// on TCP SYNs and echo requests, the relay on UDP flows and on the
-	// applications' connections. Nil: everything is allowed.
+	// on TCP SYNs and echo requests, the relay on UDP flows, on the TCP
+	// connections it accepts (a SYN cookie completes a handshake without
+	// a SYN) and on the applications' connections. Its denials are logged
+	// to Relay.Logger. Nil: everything is allowed.
 	Policy *policy.Enforcer
 	// Relay configures the relay between the legs.
 	Relay relay.Options

@@ -165,7 +165,8 @@ type Options struct {
 	// applications is relayed.
 	PodAddrs []netip.Addr
 	// Policy is the pod's network policy in force: the relay takes the
-	// ingress verdict on UDP flows from the network and the egress verdict
+	// ingress verdict on UDP flows from the network and on every TCP
+	// connection it accepts from there (ingress.go), the egress verdict
 	// on the applications' connections, flows and echo requests, and
 	// dials a Service VIP's allowed backend itself when egress is
 	// isolated (docs/policy.md). Nil: everything is allowed.
