@@ -676,6 +676,18 @@ spec:
 		wantHTTP(t, "node -> late", body, "late", "")
 	})
 
+	// Every stack is charged to its pod, the one the old agent restarted
+	// after its kill -9 and those the rollout left included; under load, a
+	// pod limited to 100m pays for its stack's CPU within that limit.
+	check("StacksInPodCgroups", func(t *testing.T) {
+		var names []string
+		for name := range pods {
+			names = append(names, name)
+		}
+		checkStacksInPodCgroups(t, ns, names)
+	})
+	check("StackChargedToPod", func(t *testing.T) { checkStackCharged(t, ns) })
+
 	// Pods that stay for the uninstall below: the sequence is
 	// "uninstall with two pods on cni-usernet, then delete the pods".
 	keep := map[string]bool{"srv": true, "cli": true}
