@@ -1,6 +1,7 @@
 // Command cni-usernet is the CNI plugin (when called with CNI_COMMAND set,
 // as runtimes do), the node agent ("agent"), the node's status table
-// ("status"), capture and the by-hand installer. Pods' stacks run from
+// ("status"), capture, the recent policy denials ("denials") and the
+// by-hand installer. Pods' stacks run from
 // cni-usernet-stack, installed beside it; "stack" stays here for stacks
 // of attachments recorded before the split and for a node that has only
 // this file.
@@ -23,6 +24,8 @@ const usage = `usage:
                                       every attachment on the node with its stack's health and GSO decision
   cni-usernet capture [flags] <namespace>/<pod> | <containerID>
                                       pcapng of a pod's traffic on both legs (root on the node)
+  cni-usernet denials [-json] [--pod NS/NAME] [--last N] [--state-dir DIR]
+                                      the recent network policy denials of the node's pods
   cni-usernet agent [flags]           the node agent (DaemonSet): install, supervise stacks, reconcile
   cni-usernet install|uninstall [flags]
                                       install the plugin and its CNI configuration by hand / restore the node
