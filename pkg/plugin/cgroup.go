@@ -47,9 +47,12 @@ func (inv *invocation) stackCgroupUnder(root string) (path, note string, err err
 		case errors.Is(err, podcgroup.ErrNotFound):
 			why := err
 			if loc, err = podcgroup.Node(root); err != nil {
-				note = fmt.Sprintf("the stack serves the pod but is not charged to it (%v), nor to the node (%v): it stays in the cgroup of the process that ran the plugin", why, err)
-				inv.log.Warn("stack cgroup", "path", "", "reason", note)
-				return "", note, nil
+				// No kubepods tree: not a node kubelet runs pods on (a
+				// runtime driven by hand, a test), where there is no pod
+				// to warn.
+				inv.log.Warn("stack cgroup", "path", "", "reason", fmt.Sprintf(
+					"the stack serves the pod but is not charged to it (%v), nor to the node (%v): it stays in the cgroup of the process that ran the plugin", why, err))
+				return "", "", nil
 			}
 			note = fmt.Sprintf("the stack serves the pod but is charged to the node (%s): %v", loc.Path, why)
 		case err != nil:

@@ -1,6 +1,8 @@
 package nettest
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"net"
 	"net/netip"
@@ -20,7 +22,6 @@ import (
 
 	"github.com/cni-usernet/cni-usernet/pkg/launch"
 	"github.com/cni-usernet/cni-usernet/pkg/podnet"
-	"github.com/cni-usernet/cni-usernet/pkg/state"
 	"github.com/cni-usernet/cni-usernet/pkg/wirens"
 )
 
@@ -112,12 +113,19 @@ func (e *Env) NewPodWith(plugin string, conf []byte) *Pod {
 // cleanup).
 func (e *Env) WireNS(p *Pod) ns.NetNS {
 	e.T.Helper()
-	n, err := ns.GetNS(wirens.Path(filepath.Join(e.Dir, "run"), state.Key(p.ID, "eth0")))
+	n, err := ns.GetNS(wirens.Path(filepath.Join(e.Dir, "run"), stateKey(p.ID, "eth0")))
 	if err != nil {
 		e.T.Fatalf("opening the wire namespace of %s: %v", p.ID, err)
 	}
 	e.T.Cleanup(func() { n.Close() })
 	return n
+}
+
+// stateKey is state.Key: importing pkg/state here would make an import
+// cycle of pkg/offload's tests, which use this package.
+func stateKey(containerID, ifName string) string {
+	sum := sha256.Sum256([]byte(containerID + "/" + ifName))
+	return hex.EncodeToString(sum[:8])
 }
 
 // In runs f in netns (on a locked thread).
