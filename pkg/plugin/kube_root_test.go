@@ -112,7 +112,15 @@ func TestAnnotationFromAPIServer(t *testing.T) {
 	if got := loadState(t, env, "p-soft").GSO.Mode; got != "software" {
 		t.Errorf("GSO mode %q, want software from the API server's annotation", got)
 	}
-	evs := api.eventsFor("p-soft")
+	// (A machine that ran a kubelet has a kubepods tree, where the
+	// plugin looks for the pod's cgroup in vain: a StackChargedToNode
+	// Warning beside it is right, and not this test's subject.)
+	var evs []map[string]any
+	for _, ev := range api.eventsFor("p-soft") {
+		if ev["reason"] != "StackChargedToNode" {
+			evs = append(evs, ev)
+		}
+	}
 	if len(evs) != 1 {
 		t.Fatalf("events %v, want one GSOMode event", evs)
 	}
