@@ -42,6 +42,9 @@ import (
 var DNSAnswer = net.IPv4(198, 51, 100, 53).To4()
 
 func main() {
+	if len(os.Args) >= 2 && os.Args[1] == "attack" {
+		os.Exit(attackMain(os.Args[2:]))
+	}
 	if len(os.Args) >= 3 && os.Args[1] == "probe" {
 		d, err := time.ParseDuration(os.Args[2])
 		if err != nil {
