@@ -649,6 +649,15 @@ func TestChainedAfterPtp(t *testing.T) {
 	if got, want := linkTypes(t, pod), []string{"lo:device", "eth0:tuntap"}; !slices.Equal(got, want) {
 		t.Errorf("links in the pod: got %v, want %v (ptp's veth lives in the stack's namespace)", got, want)
 	}
+	// The veth left the pod through a namespace of passage: the pod holds
+	// no id for the stack's namespace, through which CAP_NET_ADMIN would
+	// reach the link again.
+	nettest.In(pod, func() error {
+		if id, err := netlink.GetNetNsIdByFd(int(wire.Fd())); err != nil || id >= 0 {
+			t.Errorf("the pod's id for the stack's namespace: got %d (%v), want none", id, err)
+		}
+		return nil
+	})
 	if err := env.Check(nettest.WithPrevResult(t, env.Conf(latest, map[string]any{"ipam": nil}), res), id, pod); err != nil {
 		t.Errorf("CHECK: %v", err)
 	}

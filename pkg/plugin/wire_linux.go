@@ -49,8 +49,25 @@ func (inv *invocation) makeWireNetns(path string, podNS ns.NetNS, u *undo) (ns.N
 // on a failed ADD (attachment.ReturnLink).
 func (inv *invocation) moveToWire(podNS, wire ns.NetNS, specPath string, u *undo) error {
 	ifName := inv.args.IfName
+	// A link leaving a namespace leaves there an id (netnsid) for the
+	// namespace it went to, and no call takes an id away; through it a
+	// container with CAP_NET_ADMIN lists and creates links in that
+	// namespace, and could build one on the pod's link again. So the link
+	// goes through a namespace of passage, whose id in the pod's goes with
+	// it when it is destroyed below.
+	if err := wirens.Remove(wire.Path() + ".passage"); err != nil {
+		return cniError(types.ErrInternal, err)
+	}
+	passage, err := wirens.Create(wire.Path() + ".passage")
+	if err != nil {
+		return cniError(types.ErrInternal, err)
+	}
+	defer func() {
+		passage.Close()
+		wirens.Remove(passage.Path())
+	}()
 	var spec *podnet.Spec
-	err := podNS.Do(func(ns.NetNS) error {
+	err = podNS.Do(func(ns.NetNS) error {
 		var err error
 		if spec, err = podnet.Collect(ifName); err != nil {
 			return err
@@ -62,11 +79,33 @@ func (inv *invocation) moveToWire(podNS, wire ns.NetNS, specPath string, u *undo
 		if err != nil {
 			return fmt.Errorf("looking up %s: %w", ifName, err)
 		}
-		if err := netlink.LinkSetNsFd(l, int(wire.Fd())); err != nil {
-			return fmt.Errorf("moving %s into the stack's namespace: %w", ifName, err)
+		if err := netlink.LinkSetNsFd(l, int(passage.Fd())); err != nil {
+			return fmt.Errorf("moving %s out of the pod's namespace: %w", ifName, err)
 		}
 		return nil
 	})
+	if err == nil {
+		err = passage.Do(func(ns.NetNS) error {
+			l, err := netlinksafe.LinkByName(ifName)
+			if err != nil {
+				return fmt.Errorf("looking up %s on its way: %w", ifName, err)
+			}
+			if err := netlink.LinkSetNsFd(l, int(wire.Fd())); err != nil {
+				return fmt.Errorf("moving %s into the stack's namespace: %w", ifName, err)
+			}
+			return nil
+		})
+		if err != nil {
+			// Back where it was, for the earlier plugin.
+			var cidrs []string
+			for _, a := range spec.Addrs {
+				cidrs = append(cidrs, a.String())
+			}
+			if rerr := attachment.ReturnLink(passage.Path(), podNS, ifName, cidrs); rerr != nil {
+				inv.log.Warn("cannot give the earlier plugin its interface back", "err", rerr)
+			}
+		}
+	}
 	if err != nil {
 		return cniError(types.ErrInternal, err)
 	}

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
 
 	"github.com/cni-usernet/cni-usernet/pkg/shaping"
 	"github.com/cni-usernet/cni-usernet/pkg/sourceguard"
@@ -40,6 +41,16 @@ func TestWireNamespace(t *testing.T) {
 	if got := kernelV4(t, wire, "eth0"); len(got) != 0 {
 		t.Errorf("kernel IPv4 addresses on the pod's link: got %v, want none (the stack owns them)", got)
 	}
+	// No id in the pod for the stack's namespace or the node's, through
+	// which CAP_NET_ADMIN would reach links there.
+	nettest.In(p.NS, func() error {
+		for name, n := range map[string]ns.NetNS{"stack's": wire, "node's": env.Node} {
+			if id, err := netlink.GetNetNsIdByFd(int(n.Fd())); err != nil || id >= 0 {
+				t.Errorf("the pod's id for the %s namespace: got %d (%v), want none", name, id, err)
+			}
+		}
+		return nil
+	})
 	if att.SourceGuard != att.HostVeth {
 		t.Errorf("state sourceGuard: got %q, want the node end %q", att.SourceGuard, att.HostVeth)
 	}
