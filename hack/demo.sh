@@ -35,8 +35,6 @@ cleanup() {
   kill "${PIDS[@]}" 2>/dev/null
   [ -e "/var/run/netns/$POD" ] && cnitool del cni-usernet "/var/run/netns/$POD" >/dev/null
   ip netns del "$POD" 2>/dev/null; ip netns del "$NODE" 2>/dev/null
-  # the plugin made the pins' directory a mount point of its own
-  while umount -l "$WORK/run/netns" 2>/dev/null; do :; done
   rm -rf "$WORK"
 }
 PIDS=()
@@ -55,7 +53,9 @@ echo "== the pod's namespace: lo and eth0, the stack's TUN with the pod IP; no l
 ip -n "$POD" -br addr
 ip -n "$POD" -d link show eth0 | sed -n 3p | sed 's/^ */   /'
 echo "== the stack's own namespace: the pod's veth end, no kernel address (the stack owns them)"
-nsenter --net="$(ls "$WORK"/run/netns/*)" ip -br addr
+WIRE=$(python3 -c 'import glob, json, sys; print(json.load(open(glob.glob(sys.argv[1] + "/state/*.json")[0]))["wireNetns"])' "$WORK")
+echo "   ($WIRE, pinned like ip netns add's: ip netns exec $(basename "$WIRE") ...)"
+nsenter --net="$WIRE" ip -br addr
 
 mkdir -p "$WORK/www"; echo "hello from a pod behind a userspace TCP/IP stack" > "$WORK/www/index.html"
 ip netns exec "$POD" python3 -m http.server 8080 -d "$WORK/www" >"$WORK/http.log" 2>&1 & PIDS+=($!)

@@ -418,6 +418,7 @@ func (s *Supervisor) restart(containerID, ifName string, dead launch.Process, lo
 		Binary:       binary,
 		Args:         attachment.StackArgs(att.ConfigPath),
 		Netns:        att.Netns,
+		WireNetns:    att.WireNetns,
 		LogPath:      att.LogPath,
 		ReadyTimeout: s.cfg.ReadyTimeout,
 		Cgroups:      att.StackCgroups,

@@ -24,9 +24,6 @@ type Paths struct {
 	// Policy is the pod's compiled network policy (pkg/policy), which the
 	// node agent writes and the stack reads at start.
 	Policy string
-	// WireNetns pins the stack's own network namespace, where the pod's
-	// link to the node lives (pkg/wirens).
-	WireNetns string
 }
 
 // PathsFor gives the files of the attachment of containerID's ifName:
@@ -35,14 +32,19 @@ func PathsFor(stateDir, runDir, logDir, containerID, ifName string) Paths {
 	key := state.Key(containerID, ifName)
 	dir := filepath.Join(stateDir, "stacks", key)
 	return Paths{
-		StackDir:  dir,
-		Config:    filepath.Join(dir, "config.json"),
-		Spec:      filepath.Join(dir, "spec.json"),
-		Policy:    filepath.Join(dir, "policy.json"),
-		Socket:    filepath.Join(runDir, key+".sock"),
-		Log:       filepath.Join(logDir, key+".log"),
-		WireNetns: wirens.Path(runDir, key),
+		StackDir: dir,
+		Config:   filepath.Join(dir, "config.json"),
+		Spec:     filepath.Join(dir, "spec.json"),
+		Policy:   filepath.Join(dir, "policy.json"),
+		Socket:   filepath.Join(runDir, key+".sock"),
+		Log:      filepath.Join(logDir, key+".log"),
 	}
+}
+
+// WirePath is the pin of the stack's own network namespace, which holds
+// the pod's link (pkg/wirens), in netnsDir.
+func WirePath(netnsDir, containerID, ifName string) string {
+	return wirens.Path(netnsDir, state.Key(containerID, ifName))
 }
 
 // HostVethName derives the node-side veth name from the attachment, so

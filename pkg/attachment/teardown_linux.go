@@ -46,8 +46,11 @@ type Teardown struct {
 	// back on the interface for the earlier plugins' DEL (restoreAddrs).
 	IPs []string
 	// WireNetns is the pin of the stack's own namespace, which holds the
-	// pod's link; empty: where PathsFor puts it, if it is there.
+	// pod's link; empty: WirePath's in NetnsDir, if it is there.
 	WireNetns string
+	// NetnsDir is the network's "netnsDir", for an attachment without
+	// state; empty: none is looked for.
+	NetnsDir string
 	// MountNS is the mount namespace the pin was made in (a node agent in
 	// a container passes the host's, /proc/1/ns/mnt); empty: the caller's.
 	MountNS string
@@ -140,10 +143,10 @@ func (td *Teardown) Run() error {
 // own; for them the link and its ingress drop are undone in the pod's.
 func (td *Teardown) CleanNetns() error {
 	wirePath := td.WireNetns
-	if wirePath == "" {
-		wirePath = PathsFor(td.Store.Dir, td.RunDir, td.LogDir, td.ContainerID, td.IfName).WireNetns
+	if wirePath == "" && td.NetnsDir != "" {
+		wirePath = WirePath(td.NetnsDir, td.ContainerID, td.IfName)
 	}
-	wire := wirens.Exists(wirePath)
+	wire := wirePath != "" && wirens.Exists(wirePath)
 	podNS, err := td.openPodNS()
 	if err != nil {
 		return err

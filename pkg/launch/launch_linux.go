@@ -28,6 +28,11 @@ type Options struct {
 	Args []string
 	// Netns is the pod's network namespace path. Required.
 	Netns string
+	// WireNetns, when set, is the stack's own network namespace (pkg/wirens),
+	// opened here and handed to the process as descriptor WireNetnsFD:
+	// the process may start in another mount namespace (MountNS), where
+	// the pin is not mounted.
+	WireNetns string
 	// LogPath receives the process's stdout and stderr, so that it never
 	// holds the runtime's pipes open (a runtime waits for them to close).
 	LogPath string
@@ -66,6 +71,13 @@ type Process struct {
 // one line, "ok" or "error: <message>", then EOF.
 const ReadyFD = 3
 
+// WireNetnsFD is the descriptor of Options.WireNetns in the process, which
+// the environment variable WireNetnsEnv names when it is passed.
+const (
+	WireNetnsFD  = 4
+	WireNetnsEnv = "CNI_USERNET_WIRE_NETNS_FD"
+)
+
 // Start launches the process in the namespace and waits until it reports
 // ready. On any failure the process is killed and reaped before Start
 // returns, and the error carries the process's own message.
@@ -95,10 +107,22 @@ func Start(o Options) (Process, error) {
 	cmd.Stdout = logf
 	cmd.Stderr = logf
 	cmd.ExtraFiles = []*os.File{wr} // becomes ReadyFD
+	if o.WireNetns != "" {
+		wire, err := os.Open(o.WireNetns)
+		if err != nil {
+			wr.Close()
+			return Process{}, fmt.Errorf("opening the stack's namespace %s: %w", o.WireNetns, err)
+		}
+		defer wire.Close()
+		cmd.ExtraFiles = append(cmd.ExtraFiles, wire) // becomes WireNetnsFD
+	}
 	// Its own session: the stack outlives the plugin and must not receive
 	// signals aimed at the runtime's process group.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	cmd.Env = stackEnv()
+	if o.WireNetns != "" {
+		cmd.Env = append(cmd.Env, fmt.Sprintf("%s=%d", WireNetnsEnv, WireNetnsFD))
+	}
 	netns, err := ns.GetNS(o.Netns)
 	if err != nil {
 		wr.Close()

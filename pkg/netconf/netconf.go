@@ -18,6 +18,7 @@ const (
 	DefaultStateDir     = "/var/lib/cni-usernet"
 	DefaultLogDir       = "/var/log/cni-usernet"
 	DefaultRunDir       = "/run/cni-usernet"
+	DefaultNetnsDir     = "/var/run/netns"
 	DefaultReadyTimeout = 10 * time.Second
 )
 
@@ -100,6 +101,11 @@ type NetConf struct {
 	StateDir string `json:"stateDir,omitempty"`
 	LogDir   string `json:"logDir,omitempty"`
 	RunDir   string `json:"runDir,omitempty"`
+	// NetnsDir is where each stack's own network namespace, which holds
+	// the pod's link, is pinned (pkg/wirens): beside the runtime's pods'
+	// namespaces, where the node agent's DaemonSet mounts them, so that a
+	// restart in the agent finds them. Zero: DefaultNetnsDir.
+	NetnsDir string `json:"netnsDir,omitempty"`
 	// ReadyTimeout bounds the wait for the stack to come up. Zero: 10s.
 	ReadyTimeout string `json:"readyTimeout,omitempty"`
 	// Kubeconfig, when set, lets the plugin read a pod's annotations from

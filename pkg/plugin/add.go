@@ -125,12 +125,13 @@ func (inv *invocation) add() (_ *current.Result, err error) {
 		return nil, errStateDir(conf.StateDir, fmt.Errorf("clearing %s: %w", p.StackDir, err))
 	}
 	u.add(func() { os.RemoveAll(p.StackDir); os.Remove(p.Socket) })
-	wire, err := inv.makeWireNetns(p.WireNetns, netns, &u)
+	wirePath := attachment.WirePath(conf.NetnsDir, args.ContainerID, args.IfName)
+	wire, err := inv.makeWireNetns(wirePath, netns, &u)
 	if err != nil {
 		return nil, err
 	}
 	defer wire.Close()
-	att.WireNetns = p.WireNetns
+	att.WireNetns = wirePath
 	var result *current.Result
 	if att.Chained {
 		if result, err = inv.takeOverPrevious(netns); err != nil {
@@ -182,6 +183,7 @@ func (inv *invocation) add() (_ *current.Result, err error) {
 		Binary:       stackBinary,
 		Args:         attachment.StackArgs(p.Config),
 		Netns:        args.Netns,
+		WireNetns:    att.WireNetns,
 		LogPath:      p.Log,
 		ReadyTimeout: conf.ReadyTimeoutDuration(),
 		CgroupPath:   stackCgroup,
@@ -255,7 +257,7 @@ func (inv *invocation) writeStackConfig(p attachment.Paths, mode offload.Mode) e
 	conf := inv.conf
 	sc := conf.StackConfig(inv.args.IfName, mode, netconf.StackFiles{Spec: p.Spec, ControlSocket: p.Socket, Policy: p.Policy})
 	sc.Version = stackconfig.Version
-	sc.WireNetns = p.WireNetns
+	sc.WireNetns = attachment.WirePath(inv.conf.NetnsDir, inv.args.ContainerID, inv.args.IfName)
 	if err := os.MkdirAll(p.StackDir, 0o700); err != nil {
 		return fmt.Errorf("creating %s: %w", p.StackDir, err)
 	}

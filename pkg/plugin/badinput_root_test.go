@@ -429,7 +429,7 @@ func assertOnlyPod(t *testing.T, env *nettest.Env, p *nettest.Pod) {
 		"file state/" + key + ".json",
 		"file state/stacks/" + key,
 		"file run/" + key + ".sock",
-		"file run/netns/" + key,
+		"file run/netns/cni-usernet-" + key,
 		fmt.Sprintf("stack process %d", att.StackPID),
 	}
 	for _, a := range podAddrs(p.Result) {

@@ -122,7 +122,7 @@ func (inv *invocation) pathsFor(containerID, ifName string) attachment.Paths {
 func (inv *invocation) teardown(containerID, ifName, netns string) *attachment.Teardown {
 	return &attachment.Teardown{
 		Store: inv.store, Log: inv.log, RunDir: inv.conf.RunDir, LogDir: inv.conf.LogDir,
-		TUNName: inv.conf.TUNName, ContainerID: containerID, IfName: ifName, Netns: netns,
+		TUNName: inv.conf.TUNName, ContainerID: containerID, IfName: ifName, Netns: netns, NetnsDir: inv.conf.NetnsDir,
 	}
 }
 

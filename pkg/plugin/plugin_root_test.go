@@ -503,7 +503,7 @@ func TestGCRemovesUnlisted(t *testing.T) {
 	want = append(want, "file state/"+state.Key(keep.ID, "eth0")+".json")
 	want = append(want, "file state/stacks/"+state.Key(keep.ID, "eth0"))
 	want = append(want, "file run/"+state.Key(keep.ID, "eth0")+".sock")
-	want = append(want, "file run/netns/"+state.Key(keep.ID, "eth0"))
+	want = append(want, "file run/netns/cni-usernet-"+state.Key(keep.ID, "eth0"))
 	for _, p := range podAddrs(keep.Result) {
 		want = append(want, "lease "+p.Addr().String())
 	}

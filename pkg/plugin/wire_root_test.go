@@ -3,7 +3,6 @@ package plugin_test
 import (
 	"errors"
 	"os"
-	"path/filepath"
 	"slices"
 	"testing"
 
@@ -30,7 +29,7 @@ func TestWireNamespace(t *testing.T) {
 	if got, want := linkTypes(t, p.NS), []string{"lo:device", "eth0:tuntap"}; !slices.Equal(got, want) {
 		t.Errorf("links in the pod: got %v, want %v", got, want)
 	}
-	wantPin := wirens.Path(filepath.Join(env.Dir, "run"), state.Key(p.ID, "eth0"))
+	wantPin := wirens.Path(env.NetnsDir(), state.Key(p.ID, "eth0"))
 	if att.WireNetns != wantPin {
 		t.Errorf("state wireNetns: got %q, want %q", att.WireNetns, wantPin)
 	}
@@ -96,7 +95,7 @@ func TestAddOverStalePin(t *testing.T) {
 	conf := env.Conf(latest, nil)
 	pod := nettest.NewNS(t)
 	const id = "stalepin"
-	pin := wirens.Path(filepath.Join(env.Dir, "run"), state.Key(id, "eth0"))
+	pin := wirens.Path(env.NetnsDir(), state.Key(id, "eth0"))
 	stale, err := wirens.Create(pin)
 	if err != nil {
 		t.Fatal(err)

@@ -15,11 +15,13 @@ import (
 	"net/netip"
 	"os"
 	"slices"
+	"strconv"
 	"sync/atomic"
 	"time"
 
 	"github.com/cni-usernet/cni-usernet/pkg/control"
 	"github.com/cni-usernet/cni-usernet/pkg/ingressdrop"
+	"github.com/cni-usernet/cni-usernet/pkg/launch"
 	"github.com/cni-usernet/cni-usernet/pkg/offload"
 	"github.com/cni-usernet/cni-usernet/pkg/packetsock"
 	"github.com/cni-usernet/cni-usernet/pkg/podnet"
@@ -275,9 +277,25 @@ func (d *Daemon) openSockets(synOpen *pendingSYN) (wireSockets, error) {
 // process's (an attachment from before the link had one).
 type wireNS struct{ n ns.NetNS }
 
+// openWire opens the stack's own namespace: the descriptor its launcher
+// handed over (launch.WireNetnsFD), which reaches a stack started in a
+// mount namespace where the pin is not mounted, else the pin at path.
 func openWire(path string) (wireNS, error) {
 	if path == "" {
 		return wireNS{}, nil
+	}
+	if v, ok := os.LookupEnv(launch.WireNetnsEnv); ok {
+		os.Unsetenv(launch.WireNetnsEnv)
+		fd, err := strconv.Atoi(v)
+		if err != nil || fd < 3 {
+			return wireNS{}, fmt.Errorf("%s=%q: not a descriptor", launch.WireNetnsEnv, v)
+		}
+		n, err := ns.GetNS(fmt.Sprintf("/proc/self/fd/%d", fd))
+		unix.Close(fd)
+		if err != nil {
+			return wireNS{}, fmt.Errorf("opening the wire namespace %s (descriptor %d): %w", path, fd, err)
+		}
+		return wireNS{n: n}, nil
 	}
 	n, err := ns.GetNS(path)
 	if err != nil {

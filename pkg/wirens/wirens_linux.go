@@ -5,7 +5,9 @@
 // every frame of; a filter there is one CAP_NET_ADMIN removes. The
 // namespace is pinned by a bind mount (as `ip netns add` does), so that it
 // and the link in it outlive the stack process: a stack restarted after a
-// crash finds them where they were.
+// crash finds them where they were. The pins sit beside the runtime's pods'
+// namespaces (/var/run/netns), a shared mount that the node agent's
+// container sees with the mounts made after it started.
 package wirens
 
 import (
@@ -20,11 +22,10 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Dir is where a run directory keeps the pinned wire namespaces.
-func Dir(runDir string) string { return filepath.Join(runDir, "netns") }
-
-// Path is the pin of the attachment whose state key is key.
-func Path(runDir, key string) string { return filepath.Join(Dir(runDir), key) }
+// Path is the pin, in dir, of the attachment whose state key is key:
+// named like `ip netns add` names, so that `ip netns exec` enters it
+// when dir is /var/run/netns.
+func Path(dir, key string) string { return filepath.Join(dir, "cni-usernet-"+key) }
 
 // Create makes a new network namespace pinned at path and returns it
 // open.

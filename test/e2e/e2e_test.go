@@ -32,6 +32,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/cni-usernet/cni-usernet/pkg/stackconfig"
 )
 
 // The annotation that chooses a pod's GSO mode, and the reason of the Event
@@ -1048,16 +1050,23 @@ func checkMTU(t *testing.T, ns, name string, row statusRow, chained bool) {
 		t.Errorf("%s: reading eth0's MTU: %v", name, err)
 		return
 	}
-	link, _ := strconv.Atoi(strings.TrimSpace(out))
-	if got := row.mtu(); got != link || link == 0 {
-		t.Errorf("%s: stack MTU %d, eth0 MTU %d", name, got, link)
+	// The pod's eth0 is the stack's TUN, whose MTU only sizes the
+	// loopback segments between the applications and the stack; the
+	// link's MTU is the one the stack took over with the link.
+	tun, _ := strconv.Atoi(strings.TrimSpace(out))
+	if tun != stackconfig.DefaultTUNMTU {
+		t.Errorf("%s: eth0 (the stack's TUN) MTU %d, want %d", name, tun, stackconfig.DefaultTUNMTU)
+	}
+	link := row.mtu()
+	if link == 0 {
+		t.Errorf("%s: the stack reports no MTU for the pod's link", name)
 	}
 	if chained {
 		if want := flannelMTU(t); link != want {
-			t.Errorf("%s: eth0 MTU %d, flannel's overlay MTU %d", name, link, want)
+			t.Errorf("%s: the pod's link's MTU %d, flannel's overlay MTU %d", name, link, want)
 		}
 	}
-	t.Logf("%s: MTU %d, GSO %s (%s)", name, link, row.GSO.Mode, row.GSO.Reason)
+	t.Logf("%s: link MTU %d (eth0, the TUN, %d), GSO %s (%s)", name, link, tun, row.GSO.Mode, row.GSO.Reason)
 }
 
 // flannelMTU is FLANNEL_MTU from node 1's /run/flannel/subnet.env.

@@ -26,8 +26,6 @@ import (
 	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
-
-	"github.com/cni-usernet/cni-usernet/pkg/wirens"
 )
 
 // RequireRoot skips tests that need namespaces when not root.
@@ -134,11 +132,15 @@ func NewEnv(t testing.TB) *Env {
 		if t.Failed() {
 			e.dumpLogs()
 		}
-		unmountAll(wirens.Dir(filepath.Join(e.Dir, "run")))
+		unmountAll(e.NetnsDir())
 		os.RemoveAll(e.Dir)
 	})
 	return e
 }
+
+// NetnsDir is the env's "netnsDir", where the stacks' own namespaces are
+// pinned.
+func (e *Env) NetnsDir() string { return filepath.Join(e.Dir, "run", "netns") }
 
 // unmountAll detaches every mount stacked on dir: the plugin makes the
 // directory of the wire namespaces' pins a mount point of its own.
@@ -173,6 +175,7 @@ func (e *Env) Conf(version string, extra map[string]any) []byte {
 		"stateDir": filepath.Join(e.Dir, "state"),
 		"logDir":   filepath.Join(e.Dir, "log"),
 		"runDir":   filepath.Join(e.Dir, "run"),
+		"netnsDir": e.NetnsDir(),
 	}
 	for k, v := range extra {
 		if v == nil {

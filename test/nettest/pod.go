@@ -113,7 +113,7 @@ func (e *Env) NewPodWith(plugin string, conf []byte) *Pod {
 // cleanup).
 func (e *Env) WireNS(p *Pod) ns.NetNS {
 	e.T.Helper()
-	n, err := ns.GetNS(wirens.Path(filepath.Join(e.Dir, "run"), stateKey(p.ID, "eth0")))
+	n, err := ns.GetNS(wirens.Path(e.NetnsDir(), stateKey(p.ID, "eth0")))
 	if err != nil {
 		e.T.Fatalf("opening the wire namespace of %s: %v", p.ID, err)
 	}
@@ -203,7 +203,7 @@ func (e *Env) Leaks() []string {
 	for _, pattern := range []string{"state/*.json", "state/stacks/*", "run/*", "run/netns/*"} {
 		m, _ := filepath.Glob(filepath.Join(e.Dir, pattern))
 		for _, f := range m {
-			if f == wirens.Dir(filepath.Join(e.Dir, "run")) {
+			if f == e.NetnsDir() {
 				continue // the pins' directory stays, empty
 			}
 			leaks = append(leaks, "file "+strings.TrimPrefix(f, e.Dir+"/"))
