@@ -56,7 +56,7 @@ if pid_alive containerd && [ -x "$BIN/crictl" ]; then
     ns=$(crictl inspectp -o go-template --template '{{.status.metadata.namespace}}' "$id" 2>/dev/null)
     if [ "$ns" = kube-system ]; then echo "2 $id"; else echo "1 $id"; fi
   done | sort | cut -d' ' -f2); do
-    crictl stopp "$p" >/dev/null 2>&1 || log "stopp $p failed"
+    out=$(crictl stopp "$p" 2>&1) || log "stopp $p failed: ${out##*desc = }"
     crictl rmp -f "$p" >/dev/null 2>&1 || true
   done
   # anything left running in containerd's k8s.io namespace (should be nothing)
@@ -76,6 +76,7 @@ stop_daemon kube-controller-manager 20
 stop_daemon kube-apiserver 30
 stop_daemon etcd 30
 stop_daemon containerd 30
+rm -f "$CONTAINERD_VARIANT_FILE"
 # containerd-shim-runc-v2 processes outlive containerd only while their task runs;
 # kill the ones that serve the k8s.io namespace (none should be left).
 for pid in $(pgrep -f 'containerd-shim-runc-v2 -namespace k8s.io' 2>/dev/null); do

@@ -3,8 +3,9 @@
 # is running), build the image, run test/e2e against the cluster in each mode
 # (standalone, then chained behind flannel; E2E_MODES="standalone" or "chain"
 # runs one), and tear the cluster down again, also when something failed
-# (E2E_KEEP_CLUSTER=1 keeps it, for iterating). Exits non-zero when anything
-# failed.
+# (E2E_KEEP_CLUSTER=1 keeps it, for iterating). K8S_LAB_CONTAINERD=2 runs
+# the lab on containerd 2 instead of Debian's 1.6 (lib/common.sh). Exits
+# non-zero when anything failed.
 set -uo pipefail
 LAB=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$LAB/../.." && pwd)
@@ -44,7 +45,11 @@ dump_logs() {
 # up.sh is idempotent: on a running cluster it only starts what is missing
 # (node 2, CoreDNS) in a few seconds.
 "$LAB/up.sh" || { rc=1; log "cluster did not come up"; exit; }
-export KUBECONFIG=$STATE/admin.kubeconfig CNI_USERNET_E2E=1 E2E_NODE1=$NODE
+# The containerd up.sh started (lib/common.sh): its ctr for the tests, and
+# E2E_CONTAINERD for what they expect of it (which cgroup source).
+lab_containerd
+export KUBECONFIG=$STATE/admin.kubeconfig CNI_USERNET_E2E=1 E2E_NODE1=$NODE E2E_CONTAINERD=$CONTAINERD_VARIANT
+log "containerd: $("$CONTAINERD" --version)"
 hack/image.sh || { rc=1; exit; }
 if [ "$K8S_LAB_NODES" = 2 ]; then
   # The README imports the image on this node; node 2 has a containerd of its own.

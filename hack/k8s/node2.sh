@@ -148,8 +148,9 @@ up() {
   write_kubeconfig "kubelet-$NODE2" "$STATE/kubelet-$NODE2.kubeconfig"
 
   # ------------------------------------------------------------ containerd
-  # the same configuration: its paths are node 2's own through the bind mounts
-  n2_start_daemon containerd-node2 /usr/bin/containerd --config "$ETC/containerd.toml"
+  # the same containerd and configuration as node 1's (lib/common.sh's
+  # K8S_LAB_CONTAINERD): its paths are node 2's own through the bind mounts
+  n2_start_daemon containerd-node2 "$CONTAINERD" --config "$ETC/containerd.toml"
   wait_for "containerd on $NODE2" 60 in_n2 ctr version
   for t in "$IMGDIR"/*.tar; do import "$t"; done
 
@@ -195,7 +196,7 @@ down() {
     # pod sandboxes: StopPodSandbox runs CNI DEL (node 2's plugin and files)
     if pid_alive containerd-node2; then
       for p in $(in_n2 crictl pods -q 2>/dev/null); do
-        in_n2 crictl stopp "$p" >/dev/null 2>&1 || log "node 2: stopp $p failed"
+        out=$(in_n2 crictl stopp "$p" 2>&1) || log "node 2: stopp $p failed: ${out##*desc = }"
         in_n2 crictl rmp -f "$p" >/dev/null 2>&1 || true
       done
     fi

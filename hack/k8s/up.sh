@@ -14,6 +14,8 @@
 # Usage: hack/k8s/up.sh                   build what is missing, start everything
 #        K8S_LAB_DEFAULT_CNI=1 hack/k8s/up.sh   also install a fallback ptp conflist
 #                                                 (and smoke-test a pod on it)
+#        K8S_LAB_CONTAINERD=2 hack/k8s/up.sh    containerd 2 (containerd2/go.mod) on both
+#                                                 nodes instead of Debian's 1.6
 # Afterwards:  export KUBECONFIG=/var/lib/k8s-lab/admin.kubeconfig PATH=/opt/k8s-lab/bin:$PATH
 # Stop with hack/k8s/down.sh (restores the machine; built binaries stay in /opt/k8s-lab).
 set -euo pipefail
@@ -46,6 +48,9 @@ if pgrep -x etcd >/dev/null && ! pid_alive etcd; then
 fi
 
 # ---------------------------------------------------------------- binaries
+if [ -n "${K8S_LAB_CONTAINERD:-}" ] && [ "$K8S_LAB_CONTAINERD" != "$CONTAINERD_VARIANT" ]; then
+  die "the running lab has containerd $CONTAINERD_VARIANT, K8S_LAB_CONTAINERD asks for $K8S_LAB_CONTAINERD: hack/k8s/down.sh first"
+fi
 "$LAB/lib/build.sh"
 
 # ---------------------------------------------------------------- images
@@ -132,7 +137,46 @@ fi
 
 # ---------------------------------------------------------------- containerd
 mkdir -p "$ETC"
-cat >"$ETC/containerd.toml" <<EOF
+if [ "$CONTAINERD_VARIANT" = 2 ]; then
+  # The configuration below in containerd 2's layout (version 3: the CRI
+  # plugin split into io.containerd.cri.v1.runtime and .images; 2.3 and
+  # later read it and migrate it in memory to their version 4, which only
+  # turns [grpc] and the other server sections into plugins). Where
+  # containerd 2's defaults differ from 1.6's they stay, as users get them
+  # (unprivileged ports and ping in pods, CDI), except NRI: its socket
+  # /var/run/nri/nri.sock would be shared by both nodes' containerds, and
+  # 1.6 has none.
+  cat >"$ETC/containerd.toml" <<EOF
+version = 3
+root = "/var/lib/containerd"
+state = "/run/containerd"
+[grpc]
+  address = "/run/containerd/containerd.sock"
+[plugins.'io.containerd.cri.v1.runtime']
+  # (as below: this VM's root lacks CAP_SYS_RESOURCE)
+  restrict_oom_score_adj = true
+  [plugins.'io.containerd.cri.v1.runtime'.containerd]
+    default_runtime_name = "runc"
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      # the shim built with it, whatever the daemon's PATH (Debian's 1.6
+      # one is in /usr/bin)
+      runtime_path = "$CONTAINERD2_BIN/containerd-shim-runc-v2"
+      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+        SystemdCgroup = false
+  [plugins.'io.containerd.cri.v1.runtime'.cni]
+    bin_dirs = ["/opt/cni/bin"]
+    conf_dir = "/etc/cni/net.d"
+    max_conf_num = 1
+[plugins.'io.containerd.cri.v1.images']
+  snapshotter = "overlayfs"
+  [plugins.'io.containerd.cri.v1.images'.pinned_images]
+    sandbox = "$PAUSE_IMAGE"
+[plugins.'io.containerd.nri.v1.nri']
+  disable = true
+EOF
+else
+  cat >"$ETC/containerd.toml" <<EOF
 version = 2
 root = "/var/lib/containerd"
 state = "/run/containerd"
@@ -156,12 +200,14 @@ state = "/run/containerd"
     conf_dir = "/etc/cni/net.d"
     max_conf_num = 1
 EOF
+fi
 cat >/etc/crictl.yaml <<EOF
 runtime-endpoint: unix:///run/containerd/containerd.sock
 image-endpoint: unix:///run/containerd/containerd.sock
 timeout: 30
 EOF
-start_daemon containerd /usr/bin/containerd --config "$ETC/containerd.toml"
+pid_alive containerd || echo "$CONTAINERD_VARIANT" >"$CONTAINERD_VARIANT_FILE"
+start_daemon containerd "$CONTAINERD" --config "$ETC/containerd.toml"
 wait_for "containerd" 60 ctr version
 for t in "$IMGDIR"/*.tar; do
   ref=$(tar -xOf "$t" index.json | sed -n 's/.*"io.containerd.image.name":"\([^"]*\)".*/\1/p')

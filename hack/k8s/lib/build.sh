@@ -54,3 +54,23 @@ if ! [ -x "$BIN/flannel" ]; then
   (cd "$LAB/flannel/cni" && CGO_ENABLED=0 nice -n 19 go build -trimpath -ldflags "-s -w" -o "$BIN/flannel" \
     github.com/containernetworking/plugins/plugins/meta/flannel)
 fi
+# containerd 2 for the K8S_LAB_CONTAINERD=2 variant (lib/common.sh), from
+# its Go module (containerd2/go.mod): the daemon, its runc shim and ctr, to
+# a directory of their own so that Debian's stay in use by default.
+# Without cgo, and so without the btrfs, devmapper and zfs snapshotters
+# (the lab uses overlayfs); the shim without gRPC, as upstream builds it.
+if [ "$CONTAINERD_VARIANT" = 2 ] &&
+   ! { [ -x "$CONTAINERD2_BIN/containerd-shim-runc-v2" ] && [ -x "$CONTAINERD2_BIN/ctr" ] &&
+       "$CONTAINERD2_BIN/containerd" --version 2>/dev/null | grep -qw "$CONTAINERD2_VERSION"; }; then
+  log "building containerd $CONTAINERD2_VERSION (containerd2/go.mod)"
+  s=$(date +%s)
+  mkdir -p "$CONTAINERD2_BIN"
+  pkg=github.com/containerd/containerd/v2
+  ld="-s -w -X $pkg/version.Version=$CONTAINERD2_VERSION -X $pkg/version.Package=$pkg"
+  tags="no_btrfs no_devmapper no_zfs urfave_cli_no_docs"
+  (cd "$LAB/containerd2" && CGO_ENABLED=0 nice -n 19 go build -trimpath -tags "$tags" -ldflags "$ld" \
+    -o "$CONTAINERD2_BIN/" $pkg/cmd/containerd $pkg/cmd/ctr &&
+   CGO_ENABLED=0 nice -n 19 go build -trimpath -tags "$tags no_grpc" -ldflags "$ld" \
+    -o "$CONTAINERD2_BIN/" $pkg/cmd/containerd-shim-runc-v2)
+  log "built containerd in $(( $(date +%s) - s ))s"
+fi
