@@ -20,6 +20,8 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"golang.org/x/sys/unix"
+
+	"github.com/cni-usernet/cni-usernet/pkg/launch"
 )
 
 // Path is the pin, in dir, of the attachment whose state key is key:
@@ -121,42 +123,7 @@ func RemoveIn(mountNS, path string) error {
 	if mountNS == "" || path == "" {
 		return Remove(path)
 	}
-	if same, err := sameFile("/proc/self/ns/mnt", mountNS); err != nil || same {
-		return Remove(path)
-	}
-	errc := make(chan error, 1)
-	go func() {
-		// A thread that entered another mount namespace is unfit for any
-		// other goroutine: never unlocked, discarded when this one ends.
-		runtime.LockOSThread()
-		errc <- func() error {
-			mnt, err := os.Open(mountNS)
-			if err != nil {
-				return fmt.Errorf("opening mount namespace %s: %w", mountNS, err)
-			}
-			defer mnt.Close()
-			if err := unix.Unshare(unix.CLONE_FS); err != nil {
-				return fmt.Errorf("unsharing filesystem attributes: %w", err)
-			}
-			if err := unix.Setns(int(mnt.Fd()), unix.CLONE_NEWNS); err != nil {
-				return fmt.Errorf("entering mount namespace %s: %w", mountNS, err)
-			}
-			return Remove(path)
-		}()
-	}()
-	return <-errc
-}
-
-func sameFile(a, b string) (bool, error) {
-	sa, err := os.Stat(a)
-	if err != nil {
-		return false, err
-	}
-	sb, err := os.Stat(b)
-	if err != nil {
-		return false, err
-	}
-	return os.SameFile(sa, sb), nil
+	return launch.InMountNS(mountNS, func() error { return Remove(path) })
 }
 
 // Exists reports whether path is a pinned network namespace.
