@@ -141,6 +141,12 @@ func TestKubernetesStackCgroupSource(t *testing.T) {
 		}
 		bad := 0
 		for _, l := range lines {
+			// The faults test starts two sandboxes with crictl, beside the
+			// kubelet: a pod cgroup there is a matter of chance (the node's
+			// is what the plugin gives them when there is none).
+			if strings.HasPrefix(l.CNI.Pod, "cu-faults-") && (strings.HasSuffix(l.CNI.Pod, "/stranger") || strings.HasSuffix(l.CNI.Pod, "/known")) {
+				continue
+			}
 			if why := l.chargedToPod(want); why != "" {
 				bad++
 				t.Errorf("node %s: pod %s: stack cgroup %q: %s", node, l.CNI.Pod, l.Path, why)
