@@ -72,8 +72,9 @@ type bench struct {
 	atts       []*attachment
 	namespaces []string
 	procs      map[*proc]bool
-	scaleUp    string // conflist of the scale section's pods while they are attached
-	peerNodeUp bool   // peerVeth exists in the node namespace
+	scaleUp    string    // conflist of the scale section's pods while they are attached
+	peerNodeUp bool      // peerVeth exists in the node namespace
+	cgfs       *cgroupFS // the hierarchies, once the limits or sizing section found them
 }
 
 func newBench(o options) (*bench, error) {
@@ -185,7 +186,13 @@ func (b *bench) run(ctx context.Context) error {
 			}
 		}
 	}
-	if b.o.Scale {
+	if len(b.o.CPULimits) > 0 && ctx.Err() == nil {
+		b.limits(ctx, live)
+	}
+	if b.o.Sizing && ctx.Err() == nil {
+		b.sizing(ctx, live)
+	}
+	if b.o.Scale && ctx.Err() == nil {
 		b.scale(ctx, live)
 	}
 	return ctx.Err()
@@ -216,6 +223,13 @@ func (b *bench) setupNode(ctx context.Context) error {
 		if f := strings.Fields(l); len(f) > 0 && strings.HasPrefix(f[0], nsPrefix) {
 			return fmt.Errorf("namespace %s already exists: another benchmark is running, or a killed one left it; "+
 				"remove it with `ip netns pids %s | xargs -r kill; ip netns del %s`", f[0], f[0], f[0])
+		}
+	}
+	if len(b.o.CPULimits) > 0 || b.o.Sizing {
+		// No ub-* namespace, so no benchmark runs: a cgroup of ours is
+		// a killed run's.
+		if fs, err := b.cgroups(); err == nil {
+			fs.sweep()
 		}
 	}
 	if err := b.addNS(ctx, nodeNS); err != nil {
@@ -313,27 +327,9 @@ func (b *bench) attach(ctx context.Context, c *config) (*attachment, error) {
 		}
 		addArgs = append(addArgs, "--pod", "bench/"+a.ID)
 	}
-	out, err := b.output(ctx, 2*time.Minute, nodeNS, b.cniArgsFor(c, "add", a.ConfPath, addArgs...)...)
+	res, err := b.cniAdd(ctx, a, addArgs...)
 	if err != nil {
 		return nil, err
-	}
-	var res current.Result
-	if err := json.Unmarshal(out, &res); err != nil {
-		return nil, fmt.Errorf("parsing the ADD result %q: %w", out, err)
-	}
-	for _, ip := range res.IPs {
-		if ip.Address.IP.To4() != nil {
-			a.IP = ip.Address.IP.String()
-			break
-		}
-	}
-	for _, i := range res.Interfaces {
-		if i.Sandbox == "" {
-			a.HostVeth = i.Name
-		}
-	}
-	if a.IP == "" || a.HostVeth == "" {
-		return nil, fmt.Errorf("the ADD result has no IPv4 address or no host-side interface: %s", out)
 	}
 
 	for _, e := range []struct{ ns, dev string }{{nodeNS, a.HostVeth}, {a.NS, "eth0"}} {
@@ -361,12 +357,56 @@ func (b *bench) attach(ctx context.Context, c *config) (*attachment, error) {
 			b.fail(0, c.Name, "gso-check", err) // measured anyway; the exit status says it
 		}
 		if c.PolicyRules > 0 {
-			if err := b.pushPolicy(c, a, &res); err != nil {
+			if err := b.pushPolicy(c, a, res); err != nil {
 				return nil, fmt.Errorf("pushing the policy: %w", err)
 			}
 		}
 	}
 	return a, nil
+}
+
+// cniAdd runs ADD for a and reads its address and host veth from the result.
+func (b *bench) cniAdd(ctx context.Context, a *attachment, args ...string) (*current.Result, error) {
+	out, err := b.output(ctx, 2*time.Minute, nodeNS, b.cniArgsFor(a.cfg, "add", a.ConfPath, args...)...)
+	if err != nil {
+		return nil, err
+	}
+	var res current.Result
+	if err := json.Unmarshal(out, &res); err != nil {
+		return nil, fmt.Errorf("parsing the ADD result %q: %w", out, err)
+	}
+	for _, ip := range res.IPs {
+		if ip.Address.IP.To4() != nil {
+			a.IP = ip.Address.IP.String()
+			break
+		}
+	}
+	for _, i := range res.Interfaces {
+		if i.Sandbox == "" {
+			a.HostVeth = i.Name
+		}
+	}
+	if a.IP == "" || a.HostVeth == "" {
+		return nil, fmt.Errorf("the ADD result has no IPv4 address or no host-side interface: %s", out)
+	}
+	return &res, nil
+}
+
+// detach runs DEL for an attachment made after the rounds and removes its
+// namespace, so that cleanup no longer holds it.
+func (b *bench) detach(a *attachment) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	_, err := b.output(ctx, time.Minute, nodeNS, b.cniArgsFor(a.cfg, "del", a.ConfPath, "--id", a.ID, "--netns", "/run/netns/"+a.NS)...)
+	if err != nil {
+		return fmt.Errorf("DEL %s: %w", a.ID, err)
+	}
+	b.delNS(ctx, a.NS)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.atts = slices.DeleteFunc(b.atts, func(x *attachment) bool { return x == a })
+	b.namespaces = slices.DeleteFunc(b.namespaces, func(s string) bool { return s == a.NS })
+	return nil
 }
 
 // stackStatus is the part of `cni-usernet status --json` the benchmark reads.
@@ -463,6 +503,9 @@ func (b *bench) cleanup() {
 	}
 	for i := len(nss) - 1; i >= 0; i-- { // pods first, the node last
 		b.delNS(ctx, nss[i])
+	}
+	if b.cgfs != nil {
+		b.cgfs.sweep()
 	}
 	// runsc bind-mounts an empty network namespace for its gofers at
 	// <root>/null-netns and leaves it; unmount every stacked copy, as runsc

@@ -41,6 +41,7 @@ func cniMain(args []string) int {
 	netns := fs.String("netns", "", "network namespace path (add, del)")
 	prefix := fs.String("netns-prefix", "", "addbench, addmany, delmany: namespace paths are <prefix><i>")
 	idPrefix := fs.String("id-prefix", "ub-add-", "addbench, addmany, delmany: container IDs are <id-prefix><i>")
+	podUID := fs.String("pod-uid", "", "add: the pod's UID, passed as K8S_POD_UID: the plugin charges the stack to the cgroup kubelet would have made for it")
 	n := fs.Int("n", 0, "addbench: pods")
 	par := fs.Int("parallel", 1, "addbench: concurrent ADDs")
 	if err := fs.Parse(args[1:]); err != nil {
@@ -64,7 +65,13 @@ func cniMain(args []string) int {
 	case "add":
 		rt := &libcni.RuntimeConf{ContainerID: *id, NetNS: *netns, IfName: "eth0"}
 		if ns, name, ok := strings.Cut(*pod, "/"); ok {
-			rt.Args = [][2]string{{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", ns}, {"K8S_POD_NAME", name}}
+			rt.Args = [][2]string{{"K8S_POD_NAMESPACE", ns}, {"K8S_POD_NAME", name}}
+		}
+		if *podUID != "" {
+			rt.Args = append(rt.Args, [2]string{"K8S_POD_UID", *podUID})
+		}
+		if len(rt.Args) > 0 {
+			rt.Args = append([][2]string{{"IgnoreUnknown", "1"}}, rt.Args...)
 		}
 		res, err := cn.AddNetworkList(ctx, list, rt)
 		if err != nil {

@@ -72,6 +72,13 @@ type options struct {
 	Scale     bool
 	ScalePods int
 	Streams   []int
+	// CPULimits runs the limits section after the rounds (default none,
+	// never with --quick): bulk and redis with the pod's server and
+	// stack in a cgroup with each limit's CFS quota (limits.go).
+	CPULimits []cpuLimit
+	// Sizing measures a stack's memory alone in a memory cgroup, idle and
+	// under load (default on, off with --quick; sizing.go).
+	Sizing bool
 }
 
 func parseOptions(args []string) (options, error) {
@@ -90,6 +97,8 @@ func parseOptions(args []string) (options, error) {
 	scale := fs.String("scale", "", "true/false: the scale section (default true, false with --quick)")
 	fs.IntVar(&o.ScalePods, "scale-pods", 100, "idle cni-usernet pods in the scale section")
 	streams := fs.String("streams", "1,16,256", "concurrent iperf3 streams node→pod in the scale section")
+	cpuLimits := fs.String("cpu-limits", "", "comma-separated pod CPU limits (100m, 0.5, 2, max for none): kernel and usernet-hardware with the pod's server and stack in a cgroup of that CFS quota, after the rounds (not with --quick)")
+	sizing := fs.String("sizing", "", "true/false: a stack's memory alone in a memory cgroup, idle and under load (default true, false with --quick)")
 	fs.DurationVar(&o.IperfTime, "iperf-time", 0, "iperf3 duration per direction (default 15s, 3s with --quick)")
 	fs.DurationVar(&o.RRTime, "rr-time", 0, "TCP_RR duration (default 10s, 2s with --quick)")
 	fs.IntVar(&o.RedisN, "redis-n", 0, "redis-benchmark -n (default 100000, 10000 with --quick)")
@@ -137,6 +146,17 @@ func parseOptions(args []string) (options, error) {
 	}
 	if o.Scale, err = boolFlag("scale", *scale, !o.Quick); err != nil {
 		return o, err
+	}
+	if o.Sizing, err = boolFlag("sizing", *sizing, !o.Quick); err != nil {
+		return o, err
+	}
+	if o.CPULimits, err = parseCPULimits(*cpuLimits); err != nil {
+		return o, err
+	}
+	if o.Quick && len(o.CPULimits) > 0 {
+		// The CI smoke stays short and needs no cgroups; a short limits
+		// run is --rounds 1 --iperf-time 3s --redis-n 10000.
+		return o, fmt.Errorf("-cpu-limits is not part of --quick")
 	}
 	for _, f := range strings.Split(*streams, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -73,6 +74,27 @@ func (b *bench) streamMetrics() []metric {
 	return ms
 }
 
+// limitMetrics are the limits section's columns (rows kernel@LIMIT,
+// usernet-hardware@LIMIT; ratios to kernel@LIMIT).
+var limitMetrics = []metric{
+	{"tcp_n2p_gbps", "TCP node→pod", "Gbit/s", true, "What the pod gets", false},
+	{"tcp_p2n_gbps", "TCP pod→node", "Gbit/s", true, "What the pod gets", false},
+	{"redis_set_krps", "redis SET", "k rps", true, "What the pod gets", false},
+	{"redis_get_krps", "redis GET", "k rps", true, "What the pod gets", false},
+	{"pod_cores_n2p", "pod, node→pod", "cores", false, "Where its CPU goes", false},
+	{"pod_cores_p2n", "pod, pod→node", "cores", false, "Where its CPU goes", false},
+	{"pod_cores_redis", "pod, redis", "cores", false, "Where its CPU goes", false},
+	{"stack_share_n2p", "stack's share, node→pod", "of the pod's CPU", false, "Where its CPU goes", true},
+	{"stack_share_p2n", "stack's share, pod→node", "of the pod's CPU", false, "Where its CPU goes", true},
+	{"stack_share_redis", "stack's share, redis", "of the pod's CPU", false, "Where its CPU goes", true},
+	{"throttled_n2p", "throttled, node→pod", "of periods", false, "Where its CPU goes", false},
+	{"throttled_p2n", "throttled, pod→node", "of periods", false, "Where its CPU goes", false},
+	{"throttled_redis", "throttled, redis", "of periods", false, "Where its CPU goes", false},
+	{"machine_cores_n2p", "machine, node→pod", "cores", false, "Where its CPU goes", false},
+	{"machine_cores_p2n", "machine, pod→node", "cores", false, "Where its CPU goes", false},
+	{"machine_cores_redis", "machine, redis", "cores", false, "Where its CPU goes", false},
+}
+
 var addMetrics = []metric{
 	{"add_p50_ms", "ADD p50", "ms", false, "", false},
 	{"add_p99_ms", "ADD p99", "ms", false, "", false},
@@ -119,6 +141,9 @@ func (b *bench) cells() map[string]map[string]*cell {
 		if strings.HasPrefix(cfg, "add-") {
 			base = "add-ptp"
 		}
+		if _, l, ok := limitOf(cfg); ok {
+			base = limitRow(baseline, l)
+		}
 		for m, c := range ms {
 			if bc := out[base][m]; bc != nil && bc.Median != 0 {
 				r := c.Median / bc.Median
@@ -149,7 +174,7 @@ func (b *bench) problems() []string {
 			out = append(out, fmt.Sprintf("%s gso-check (%s)", f.Config, f.Error))
 		case strings.HasSuffix(f.Workload, "(retried)"):
 			// the retry's own outcome decides
-		case f.Config == scaleIdle || strings.HasPrefix(f.Workload, "streams"):
+		case f.Config == scaleIdle || f.Config == sizingRow || strings.HasPrefix(f.Workload, "streams") || strings.Contains(f.Config, "@"):
 			out = append(out, fmt.Sprintf("%s %s (%s)", f.Config, f.Workload, firstLine(f.Error)))
 		}
 	}
@@ -341,6 +366,13 @@ func (b *bench) writeReport() error {
 		b.table(&w, cells, b.streamMetrics(), rows)
 	}
 
+	if len(b.o.CPULimits) > 0 {
+		b.limitsReport(&w, cells)
+	}
+	if b.o.Sizing {
+		b.sizingReport(&w, cells)
+	}
+
 	fmt.Fprintf(&w, "\n## Targets (goals, not assertions)\n\n| target | goal | measured | |\n|---|---|---|---|\n")
 	for _, t := range targets {
 		v, ok := t.Value(cells)
@@ -446,6 +478,8 @@ func workloadOf(key string) string {
 		return "tcp_rr"
 	case key == "rss_mib":
 		return "stack"
+	case strings.HasSuffix(key, "_n2p"), strings.HasSuffix(key, "_p2n"):
+		return "iperf3"
 	case strings.HasPrefix(key, "streams_"):
 		n, _, _ := strings.Cut(strings.TrimPrefix(key, "streams_"), "_")
 		return "streams " + n
@@ -579,4 +613,68 @@ func writeJSON(path string, v any) error {
 		return err
 	}
 	return os.WriteFile(path, append(raw, '\n'), 0o644)
+}
+
+// limitsReport writes the limits section: one row per limit and
+// configuration, ratios to the kernel veth under the same limit.
+func (b *bench) limitsReport(w *strings.Builder, cells map[string]map[string]*cell) {
+	var rows []*config
+	for _, l := range b.o.CPULimits {
+		for _, name := range limitConfigs {
+			if c := configByName(name); c != nil {
+				rows = append(rows, &config{Name: limitRow(name, l.Label), Plugin: c.Plugin})
+			}
+		}
+	}
+	var labels, ns []string
+	for _, l := range b.o.CPULimits {
+		labels, ns = append(labels, l.Label), append(ns, strconv.Itoa(b.limitRedisN(l)))
+	}
+	fmt.Fprintf(w, "\n## Under a pod's CPU limit\n\n")
+	fmt.Fprintf(w, "The pod's server (and for cni-usernet its stack) in a cgroup with the limit's CFS quota (period %d ms; `max`: no quota); the clients in the node namespace, unlimited. iperf3 %s per direction, redis-benchmark -n %s (limits %s). Ratios to `kernel` under the same limit. The stack's share: its CPU time over the pod cgroup's. Throttled: the share of CFS periods in which the pod used up its quota. Machine: all CPUs' busy cores, the clients and the softirq work no pod is billed for included.\n",
+		cfsPeriodUs/1000, b.o.IperfTime, strings.Join(ns, " / "), strings.Join(labels, " / "))
+	for _, g := range []string{"What the pod gets", "Where its CPU goes"} {
+		var ms []metric
+		for _, m := range limitMetrics {
+			if m.Group == g {
+				ms = append(ms, m)
+			}
+		}
+		fmt.Fprintf(w, "\n### %s\n\n", g)
+		b.table(w, cells, ms, rows)
+	}
+}
+
+// sizingReport writes the sizing section: the stack's memory by phase.
+func (b *bench) sizingReport(w *strings.Builder, cells map[string]map[string]*cell) {
+	fmt.Fprintf(w, "\n## Sizing: a stack's memory, alone in its pod's cgroup (usernet-hardware)\n\n")
+	if why, ok := b.skipped[sizingRow]; ok {
+		fmt.Fprintf(w, "skipped: %s\n", mdCell(why))
+		return
+	}
+	if len(cells[sizingRow]) == 0 {
+		why := b.failedWhy(sizingRow, "")
+		if why == "" {
+			why = "no numbers"
+		}
+		fmt.Fprintf(w, "failed: %s\n", mdCell(why))
+		return
+	}
+	fmt.Fprintf(w, "MiB. The stack in the cgroup the plugin put it in, its pod's (found by the pod's UID), alone. RSS: the stack's VmRSS, RssAnon and RssFile (the binary's text, shared by every stack on the node and charged to whichever cgroup first read it). Charged: the pod cgroup's memory.usage_in_bytes (v1) or memory.current (v2); anon and file from memory.stat, kernel: v1's kmem counter (no socket buffers: v1 charges them only under a TCP limit) or v2's kernel + sock. Peaks sampled every 100 ms. iperf3 %s per direction, redis-benchmark -n %d.\n\n", b.o.IperfTime, b.o.RedisN)
+	fmt.Fprintf(w, "| phase |")
+	for _, q := range sizingQuantities {
+		fmt.Fprintf(w, " %s |", q.Label)
+	}
+	fmt.Fprintf(w, "\n|---|%s\n", strings.Repeat("---|", len(sizingQuantities)))
+	for _, p := range sizingPhases {
+		fmt.Fprintf(w, "| %s |", p.Label)
+		for _, q := range sizingQuantities {
+			if c := cells[sizingRow][p.Key+"_"+q.Key]; c != nil {
+				fmt.Fprintf(w, " %s |", fmtNum(c.Median))
+			} else {
+				fmt.Fprintf(w, " — |")
+			}
+		}
+		fmt.Fprintln(w)
+	}
 }

@@ -3,9 +3,13 @@
 # runsc, pasta, slirp4netns) on this machine.
 #
 #   hack/bench/run.sh [--quick] [--out DIR] [--rounds N] [--only a,b] [--peers=false] [--scale=false] [--baseline REV] [--list] [other flags of hack/bench]
+#   hack/bench/run.sh --only kernel,usernet-hardware --cpu-limits 100m,500m,2 ...   # also under pod CPU limits
 #
 # Needs root. Everything runs in network namespaces named ub-* that the
-# benchmark creates and removes; the root namespace is not touched. Builds
+# benchmark creates and removes; the root namespace is not touched. The
+# limits (--cpu-limits) and sizing (--sizing, on unless --quick) sections
+# also make cgroups named ub-bench-* at the top of the cgroup hierarchies
+# and remove them. Builds
 # ptp, host-local, cni-usernet (optional: its configurations are skipped when
 # it does not build), runsc when peers run (hack/bench/peers pins it to the
 # gVisor version in go.mod; ~7 min the first time, cached after) and the
