@@ -99,6 +99,7 @@ var badValues = []badKey{
 	{"runDir", "./run", `"./run"`, "absolute path"},
 	{"runDir", "/" + strings.Repeat("r", 85), `"/` + strings.Repeat("r", 85) + `", 86 bytes long`, "at most 85 bytes"},
 	{"kubeconfig", "kubeconfig.yaml", `"kubeconfig.yaml"`, "absolute path"},
+	{"netnsDir", "netns", `"netns"`, "absolute path"},
 	{"nodeName", "Node_1", `"Node_1"`, "Kubernetes node name"},
 	{"nodeName", "node-", `"node-"`, "lower-case letters"},
 	{"nodeName", strings.Repeat("n", 254), `"` + strings.Repeat("n", 254) + `"`, "at most 253 bytes"},

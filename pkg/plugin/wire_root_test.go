@@ -142,3 +142,24 @@ func TestBandwidthShapedByThePlugin(t *testing.T) {
 		"ingressRate": 10_000_000}}}), "badbw")
 	wantMessage(t, te.Msg, "bandwidth", "ingressBurst")
 }
+
+// TestAddRefusesRuntimeCgroupPath: a cgroupPath from the runtime outside
+// the node's kubepods tree, or one that climbs out of it, fails ADD with
+// code 7 naming the path, and leaves the node and the pod as they were
+// (addFails checks both).
+func TestAddRefusesRuntimeCgroupPath(t *testing.T) {
+	env := nettest.NewEnv(t)
+	for _, c := range []struct{ name, path, want string }{
+		{"outside kubepods", "/system.slice/containerd.service", "/system.slice/containerd.service"},
+		{"dot-dot", "/kubepods/burstable/../../system.slice", "/kubepods/burstable/../../system.slice"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			conf := env.Conf(latest, map[string]any{"runtimeConfig": map[string]any{"cgroupPath": c.path}})
+			te := addFails(t, env, conf, "badcg")
+			if te.Code != 7 {
+				t.Errorf("code: got %d, want 7", te.Code)
+			}
+			wantMessage(t, te.Msg, c.want, `"stackCgroup": "node"`)
+		})
+	}
+}
