@@ -3,12 +3,8 @@ package hostile
 import (
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
-	"net"
-	"net/http"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -21,10 +17,10 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/attachment"
 	"github.com/cni-usernet/cni-usernet/pkg/control"
 	"github.com/cni-usernet/cni-usernet/pkg/policy"
-	"github.com/cni-usernet/cni-usernet/pkg/stackproc"
 	"github.com/cni-usernet/cni-usernet/pkg/state"
 	"github.com/cni-usernet/cni-usernet/test/attack"
 	"github.com/cni-usernet/cni-usernet/test/nettest"
+	"github.com/cni-usernet/cni-usernet/test/standin"
 )
 
 // The ports of the wire rig. The victim admits the attacker on victimUDP
@@ -70,7 +66,7 @@ func newWireRig(t *testing.T) *wireRig {
 	suffix := make([]byte, 4)
 	rand.Read(suffix)
 	r := &wireRig{env: env, base: "cuatk-" + hex.EncodeToString(suffix)}
-	serveAgent(t, env)
+	standin.Agent(t, env)
 	conf := env.Conf(cniVersion, map[string]any{"networkPolicy": true})
 	r.attacker = env.NewPod(conf)
 	r.victim = env.NewPod(conf)
@@ -117,39 +113,6 @@ func newWireRig(t *testing.T) *wireRig {
 		r.hidden = append(r.hidden, att.ControlSocket, filepath.Dir(att.LogPath))
 	}
 	return r
-}
-
-// serveAgent serves the node agent's socket, which ADD asks for a new
-// pod's policy when networkPolicy is on: it answers once the stack is up
-// with the generation it holds, so that the policies in force are the
-// ones the test pushes (test/policy does the same).
-func serveAgent(t *testing.T, env *nettest.Env) {
-	t.Helper()
-	dir := filepath.Join(env.Dir, "run")
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("unix", filepath.Join(dir, "agent.sock"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		var q struct {
-			ControlSocket string `json:"controlSocket"`
-		}
-		if err := json.NewDecoder(req.Body).Decode(&q); err != nil || req.Method != http.MethodPost {
-			http.Error(w, fmt.Sprint("not a policy request: ", err), http.StatusBadRequest)
-			return
-		}
-		var st stackproc.Status
-		if err := control.Status(q.ControlSocket, 5*time.Second, &st); err != nil || st.Policy == nil {
-			http.Error(w, fmt.Sprintf("stack without a policy: %v", err), http.StatusServiceUnavailable)
-			return
-		}
-		fmt.Fprintf(w, `{"generation": %d}`, st.Policy.Generation)
-	}), ReadHeaderTimeout: 5 * time.Second}
-	go srv.Serve(ln)
-	t.Cleanup(func() { srv.Close() })
 }
 
 func (r *wireRig) state(t *testing.T, p *nettest.Pod) *state.Attachment {

@@ -6,7 +6,6 @@
 package policy
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -30,6 +29,7 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/stackproc"
 	"github.com/cni-usernet/cni-usernet/pkg/state"
 	"github.com/cni-usernet/cni-usernet/test/nettest"
+	"github.com/cni-usernet/cni-usernet/test/standin"
 )
 
 const cniVersion = "1.1.0"
@@ -72,7 +72,7 @@ func newRig(t *testing.T) *rig {
 	t.Helper()
 	env := nettest.NewEnv(t)
 	r := &rig{env: env}
-	standInAgent(t, env)
+	standin.Agent(t, env)
 	r.pod = env.NewPod(env.Conf(cniVersion, map[string]any{"networkPolicy": true}))
 	peerConf := env.Conf(cniVersion, map[string]any{"type": "ptp", "stateDir": nil, "logDir": nil, "runDir": nil})
 	r.allowed = env.NewPodWith("ptp", peerConf)
@@ -87,39 +87,6 @@ func newRig(t *testing.T) *rig {
 		t.Fatal(err)
 	}
 	return r
-}
-
-// standInAgent serves the node agent's socket (<runDir>/agent.sock,
-// docs/policy.md), which ADD asks for a new pod's policy when
-// networkPolicy is on: it answers once the stack is up, holding what it
-// started with, so that every policy the tests check is one they pushed.
-func standInAgent(t *testing.T, env *nettest.Env) {
-	t.Helper()
-	dir := filepath.Join(env.Dir, "run")
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("unix", filepath.Join(dir, "agent.sock"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		var q struct {
-			ControlSocket string `json:"controlSocket"`
-		}
-		if err := json.NewDecoder(req.Body).Decode(&q); err != nil || req.Method != http.MethodPost {
-			http.Error(w, fmt.Sprint("not a policy request: ", err), http.StatusBadRequest)
-			return
-		}
-		var st stackproc.Status
-		if err := control.Status(q.ControlSocket, 5*time.Second, &st); err != nil || st.Policy == nil {
-			http.Error(w, fmt.Sprintf("stack without a policy: %v", err), http.StatusServiceUnavailable)
-			return
-		}
-		fmt.Fprintf(w, `{"generation": %d}`, st.Policy.Generation)
-	})}
-	go srv.Serve(ln)
-	t.Cleanup(func() { srv.Close() })
 }
 
 func udpEcho(c *net.UDPConn) {
