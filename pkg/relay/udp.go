@@ -91,12 +91,14 @@ func (r *Relay) readOutboundUDP(l *net.UDPConn) {
 			r.opts.Logger.Debug("reading the applications' datagrams", "err", err)
 			continue
 		}
-		if !r.fromPodSocket(src.Addr()) {
-			continue // a transparent socket bound to a foreign address
-		}
 		k := flowKey{app: src, remote: dst}
 		f := r.udp.lookup(k)
 		if f == nil {
+			// Only a new flow needs the check: every flow's key holds a
+			// source that passed it, so a foreign one finds no flow.
+			if !r.fromPodSocket(src.Addr()) {
+				continue // a transparent socket bound to a foreign address
+			}
 			if f = r.openOutboundFlow(k); f == nil {
 				continue
 			}

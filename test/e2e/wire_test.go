@@ -300,29 +300,11 @@ func TestKubernetesWire(t *testing.T) {
 // wirePod is a podtool pod with a role label, on nodeName, with a
 // capability added when caps is set.
 func wirePod(ns, name, role, nodeName, caps string) string {
-	sc := ""
+	m := podManifestOn(ns, name, "", nodeName, map[string]string{"role": role})
 	if caps != "" {
-		sc = fmt.Sprintf("\n    securityContext: {capabilities: {add: [%s]}}", caps)
+		m = strings.Replace(m, "    args: [serve]\n", fmt.Sprintf("    args: [serve]\n    securityContext: {capabilities: {add: [%s]}}\n", caps), 1)
 	}
-	return fmt.Sprintf(`---
-apiVersion: v1
-kind: Pod
-metadata:
-  name: %q
-  namespace: %q
-  labels: {role: %q}
-spec:
-  nodeName: %q
-  terminationGracePeriodSeconds: 1
-  containers:
-  - name: podtool
-    image: %s
-    imagePullPolicy: Never
-    args: [serve]%s
-    env:
-    - name: POD_NAME
-      valueFrom: {fieldRef: {fieldPath: metadata.name}}
-`, name, ns, role, nodeName, podImage, sc)
+	return m
 }
 
 // wirePolicies are the rig's policies: the attackers admit the peer alone
