@@ -241,35 +241,13 @@ func ReturnLink(wirePath string, podNS ns.NetNS, ifName string, cidrs []string) 
 		return nil
 	}
 	defer wire.Close()
-	moved := false
-	err = wire.Do(func(ns.NetNS) error {
-		l, err := netlinksafe.LinkByName(ifName)
-		if err != nil {
-			var nf netlink.LinkNotFoundError
-			if errors.As(err, &nf) {
-				return nil
-			}
-			return fmt.Errorf("finding %s in the wire namespace: %w", ifName, err)
+	if err := wirens.MoveLink(wire, ifName, podNS); err != nil {
+		if errors.Is(err, wirens.ErrNoLink) {
+			return nil
 		}
-		if err := netlink.LinkSetNsFd(l, int(podNS.Fd())); err != nil {
-			return fmt.Errorf("moving %s back into the pod's namespace: %w", ifName, err)
-		}
-		moved = true
-		return nil
-	})
-	if err != nil || !moved {
 		return err
 	}
-	return podNS.Do(func(ns.NetNS) error {
-		l, err := netlinksafe.LinkByName(ifName)
-		if err != nil {
-			return fmt.Errorf("finding %s in the pod's namespace: %w", ifName, err)
-		}
-		if err := netlink.LinkSetUp(l); err != nil {
-			return fmt.Errorf("bringing %s up: %w", ifName, err)
-		}
-		return restoreAddrs(ifName, cidrs)
-	})
+	return podNS.Do(func(ns.NetNS) error { return restoreAddrs(ifName, cidrs) })
 }
 
 // releaseLease runs the IPAM plugin's DEL with the attachment's own

@@ -156,7 +156,7 @@ func (inv *invocation) add() (_ *current.Result, err error) {
 	}
 	inv.step("wire")
 
-	if err := inv.writeStackConfig(p, mode); err != nil {
+	if err := inv.writeStackConfig(p, mode, att.WireNetns); err != nil {
 		return nil, errStateDir(conf.StateDir, fmt.Errorf("writing the stack's configuration: %w", err))
 	}
 	att.ConfigPath, att.SpecPath, att.ControlSocket, att.LogPath = p.Config, p.Spec, p.Socket, p.Log
@@ -253,11 +253,11 @@ func (inv *invocation) requestPolicy(p attachment.Paths, att *state.Attachment) 
 	return nil
 }
 
-func (inv *invocation) writeStackConfig(p attachment.Paths, mode offload.Mode) error {
+func (inv *invocation) writeStackConfig(p attachment.Paths, mode offload.Mode, wireNetns string) error {
 	conf := inv.conf
 	sc := conf.StackConfig(inv.args.IfName, mode, netconf.StackFiles{Spec: p.Spec, ControlSocket: p.Socket, Policy: p.Policy})
 	sc.Version = stackconfig.Version
-	sc.WireNetns = attachment.WirePath(inv.conf.NetnsDir, inv.args.ContainerID, inv.args.IfName)
+	sc.WireNetns = wireNetns
 	if err := os.MkdirAll(p.StackDir, 0o700); err != nil {
 		return fmt.Errorf("creating %s: %w", p.StackDir, err)
 	}

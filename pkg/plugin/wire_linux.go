@@ -75,37 +75,8 @@ func (inv *invocation) moveToWire(podNS, wire ns.NetNS, specPath string, u *undo
 		if err := spec.Validate(); err != nil {
 			return fmt.Errorf("interface %s cannot be taken over: %w", ifName, err)
 		}
-		l, err := netlinksafe.LinkByName(ifName)
-		if err != nil {
-			return fmt.Errorf("looking up %s: %w", ifName, err)
-		}
-		if err := netlink.LinkSetNsFd(l, int(passage.Fd())); err != nil {
-			return fmt.Errorf("moving %s out of the pod's namespace: %w", ifName, err)
-		}
 		return nil
 	})
-	if err == nil {
-		err = passage.Do(func(ns.NetNS) error {
-			l, err := netlinksafe.LinkByName(ifName)
-			if err != nil {
-				return fmt.Errorf("looking up %s on its way: %w", ifName, err)
-			}
-			if err := netlink.LinkSetNsFd(l, int(wire.Fd())); err != nil {
-				return fmt.Errorf("moving %s into the stack's namespace: %w", ifName, err)
-			}
-			return nil
-		})
-		if err != nil {
-			// Back where it was, for the earlier plugin.
-			var cidrs []string
-			for _, a := range spec.Addrs {
-				cidrs = append(cidrs, a.String())
-			}
-			if rerr := attachment.ReturnLink(passage.Path(), podNS, ifName, cidrs); rerr != nil {
-				inv.log.Warn("cannot give the earlier plugin its interface back", "err", rerr)
-			}
-		}
-	}
 	if err != nil {
 		return cniError(types.ErrInternal, err)
 	}
@@ -113,30 +84,24 @@ func (inv *invocation) moveToWire(podNS, wire ns.NetNS, specPath string, u *undo
 	for _, a := range spec.Addrs {
 		cidrs = append(cidrs, a.String())
 	}
-	u.add(func() {
-		if err := attachment.ReturnLink(wire.Path(), podNS, ifName, cidrs); err != nil {
+	giveBack := func(from string) {
+		if err := attachment.ReturnLink(from, podNS, ifName, cidrs); err != nil {
 			inv.log.Warn("cannot give the earlier plugin its interface back", "err", err)
 		}
-	})
+	}
+	if err := wirens.MoveLink(podNS, ifName, passage); err != nil {
+		return cniError(types.ErrInternal, err)
+	}
+	if err := wirens.MoveLink(passage, ifName, wire); err != nil {
+		giveBack(passage.Path()) // back where it was, for the earlier plugin
+		return cniError(types.ErrInternal, err)
+	}
+	u.add(func() { giveBack(wire.Path()) })
 	if err := os.MkdirAll(filepath.Dir(specPath), 0o700); err != nil {
 		return errStateDir(inv.conf.StateDir, fmt.Errorf("creating %s: %w", filepath.Dir(specPath), err))
 	}
 	if err := podnet.WriteSpec(specPath, spec); err != nil {
 		return errStateDir(inv.conf.StateDir, fmt.Errorf("saving the spec of %s: %w", ifName, err))
-	}
-	// A link moved between namespaces arrives down.
-	err = wire.Do(func(ns.NetNS) error {
-		l, err := netlinksafe.LinkByName(ifName)
-		if err != nil {
-			return fmt.Errorf("looking up %s in the stack's namespace: %w", ifName, err)
-		}
-		if err := netlink.LinkSetUp(l); err != nil {
-			return fmt.Errorf("bringing %s up in the stack's namespace: %w", ifName, err)
-		}
-		return nil
-	})
-	if err != nil {
-		return cniError(types.ErrInternal, err)
 	}
 	return nil
 }

@@ -18,7 +18,9 @@ import (
 	"path/filepath"
 	"runtime"
 
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/cni-usernet/cni-usernet/pkg/launch"
@@ -134,4 +136,39 @@ func Exists(path string) bool {
 	}
 	n.Close()
 	return true
+}
+
+// ErrNoLink is MoveLink's answer when from holds no link of that name.
+var ErrNoLink = errors.New("no such link")
+
+// MoveLink moves the link name from the namespace from into to, where it
+// arrives down (the kernel's doing), and brings it up there.
+func MoveLink(from ns.NetNS, name string, to ns.NetNS) error {
+	err := from.Do(func(ns.NetNS) error {
+		l, err := netlinksafe.LinkByName(name)
+		if err != nil {
+			var nf netlink.LinkNotFoundError
+			if errors.As(err, &nf) {
+				return fmt.Errorf("moving %s out of %s: %w", name, from.Path(), ErrNoLink)
+			}
+			return fmt.Errorf("looking up %s in %s: %w", name, from.Path(), err)
+		}
+		if err := netlink.LinkSetNsFd(l, int(to.Fd())); err != nil {
+			return fmt.Errorf("moving %s from %s to %s: %w", name, from.Path(), to.Path(), err)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	return to.Do(func(ns.NetNS) error {
+		l, err := netlinksafe.LinkByName(name)
+		if err != nil {
+			return fmt.Errorf("looking up %s in %s: %w", name, to.Path(), err)
+		}
+		if err := netlink.LinkSetUp(l); err != nil {
+			return fmt.Errorf("bringing %s up in %s: %w", name, to.Path(), err)
+		}
+		return nil
+	})
 }
