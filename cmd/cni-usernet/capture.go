@@ -18,7 +18,6 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/control"
 	"github.com/cni-usernet/cni-usernet/pkg/launch"
 	"github.com/cni-usernet/cni-usernet/pkg/netconf"
-	"github.com/cni-usernet/cni-usernet/pkg/stackproc"
 	"github.com/cni-usernet/cni-usernet/pkg/state"
 )
 
@@ -91,8 +90,8 @@ func runCapture(argv []string, stdout, stderr io.Writer) error {
 	if !launch.Alive(launch.Process{PID: a.StackPID, StartTime: a.StackStartTime}) {
 		return fmt.Errorf("capture: the stack of %s (pid %d) is not running; `cni-usernet status` says why", describe(a), a.StackPID)
 	}
-	var st stackproc.Status
-	if err := control.Status(a.ControlSocket, 5*time.Second, &st); err != nil {
+	var st control.Status
+	if err := control.FetchStatus(a.ControlSocket, 5*time.Second, &st); err != nil {
 		if errors.Is(err, iofs.ErrPermission) {
 			return fmt.Errorf("capture: %w (the control socket is root's only: capturing needs root on the node)", err)
 		}

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cni-usernet/cni-usernet/pkg/control"
 	"github.com/cni-usernet/cni-usernet/pkg/policy"
-	"github.com/cni-usernet/cni-usernet/pkg/stackproc"
 )
 
 var zone = time.FixedZone("node", 3600)
@@ -25,7 +25,7 @@ func denialAt(sec int, dir, proto, peer string, port uint16) policy.Denial {
 func TestDenialsOf(t *testing.T) {
 	d := denialAt(1, "ingress", "TCP", "10.244.2.9", 8080)
 	st := attachmentStatus{ContainerID: "0123456789abcdef", IfName: "eth0", Pod: "shop/web-0", Healthy: true,
-		Stats: &stackproc.Status{Policy: &policy.Status{RecentDenials: []policy.Denial{d}}}}
+		Stats: &control.Status{Policy: &policy.Status{RecentDenials: []policy.Denial{d}}}}
 	got := denialsOf(st)
 	if len(got) != 1 || got[0].Pod != "shop/web-0" || got[0].ContainerID != st.ContainerID || got[0].IfName != "eth0" || got[0].Denial != d {
 		t.Errorf("got %+v", got)

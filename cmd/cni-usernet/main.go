@@ -9,8 +9,9 @@ package main
 
 import (
 	"fmt"
-	"github.com/cni-usernet/cni-usernet/pkg/nodeagent"
 	"os"
+
+	"github.com/cni-usernet/cni-usernet/pkg/nodeagent"
 
 	"github.com/cni-usernet/cni-usernet/pkg/plugin"
 	"github.com/cni-usernet/cni-usernet/pkg/stackcmd"

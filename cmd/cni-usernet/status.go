@@ -15,7 +15,6 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/launch"
 	"github.com/cni-usernet/cni-usernet/pkg/netconf"
 	"github.com/cni-usernet/cni-usernet/pkg/policy"
-	"github.com/cni-usernet/cni-usernet/pkg/stackproc"
 	"github.com/cni-usernet/cni-usernet/pkg/state"
 )
 
@@ -29,9 +28,9 @@ type attachmentStatus struct {
 	Healthy     bool     `json:"healthy"`
 	Problem     string   `json:"problem,omitempty"`
 	// Restarts is how often the node agent restarted the stack.
-	Restarts int               `json:"restarts"`
-	GSO      gsoStatus         `json:"gso"`
-	Stats    *stackproc.Status `json:"stats,omitempty"`
+	Restarts int             `json:"restarts"`
+	GSO      gsoStatus       `json:"gso"`
+	Stats    *control.Status `json:"stats,omitempty"`
 }
 
 type gsoStatus struct {
@@ -103,8 +102,8 @@ func statusOf(a *state.Attachment) attachmentStatus {
 		s.Problem = err.Error()
 		return s
 	}
-	var st stackproc.Status
-	if err := control.Status(a.ControlSocket, time.Second, &st); err != nil {
+	var st control.Status
+	if err := control.FetchStatus(a.ControlSocket, time.Second, &st); err != nil {
 		s.Problem = err.Error()
 		return s
 	}

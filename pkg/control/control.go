@@ -201,8 +201,15 @@ func Health(path string, timeout time.Duration) error {
 	return nil
 }
 
-// Status reads the stack's status into v.
-func Status(path string, timeout time.Duration, v any) error {
+// FetchStatus reads the stack's status into st.
+func FetchStatus(path string, timeout time.Duration, st *Status) error {
+	return FetchStatusInto(path, timeout, st)
+}
+
+// FetchStatusInto decodes the stack's status into v of any shape: a
+// generic map keeps the fields of a stack of another release that Status
+// does not name.
+func FetchStatusInto(path string, timeout time.Duration, v any) error {
 	resp, err := client(path, timeout).Get("http://stack/status")
 	if err != nil {
 		return fmt.Errorf("asking stack at %s for status: %w", path, err)

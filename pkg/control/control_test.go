@@ -91,13 +91,11 @@ func TestPutPolicy(t *testing.T) {
 	if g := e.Current().Generation(); g != 7 {
 		t.Fatalf("after refused pushes: generation %d in force, want 7", g)
 	}
-	var st struct {
-		Policy policy.Status `json:"policy"`
-	}
-	if err := control.Status(path, time.Second, &st); err != nil {
+	var st control.Status
+	if err := control.FetchStatus(path, time.Second, &st); err != nil {
 		t.Fatal(err)
 	}
-	if st.Policy.Generation != 7 || !st.Policy.IngressIsolated || !st.Policy.EgressIsolated {
+	if st.Policy == nil || st.Policy.Generation != 7 || !st.Policy.IngressIsolated || !st.Policy.EgressIsolated {
 		t.Fatalf("status: got %+v", st.Policy)
 	}
 }

@@ -16,7 +16,6 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/control"
 	"github.com/cni-usernet/cni-usernet/pkg/oplog"
 	"github.com/cni-usernet/cni-usernet/pkg/sourceguard"
-	"github.com/cni-usernet/cni-usernet/pkg/stackproc"
 	"github.com/cni-usernet/cni-usernet/pkg/state"
 )
 
@@ -266,8 +265,8 @@ func (c *Collector) collectNode(ch chan<- prometheus.Metric) {
 // pod is what one scrape learned of one attachment.
 type pod struct {
 	att    *state.Attachment
-	status *stackproc.Status // nil: the stack did not answer
-	usage  *procUsage        // nil: no live stack process
+	status *control.Status // nil: the stack did not answer
+	usage  *procUsage      // nil: no live stack process
 	// guardDrops is what the node's source guard dropped; guarded false:
 	// the pod has no guard (or it could not be read).
 	guardDrops uint64
@@ -302,8 +301,8 @@ func (c *Collector) query(atts []*state.Attachment) []pod {
 			} else {
 				return // no stack to ask
 			}
-			var st stackproc.Status
-			if err := control.Status(att.ControlSocket, min(left, c.opts.StatusTimeout), &st); err != nil {
+			var st control.Status
+			if err := control.FetchStatus(att.ControlSocket, min(left, c.opts.StatusTimeout), &st); err != nil {
 				c.opts.Log.Debug("stack status unavailable", "containerID", att.ContainerID, "err", err)
 				return
 			}

@@ -10,11 +10,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/cni-usernet/cni-usernet/pkg/agent"
+	"github.com/cni-usernet/cni-usernet/pkg/control"
 	"github.com/cni-usernet/cni-usernet/pkg/launch"
 	"github.com/cni-usernet/cni-usernet/pkg/offload"
 	"github.com/cni-usernet/cni-usernet/pkg/oplog"
 	"github.com/cni-usernet/cni-usernet/pkg/policy"
-	"github.com/cni-usernet/cni-usernet/pkg/stackproc"
 	"github.com/cni-usernet/cni-usernet/pkg/state"
 )
 
@@ -156,7 +156,7 @@ func (e emitter) Collect(ch chan<- prometheus.Metric) { e.p.emit(ch) }
 func TestPolicySeries(t *testing.T) {
 	att := &state.Attachment{Version: state.Version, ContainerID: "c0ffee", IfName: "eth0", PodNS: "ns1", PodName: "web",
 		GSO: offload.Decision{Requested: offload.ModeAuto, Mode: offload.ModeHardware}}
-	st := &stackproc.Status{Policy: &policy.Status{Generation: 7, IngressIsolated: true, EgressIsolated: true,
+	st := &control.Status{Policy: &policy.Status{Generation: 7, IngressIsolated: true, EgressIsolated: true,
 		Denied: policy.Denied{Ingress: map[string]uint64{"ns1/db,ns1/deny-all": 3}, Egress: map[string]uint64{"(pending)": 1}}}}
 	c := emitter{pod{att: att, status: st}}
 	if problems, err := testutil.CollectAndLint(c); err != nil || len(problems) > 0 {

@@ -511,12 +511,8 @@ func (c *policyController) write(ctx context.Context, t target, p *policy.PodPol
 	if errors.As(err, &refused) && refused.Status == http.StatusConflict {
 		// Older than what the stack holds, or the stack enforces no
 		// policy (started without networkPolicy): its status tells.
-		var st struct {
-			Policy *struct {
-				Generation uint64 `json:"generation"`
-			} `json:"policy"`
-		}
-		if control.Status(t.socket, c.o.PushTimeout, &st) == nil && st.Policy != nil && st.Policy.Generation > p.Generation {
+		var st control.Status
+		if control.FetchStatus(t.socket, c.o.PushTimeout, &st) == nil && st.Policy != nil && st.Policy.Generation > p.Generation {
 			return &staleError{held: st.Policy.Generation}
 		}
 	}

@@ -27,7 +27,6 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/offload"
 	"github.com/cni-usernet/cni-usernet/pkg/shaping"
 	"github.com/cni-usernet/cni-usernet/pkg/stackconfig"
-	"github.com/cni-usernet/cni-usernet/pkg/stackproc"
 	"github.com/cni-usernet/cni-usernet/pkg/state"
 )
 
@@ -203,8 +202,8 @@ func (inv *invocation) add() (_ *current.Result, err error) {
 	}
 
 	inv.step("stack")
-	var st stackproc.Status
-	if err := control.Status(p.Socket, 5*time.Second, &st); err != nil {
+	var st control.Status
+	if err := control.FetchStatus(p.Socket, 5*time.Second, &st); err != nil {
 		return nil, errorf(types.ErrInternal, "reading the stack's status: %v", err)
 	}
 	att.GSO = st.GSO

@@ -16,7 +16,6 @@ import (
 
 	"github.com/cni-usernet/cni-usernet/pkg/control"
 	"github.com/cni-usernet/cni-usernet/pkg/launch"
-	"github.com/cni-usernet/cni-usernet/pkg/stackproc"
 	"github.com/cni-usernet/cni-usernet/pkg/state"
 )
 
@@ -61,8 +60,8 @@ func (inv *invocation) check() error {
 	if err := control.Health(att.ControlSocket, 2*time.Second); err != nil {
 		return err
 	}
-	var st stackproc.Status
-	if err := control.Status(att.ControlSocket, 2*time.Second, &st); err != nil {
+	var st control.Status
+	if err := control.FetchStatus(att.ControlSocket, 2*time.Second, &st); err != nil {
 		return err
 	}
 	want, err := inv.expectedIPs(att)

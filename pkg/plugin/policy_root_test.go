@@ -118,13 +118,9 @@ func TestAddNetworkPolicyAgentAnswers(t *testing.T) {
 	}
 	// The stack holds it, and its pod is reachable (the policy allows
 	// everything).
-	var st struct {
-		Policy struct {
-			Generation uint64 `json:"generation"`
-		} `json:"policy"`
-	}
-	if err := control.Status(att.ControlSocket, 5*time.Second, &st); err != nil || st.Policy.Generation != 42 {
-		t.Errorf("the stack's policy generation: got %d (%v), want 42", st.Policy.Generation, err)
+	var st control.Status
+	if err := control.FetchStatus(att.ControlSocket, 5*time.Second, &st); err != nil || st.Policy == nil || st.Policy.Generation != 42 {
+		t.Errorf("the stack's policy: got %+v (%v), want generation 42", st.Policy, err)
 	}
 	if err := env.Del(conf, pod.ID, pod.NS); err != nil {
 		t.Fatalf("DEL: %v", err)

@@ -4,6 +4,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cni-usernet/cni-usernet/pkg/control"
 	"github.com/cni-usernet/cni-usernet/pkg/policy"
 	"github.com/cni-usernet/cni-usernet/pkg/wirequeue"
 	"gvisor.dev/gvisor/pkg/tcpip"
@@ -34,38 +35,9 @@ type LinkStats struct {
 	fragments fragmentLedger
 }
 
-// LinkSnapshot is a plain copy of LinkStats.
-type LinkSnapshot struct {
-	TxPackets    uint64 `json:"txPackets"`
-	TxBytes      uint64 `json:"txBytes"`
-	TxGSOBatches uint64 `json:"txGSOBatches"`
-	TxErrors     uint64 `json:"txErrors"`
-	RxPackets    uint64 `json:"rxPackets"`
-	RxBytes      uint64 `json:"rxBytes"`
-	RxSynShed    uint64 `json:"rxSynShed"`
-	RxSynCookied uint64 `json:"rxSynCookied"`
-	// TxQueueWaits counts packets that found the wire queue full and
-	// waited for room (back-pressure, not loss); TxQueueDrops those
-	// dropped because the link stalled (wirequeue.StallTime).
-	TxQueueWaits uint64 `json:"txQueueWaits"`
-	TxQueueDrops uint64 `json:"txQueueDrops"`
-	// RxFragments counts the IP fragments received, each handed to
-	// netstack's reassembly in a buffer of its own size.
-	RxFragments uint64 `json:"rxFragments"`
-	// RxFragmentsShared counts those among them that arrived through the
-	// link's socket, queued with the other traffic, rather than through
-	// the fragment socket (fragPath): all of them without one, IPv6
-	// fragments behind other extension headers with one.
-	RxFragmentsShared uint64 `json:"rxFragmentsShared"`
-	// FragmentTurns counts how often the fragment path stopped at its
-	// budget with fragments still queued, to let the rest of the stack
-	// run (fragPath): how often a flood kept it busy.
-	FragmentTurns uint64 `json:"fragmentTurns"`
-}
-
 // Snapshot reads every counter.
-func (s *LinkStats) Snapshot() LinkSnapshot {
-	return LinkSnapshot{
+func (s *LinkStats) Snapshot() control.LinkCounters {
+	return control.LinkCounters{
 		TxPackets: s.TxPackets.Load(), TxBytes: s.TxBytes.Load(), TxGSOBatches: s.TxGSOBatches.Load(),
 		TxErrors: s.TxErrors.Load(), RxPackets: s.RxPackets.Load(), RxBytes: s.RxBytes.Load(),
 		RxSynShed: s.RxSynShed.Load(), RxSynCookied: s.RxSynCookied.Load(),

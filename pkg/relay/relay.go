@@ -17,6 +17,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cni-usernet/cni-usernet/pkg/control"
 	"github.com/cni-usernet/cni-usernet/pkg/podsock"
 	"github.com/cni-usernet/cni-usernet/pkg/policy"
 	"gvisor.dev/gvisor/pkg/tcpip"
@@ -282,40 +283,9 @@ type Stats struct {
 	FromAppBytes atomic.Int64
 }
 
-// Snapshot is a plain copy of Stats for JSON.
-type Snapshot struct {
-	TCPActive            int64 `json:"tcpActive"`
-	TCPTotal             int64 `json:"tcpTotal"`
-	TCPRefused           int64 `json:"tcpRefused"`
-	TCPLimitHit          int64 `json:"tcpLimitHit"`
-	TCPResets            int64 `json:"tcpResets"`
-	TCPSyns              int64 `json:"tcpSyns"`
-	TCPPending           int64 `json:"tcpPending"`
-	TCPPendingEvicted    int64 `json:"tcpPendingEvicted"`
-	TCPHandshakeFirst    int64 `json:"tcpHandshakeFirst"`
-	TCPHandshakeTimeouts int64 `json:"tcpHandshakeTimeouts"`
-	UDPActive            int64 `json:"udpActive"`
-	UDPTotal             int64 `json:"udpTotal"`
-	UDPLimitHit          int64 `json:"udpLimitHit"`
-	UDPEvicted           int64 `json:"udpEvicted"`
-	UDPDropped           int64 `json:"udpDropped"`
-	ICMPEchoes           int64 `json:"icmpEchoes"`
-	ICMPEchoFailed       int64 `json:"icmpEchoFailed"`
-	TCPOutboundDropped   int64 `json:"tcpOutboundDropped"`
-	PodDropped           int64 `json:"podDropped"`
-	PodSpoofed           int64 `json:"podSpoofed"`
-	TCPMirrored          int64 `json:"tcpMirrored"`
-	TCPMirrorChanges     int64 `json:"tcpMirrorChanges"`
-	TCPCookieFast        int64 `json:"tcpCookieFast"`
-	TCPCookieFastErrors  int64 `json:"tcpCookieFastErrors"`
-	TCPCookieFastDirect  int64 `json:"tcpCookieFastDirect"`
-	ToAppBytes           int64 `json:"toAppBytes"`
-	FromAppBytes         int64 `json:"fromAppBytes"`
-}
-
 // Snapshot reads every counter.
-func (s *Stats) Snapshot() Snapshot {
-	return Snapshot{
+func (s *Stats) Snapshot() control.RelayCounters {
+	return control.RelayCounters{
 		TCPActive: s.TCPActive.Load(), TCPTotal: s.TCPTotal.Load(), TCPRefused: s.TCPRefused.Load(),
 		TCPLimitHit: s.TCPLimitHit.Load(), TCPResets: s.TCPResets.Load(),
 		TCPSyns: s.TCPSyns.Load(), TCPPending: s.TCPPending.Load(), TCPPendingEvicted: s.TCPPendingEvicted.Load(),

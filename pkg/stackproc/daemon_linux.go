@@ -261,93 +261,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 // the stack (podstack.Stack.Healthy).
 func (d *Daemon) Healthy() error { return d.stack.Healthy() }
 
-// Status is what the control socket reports.
-type Status struct {
-	// Protocol is the control protocol's version (control.Protocol);
-	// Build the stack binary's source revision; SpecVersion and
-	// ConfigVersion the newest spec and configuration formats it
-	// understands. A reader of another release tells from them what it
-	// talks to.
-	Protocol      int    `json:"protocol"`
-	Build         string `json:"build,omitempty"`
-	SpecVersion   int    `json:"specVersion"`
-	ConfigVersion int    `json:"configVersion"`
-	// Healthy is Daemon.Healthy's verdict, Problem its reason.
-	Healthy   bool      `json:"healthy"`
-	Problem   string    `json:"problem,omitempty"`
-	PID       int       `json:"pid"`
-	StartTime time.Time `json:"startTime"`
-	IfName    string    `json:"ifName"`
-	TUNName   string    `json:"tunName"`
-	// WireNetns is the stack's own namespace, which holds the pod's link
-	// IfName; empty: the link shares the pod's namespace (an attachment
-	// made by an earlier release, until the pod is recreated).
-	WireNetns string           `json:"wireNetns,omitempty"`
-	Spec      *podnet.Spec     `json:"spec"`
-	GSO       offload.Decision `json:"gso"`
-	Wire      LegStatus        `json:"wire"`
-	Relay     relay.Snapshot   `json:"relay"`
-	// Policy is the network policy in force and its denials; absent when
-	// the stack does not enforce policy.
-	Policy *policy.Status `json:"policy,omitempty"`
-	// BusyPoll is what busy polling did; absent when it is off.
-	BusyPoll *BusyPollStatus `json:"busyPoll,omitempty"`
-	// Threads is how many threads run the stack's Go code.
-	Threads ThreadsStatus `json:"threads"`
-}
-
-// BusyPollStatus is busypoll.Stats with its window: Windows counts the
-// windows traffic opened, Handoffs the events the poller saw waiting and
-// left to the netpoller, Polls its non-blocking polls.
-type BusyPollStatus struct {
-	Window   string `json:"window"`
-	Windows  uint64 `json:"windows"`
-	Handoffs uint64 `json:"handoffs"`
-	Polls    uint64 `json:"polls"`
-}
-
-// LegStatus is the wire leg's counters.
-type LegStatus struct {
-	podstack.LinkSnapshot
-	TCPRetransmits        uint64 `json:"tcpRetransmits"`
-	DroppedPackets        uint64 `json:"droppedPackets"`
-	TCPCurrentEstablished uint64 `json:"tcpEstablished"`
-	// SocketDrops counts frames the kernel dropped at the packet socket
-	// because the stack did not read them in time.
-	SocketDrops uint64 `json:"socketDrops"`
-	// SynSocketDrops counts SYNs the kernel dropped at the SYN socket
-	// (packetsock.NewSYNSocket) because the stack read them too slowly: what a
-	// flood beyond the SYN path's speed costs (a real client retransmits).
-	SynSocketDrops uint64 `json:"synSocketDrops"`
-	// FragSocketDrops counts IP fragments the kernel dropped at the
-	// fragment socket (packetsock.OpenFragments) because the stack's
-	// fragment path, which takes a bounded share of its time, read them
-	// too slowly: a fragment flood's excess, as the kernel drops beyond
-	// its reassembly limit.
-	FragSocketDrops uint64 `json:"fragSocketDrops"`
-	// SynCookiesSent counts SYNs the mirrored listeners answered with a
-	// SYN cookie (their handshake backlog was full: a flood, most likely),
-	// SynCookiesValid the handshakes completed with one, SynCookiesInvalid
-	// ACKs with a cookie that did not verify; ListenSynDrops and
-	// ListenAckDrops count SYNs and ACKs dropped because a listener's
-	// accept queue was full.
-	SynCookiesSent    uint64 `json:"synCookiesSent"`
-	SynCookiesValid   uint64 `json:"synCookiesValid"`
-	SynCookiesInvalid uint64 `json:"synCookiesInvalid"`
-	ListenSynDrops    uint64 `json:"listenSynDrops"`
-	ListenAckDrops    uint64 `json:"listenAckDrops"`
-	// Errors netstack counted on the wire leg: malformed IP packets
-	// received, IP packets it failed to send, TCP segments dropped as
-	// invalid or with a bad checksum (the node's metrics export them).
-	IPMalformed        uint64 `json:"ipMalformed"`
-	IPOutgoingErrors   uint64 `json:"ipOutgoingErrors"`
-	TCPInvalidSegments uint64 `json:"tcpInvalidSegments"`
-	TCPChecksumErrors  uint64 `json:"tcpChecksumErrors"`
-}
-
 // Status implements control.Source.
 func (d *Daemon) Status() any {
-	s := Status{
+	s := control.Status{
 		Protocol: control.Protocol, Build: control.Build(), SpecVersion: podnet.SpecVersion, ConfigVersion: stackconfig.Version,
 		PID: os.Getpid(), StartTime: d.started, IfName: d.cfg.IfName, TUNName: d.cfg.TUNName, WireNetns: d.cfg.WireNetns,
 		Spec: d.spec, GSO: d.gso, Relay: d.stack.Relay.Stats().Snapshot(), Threads: d.threadsStatus(),
@@ -371,7 +287,7 @@ func (d *Daemon) Status() any {
 			d.fragSocketDrops.Add(n)
 		}
 	}
-	s.Wire = LegStatus{LinkSnapshot: d.stack.WireStats.Snapshot(), TCPRetransmits: ws.TCP.Retransmits.Value(),
+	s.Wire = control.LegStatus{LinkCounters: d.stack.WireStats.Snapshot(), TCPRetransmits: ws.TCP.Retransmits.Value(),
 		DroppedPackets: ws.DroppedPackets.Value(), TCPCurrentEstablished: ws.TCP.CurrentEstablished.Value(),
 		SocketDrops: d.socketDrops.Load(), SynSocketDrops: d.synSocketDrops.Load(), FragSocketDrops: d.fragSocketDrops.Load(),
 		SynCookiesSent: ws.TCP.ListenOverflowSynCookieSent.Value(), SynCookiesValid: ws.TCP.ListenOverflowSynCookieRcvd.Value(),
@@ -385,7 +301,7 @@ func (d *Daemon) Status() any {
 	}
 	if b := d.stack.Busy; b != nil {
 		st := b.Stats()
-		s.BusyPoll = &BusyPollStatus{Window: b.Window().String(), Windows: st.Windows.Load(),
+		s.BusyPoll = &control.BusyPollStatus{Window: b.Window().String(), Windows: st.Windows.Load(),
 			Handoffs: st.Handoffs.Load(), Polls: st.Polls.Load()}
 	}
 	return s

@@ -4,6 +4,7 @@ import (
 	"runtime"
 	"time"
 
+	"github.com/cni-usernet/cni-usernet/pkg/control"
 	"github.com/cni-usernet/cni-usernet/pkg/threads"
 	"golang.org/x/sys/unix"
 )
@@ -31,24 +32,13 @@ func (d *Daemon) threadSample() threads.Sample {
 		TxFrames: w.TxPackets.Load(), TxBytes: w.TxBytes.Load(), Conns: d.stack.Relay.Stats().TCPActive.Load()}
 }
 
-// ThreadsStatus is the thread count (GOMAXPROCS) and, when it follows the
-// load (Adaptive), the most it may be and how often it was raised and
-// lowered.
-type ThreadsStatus struct {
-	Threads  int    `json:"threads"`
-	Max      int    `json:"max"`
-	Adaptive bool   `json:"adaptive"`
-	Raised   uint64 `json:"raised,omitempty"`
-	Lowered  uint64 `json:"lowered,omitempty"`
-}
-
-func (d *Daemon) threadsStatus() ThreadsStatus {
+func (d *Daemon) threadsStatus() control.ThreadsStatus {
 	if d.threads == nil {
 		n := runtime.GOMAXPROCS(0)
-		return ThreadsStatus{Threads: n, Max: n}
+		return control.ThreadsStatus{Threads: n, Max: n}
 	}
 	// The runtime's count, not the governor's: what it set took effect.
 	st := d.threads.Stats()
-	return ThreadsStatus{Threads: runtime.GOMAXPROCS(0), Max: d.threads.Max(), Adaptive: true,
+	return control.ThreadsStatus{Threads: runtime.GOMAXPROCS(0), Max: d.threads.Max(), Adaptive: true,
 		Raised: st.Raised.Load(), Lowered: st.Lowered.Load()}
 }

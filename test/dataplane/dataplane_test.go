@@ -20,7 +20,6 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/cni-usernet/cni-usernet/pkg/control"
-	"github.com/cni-usernet/cni-usernet/pkg/stackproc"
 	"github.com/cni-usernet/cni-usernet/pkg/state"
 	"github.com/cni-usernet/cni-usernet/test/nettest"
 )
@@ -33,19 +32,19 @@ func newPod(t *testing.T, extra map[string]any) (*nettest.Env, *nettest.Pod) {
 	return env, env.NewPod(env.Conf(cniVersion, extra))
 }
 
-func stackStatus(t *testing.T, env *nettest.Env, pod *nettest.Pod) stackproc.Status {
+func stackStatus(t *testing.T, env *nettest.Env, pod *nettest.Pod) control.Status {
 	t.Helper()
 	return stackStatusB(t, env, pod)
 }
 
-func stackStatusB(t testing.TB, env *nettest.Env, pod *nettest.Pod) stackproc.Status {
+func stackStatusB(t testing.TB, env *nettest.Env, pod *nettest.Pod) control.Status {
 	t.Helper()
 	att, err := state.Store{Dir: env.Dir + "/state"}.Load(pod.ID, "eth0")
 	if err != nil {
 		t.Fatalf("loading state of %s: %v", pod.ID, err)
 	}
-	var st stackproc.Status
-	if err := control.Status(att.ControlSocket, 5*time.Second, &st); err != nil {
+	var st control.Status
+	if err := control.FetchStatus(att.ControlSocket, 5*time.Second, &st); err != nil {
 		t.Fatal(err)
 	}
 	return st

@@ -439,7 +439,7 @@ func tcpExt(netns ns.NetNS) map[string]float64 {
 func rawStatus(t *testing.T, att *state.Attachment) map[string]any {
 	t.Helper()
 	var m map[string]any
-	if err := control.Status(att.ControlSocket, 10*time.Second, &m); err != nil {
+	if err := control.FetchStatusInto(att.ControlSocket, 10*time.Second, &m); err != nil {
 		t.Errorf("reading stack status: %v", err)
 	}
 	return m

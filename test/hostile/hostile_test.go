@@ -187,7 +187,7 @@ func TestHostileTraffic(t *testing.T) {
 // cannot read in time the kernel drops at its socket; the transfer only
 // adds to the count), the relay and the mirrored listener saw at least half
 // of the SYNs, the relay half of the UDP datagrams, and its limits held.
-func checkCounters(t *testing.T, before, after stackproc.Status, c floodCounts) {
+func checkCounters(t *testing.T, before, after control.Status, c floodCounts) {
 	t.Helper()
 	rx := after.Wire.RxPackets - before.Wire.RxPackets
 	t.Logf("wire rx %d frames (flood %d)", rx, c.total())
@@ -225,10 +225,10 @@ func loadState(t *testing.T, env *nettest.Env, pod *nettest.Pod) *state.Attachme
 	return att
 }
 
-func status(t *testing.T, att *state.Attachment) stackproc.Status {
+func status(t *testing.T, att *state.Attachment) control.Status {
 	t.Helper()
-	var st stackproc.Status
-	if err := control.Status(att.ControlSocket, 10*time.Second, &st); err != nil {
+	var st control.Status
+	if err := control.FetchStatus(att.ControlSocket, 10*time.Second, &st); err != nil {
 		t.Fatalf("reading stack status: %v", err)
 	}
 	return st

@@ -26,7 +26,6 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/control"
 	"github.com/cni-usernet/cni-usernet/pkg/launch"
 	"github.com/cni-usernet/cni-usernet/pkg/policy"
-	"github.com/cni-usernet/cni-usernet/pkg/stackproc"
 	"github.com/cni-usernet/cni-usernet/pkg/state"
 	"github.com/cni-usernet/cni-usernet/test/nettest"
 	"github.com/cni-usernet/cni-usernet/test/standin"
@@ -122,10 +121,10 @@ func (r *rig) policyPath() string {
 	return attachment.PathsFor(filepath.Join(r.env.Dir, "state"), "", "", r.pod.ID, "eth0").Policy
 }
 
-func (r *rig) status(t *testing.T) stackproc.Status {
+func (r *rig) status(t *testing.T) control.Status {
 	t.Helper()
-	var st stackproc.Status
-	if err := control.Status(r.att.ControlSocket, 5*time.Second, &st); err != nil {
+	var st control.Status
+	if err := control.FetchStatus(r.att.ControlSocket, 5*time.Second, &st); err != nil {
 		t.Fatal(err)
 	}
 	return st
@@ -536,8 +535,8 @@ func TestAgentRestartKeepsPolicy(t *testing.T) {
 	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Millisecond) {
 		att, err := store.Load(r.pod.ID, "eth0")
 		if err == nil && att.StackPID != old.PID && launch.Alive(launch.Process{PID: att.StackPID, StartTime: att.StackStartTime}) {
-			var st stackproc.Status
-			if control.Status(att.ControlSocket, time.Second, &st) == nil && st.PID == att.StackPID {
+			var st control.Status
+			if control.FetchStatus(att.ControlSocket, time.Second, &st) == nil && st.PID == att.StackPID {
 				if st.Policy == nil || st.Policy.Generation != want || !st.Policy.IngressIsolated {
 					t.Fatalf("restarted stack's policy: got %+v, want generation %d, ingress isolated", st.Policy, want)
 				}
@@ -566,8 +565,8 @@ func TestPolicyOff(t *testing.T) {
 	if !errors.As(err, &re) || re.Status != http.StatusConflict || !strings.Contains(re.Reason, "policy enforcement is off") {
 		t.Fatalf("push to a stack without policy: got %v, want HTTP 409 policy enforcement is off", err)
 	}
-	var st stackproc.Status
-	if err := control.Status(att.ControlSocket, 5*time.Second, &st); err != nil {
+	var st control.Status
+	if err := control.FetchStatus(att.ControlSocket, 5*time.Second, &st); err != nil {
 		t.Fatal(err)
 	}
 	if st.Policy != nil {

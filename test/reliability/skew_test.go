@@ -14,7 +14,6 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/launch"
 	"github.com/cni-usernet/cni-usernet/pkg/podnet"
 	"github.com/cni-usernet/cni-usernet/pkg/stackconfig"
-	"github.com/cni-usernet/cni-usernet/pkg/stackproc"
 	"github.com/cni-usernet/cni-usernet/pkg/state"
 	"github.com/cni-usernet/cni-usernet/test/nettest"
 )
@@ -101,8 +100,8 @@ func TestSkewOlderFilesRestarted(t *testing.T) {
 	if spec.Version != podnet.SpecVersion || spec.Version == 1 {
 		t.Errorf("spec version after this release's stack started: got %d, want %d (a version-1 stack must refuse it)", spec.Version, podnet.SpecVersion)
 	}
-	var st stackproc.Status
-	if err := control.Status(att.ControlSocket, 5*time.Second, &st); err != nil {
+	var st control.Status
+	if err := control.FetchStatus(att.ControlSocket, 5*time.Second, &st); err != nil {
 		t.Fatal(err)
 	}
 	if st.Protocol != control.Protocol || !st.Healthy || st.SpecVersion != podnet.SpecVersion || st.ConfigVersion != stackconfig.Version {

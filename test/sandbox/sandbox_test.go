@@ -22,7 +22,6 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/control"
 	"github.com/cni-usernet/cni-usernet/pkg/launch"
 	"github.com/cni-usernet/cni-usernet/pkg/sandbox"
-	"github.com/cni-usernet/cni-usernet/pkg/stackproc"
 	"github.com/cni-usernet/cni-usernet/pkg/state"
 	"github.com/cni-usernet/cni-usernet/test/nettest"
 )
@@ -98,8 +97,8 @@ func checkSandboxedStack(t *testing.T, env *nettest.Env) {
 	}
 	nettest.PingBothWays(t, env.Node, pod)
 
-	var st stackproc.Status
-	if err := control.Status(att.ControlSocket, 5*time.Second, &st); err != nil {
+	var st control.Status
+	if err := control.FetchStatus(att.ControlSocket, 5*time.Second, &st); err != nil {
 		t.Fatal(err)
 	}
 	if st.PID != pid || st.Relay.TCPTotal < 4 {

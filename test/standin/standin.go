@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/cni-usernet/cni-usernet/pkg/control"
-	"github.com/cni-usernet/cni-usernet/pkg/stackproc"
 	"github.com/cni-usernet/cni-usernet/test/nettest"
 )
 
@@ -40,8 +39,8 @@ func Agent(t testing.TB, env *nettest.Env) {
 			http.Error(w, fmt.Sprint("not a policy request: ", err), http.StatusBadRequest)
 			return
 		}
-		var st stackproc.Status
-		if err := control.Status(q.ControlSocket, 5*time.Second, &st); err != nil || st.Policy == nil {
+		var st control.Status
+		if err := control.FetchStatus(q.ControlSocket, 5*time.Second, &st); err != nil || st.Policy == nil {
 			http.Error(w, fmt.Sprintf("stack without a policy: %v", err), http.StatusServiceUnavailable)
 			return
 		}
