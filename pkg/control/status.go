@@ -33,7 +33,7 @@ type Status struct {
 	Spec      *podnet.Spec     `json:"spec"`
 	GSO       offload.Decision `json:"gso"`
 	Wire      LegStatus        `json:"wire"`
-	Relay     RelayCounters   `json:"relay"`
+	Relay     RelayCounters    `json:"relay"`
 	// Policy is the network policy in force and its denials; absent when
 	// the stack does not enforce policy.
 	Policy *policy.Status `json:"policy,omitempty"`
