@@ -67,10 +67,8 @@ func installCommand(args []string) error {
 		}
 	}
 	if o.StackSource == "" {
-		if sb := attachment.StackBinary(o.Source); sb != o.Source {
-			o.StackSource = sb
-		} else {
-			o.Log.Warn("no stack binary beside the source: pods' stacks will run from the plugin's binary, which costs more memory per pod", "want", o.Source+"-stack")
+		if o.StackSource, err = attachment.StackBinary(o.Source); err != nil {
+			return fmt.Errorf("install: %w", err)
 		}
 	}
 

@@ -1,10 +1,9 @@
 // Command cni-usernet is the CNI plugin (when called with CNI_COMMAND set,
 // as runtimes do), the node agent ("agent"), the node's status table
 // ("status"), capture, the recent policy denials ("denials") and the
-// by-hand installer. Pods' stacks run from
-// cni-usernet-stack, installed beside it; "stack" stays here for stacks
-// of attachments recorded before the split and for a node that has only
-// this file.
+// by-hand installer. Pods' stacks run from cni-usernet-stack, installed
+// beside it: this binary, which the runtime runs at every ADD, links no
+// part of the stack (no netstack, no sandbox).
 package main
 
 import (
@@ -14,13 +13,10 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/nodeagent"
 
 	"github.com/cni-usernet/cni-usernet/pkg/plugin"
-	"github.com/cni-usernet/cni-usernet/pkg/stackcmd"
 )
 
 const usage = `usage:
   cni-usernet                         CNI plugin (CNI_COMMAND and friends in the environment)
-  cni-usernet stack --config FILE     run a pod's stack (the plugin starts cni-usernet-stack
-                                      instead when it is installed beside it)
   cni-usernet status [--json] [--state-dir DIR]
                                       every attachment on the node with its stack's health and GSO decision
   cni-usernet capture [flags] <namespace>/<pod> | <containerID>
@@ -40,8 +36,6 @@ func main() {
 	}
 	var err error
 	switch os.Args[1] {
-	case "stack":
-		err = stackcmd.Run(os.Args[2:])
 	case "status":
 		err = runStatus(os.Args[2:], os.Stdout)
 	case "denials":

@@ -405,12 +405,10 @@ func (s *Supervisor) restart(containerID, ifName string, dead launch.Process, lo
 	binary := att.StackBinary
 	if s.cfg.StackBinary != "" {
 		binary = s.cfg.StackBinary
-	} else if split := attachment.StackBinary(binary); split != binary {
-		// Recorded before the stack had a binary of its own: the
-		// multi-call binary at that path is whichever release was
-		// installed last, and a rollback's would run this release's pod
-		// side wrong (podnet.SpecVersion). The stack binary beside it is
-		// the one this release installed; recorded for the next restart.
+	} else if split, err := attachment.StackBinary(binary); err == nil && split != binary {
+		// Recorded when the stack ran from the multi-call binary: the
+		// stack binary beside it is the one this release installed;
+		// recorded for the next restart.
 		binary = split
 		att.StackBinary = split
 	}

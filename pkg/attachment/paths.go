@@ -7,8 +7,11 @@
 package attachment
 
 import (
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/cni-usernet/cni-usernet/pkg/state"
@@ -63,15 +66,21 @@ const StopGrace = 5 * time.Second
 func StackArgs(configPath string) []string { return []string{"stack", "--config", configPath} }
 
 // StackBinary is the executable that runs pods' stacks for the plugin (or
-// agent) whose executable is exe: exe's name with "-stack" appended, beside
-// it, when that file is there and executable (cni-usernet-stack, which
-// carries only the stack's code: one runs per pod), else exe itself, whose
-// "stack" command does the same work in a bigger process (a node where
-// only the plugin's file was copied).
-func StackBinary(exe string) string {
-	p := exe + "-stack"
-	if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() && fi.Mode().Perm()&0o111 != 0 {
-		return p
+// agent) whose executable is exe: cni-usernet-stack beside it (exe itself
+// when exe is that file). The plugin's own binary carries no stack, so
+// that the file the runtime runs at every ADD links neither netstack nor
+// the sandbox; a node with only the plugin's file gets a clear error.
+func StackBinary(exe string) (string, error) {
+	p := exe
+	if !strings.HasSuffix(p, "-stack") {
+		p += "-stack"
 	}
-	return exe
+	fi, err := os.Stat(p)
+	if err == nil && fi.Mode().IsRegular() && fi.Mode().Perm()&0o111 != 0 {
+		return p, nil
+	}
+	if err == nil {
+		err = errors.New("not an executable file")
+	}
+	return "", fmt.Errorf("finding the stack's binary beside %s (install cni-usernet-stack with it): %w", exe, err)
 }

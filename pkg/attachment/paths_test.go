@@ -29,9 +29,9 @@ func TestNames(t *testing.T) {
 }
 
 // TestStackBinary: the plugin runs stacks from cni-usernet-stack beside
-// it only when that is an executable file; anything else there, or
-// nothing, leaves the plugin's own binary (its stack command), so a node
-// where only the plugin was copied keeps working.
+// it when that is an executable file, and anything else there, or
+// nothing, is an error that names the missing file (the plugin's own
+// binary has no stack to fall back on).
 func TestStackBinary(t *testing.T) {
 	for _, c := range []struct {
 		name     string
@@ -53,12 +53,17 @@ func TestStackBinary(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			want := exe
-			if c.useStack {
-				want = exe + "-stack"
+			got, err := StackBinary(exe)
+			switch {
+			case c.useStack && (err != nil || got != exe+"-stack"):
+				t.Errorf("StackBinary = %q, %v; want %s", got, err, exe+"-stack")
+			case !c.useStack && (err == nil || !strings.Contains(err.Error(), "cni-usernet-stack")):
+				t.Errorf("StackBinary = %q, %v; want an error naming cni-usernet-stack", got, err)
 			}
-			if got := StackBinary(exe); got != want {
-				t.Errorf("StackBinary = %s, want %s", got, want)
+			if c.useStack {
+				if again, err := StackBinary(got); err != nil || again != got {
+					t.Errorf("StackBinary of the stack's own path = %q, %v; want it unchanged", again, err)
+				}
 			}
 		})
 	}

@@ -311,8 +311,8 @@ func restartNamespace(path string, log *slog.Logger) (mountNS, stackBinary strin
 	exe, err := os.Executable()
 	if err != nil {
 		exe = ""
-	} else {
-		exe = attachment.StackBinary(exe)
+	} else if exe, err = attachment.StackBinary(exe); err != nil {
+		exe = ""
 	}
 	log.Warn("cannot enter the node's mount namespace; restarted stacks run in the agent's, from its image's binary",
 		"mountNS", path, "err", errors.Join(err1, err2), "binary", exe)

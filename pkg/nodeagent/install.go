@@ -59,12 +59,10 @@ func prepareInstall(ctx context.Context, f *agentFlags, log *slog.Logger) (*node
 	if err != nil {
 		return nil, fmt.Errorf("finding own executable: %w", err)
 	}
-	// The image carries cni-usernet-stack beside the agent's binary; an
-	// image without it installs the plugin alone, whose stack command
-	// then runs the stacks.
-	stackSource := attachment.StackBinary(self)
-	if stackSource == self {
-		stackSource = ""
+	// The image carries cni-usernet-stack beside the agent's binary.
+	stackSource, err := attachment.StackBinary(self)
+	if err != nil {
+		return nil, err
 	}
 	n.opts = install.Options{
 		Source:      self,

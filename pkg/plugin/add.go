@@ -177,7 +177,10 @@ func (inv *invocation) add() (_ *current.Result, err error) {
 	if err != nil {
 		return nil, cniError(types.ErrInternal, fmt.Errorf("finding own executable: %w", err))
 	}
-	stackBinary := attachment.StackBinary(self)
+	stackBinary, err := attachment.StackBinary(self)
+	if err != nil {
+		return nil, cniError(types.ErrInternal, err)
+	}
 	proc, err := launch.Start(launch.Options{
 		Binary:       stackBinary,
 		Args:         attachment.StackArgs(p.Config),
