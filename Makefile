@@ -1,7 +1,7 @@
 # cni-usernet — see README.md.
 GO ?= go
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
-LDFLAGS := -X github.com/cni-usernet/cni-usernet/pkg/plugin.Version=$(VERSION)
+LDFLAGS := -X github.com/cni-usernet/cni-usernet/pkg/cni.Version=$(VERSION)
 
 .PHONY: build deps demo test test-unit test-root fuzz lint bench bench-quick clean gvisor
 
@@ -50,16 +50,16 @@ test-root: helm gvisor
 # not durations: go's fuzzer can fail a run with "context deadline
 # exceeded" when the -fuzztime deadline catches a worker mid-input.
 fuzz: gvisor
-	$(GO) test -run '^$$' -fuzz '^FuzzParseEchoRequest$$' -fuzztime 500000x -fuzzminimizetime 2s ./pkg/relay
-	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime 150000x -fuzzminimizetime 2s ./pkg/netconf
-	$(GO) test -run '^$$' -fuzz '^FuzzGSOAnnotation$$' -fuzztime 150000x -fuzzminimizetime 2s ./pkg/netconf
-	$(GO) test -run '^$$' -fuzz '^FuzzWireFrames$$' -fuzztime 20000x -fuzzminimizetime 2s ./pkg/podstack
-	$(GO) test -run '^$$' -fuzz '^FuzzAdmitIngress$$' -fuzztime 200000x -fuzzminimizetime 2s ./pkg/podstack
-	$(GO) test -run '^$$' -fuzz '^FuzzKubeconfigYAML$$' -fuzztime 50000x -fuzzminimizetime 2s ./pkg/kube
-	$(GO) test -run '^$$' -fuzz '^FuzzUnmarshal$$' -fuzztime 100000x -fuzzminimizetime 2s ./pkg/policy
-	$(GO) test -run '^$$' -fuzz '^FuzzPcapReader$$' -fuzztime 150000x -fuzzminimizetime 2s ./pkg/capture
-	$(GO) test -run '^$$' -fuzz '^FuzzCompile$$' -fuzztime 50000x -fuzzminimizetime 2s ./pkg/netpolicy
-	$(GO) test -run '^$$' -fuzz '^FuzzCompilePod$$' -fuzztime 50000x -fuzzminimizetime 2s ./pkg/netpolicy
+	$(GO) test -run '^$$' -fuzz '^FuzzParseEchoRequest$$' -fuzztime 500000x -fuzzminimizetime 2s ./pkg/stack/relay
+	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime 150000x -fuzzminimizetime 2s ./pkg/api/netconf
+	$(GO) test -run '^$$' -fuzz '^FuzzGSOAnnotation$$' -fuzztime 150000x -fuzzminimizetime 2s ./pkg/api/netconf
+	$(GO) test -run '^$$' -fuzz '^FuzzWireFrames$$' -fuzztime 20000x -fuzzminimizetime 2s ./pkg/stack/podstack
+	$(GO) test -run '^$$' -fuzz '^FuzzAdmitIngress$$' -fuzztime 200000x -fuzzminimizetime 2s ./pkg/stack/podstack
+	$(GO) test -run '^$$' -fuzz '^FuzzKubeconfigYAML$$' -fuzztime 50000x -fuzzminimizetime 2s ./pkg/api/kube
+	$(GO) test -run '^$$' -fuzz '^FuzzUnmarshal$$' -fuzztime 100000x -fuzzminimizetime 2s ./pkg/api/policy
+	$(GO) test -run '^$$' -fuzz '^FuzzPcapReader$$' -fuzztime 150000x -fuzzminimizetime 2s ./pkg/cli/capture
+	$(GO) test -run '^$$' -fuzz '^FuzzCompile$$' -fuzztime 50000x -fuzzminimizetime 2s ./pkg/agent/netpolicy
+	$(GO) test -run '^$$' -fuzz '^FuzzCompilePod$$' -fuzztime 50000x -fuzzminimizetime 2s ./pkg/agent/netpolicy
 
 # Full benchmark (BENCHMARKS.md): 3 interleaved rounds of every
 # configuration, the peers (runsc, pasta, slirp4netns) included, then the

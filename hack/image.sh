@@ -22,7 +22,7 @@ rootfs=$(mktemp -d)
 trap 'rm -rf "$rootfs"' EXIT
 chmod 0755 "$rootfs"   # the image's / (mktemp makes it 0700)
 CGO_ENABLED=0 GOOS=linux $GO build -trimpath \
-  -ldflags "-s -w -X github.com/cni-usernet/cni-usernet/pkg/plugin.Version=$version" \
+  -ldflags "-s -w -X github.com/cni-usernet/cni-usernet/pkg/cni.Version=$version" \
   -o "$rootfs/cni-usernet" ./cmd/cni-usernet
 CGO_ENABLED=0 GOOS=linux $GO build -trimpath -ldflags "-s -w" \
   -o "$rootfs/cni-usernet-stack" ./cmd/cni-usernet-stack

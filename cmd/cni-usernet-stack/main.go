@@ -14,7 +14,7 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/cni-usernet/cni-usernet/pkg/stackcmd"
+	"github.com/cni-usernet/cni-usernet/pkg/stack"
 )
 
 const usage = `usage:
@@ -29,7 +29,7 @@ func main() {
 	var err error
 	switch os.Args[1] {
 	case "stack":
-		err = stackcmd.Run(os.Args[2:])
+		err = stack.Run(os.Args[2:])
 	case "help", "-h", "--help":
 		fmt.Print(usage)
 	default:

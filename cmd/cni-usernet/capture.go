@@ -14,11 +14,12 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/cni-usernet/cni-usernet/pkg/capture"
-	"github.com/cni-usernet/cni-usernet/pkg/control"
-	"github.com/cni-usernet/cni-usernet/pkg/launch"
-	"github.com/cni-usernet/cni-usernet/pkg/netconf"
-	"github.com/cni-usernet/cni-usernet/pkg/state"
+	"github.com/cni-usernet/cni-usernet/pkg/api/control"
+	"github.com/cni-usernet/cni-usernet/pkg/api/netconf"
+	"github.com/cni-usernet/cni-usernet/pkg/api/pcap"
+	"github.com/cni-usernet/cni-usernet/pkg/api/state"
+	"github.com/cni-usernet/cni-usernet/pkg/cli/capture"
+	"github.com/cni-usernet/cni-usernet/pkg/node/launch"
 )
 
 const captureUsage = `usage: cni-usernet capture [flags] <namespace>/<pod> | <containerID>
@@ -45,7 +46,7 @@ func runCapture(argv []string, stdout, stderr io.Writer) error {
 	leg := fs.String("leg", "both", "legs to capture: wire, app or both")
 	count := fs.Int("c", 0, "stop after this many packets (0: no limit)")
 	duration := fs.Duration("duration", 0, "stop after this long, e.g. 30s (0: until interrupted)")
-	snapLen := fs.Int("s", capture.DefaultSnapLen, "bytes of each packet kept")
+	snapLen := fs.Int("s", pcap.DefaultSnapLen, "bytes of each packet kept")
 	ifName := fs.String("if", "", "the pod's interface, when it has several attachments")
 	stateDir := fs.String("state-dir", netconf.DefaultStateDir, "state directory of the plugin")
 	if err := fs.Parse(argv); err != nil {
@@ -135,7 +136,7 @@ func runCapture(argv []string, stdout, stderr io.Writer) error {
 	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	o.Started = func(ifaces []capture.Interface) {
+	o.Started = func(ifaces []pcap.Interface) {
 		// tcpdump prints the node's name of an interface index; these
 		// are the pod's.
 		var legs []string

@@ -11,9 +11,9 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/cni-usernet/cni-usernet/pkg/netconf"
-	"github.com/cni-usernet/cni-usernet/pkg/policy"
-	"github.com/cni-usernet/cni-usernet/pkg/state"
+	"github.com/cni-usernet/cni-usernet/pkg/api/netconf"
+	"github.com/cni-usernet/cni-usernet/pkg/api/policy"
+	"github.com/cni-usernet/cni-usernet/pkg/api/state"
 )
 
 // podDenial is one line of `cni-usernet denials`: a stack's recent

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cni-usernet/cni-usernet/pkg/control"
-	"github.com/cni-usernet/cni-usernet/pkg/policy"
+	"github.com/cni-usernet/cni-usernet/pkg/api/control"
+	"github.com/cni-usernet/cni-usernet/pkg/api/policy"
 )
 
 var zone = time.FixedZone("node", 3600)

@@ -7,8 +7,8 @@ import (
 	"log/slog"
 	"os"
 
-	"github.com/cni-usernet/cni-usernet/pkg/attachment"
-	"github.com/cni-usernet/cni-usernet/pkg/install"
+	"github.com/cni-usernet/cni-usernet/pkg/agent/install"
+	"github.com/cni-usernet/cni-usernet/pkg/node/attachment"
 )
 
 // installName is the binary's name in the plugin directory and the "type"

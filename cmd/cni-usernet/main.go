@@ -10,9 +10,9 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/cni-usernet/cni-usernet/pkg/nodeagent"
+	"github.com/cni-usernet/cni-usernet/pkg/agent"
 
-	"github.com/cni-usernet/cni-usernet/pkg/plugin"
+	"github.com/cni-usernet/cni-usernet/pkg/cni"
 )
 
 const usage = `usage:
@@ -31,7 +31,7 @@ const usage = `usage:
 
 func main() {
 	if os.Getenv("CNI_COMMAND") != "" || len(os.Args) < 2 {
-		plugin.Main()
+		cni.Main()
 		return
 	}
 	var err error
@@ -43,13 +43,13 @@ func main() {
 	case "capture":
 		err = runCapture(os.Args[2:], os.Stdout, os.Stderr)
 	case "agent":
-		err = nodeagent.Run(os.Args[2:])
+		err = agent.Run(os.Args[2:])
 	case "install":
 		err = installCommand(os.Args[2:])
 	case "uninstall":
 		err = uninstallCommand(os.Args[2:])
 	case "version", "--version":
-		fmt.Println("cni-usernet", plugin.Version)
+		fmt.Println("cni-usernet", cni.Version)
 	case "help", "-h", "--help":
 		fmt.Print(usage)
 	default:

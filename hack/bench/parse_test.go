@@ -13,8 +13,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/cni-usernet/cni-usernet/pkg/control"
-	"github.com/cni-usernet/cni-usernet/pkg/policy"
+	"github.com/cni-usernet/cni-usernet/pkg/api/control"
+	"github.com/cni-usernet/cni-usernet/pkg/api/policy"
 )
 
 func TestParseRedis(t *testing.T) {

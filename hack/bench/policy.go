@@ -12,9 +12,9 @@ import (
 
 	current "github.com/containernetworking/cni/pkg/types/100"
 
-	"github.com/cni-usernet/cni-usernet/pkg/control"
-	"github.com/cni-usernet/cni-usernet/pkg/policy"
-	"github.com/cni-usernet/cni-usernet/pkg/state"
+	"github.com/cni-usernet/cni-usernet/pkg/api/control"
+	"github.com/cni-usernet/cni-usernet/pkg/api/policy"
+	"github.com/cni-usernet/cni-usernet/pkg/api/state"
 )
 
 // benchPolicy is the policy a configuration with PolicyRules pushes: both

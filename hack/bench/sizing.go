@@ -11,7 +11,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/cni-usernet/cni-usernet/pkg/podcgroup"
+	"github.com/cni-usernet/cni-usernet/pkg/node/podcgroup"
 )
 
 // The sizing section (--sizing, on in full runs): what a stack adds to

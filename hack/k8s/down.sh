@@ -156,7 +156,7 @@ for c in CNI-HOSTPORT-DNAT CNI-HOSTPORT-SNAT CNI-HOSTPORT-MASQ CNI-HOSTPORT-SETM
   iptables -w -t nat -F "$c" 2>/dev/null && iptables -w -t nat -X "$c" 2>/dev/null
 done
 ip addr del "$NODE_IP/32" dev lo 2>/dev/null && log "removed $NODE_IP from lo"
-# routes cni-usernet's agent made to other nodes' pods (pkg/noderoutes, protocol
+# routes cni-usernet's agent made to other nodes' pods (pkg/agent/noderoutes, protocol
 # 117) that a failed run left; the agent removes them on uninstall.
 ip route flush proto 117 2>/dev/null || true
 if [ -f "$STATE/sysctl.orig" ]; then

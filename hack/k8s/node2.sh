@@ -220,7 +220,7 @@ down() {
   ip link del k8slab-n2 2>/dev/null || true
   ip route del "$NODE2_IP/32" 2>/dev/null || true
   # our routes to node 2's pods (cni-usernet's agent removes them on uninstall;
-  # a failed run may leave them): protocol 117 is pkg/noderoutes'.
+  # a failed run may leave them): protocol 117 is pkg/agent/noderoutes'.
   ip route flush proto 117 2>/dev/null || true
   for c in /sys/fs/cgroup/*/"$N2_CGROUP"; do
     [ -d "$c" ] && find "$c" -depth -type d -exec rmdir {} \; 2>/dev/null || true

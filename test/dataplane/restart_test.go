@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cni-usernet/cni-usernet/pkg/launch"
-	"github.com/cni-usernet/cni-usernet/pkg/state"
+	"github.com/cni-usernet/cni-usernet/pkg/api/state"
+	"github.com/cni-usernet/cni-usernet/pkg/node/launch"
 	"github.com/cni-usernet/cni-usernet/test/nettest"
 )
 

@@ -22,8 +22,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/cni-usernet/cni-usernet/pkg/metrics"
-	"github.com/cni-usernet/cni-usernet/pkg/netconf"
+	"github.com/cni-usernet/cni-usernet/pkg/agent/metrics"
+	"github.com/cni-usernet/cni-usernet/pkg/api/netconf"
 )
 
 // repo is the repository's root, seen from this package's directory.
@@ -359,13 +359,13 @@ type agentFlag struct {
 	pos string
 }
 
-// agentFlags reads the node agent's flags from pkg/nodeagent's source:
+// agentFlags reads the node agent's flags from pkg/agent's source:
 // every flag defined on a FlagSet made by flag.NewFlagSet (or on the
 // flag package's own set).
 func agentFlags(t *testing.T) []agentFlag {
 	t.Helper()
 	consts := map[string]string{}
-	for _, pkg := range []string{"pkg/nodeagent", "pkg/netconf"} {
+	for _, pkg := range []string{"pkg/agent", "pkg/api/netconf"} {
 		for dir, files := range goFiles(t, pkg) {
 			if dir != filepath.Join(repo, pkg) {
 				continue
@@ -378,7 +378,7 @@ func agentFlags(t *testing.T) []agentFlag {
 	}
 	var out []agentFlag
 	fset := token.NewFileSet()
-	matches, _ := filepath.Glob(filepath.Join(repo, "pkg/nodeagent/*.go"))
+	matches, _ := filepath.Glob(filepath.Join(repo, "pkg/agent/*.go"))
 	for _, p := range matches {
 		if strings.HasSuffix(p, "_test.go") {
 			continue
@@ -575,12 +575,12 @@ func TestConfigurationReference(t *testing.T) {
 		}
 		for _, k := range required {
 			if _, ok := sec[k]; !ok {
-				t.Errorf("conflist key %q (pkg/netconf NetConf) has no row in %s: add \"| `%s` | default | meaning |\" to the table under \"## Conflist keys\"", k, page, k)
+				t.Errorf("conflist key %q (pkg/api/netconf NetConf) has no row in %s: add \"| `%s` | default | meaning |\" to the table under \"## Conflist keys\"", k, page, k)
 			}
 		}
 		for k := range sec {
 			if !slices.Contains(allowed, k) && !strings.HasPrefix(k, "runtimeConfig.") {
-				t.Errorf("%s documents conflist key %q, which pkg/netconf NetConf does not have: remove or rename its row", page, k)
+				t.Errorf("%s documents conflist key %q, which pkg/api/netconf NetConf does not have: remove or rename its row", page, k)
 			}
 		}
 	})
@@ -605,7 +605,7 @@ func TestConfigurationReference(t *testing.T) {
 		sec := section("Node agent flags")
 		flags := agentFlags(t)
 		if len(flags) < 20 {
-			t.Fatalf("found %d flags in pkg/nodeagent, want ≥ 20: is the scan broken?", len(flags))
+			t.Fatalf("found %d flags in pkg/agent, want ≥ 20: is the scan broken?", len(flags))
 		}
 		names := map[string]bool{}
 		for _, f := range flags {
@@ -621,7 +621,7 @@ func TestConfigurationReference(t *testing.T) {
 		}
 		for k := range sec {
 			if !names[k] {
-				t.Errorf("%s documents agent flag %q, which pkg/nodeagent does not define: remove or rename its row", page, k)
+				t.Errorf("%s documents agent flag %q, which pkg/agent does not define: remove or rename its row", page, k)
 			}
 		}
 	})
@@ -643,7 +643,7 @@ func TestConfigurationReference(t *testing.T) {
 }
 
 // exportedMetrics are the metric names the agent exports: what its
-// collector describes, every podDesc/nodeDesc name in pkg/metrics, and
+// collector describes, every podDesc/nodeDesc name in pkg/agent/metrics, and
 // every full cni_usernet_* name written in pkg/ (another collector's).
 func exportedMetrics(t *testing.T) map[string]string {
 	t.Helper()
@@ -656,7 +656,7 @@ func exportedMetrics(t *testing.T) map[string]string {
 	fqName := regexp.MustCompile(`fqName: "([^"]+)"`)
 	for d := range ch {
 		if m := fqName.FindStringSubmatch(d.String()); m != nil {
-			out[m[1]] = "pkg/metrics Collector.Describe"
+			out[m[1]] = "pkg/agent/metrics Collector.Describe"
 		}
 	}
 	full := regexp.MustCompile(`^cni_usernet_[a-z0-9_]*[a-z0-9]$`)

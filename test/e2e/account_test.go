@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cni-usernet/cni-usernet/pkg/state"
+	"github.com/cni-usernet/cni-usernet/pkg/api/state"
 )
 
 // labNode is one node of the lab as the test reaches it: node 1 is this

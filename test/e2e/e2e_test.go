@@ -33,7 +33,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cni-usernet/cni-usernet/pkg/stackconfig"
+	"github.com/cni-usernet/cni-usernet/pkg/api/stackconfig"
 )
 
 // The annotation that chooses a pod's GSO mode, and the reason of the Event

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cni-usernet/cni-usernet/pkg/state"
+	"github.com/cni-usernet/cni-usernet/pkg/api/state"
 )
 
 // What the DaemonSet installs on the node, at the paths the manifest gives.

@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cni-usernet/cni-usernet/pkg/state"
+	"github.com/cni-usernet/cni-usernet/pkg/api/state"
 )
 
 // The NetworkPolicy matrix, in the style of the upstream network policy

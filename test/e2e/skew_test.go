@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cni-usernet/cni-usernet/pkg/state"
+	"github.com/cni-usernet/cni-usernet/pkg/api/state"
 	"github.com/cni-usernet/cni-usernet/test/promcheck"
 )
 

@@ -69,7 +69,7 @@ for d in "$@"; do mount -t tmpfs -o size=1m,mode=755 cni-usernet-attacker "$d"; 
 exec setpriv --inh-caps=-all --ambient-caps=-all --bounding-set="-all,$CAPS" -- "$ATTACKER"`
 
 // runAttack starts the test binary as an attacker in the pod's network
-// namespace (started from a thread switched into it, as pkg/launch starts
+// namespace (started from a thread switched into it, as pkg/node/launch starts
 // a stack), in a pid and mount namespace of its own, with c's
 // capabilities, runs spec, hands each outcome to each as it arrives (nil:
 // none) and returns them all once the attacker exited.

@@ -12,7 +12,7 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
-	"github.com/cni-usernet/cni-usernet/pkg/stackproc"
+	"github.com/cni-usernet/cni-usernet/pkg/stack"
 	"github.com/cni-usernet/cni-usernet/test/nettest"
 )
 
@@ -43,7 +43,7 @@ const (
 // from the pod runs; first against a pod on the kernel veth (its
 // namespace's reassembly memory from /proc/net/sockstat, logged), then
 // against a cni-usernet pod, asserting that the stack's RSS grows by no
-// more than stackproc.ReassemblyBound (and the download's buffers), that it comes back to within
+// more than stack.ReassemblyBound (and the download's buffers), that it comes back to within
 // fragReleaseSlack of where it was once the reassemblies have timed out,
 // that the download is byte-exact, that the pod answers afterwards, that
 // every probe is answered, and that the flood never queued with them:
@@ -129,10 +129,10 @@ func TestFragmentFlood(t *testing.T) {
 			// download's share counted once, a run on 2026-12-02 grew by
 			// 29.8 MiB against 28. Without the stack's fragment copies the
 			// same flood grew it by about 100 MiB.
-			download := stackproc.MemoryBound(stackproc.MemoryLoad{BulkTCP: 1}) - stackproc.MemoryBound(stackproc.MemoryLoad{})
-			if grew, bound := m.peak-m.before, int64(stackproc.ReassemblyBound)+2*download; grew > bound {
-				t.Errorf("stack RSS grew under the fragment flood by %.1f MiB (%.1f → %.1f), want <= %.1f MiB (stackproc.ReassemblyBound %.0f MiB + twice the download's buffers %.0f MiB, for the collector's headroom)",
-					mib(grew), mib(m.before), mib(m.peak), mib(bound), mib(stackproc.ReassemblyBound), mib(download))
+			download := stack.MemoryBound(stack.MemoryLoad{BulkTCP: 1}) - stack.MemoryBound(stack.MemoryLoad{})
+			if grew, bound := m.peak-m.before, int64(stack.ReassemblyBound)+2*download; grew > bound {
+				t.Errorf("stack RSS grew under the fragment flood by %.1f MiB (%.1f → %.1f), want <= %.1f MiB (stack.ReassemblyBound %.0f MiB + twice the download's buffers %.0f MiB, for the collector's headroom)",
+					mib(grew), mib(m.before), mib(m.peak), mib(bound), mib(stack.ReassemblyBound), mib(download))
 			}
 			if m.settled < 0 {
 				t.Errorf("stack RSS %.0f s after the fragment flood: got %.1f MiB, want <= %.1f MiB (%.1f before the flood)", fragSettleWithin.Seconds(), mib(m.after), mib(m.before+fragReleaseSlack), mib(m.before))

@@ -32,10 +32,10 @@ import (
 	"golang.org/x/sys/unix"
 	"gvisor.dev/gvisor/pkg/tcpip"
 
-	"github.com/cni-usernet/cni-usernet/pkg/control"
-	"github.com/cni-usernet/cni-usernet/pkg/relay"
-	"github.com/cni-usernet/cni-usernet/pkg/stackproc"
-	"github.com/cni-usernet/cni-usernet/pkg/state"
+	"github.com/cni-usernet/cni-usernet/pkg/api/control"
+	"github.com/cni-usernet/cni-usernet/pkg/api/state"
+	"github.com/cni-usernet/cni-usernet/pkg/stack"
+	"github.com/cni-usernet/cni-usernet/pkg/stack/relay"
 	"github.com/cni-usernet/cni-usernet/test/nettest"
 )
 
@@ -239,13 +239,13 @@ func status(t *testing.T, att *state.Attachment) control.Status {
 // UDP.
 func rssBound(t *testing.T, att *state.Attachment) int64 {
 	t.Helper()
-	return rssBoundFor(stackproc.MemoryLoad{BulkTCP: 1})
+	return rssBoundFor(stack.MemoryLoad{BulkTCP: 1})
 }
 
 // rssBoundFor is the documented bound for the stack under load (the
 // relay's default limits: the tests' conflists leave them).
-func rssBoundFor(load stackproc.MemoryLoad) int64 {
-	b := stackproc.MemoryBound(load)
+func rssBoundFor(load stack.MemoryLoad) int64 {
+	b := stack.MemoryBound(load)
 	if raceEnabled {
 		// The race detector's shadow memory and bookkeeping cost 5-10x
 		// the program's own (Go's race detector documentation).

@@ -20,8 +20,8 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
-	"github.com/cni-usernet/cni-usernet/pkg/stackproc"
-	"github.com/cni-usernet/cni-usernet/pkg/state"
+	"github.com/cni-usernet/cni-usernet/pkg/api/state"
+	"github.com/cni-usernet/cni-usernet/pkg/stack"
 	"github.com/cni-usernet/cni-usernet/test/nettest"
 )
 
@@ -77,7 +77,7 @@ var sinkPorts = []int{9000, 9001, 9002, 9003}
 // 64 MiB download from the pod runs, first against a pod on the kernel
 // veth (ptp: logged, the comparison) and then against a cni-usernet pod
 // (asserted: >= 90 % of probes answered, none slower than 1 s, the
-// download byte-exact, the stack's RSS under stackproc.MemoryBound, a new
+// download byte-exact, the stack's RSS under stack.MemoryBound, a new
 // connection after the flood). See docs/reliability/hostile.md.
 func TestSYNFlood(t *testing.T) {
 	if testing.Short() {
@@ -148,7 +148,7 @@ func TestSYNFloodFromPod(t *testing.T) {
 			// The flooder holds no connection open for long: everything
 			// its flood makes is what the bound must cover.
 			flooderA: &podAttachment{att: attF},
-			victimA:  &podAttachment{att: attV, load: stackproc.MemoryLoad{BulkTCP: 1}}},
+			victimA:  &podAttachment{att: attV, load: stack.MemoryLoad{BulkTCP: 1}}},
 	} {
 		t.Run(strings.Fields(c.name)[0], func(t *testing.T) {
 			serveHTTP(t, nettest.Listen(t, c.victim.NS, "tcp", ":"+strconv.Itoa(httpPort)), "ok")
@@ -183,7 +183,7 @@ func TestSYNFloodFromPod(t *testing.T) {
 // is computed for.
 type podAttachment struct {
 	att  *state.Attachment
-	load stackproc.MemoryLoad
+	load stack.MemoryLoad
 }
 
 // watchedStack is a stack whose RSS and counters a measurement records.
@@ -439,7 +439,7 @@ func (r *result) problems() (probes, out []string) {
 			out = append(out, fmt.Sprintf("%s stack RSS never sampled", p.role))
 		}
 		if p.rss > p.bound {
-			out = append(out, fmt.Sprintf("%s stack peak RSS: got %.1f MiB, want <= %.1f MiB (stackproc.MemoryBound)", p.role, mib(p.rss), mib(p.bound)))
+			out = append(out, fmt.Sprintf("%s stack peak RSS: got %.1f MiB, want <= %.1f MiB (stack.MemoryBound)", p.role, mib(p.rss), mib(p.bound)))
 		}
 	}
 	return probes, out
@@ -729,6 +729,6 @@ func newNodeFloodRig(t *testing.T) (*nettest.Env, *nodeGuard, []floodCase) {
 	attU := loadState(t, env, usernet)
 	return env, guard, []floodCase{
 		{"kernel (ptp)", kernel, nil},
-		{"cni-usernet (" + gsoMode(t, attU) + ")", usernet, &podAttachment{att: attU, load: stackproc.MemoryLoad{BulkTCP: 1}}},
+		{"cni-usernet (" + gsoMode(t, attU) + ")", usernet, &podAttachment{att: attU, load: stack.MemoryLoad{BulkTCP: 1}}},
 	}
 }

@@ -22,7 +22,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"golang.org/x/sys/unix"
 
-	"github.com/cni-usernet/cni-usernet/pkg/state"
+	"github.com/cni-usernet/cni-usernet/pkg/api/state"
 
 	"github.com/cni-usernet/cni-usernet/test/nettest"
 	"github.com/cni-usernet/cni-usernet/test/promcheck"

@@ -3,7 +3,7 @@ package nettest
 import (
 	"testing"
 
-	"github.com/cni-usernet/cni-usernet/pkg/state"
+	"github.com/cni-usernet/cni-usernet/pkg/api/state"
 )
 
 func TestStateKeyIsStates(t *testing.T) {

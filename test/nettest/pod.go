@@ -20,9 +20,9 @@ import (
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
 
-	"github.com/cni-usernet/cni-usernet/pkg/launch"
-	"github.com/cni-usernet/cni-usernet/pkg/podnet"
-	"github.com/cni-usernet/cni-usernet/pkg/wirens"
+	"github.com/cni-usernet/cni-usernet/pkg/api/podnet"
+	"github.com/cni-usernet/cni-usernet/pkg/node/launch"
+	"github.com/cni-usernet/cni-usernet/pkg/node/wirens"
 )
 
 // Pod is a namespace attached through a plugin.
@@ -121,8 +121,8 @@ func (e *Env) WireNS(p *Pod) ns.NetNS {
 	return n
 }
 
-// stateKey is state.Key: importing pkg/state here would make an import
-// cycle of pkg/offload's tests, which use this package.
+// stateKey is state.Key: importing pkg/api/state here would make an import
+// cycle of pkg/api/offload's tests, which use this package.
 func stateKey(containerID, ifName string) string {
 	sum := sha256.Sum256([]byte(containerID + "/" + ifName))
 	return hex.EncodeToString(sum[:8])

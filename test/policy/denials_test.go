@@ -19,7 +19,7 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 
-	"github.com/cni-usernet/cni-usernet/pkg/policy"
+	"github.com/cni-usernet/cni-usernet/pkg/api/policy"
 	"github.com/cni-usernet/cni-usernet/test/nettest"
 )
 

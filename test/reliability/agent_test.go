@@ -23,8 +23,8 @@ import (
 	"github.com/containernetworking/plugins/pkg/testutils"
 	"golang.org/x/sys/unix"
 
-	"github.com/cni-usernet/cni-usernet/pkg/launch"
-	"github.com/cni-usernet/cni-usernet/pkg/state"
+	"github.com/cni-usernet/cni-usernet/pkg/api/state"
+	"github.com/cni-usernet/cni-usernet/pkg/node/launch"
 	"github.com/cni-usernet/cni-usernet/test/nettest"
 )
 

@@ -8,7 +8,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 
-	"github.com/cni-usernet/cni-usernet/pkg/launch"
+	"github.com/cni-usernet/cni-usernet/pkg/node/launch"
 	"github.com/cni-usernet/cni-usernet/test/nettest"
 )
 

@@ -10,11 +10,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cni-usernet/cni-usernet/pkg/control"
-	"github.com/cni-usernet/cni-usernet/pkg/launch"
-	"github.com/cni-usernet/cni-usernet/pkg/podnet"
-	"github.com/cni-usernet/cni-usernet/pkg/stackconfig"
-	"github.com/cni-usernet/cni-usernet/pkg/state"
+	"github.com/cni-usernet/cni-usernet/pkg/api/control"
+	"github.com/cni-usernet/cni-usernet/pkg/api/podnet"
+	"github.com/cni-usernet/cni-usernet/pkg/api/stackconfig"
+	"github.com/cni-usernet/cni-usernet/pkg/api/state"
+	"github.com/cni-usernet/cni-usernet/pkg/node/launch"
 	"github.com/cni-usernet/cni-usernet/test/nettest"
 )
 

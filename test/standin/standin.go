@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cni-usernet/cni-usernet/pkg/control"
+	"github.com/cni-usernet/cni-usernet/pkg/api/control"
 	"github.com/cni-usernet/cni-usernet/test/nettest"
 )
 

@@ -1,0 +1,396 @@
+// Package nodeagent is the node agent, `cni-usernet agent`, the
+// DaemonSet's process: it installs the plugin and its configuration on the
+// node, keeps every pod's stack running through pkg/agent/supervisor's supervisor,
+// reconciles, routes between nodes (standalone mode), serves the metrics,
+// and on uninstall drains before it restores the node.
+package agent
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/cni-usernet/cni-usernet/pkg/agent/netpolicy"
+	"github.com/cni-usernet/cni-usernet/pkg/agent/supervisor"
+	"github.com/cni-usernet/cni-usernet/pkg/api/agentapi"
+	"github.com/cni-usernet/cni-usernet/pkg/api/kube"
+	"github.com/cni-usernet/cni-usernet/pkg/api/netconf"
+	"github.com/cni-usernet/cni-usernet/pkg/api/offload"
+	"github.com/cni-usernet/cni-usernet/pkg/api/state"
+	"github.com/cni-usernet/cni-usernet/pkg/node/attachment"
+	"github.com/cni-usernet/cni-usernet/pkg/node/launch"
+	"github.com/cni-usernet/cni-usernet/pkg/util/atomicfile"
+)
+
+// agentFlags are the node agent's settings (the DaemonSet's arguments).
+type agentFlags struct {
+	nodeName           string
+	install            bool
+	cniBinDir          string
+	cniConfDir         string
+	hostPrefix         string
+	mode               string
+	subnets            string
+	mtu                int
+	gso                string
+	kubeconfigOut      string
+	apiServer          string
+	uninstallOnDelete  bool
+	daemonSet          string
+	stateDir           string
+	runDir             string
+	cniPath            string
+	cgroupRoot         string
+	mountNS            string
+	reconcile          time.Duration
+	backoff            time.Duration
+	stableAfter        time.Duration
+	crashLoop          int
+	probe              bool
+	nodeRoutes         string
+	nodeRoutesInterval time.Duration
+	metricsAddress     string
+	portMap            bool
+	bandwidth          bool
+	networkPolicy      bool
+}
+
+func parseAgentFlags(args []string) (*agentFlags, error) {
+	f := &agentFlags{}
+	fs := flag.NewFlagSet("agent", flag.ContinueOnError)
+	fs.StringVar(&f.nodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name (for its pod CIDR and Events)")
+	fs.BoolVar(&f.install, "install", true, "install the plugin binary and the CNI configuration (false: supervise only)")
+	fs.StringVar(&f.cniBinDir, "cni-bin-dir", "/host/opt/cni/bin", "the node's CNI binary directory, as the agent sees it")
+	fs.StringVar(&f.cniConfDir, "cni-conf-dir", "/host/etc/cni/net.d", "the node's CNI configuration directory, as the agent sees it")
+	fs.StringVar(&f.hostPrefix, "host-prefix", "/host", "where the node's root is mounted in the agent: stripped from paths written into the configuration")
+	fs.StringVar(&f.mode, "mode", "standalone", "standalone (own conflist, sorted first) or chain (insert into the node's first conflist)")
+	fs.StringVar(&f.subnets, "subnet", "", "pod subnets for host-local, comma separated (default: the node's spec.podCIDRs)")
+	fs.IntVar(&f.mtu, "mtu", 1500, "MTU of the pods' links")
+	fs.StringVar(&f.gso, "gso", "auto", "the pods' default GSO mode in the conflist: auto, hardware, software, off (a pod's annotation overrides it)")
+	fs.StringVar(&f.kubeconfigOut, "kubeconfig-out", "", "write a kubeconfig for the plugin here (its token kept fresh); empty: none")
+	fs.StringVar(&f.apiServer, "api-server", "", "API server URL written into the plugin's kubeconfig (default: the in-cluster service address)")
+	fs.BoolVar(&f.uninstallOnDelete, "uninstall-on-delete", true, "when stopped because its DaemonSet was deleted, restore the node's CNI files")
+	fs.StringVar(&f.daemonSet, "daemonset", "cni-usernet", "this agent's DaemonSet (in the pod's namespace), to tell deletion from a restart")
+	fs.StringVar(&f.stateDir, "state-dir", netconf.DefaultStateDir, "attachment state directory")
+	fs.StringVar(&f.runDir, "run-dir", netconf.DefaultRunDir, "runtime directory (the agent's ready file)")
+	fs.StringVar(&f.cniPath, "cni-path", "", "where IPAM plugins are found when an attachment is reclaimed (default: --cni-bin-dir)")
+	fs.StringVar(&f.cgroupRoot, "cgroup-root", "/sys/fs/cgroup", "the node's cgroup mount, as the agent sees it")
+	fs.StringVar(&f.mountNS, "mount-ns", "/proc/1/ns/mnt", "mount namespace restarted stacks run in (the node's)")
+	fs.DurationVar(&f.reconcile, "reconcile-interval", 30*time.Second, "how often the node is reconciled with the state directory")
+	fs.DurationVar(&f.backoff, "restart-backoff", time.Second, "delay before the second quick restart of a stack, doubling up to 60s")
+	fs.DurationVar(&f.stableAfter, "stable-after", 60*time.Second, "how long a stack must run for its crashes to be forgotten")
+	fs.IntVar(&f.crashLoop, "crash-loop-after", 5, "consecutive quick exits after which a stack is reported unhealthy")
+	fs.StringVar(&f.nodeRoutes, "node-routes", "auto", "route other nodes' pod CIDRs via their InternalIP (host-gw): auto (standalone mode, installing), true, false")
+	fs.DurationVar(&f.nodeRoutesInterval, "node-routes-interval", 10*time.Second, "how often the node list is read for --node-routes")
+	fs.StringVar(&f.metricsAddress, "metrics-address", defaultMetricsAddress, "serve Prometheus metrics on this address at /metrics; empty: none")
+	fs.BoolVar(&f.portMap, "port-map", true, "chain the portmap plugin after cni-usernet (pods' hostPort); in chain mode only when the node's conflist has none")
+	fs.BoolVar(&f.bandwidth, "bandwidth", true, "chain the bandwidth plugin after cni-usernet (kubernetes.io/ingress-bandwidth, egress-bandwidth); in chain mode only when the node's conflist has none")
+	fs.BoolVar(&f.networkPolicy, "network-policy", true, "enforce NetworkPolicy in each pod's stack: watch the API server, compile and push each local pod's policy, and mark the conflist so that ADD waits for it (false: the primary CNI enforces policy, e.g. Calico or Cilium)")
+	fs.BoolVar(&f.probe, "probe", false, "exit 0 when the running agent is ready (readiness probe), 1 otherwise")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if f.cniPath == "" {
+		f.cniPath = f.cniBinDir
+	}
+	if f.mode != "standalone" && f.mode != "chain" {
+		return nil, fmt.Errorf("--mode %q: want standalone or chain", f.mode)
+	}
+	if _, err := offload.ParseMode(f.gso); err != nil {
+		return nil, fmt.Errorf("--gso: %w", err)
+	}
+	if _, err := f.wantNodeRoutes(); err != nil {
+		return nil, err
+	}
+	if f.nodeRoutesInterval <= 0 {
+		return nil, fmt.Errorf("--node-routes-interval %s: want a positive duration", f.nodeRoutesInterval)
+	}
+	return f, nil
+}
+
+func (f *agentFlags) readyFile() string { return filepath.Join(f.runDir, "agent.ready") }
+
+// claimFile names the agent that serves the node now: each agent writes
+// its process there first thing, before it installs anything, so that an
+// older agent still waiting to uninstall (drain) sees a newer one as soon
+// as it starts, without asking the API server (whose answer needs the
+// older agent's token, which a re-created ServiceAccount invalidated).
+func (f *agentFlags) claimFile() string { return filepath.Join(f.runDir, "agent.pid") }
+
+func (f *agentFlags) agentSocket() string { return agentapi.Path(f.runDir) }
+
+// Run is the node agent with its command-line arguments: it installs the
+// plugin, keeps every pod's stack running and the node reconciled, and
+// writes the CNI configuration last, once all that works — until then the
+// node stays NotReady, which is the truth.
+func Run(args []string) error {
+	f, err := parseAgentFlags(args)
+	if err != nil {
+		return err
+	}
+	if f.probe {
+		return probeAgent(f.readyFile())
+	}
+	log := slog.New(slog.NewJSONHandler(os.Stderr, nil)).With("component", "agent")
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	os.Remove(f.readyFile())
+	if err := markReady(f.claimFile()); err != nil {
+		log.Warn("cannot claim the node for this agent: an older agent waiting to uninstall will not see it", "path", f.claimFile(), "err", err)
+	}
+
+	var inst *nodeInstall
+	if f.install {
+		if inst, err = prepareInstall(ctx, f, log); err != nil {
+			return err
+		}
+	}
+	mountNS, stackBinary := restartNamespace(f.mountNS, log)
+	var kc *kube.Client
+	if inst != nil {
+		kc = inst.kube
+	}
+	sup := supervisor.New(supervisor.Config{
+		Store:             state.Store{Dir: f.stateDir},
+		CNIPath:           f.cniPath,
+		MountNS:           mountNS,
+		StackBinary:       stackBinary,
+		Backoff:           f.backoff,
+		StableAfter:       f.stableAfter,
+		CrashLoop:         f.crashLoop,
+		CgroupRoot:        f.cgroupRoot,
+		ReconcileInterval: f.reconcile,
+		Refused:           refusedEvent(kc, f.nodeName, log),
+		Log:               log,
+	})
+	var polMetrics *policyMetrics
+	if f.networkPolicy {
+		polMetrics = newPolicyMetrics()
+	}
+	if f.metricsAddress != "" {
+		// Metrics are for watching the node, never a reason not to serve it.
+		if err := serveMetrics(ctx, f.metricsAddress, state.Store{Dir: f.stateDir}, sup.Stats(), polMetrics, log); err != nil {
+			log.Error("no metrics", "err", err)
+		}
+	}
+	ready := make(chan struct{})
+	done := make(chan error, 1)
+	go func() { done <- sup.Run(ctx, func() { close(ready) }) }()
+	select {
+	case <-ready:
+	case err := <-done:
+		return err
+	}
+	// Before the configuration: with networkPolicy in it, every ADD asks
+	// the agent's socket for the pod's policy.
+	if f.networkPolicy {
+		if err := startPolicy(ctx, f, inst, polMetrics, log); err != nil {
+			stop()
+			<-done
+			return err
+		}
+	}
+	if inst != nil {
+		if err := inst.writeConfig(ctx); err != nil {
+			stop()
+			<-done
+			return err
+		}
+		go inst.keep(ctx)
+		if want, _ := f.wantNodeRoutes(); want && (inst.kube != nil || f.nodeRoutes != "auto") {
+			if inst.routes, err = newNodeRoutes(f, inst.kube, log); err != nil {
+				log.Error("no routes to other nodes", "err", err)
+			} else {
+				go inst.routes.run(ctx)
+			}
+		}
+	}
+	if err := markReady(f.readyFile()); err != nil {
+		log.Error("writing ready file", "err", err)
+	}
+	log.Info("agent ready", "node", f.nodeName, "stateDir", f.stateDir)
+	err = <-done
+	os.Remove(f.readyFile())
+	if inst != nil {
+		inst.shutdown(log)
+	}
+	log.Info("agent stopped; stacks keep running")
+	return err
+}
+
+// markReady records this agent process as ready (or, in the claim file,
+// as the node's agent). The probe checks the process too, so a file left
+// by a killed agent does not count.
+func markReady(path string) error {
+	pid := os.Getpid()
+	st, err := launch.StartTime(pid)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return err
+	}
+	return atomicfile.Write(path, []byte(fmt.Sprintf("%d %d\n", pid, st)), 0o600)
+}
+
+// releaseClaim removes the claim file at path if it is this process's: the
+// uninstall leaves the node as it was before the install. A claim another
+// agent has written since stays (a drain that met one does not uninstall).
+func releaseClaim(path string) {
+	p, err := agentIn(path)
+	if err == nil && p.PID == os.Getpid() {
+		os.Remove(path)
+	}
+}
+
+func probeAgent(path string) error {
+	p, err := agentIn(path)
+	if err != nil {
+		return fmt.Errorf("agent not ready: %w", err)
+	}
+	if !launch.Alive(p) {
+		return fmt.Errorf("agent not ready: process %d is gone", p.PID)
+	}
+	return nil
+}
+
+// agentIn reads the process a ready or claim file names.
+func agentIn(path string) (launch.Process, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return launch.Process{}, err
+	}
+	fields := strings.Fields(string(b))
+	if len(fields) != 2 {
+		return launch.Process{}, fmt.Errorf("malformed %s: %q", path, b)
+	}
+	pid, err1 := strconv.Atoi(fields[0])
+	st, err2 := strconv.ParseUint(fields[1], 10, 64)
+	if err := errors.Join(err1, err2); err != nil {
+		return launch.Process{}, fmt.Errorf("malformed %s: %w", path, err)
+	}
+	return launch.Process{PID: pid, StartTime: st}, nil
+}
+
+// newerAgent reports the live agent process, not this one, that claimed
+// the node since this one did (claimFile); ok false if none.
+func newerAgent(path string) (launch.Process, bool) {
+	p, err := agentIn(path)
+	if err != nil || p.PID == os.Getpid() || !launch.Alive(p) {
+		return launch.Process{}, false
+	}
+	return p, true
+}
+
+// restartNamespace decides where restarted stacks run. The node's mount
+// namespace when the agent can enter it (a privileged DaemonSet with
+// hostPID): recorded paths then mean what they meant to the plugin. When
+// /proc/1 is out of reach, the agent's own namespace, with the stack
+// binary of its own image (the recorded one is a node path).
+func restartNamespace(path string, log *slog.Logger) (mountNS, stackBinary string) {
+	if path == "" {
+		return "", ""
+	}
+	self, err1 := os.Stat("/proc/self/ns/mnt")
+	target, err2 := os.Stat(path)
+	if err1 == nil && err2 == nil {
+		if os.SameFile(self, target) {
+			return "", ""
+		}
+		return path, ""
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		exe = ""
+	} else if exe, err = attachment.StackBinary(exe); err != nil {
+		exe = ""
+	}
+	log.Warn("cannot enter the node's mount namespace; restarted stacks run in the agent's, from its image's binary",
+		"mountNS", path, "err", errors.Join(err1, err2), "binary", exe)
+	return "", exe
+}
+
+// startPolicy starts the policy controller and the agent's socket. Outside
+// a cluster (no service account) there is nothing to watch: policy stays
+// off, and a conflist asking for it makes ADD try again later.
+func startPolicy(ctx context.Context, f *agentFlags, inst *nodeInstall, m *policyMetrics, log *slog.Logger) error {
+	var client *kube.Client
+	if inst != nil && inst.kube != nil {
+		client = inst.kube
+	} else if os.Getenv("KUBERNETES_SERVICE_HOST") != "" {
+		cfg, err := kube.InClusterConfig()
+		if err != nil {
+			return fmt.Errorf("reading the service account for the policy watches: %w", err)
+		}
+		if client, err = kube.New(cfg); err != nil {
+			return fmt.Errorf("connecting to the API server for the policy watches: %w", err)
+		}
+	} else {
+		log.Warn("not in a cluster: NetworkPolicy is not enforced (--network-policy needs the API server)")
+		return nil
+	}
+	c, err := newPolicyController(policyOptions{
+		Client:  client,
+		Store:   state.Store{Dir: f.stateDir},
+		Compile: netpolicyCompile(log, policyWarningEvent(client, f.nodeName, log)),
+		Node:    f.nodeName,
+		Metrics: m,
+		Log:     log.With("component", "policy"),
+	})
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(f.runDir, 0o700); err != nil {
+		return fmt.Errorf("creating %s: %w", f.runDir, err)
+	}
+	if err := serveAgentSocket(ctx, f.agentSocket(), c); err != nil {
+		return err
+	}
+	go c.Run(ctx)
+	log.Info("enforcing NetworkPolicy in the pods' stacks", "socket", f.agentSocket())
+	// The conflist comes next: give the watches a moment to list, so that
+	// the first ADDs do not fail for nothing. An API server that does not
+	// answer in time only delays the pods (code 11), not the agent.
+	if err := c.waitSynced(ctx, policySyncWait); err != nil {
+		log.Warn("writing the CNI configuration before the policy caches synced: ADD tries again later until they do", "err", err)
+	}
+	return nil
+}
+
+// policyWarningEvent posts the compiler's warnings about a pod's policies
+// as an Event on the pod, in the background (best effort).
+func policyWarningEvent(c *kube.Client, node string, log *slog.Logger) func(*netpolicy.Pod, string) {
+	if node == "" {
+		return nil
+	}
+	return func(pod *netpolicy.Pod, warnings string) {
+		if pod.Metadata.UID == "" {
+			return
+		}
+		e := kube.Event{
+			Namespace: pod.Metadata.Namespace, PodName: pod.Metadata.Name, PodUID: pod.Metadata.UID,
+			Type: kube.EventWarning, Reason: "NetworkPolicySkipped",
+			Message: "parts of the network policies selecting this pod were skipped; what they would allow stays closed: " + warnings,
+			Action:  "CompileNetworkPolicy", Node: node,
+		}
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := c.Event(ctx, e); err != nil {
+				log.Warn("posting an event", "pod", e.Namespace+"/"+e.PodName, "err", err)
+			}
+		}()
+	}
+}
+
+// policySyncWait bounds the wait for the policy caches before the conflist.
+const policySyncWait = 30 * time.Second

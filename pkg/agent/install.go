@@ -1,0 +1,461 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/cni-usernet/cni-usernet/pkg/agent/install"
+	"github.com/cni-usernet/cni-usernet/pkg/api/kube"
+	"github.com/cni-usernet/cni-usernet/pkg/api/netconf"
+	"github.com/cni-usernet/cni-usernet/pkg/api/state"
+	"github.com/cni-usernet/cni-usernet/pkg/node/attachment"
+)
+
+// nodeInstall is the agent's side of the node's CNI files.
+type nodeInstall struct {
+	f    *agentFlags
+	opts install.Options
+	kube *kube.Client // nil outside a cluster
+	kcfg kube.Config
+	log  *slog.Logger
+	// routes, when set, are this node's routes to other nodes' pods:
+	// removed with the rest on uninstall.
+	routes *nodeRoutes
+}
+
+// prepareInstall installs the binary and renders the configuration; the
+// configuration itself is written by writeConfig, once the agent is ready.
+func prepareInstall(ctx context.Context, f *agentFlags, log *slog.Logger) (*nodeInstall, error) {
+	n := &nodeInstall{f: f, log: log}
+	if os.Getenv("KUBERNETES_SERVICE_HOST") != "" {
+		cfg, err := kube.InClusterConfig()
+		if err != nil {
+			return nil, fmt.Errorf("reading the service account: %w", err)
+		}
+		c, err := kube.New(cfg)
+		if err != nil {
+			return nil, fmt.Errorf("connecting to the API server: %w", err)
+		}
+		n.kube, n.kcfg = c, cfg
+	}
+	if f.kubeconfigOut != "" {
+		if n.kube == nil {
+			return nil, fmt.Errorf("--kubeconfig-out needs the agent to run in a cluster (no service account)")
+		}
+		if err := n.writeKubeconfig(); err != nil {
+			return nil, err
+		}
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("finding own executable: %w", err)
+	}
+	// The image carries cni-usernet-stack beside the agent's binary.
+	stackSource, err := attachment.StackBinary(self)
+	if err != nil {
+		return nil, err
+	}
+	n.opts = install.Options{
+		Source:      self,
+		StackSource: stackSource,
+		BinDir:      f.cniBinDir,
+		ConfDir:     f.cniConfDir,
+		Name:        "cni-usernet",
+		Mode:        install.Mode(f.mode),
+		// A directory of its own: the state directory's top level is
+		// one file per attachment.
+		RecordPath: filepath.Join(f.stateDir, "install", "install.json"),
+		Log:        log,
+	}
+	if n.opts.Helpers, err = helperBinaries(filepath.Dir(self), f); err != nil {
+		return nil, err
+	}
+	plugin, err := n.pluginConf(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if f.mode == "chain" {
+		n.opts.Plugin = plugin
+		n.opts.After = metaPlugins(f)
+	} else {
+		n.opts.Conflist = standaloneConflist(plugin, metaPlugins(f))
+	}
+	changed, err := install.InstallBinary(n.opts)
+	if err != nil {
+		return nil, err
+	}
+	log.Info("plugin binaries installed", "dir", f.cniBinDir, "stack", n.opts.StackSource != "", "changed", changed)
+	return n, nil
+}
+
+// hostPath is where a path the agent sees lies on the node.
+func (n *nodeInstall) hostPath(p string) string {
+	if n.f.hostPrefix != "" && strings.HasPrefix(p, n.f.hostPrefix+"/") {
+		return strings.TrimPrefix(p, n.f.hostPrefix)
+	}
+	return p
+}
+
+// pluginConf is the cni-usernet plugin object, standalone or chained.
+func (n *nodeInstall) pluginConf(ctx context.Context) ([]byte, error) {
+	// cgroupPath: runtimes that pass it (containerd ≥ 1.7.1, CRI-O) name
+	// the pod's cgroup, which its stack is charged to (docs/accounting.md).
+	caps := map[string]bool{netconf.PodAnnotationsCapability: true, "cgroupPath": true}
+	if n.f.bandwidth && n.f.mode == "standalone" {
+		// Standalone, cni-usernet shapes its pods itself (pkg/node/shaping):
+		// the bandwidth plugin looks for the pod's veth where the pod's
+		// interface is the stack's TUN.
+		caps["bandwidth"] = true
+	}
+	p := map[string]any{
+		"type":         "cni-usernet",
+		"gso":          n.f.gso,
+		"capabilities": caps,
+	}
+	if n.f.kubeconfigOut != "" {
+		p["kubeconfig"] = n.hostPath(n.f.kubeconfigOut)
+	}
+	if n.f.nodeName != "" {
+		p["nodeName"] = n.f.nodeName
+	}
+	if n.f.stateDir != netconf.DefaultStateDir {
+		p["stateDir"] = n.f.stateDir
+	}
+	if n.f.networkPolicy {
+		// ADD then waits until the pod's stack holds its policy.
+		p["networkPolicy"] = true
+	}
+	if n.f.mode == "standalone" {
+		subnets, err := n.podSubnets(ctx)
+		if err != nil {
+			return nil, err
+		}
+		var ranges []any
+		var routes []any
+		for _, s := range subnets {
+			ranges = append(ranges, []any{map[string]string{"subnet": s}})
+			if strings.Contains(s, ":") {
+				routes = append(routes, map[string]string{"dst": "::/0"})
+			} else {
+				routes = append(routes, map[string]string{"dst": "0.0.0.0/0"})
+			}
+		}
+		p["mtu"] = n.f.mtu
+		p["ipam"] = map[string]any{"type": "host-local", "ranges": ranges, "routes": routes}
+	}
+	return json.Marshal(p)
+}
+
+// standaloneConflist is the conflist of standalone mode: our plugin,
+// then the meta plugins, which get our result (the pod's addresses, the
+// host side of its veth) as prevResult.
+func standaloneConflist(plugin []byte, meta [][]byte) []byte {
+	plugins := []json.RawMessage{plugin}
+	for _, m := range meta {
+		plugins = append(plugins, m)
+	}
+	b, _ := json.MarshalIndent(map[string]any{
+		// 1.0.0: the newest version containerd 1.6's libcni accepts.
+		"cniVersion": "1.0.0",
+		"name":       "cni-usernet",
+		"plugins":    plugins,
+	}, "", "  ")
+	return b
+}
+
+// The meta plugins --port-map and --bandwidth chain beside ours, in the
+// form the Kubernetes runtimes pass the pod's hostPorts and bandwidth
+// annotations to (the capabilities), as flannel's and Calico's lists
+// carry them. The bandwidth plugin only in chain mode, before ours
+// (pkg/agent/install); standalone, our plugin takes the capability.
+var (
+	portmapPlugin   = []byte(`{"type":"portmap","capabilities":{"portMappings":true},"snat":true}`)
+	bandwidthPlugin = []byte(`{"type":"bandwidth","capabilities":{"bandwidth":true}}`)
+)
+
+func metaPlugins(f *agentFlags) [][]byte {
+	var m [][]byte
+	if f.portMap {
+		m = append(m, portmapPlugin)
+	}
+	if f.bandwidth && f.mode == "chain" {
+		m = append(m, bandwidthPlugin)
+	}
+	return m
+}
+
+// helperBinaries are the meta plugins' binaries the image carries in
+// dir, beside the agent's own. One the image lacks must already be on the
+// node: a conflist naming a missing plugin fails every pod's ADD.
+func helperBinaries(dir string, f *agentFlags) ([]install.Helper, error) {
+	var helpers []install.Helper
+	for _, h := range []struct {
+		name, flag string
+		on         bool
+	}{{"portmap", "--port-map", f.portMap}, {"bandwidth", "--bandwidth", f.bandwidth && f.mode == "chain"}} {
+		if !h.on {
+			continue
+		}
+		src := filepath.Join(dir, h.name)
+		if fi, err := os.Stat(src); err == nil && fi.Mode().IsRegular() {
+			helpers = append(helpers, install.Helper{Name: h.name, Source: src})
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(f.cniBinDir, h.name)); err != nil {
+			return nil, fmt.Errorf("%s: no %s binary beside the agent (%s) nor on the node (%s): use an image that carries it, install it on the node, or pass %s=false",
+				h.flag, h.name, src, f.cniBinDir, h.flag)
+		}
+	}
+	return helpers, nil
+}
+
+// podSubnets are --subnet, or the node's pod CIDRs from the API server.
+func (n *nodeInstall) podSubnets(ctx context.Context) ([]string, error) {
+	if n.f.subnets != "" {
+		return strings.Split(n.f.subnets, ","), nil
+	}
+	if n.kube == nil || n.f.nodeName == "" {
+		return nil, fmt.Errorf("no pod subnet: pass --subnet, or run in a cluster with --node-name")
+	}
+	// The controller manager may not have allocated the node's CIDR yet.
+	for {
+		cidrs, err := n.kube.NodePodCIDRs(ctx, n.f.nodeName)
+		if err == nil && len(cidrs) > 0 {
+			return cidrs, nil
+		}
+		n.log.Warn("waiting for the node's pod CIDR", "node", n.f.nodeName, "err", err)
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("reading pod CIDRs of node %s: %w", n.f.nodeName, ctx.Err())
+		case <-time.After(2 * time.Second):
+		}
+	}
+}
+
+func (n *nodeInstall) writeKubeconfig() error {
+	// The plugin acts with the agent's own (rotating) token: kubelet
+	// refreshes the file at 80 % of its lifetime and keep() copies it on.
+	token, err := os.ReadFile(n.kcfg.TokenFile)
+	if err != nil {
+		return fmt.Errorf("reading the service account token: %w", err)
+	}
+	server := n.kcfg.Server
+	if n.f.apiServer != "" {
+		server = n.f.apiServer
+	}
+	changed, err := kube.WriteKubeconfig(n.f.kubeconfigOut, server, n.kcfg.CAPEM, strings.TrimSpace(string(token)))
+	if err != nil {
+		return fmt.Errorf("writing the plugin's kubeconfig: %w", err)
+	}
+	if changed {
+		n.log.Info("plugin kubeconfig written", "path", n.f.kubeconfigOut)
+	}
+	return nil
+}
+
+// writeConfig writes the CNI configuration, retrying in chain mode until
+// the node's own network plugin has written its configuration.
+func (n *nodeInstall) writeConfig(ctx context.Context) error {
+	for {
+		path, changed, err := install.InstallConfig(n.opts)
+		if err == nil {
+			n.log.Info("CNI configuration installed", "path", path, "changed", changed)
+			return nil
+		}
+		if !errors.Is(err, install.ErrNothingToChain) {
+			return fmt.Errorf("installing the CNI configuration: %w", err)
+		}
+		n.log.Warn("cannot chain yet", "err", err)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(2 * time.Second):
+		}
+	}
+}
+
+// keep re-applies the configuration (another installer may rewrite the
+// conflist we chained into) and keeps the plugin's token fresh.
+func (n *nodeInstall) keep(ctx context.Context) {
+	t := time.NewTicker(10 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if path, changed, err := install.InstallConfig(n.opts); err != nil {
+			n.log.Error("re-installing the CNI configuration", "err", err)
+		} else if changed {
+			n.log.Info("CNI configuration restored", "path", path)
+		}
+		if n.f.kubeconfigOut != "" {
+			if err := n.writeKubeconfig(); err != nil {
+				n.log.Error("refreshing the plugin's kubeconfig", "err", err)
+			}
+		}
+	}
+}
+
+// shutdown uninstalls when the agent stops because its DaemonSet is gone
+// (kubectl delete), and leaves everything for a restart or an upgrade.
+func (n *nodeInstall) shutdown(log *slog.Logger) {
+	if !n.f.uninstallOnDelete || n.kube == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	ns, err := kube.InClusterNamespace()
+	if err != nil {
+		log.Error("cannot tell deletion from restart; leaving the CNI files", "err", err)
+		return
+	}
+	exists, err := n.kube.DaemonSetExists(ctx, ns, n.f.daemonSet)
+	if errors.Is(err, kube.ErrUnauthorized) || errors.Is(err, kube.ErrForbidden) {
+		// `kubectl delete -f` of the manifest removes our service account
+		// or its role too: nobody revokes those for a mere restart.
+		log.Info("DaemonSet check refused: taken as deleted with the manifest", "reason", apiFailure(err), "err", err)
+		exists, err = false, nil
+	}
+	if err != nil {
+		log.Error("cannot tell deletion from restart; leaving the CNI files", "reason", apiFailure(err), "err", err)
+		return
+	}
+	if exists {
+		log.Info("DaemonSet still exists (restart or upgrade): CNI files stay")
+		return
+	}
+	if !n.drain(log) {
+		return
+	}
+	if err := install.Uninstall(n.opts); err != nil {
+		log.Error("uninstalling", "err", err)
+		return
+	}
+	if n.f.kubeconfigOut != "" {
+		os.Remove(n.f.kubeconfigOut)
+		// WriteKubeconfig made the directory; leave no trace of it.
+		os.Remove(filepath.Dir(n.f.kubeconfigOut))
+	}
+	if n.routes != nil {
+		n.routes.remove()
+	}
+	releaseClaim(n.f.claimFile())
+	log.Info("DaemonSet deleted: CNI files restored")
+}
+
+// newerAgentStarted reports whether another agent claimed the node since
+// this one did (the manifest applied again: its pod starts while this one
+// terminates), or is ready there: the deferred uninstall is then dropped.
+func (n *nodeInstall) newerAgentStarted(log *slog.Logger) bool {
+	if p, ok := newerAgent(n.f.claimFile()); ok {
+		log.Info("another agent started on this node (installed again): the deferred uninstall is dropped", "pid", p.PID)
+		return true
+	}
+	// An agent of a release without the claim file says so when ready.
+	if probeAgent(n.f.readyFile()) == nil {
+		log.Info("another agent is ready on this node (installed again): the deferred uninstall is dropped")
+		return true
+	}
+	return false
+}
+
+// apiFailure says in words why an API request failed, for the logs.
+func apiFailure(err error) string {
+	switch {
+	case errors.Is(err, kube.ErrUnauthorized):
+		return "token rejected (the ServiceAccount was deleted, or deleted and created again)"
+	case errors.Is(err, kube.ErrForbidden):
+		return "forbidden (the ClusterRole or its binding was deleted)"
+	case errors.Is(err, kube.ErrUnreachable), errors.Is(err, context.DeadlineExceeded):
+		return "API server unreachable"
+	case errors.Is(err, kube.ErrNotFound):
+		return "not found"
+	}
+	var ne net.Error
+	if errors.As(err, &ne) {
+		return "API server unreachable"
+	}
+	return "request failed"
+}
+
+// drainPoll is how often a deferred uninstall looks at the attachments.
+const drainPoll = time.Second
+
+// drain defers the uninstall while pods on this node still have an
+// attachment: their sandboxes' DEL needs the plugin binary and the
+// configuration that names it (with neither, containerd fails every DEL
+// with "cni plugin not initialized" and the pods hang in Terminating), and
+// the routes to other nodes keep their traffic flowing meanwhile. It
+// returns true once the last attachment is gone, false when the DaemonSet
+// is back (installed again: nothing to undo). The kubelet's grace period
+// (the manifest's terminationGracePeriodSeconds) bounds the wait: killed
+// first, the agent leaves everything installed, which `cni-usernet
+// uninstall` on the node removes.
+func (n *nodeInstall) drain(log *slog.Logger) bool {
+	store := state.Store{Dir: n.f.stateDir}
+	ns, _ := kube.InClusterNamespace()
+	said := ""
+	for i := 0; ; i++ {
+		// First: with no pod left, this would uninstall what a newer
+		// agent is installing.
+		if n.newerAgentStarted(log) {
+			return false
+		}
+		atts, errs := store.List()
+		for _, err := range errs {
+			log.Warn("reading attachment state", "err", err)
+		}
+		if len(atts) == 0 {
+			if said != "" {
+				log.Info("the last pod using cni-usernet on this node is gone: uninstalling")
+			}
+			return true
+		}
+		var pods []string
+		for _, a := range atts {
+			p := a.PodNS + "/" + a.PodName
+			if a.PodName == "" {
+				p = "container " + a.ContainerID
+			}
+			pods = append(pods, p)
+		}
+		sort.Strings(pods)
+		if now := strings.Join(pods, ", "); now != said {
+			kept := "the plugin binary, its configuration and the routes to other nodes stay"
+			if n.f.mode == "chain" {
+				kept = "the plugin binary and its entry in the node's configuration stay"
+			}
+			log.Warn("DaemonSet deleted, uninstall deferred: pods on this node still use cni-usernet; "+
+				kept+" until they are deleted, so that their deletion (CNI DEL) works; delete them to finish the uninstall",
+				"pods", now, "count", len(pods))
+			said = now
+		}
+		if i%10 == 9 && ns != "" && n.kube != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			exists, err := n.kube.DaemonSetExists(ctx, ns, n.f.daemonSet)
+			cancel()
+			switch {
+			case err != nil:
+				// Expected after the manifest was deleted and applied
+				// again: the new ServiceAccount's tokens are not ours.
+				// The claim file still tells.
+				log.Warn("deferred uninstall: cannot ask the API server whether the DaemonSet is back", "reason", apiFailure(err), "err", err)
+			case exists:
+				log.Info("DaemonSet installed again while the uninstall was deferred: CNI files stay")
+				return false
+			}
+		}
+		time.Sleep(drainPoll)
+	}
+}

@@ -1,0 +1,43 @@
+package agent
+
+import (
+	"context"
+	"testing"
+
+	"github.com/containernetworking/cni/libcni"
+)
+
+// TestPluginConfCapabilities: the entry the agent writes, chained or
+// standalone, declares the capabilities whose arguments the plugin reads:
+// the pod's annotations, its cgroup (the stack is charged to it) and,
+// standalone, its bandwidth.
+func TestPluginConfCapabilities(t *testing.T) {
+	for _, args := range [][]string{
+		{"--mode", "chain"},
+		{"--mode", "standalone", "--subnet", "10.244.0.0/24"},
+	} {
+		f, err := parseAgentFlags(args)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := &nodeInstall{f: f}
+		plugin, err := n.pluginConf(context.Background())
+		if err != nil {
+			t.Fatalf("%v: %v", args, err)
+		}
+		conf, err := libcni.ConfFromBytes(plugin)
+		if err != nil {
+			t.Fatalf("%v: the entry does not load: %v\n%s", args, err, plugin)
+		}
+		for _, c := range []string{"io.kubernetes.cri.pod-annotations", "cgroupPath"} {
+			if !conf.Network.Capabilities[c] {
+				t.Errorf("%v: entry %s: capability %q not declared", args, plugin, c)
+			}
+		}
+		// Standalone, the plugin shapes its pods itself; chained, the
+		// bandwidth plugin before it does, and a second shaper must not.
+		if got, want := conf.Network.Capabilities["bandwidth"], f.mode == "standalone"; got != want {
+			t.Errorf("%v: entry %s: capability bandwidth %v, want %v", args, plugin, got, want)
+		}
+	}
+}

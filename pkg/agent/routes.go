@@ -1,0 +1,116 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/cni-usernet/cni-usernet/pkg/agent/noderoutes"
+	"github.com/cni-usernet/cni-usernet/pkg/api/kube"
+	"github.com/cni-usernet/cni-usernet/pkg/util/atomicfile"
+)
+
+// nodeRoutes keeps this node's routes to the other nodes' pod CIDRs
+// (standalone mode: nothing else routes between nodes), polling the API
+// server's node list.
+type nodeRoutes struct {
+	m        *noderoutes.Manager
+	kube     *kube.Client
+	interval time.Duration
+	// statusPath receives the last sync's routes and problems as JSON,
+	// for operators (`cat /run/cni-usernet/node-routes.json`).
+	statusPath string
+	log        *slog.Logger
+}
+
+// wantNodeRoutes says whether this agent programs routes between nodes.
+func (f *agentFlags) wantNodeRoutes() (bool, error) {
+	switch f.nodeRoutes {
+	case "auto":
+		return f.mode == "standalone" && f.install, nil
+	case "true", "on":
+		return true, nil
+	case "false", "off":
+		return false, nil
+	}
+	return false, fmt.Errorf("--node-routes %q: want auto, true or false", f.nodeRoutes)
+}
+
+func newNodeRoutes(f *agentFlags, c *kube.Client, log *slog.Logger) (*nodeRoutes, error) {
+	if c == nil || f.nodeName == "" {
+		return nil, fmt.Errorf("--node-routes needs the agent in a cluster with --node-name")
+	}
+	m, err := noderoutes.New(noderoutes.Options{Self: f.nodeName, Log: log})
+	if err != nil {
+		return nil, err
+	}
+	return &nodeRoutes{m: m, kube: c, interval: f.nodeRoutesInterval,
+		statusPath: filepath.Join(f.runDir, "node-routes.json"), log: log.With("component", "noderoutes")}, nil
+}
+
+// run syncs at once and then every interval, until ctx ends. Node
+// additions, changes (address, pod CIDRs) and deletions are followed
+// within one interval.
+func (r *nodeRoutes) run(ctx context.Context) {
+	var lastErr string
+	for {
+		err := r.syncOnce(ctx)
+		if msg := fmt.Sprint(err); err != nil && msg != lastErr {
+			r.log.Error("syncing routes to other nodes", "err", err)
+		}
+		lastErr = fmt.Sprint(err)
+		if err == nil {
+			lastErr = ""
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(r.interval):
+		}
+	}
+}
+
+func (r *nodeRoutes) syncOnce(ctx context.Context) error {
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	list, err := r.kube.ListNodes(cctx)
+	if err != nil {
+		return fmt.Errorf("listing nodes: %w", err)
+	}
+	var nodes []noderoutes.Node
+	for _, n := range list {
+		nn := noderoutes.Node{Name: n.Name}
+		for _, s := range n.InternalIPs {
+			if a, err := netip.ParseAddr(s); err == nil {
+				nn.InternalIPs = append(nn.InternalIPs, a)
+			}
+		}
+		for _, s := range n.PodCIDRs {
+			if p, err := netip.ParsePrefix(s); err == nil {
+				nn.PodCIDRs = append(nn.PodCIDRs, p)
+			}
+		}
+		nodes = append(nodes, nn)
+	}
+	st, err := r.m.Sync(nodes)
+	if b, jerr := json.MarshalIndent(st, "", "  "); jerr == nil {
+		os.MkdirAll(filepath.Dir(r.statusPath), 0o755)
+		atomicfile.Write(r.statusPath, append(b, '\n'), 0o644)
+	}
+	return err
+}
+
+// remove takes every route of ours away (uninstall).
+func (r *nodeRoutes) remove() {
+	if err := r.m.RemoveAll(); err != nil {
+		r.log.Error("removing routes to other nodes", "err", err)
+		return
+	}
+	os.Remove(r.statusPath)
+	r.log.Info("routes to other nodes removed")
+}

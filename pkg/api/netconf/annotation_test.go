@@ -1,0 +1,54 @@
+package netconf_test
+
+import (
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"unicode/utf8"
+
+	"github.com/cni-usernet/cni-usernet/pkg/api/netconf"
+	"github.com/cni-usernet/cni-usernet/pkg/api/offload"
+)
+
+// FuzzGSOAnnotation feeds arbitrary strings to the pod annotation parser
+// (NetConf.GSOMode, which uses offload.ParseMode), the way a user's
+// annotation reaches it: exactly the four modes are accepted; anything
+// else is an error that names the annotation, shows the value, lists the
+// modes, and stays one short printable line, since it is posted as a pod
+// Event and logged.
+func FuzzGSOAnnotation(f *testing.F) {
+	for _, s := range []string{"auto", "hardware", "software", "off", "", "Auto", " off", "off\n",
+		"hardware\x00", "turbo", "\xff\xfe", "ö", strings.Repeat("x", 65), strings.Repeat("é", 40)} {
+		f.Add(s)
+	}
+	c, err := netconf.Parse(conf(f, map[string]any{"gso": "software"}))
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, v string) {
+		nc := *c
+		nc.RuntimeConfig.PodAnnotations = map[string]string{netconf.AnnotationGSO: v, "other": v}
+		mode, source, err := nc.GSOMode()
+		valid := slices.Contains(offload.Modes, offload.Mode(v))
+		if err == nil {
+			if !valid || string(mode) != v || source != "annotation "+netconf.AnnotationGSO {
+				t.Fatalf("GSOMode with annotation %q: got %q from %q, want an error", v, mode, source)
+			}
+			return
+		}
+		if valid {
+			t.Fatalf("GSOMode with annotation %q: got %v, want mode %q", v, err, v)
+		}
+		msg := err.Error()
+		if !strings.Contains(msg, strconv.Quote(netconf.AnnotationGSO)) || !strings.Contains(msg, "auto, hardware, software, off") {
+			t.Errorf("error %q: want the annotation and the accepted modes named", msg)
+		}
+		if q := strconv.Quote(v); len(q) <= 66 && v != "" && !strings.Contains(msg, q) {
+			t.Errorf("error %q: want the value %q quoted in it", msg, v)
+		}
+		if len(msg) > 256 || !utf8.ValidString(msg) || strings.ContainsFunc(msg, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
+			t.Errorf("error %q (%d bytes): want one printable line of at most 256 bytes", msg, len(msg))
+		}
+	})
+}

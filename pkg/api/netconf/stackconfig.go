@@ -1,0 +1,56 @@
+package netconf
+
+import (
+	"time"
+
+	"github.com/cni-usernet/cni-usernet/pkg/api/offload"
+	"github.com/cni-usernet/cni-usernet/pkg/api/stackconfig"
+)
+
+// StackFiles are where a stack keeps its files (attachment.Paths has
+// them).
+type StackFiles struct {
+	// Spec is the spec's file, ControlSocket the control socket's path,
+	// Policy the policy file the node agent writes.
+	Spec, ControlSocket, Policy string
+}
+
+// StackConfig is the pod stack's configuration for interface ifName in
+// GSO mode mode (the conflist's default or the pod's annotation, already
+// resolved), with its files at files: the one place a conflist setting
+// becomes a stack setting. Defaults are the stack's own
+// (stackconfig.Config.Validate).
+func (c *NetConf) StackConfig(ifName string, mode offload.Mode, files StackFiles) stackconfig.Config {
+	return stackconfig.Config{
+		IfName:             ifName,
+		GSO:                mode,
+		SpecPath:           files.Spec,
+		ControlSocket:      files.ControlSocket,
+		Policy:             c.NetworkPolicy,
+		PolicyPath:         files.Policy,
+		TUNName:            c.TUNName,
+		TUNMTU:             c.TUNMTU,
+		GSOMaxSize:         c.GSOMaxSize,
+		GSOMaxSegs:         c.GSOMaxSegs,
+		GRO:                c.GROEnabled(),
+		VerifyRXChecksums:  c.RXChecksumOffload != nil && !*c.RXChecksumOffload,
+		WireQueueLen:       c.WireQueueLen,
+		Threads:            c.StackThreads,
+		BusyPoll:           stackconfig.Duration(c.busyPollOrOff()),
+		MaxTCP:             c.MaxTCP,
+		MaxUDP:             c.MaxUDP,
+		UDPIdle:            stackconfig.Duration(c.UDPIdleDuration()),
+		PodLinkOffloadsOff: c.PodLinkOffloadsOff,
+	}
+}
+
+// busyPollOrOff is BusyPollWindow for StackConfig, which ADD calls only
+// after BusyPollWindow accepted the annotation: an annotation it would
+// refuse leaves busy polling off.
+func (c *NetConf) busyPollOrOff() time.Duration {
+	d, err := c.BusyPollWindow()
+	if err != nil {
+		return 0
+	}
+	return d
+}

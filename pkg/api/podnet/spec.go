@@ -1,0 +1,115 @@
+// Package podnet owns the pod's kernel-side network facts: it collects what
+// the kernel had configured on the pod's interface into a Spec, strips it from
+// the kernel, and configures the TUN device that carries the pod IPs for the
+// applications.
+package podnet
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+
+	"github.com/cni-usernet/cni-usernet/pkg/util/atomicfile"
+)
+
+// SpecVersion is bumped whenever a field changes meaning or the pod's
+// namespace takes a shape an older stack would not undo, so that a stack
+// refuses a spec written for a newer one instead of running the pod
+// wrong. Stacks stamp the spec with their version when they start
+// (Stamp), before they shape the namespace.
+//
+//	1  the applications reached the stack through a TUN (up to 900993d)
+//	2  their TCP and UDP reach it through the divert (InstallDivert: an
+//	   nftables table and a policy rule in the pod's namespace). A stack
+//	   of version 1 leaves both in place: its pod looks healthy and passes
+//	   nothing (issue #29's rollback). 900993d's check (Version != 1)
+//	   refuses this version.
+const SpecVersion = 2
+
+// ErrNewer marks a spec written for a newer stack than this one.
+var ErrNewer = errors.New("written by a newer cni-usernet")
+
+// Spec is what the stack took over from the kernel: enough to rebuild the
+// stack after a restart, when the kernel no longer has any of it.
+type Spec struct {
+	Version   int            `json:"version"`
+	IfName    string         `json:"ifName"`
+	MAC       string         `json:"mac"`
+	MTU       uint32         `json:"mtu"`
+	Addrs     []netip.Prefix `json:"addrs"`
+	Routes    []Route        `json:"routes"`
+	Neighbors []Neighbor     `json:"neighbors,omitempty"`
+}
+
+// Route is a unicast route of the pod's interface. A zero Gw means on-link.
+type Route struct {
+	Dst netip.Prefix `json:"dst"`
+	Gw  netip.Addr   `json:"gw,omitzero"`
+}
+
+// Neighbor is a permanent neighbour entry found on the interface.
+type Neighbor struct {
+	IP  netip.Addr `json:"ip"`
+	MAC string     `json:"mac"`
+}
+
+// PodIPs returns the interface's global addresses (not link-local), the ones
+// the applications must see on the TUN device.
+func (s *Spec) PodIPs() []netip.Prefix {
+	var out []netip.Prefix
+	for _, p := range s.Addrs {
+		if p.Addr().IsLinkLocalUnicast() {
+			continue
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+// Validate rejects a spec the stack cannot serve.
+func (s *Spec) Validate() error {
+	switch {
+	case s.Version > SpecVersion:
+		return fmt.Errorf("spec version %d, this stack understands up to %d: %w; refusing to run the pod with it", s.Version, SpecVersion, ErrNewer)
+	case s.Version < 1:
+		return fmt.Errorf("spec version %d, want 1 to %d", s.Version, SpecVersion)
+	}
+	if s.IfName == "" {
+		return fmt.Errorf("spec has no interface name")
+	}
+	if s.MTU < 576 {
+		return fmt.Errorf("spec MTU %d is below 576", s.MTU)
+	}
+	if len(s.PodIPs()) == 0 {
+		return fmt.Errorf("spec of %s has no pod address", s.IfName)
+	}
+	return nil
+}
+
+// ReadSpec loads a spec written by WriteSpec.
+func ReadSpec(path string) (*Spec, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var s Spec
+	if err := json.Unmarshal(b, &s); err != nil {
+		return nil, fmt.Errorf("parsing spec %s: %w", path, err)
+	}
+	if err := s.Validate(); err != nil {
+		return nil, fmt.Errorf("spec %s: %w", path, err)
+	}
+	return &s, nil
+}
+
+// WriteSpec writes the spec atomically: a reader sees the old file or the
+// whole new one, never a torn write.
+func WriteSpec(path string, s *Spec) error {
+	b, err := json.MarshalIndent(s, "", "  ")
+	if err != nil {
+		return err
+	}
+	return atomicfile.Write(path, b, 0o600)
+}

@@ -1,0 +1,775 @@
+package cni_test
+
+// Root tests of the CNI verbs: real namespaces, the real binaries (built by
+// nettest), the real host-local IPAM and ptp plugins, run the way a
+// runtime runs them.
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+
+	"github.com/cni-usernet/cni-usernet/pkg/api/netconf"
+	"github.com/cni-usernet/cni-usernet/pkg/api/state"
+	"github.com/cni-usernet/cni-usernet/pkg/node/launch"
+	"github.com/cni-usernet/cni-usernet/test/nettest"
+)
+
+// versions are the CNI versions the plugin declares.
+var versions = netconf.CNIVersions
+
+var latest = netconf.LatestCNIVersion
+
+// cniErr asserts that err is the plugin's *types.Error and returns it.
+func cniErr(t *testing.T, err error) *types.Error {
+	t.Helper()
+	var te *types.Error
+	if !errors.As(err, &te) {
+		t.Fatalf("got error %v (%T), want a *types.Error from the plugin", err, err)
+	}
+	return te
+}
+
+// wantMessage fails unless msg contains every part.
+func wantMessage(t *testing.T, msg string, parts ...string) {
+	t.Helper()
+	for _, p := range parts {
+		if !strings.Contains(msg, p) {
+			t.Errorf("error %q: got no %q in it, want it named", msg, p)
+		}
+	}
+}
+
+// assertNSClean fails when the pod namespace still holds links or tables.
+func assertNSClean(t *testing.T, netns ns.NetNS, want ...string) {
+	t.Helper()
+	if got := nettest.NSLeaks(netns); !slices.Equal(got, want) {
+		t.Errorf("pod namespace holds %v, want %v", got, want)
+	}
+}
+
+// loadState reads the attachment's state file.
+func loadState(t *testing.T, env *nettest.Env, id string) *state.Attachment {
+	t.Helper()
+	att, err := state.Store{Dir: filepath.Join(env.Dir, "state")}.Load(id, "eth0")
+	if err != nil {
+		t.Fatalf("loading state of %s: %v", id, err)
+	}
+	return att
+}
+
+// assertEcho sends a line from netns to addr and wants it back.
+func assertEcho(t *testing.T, from ns.NetNS, addr string) {
+	t.Helper()
+	c, err := nettest.Dial(from, "tcp", addr, 10*time.Second)
+	if err != nil {
+		t.Fatalf("dialing %s: %v", addr, err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(20 * time.Second))
+	const msg = "hello through the stack\n"
+	if _, err := io.WriteString(c, msg); err != nil {
+		t.Fatalf("writing to %s: %v", addr, err)
+	}
+	got, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil || got != msg {
+		t.Fatalf("echo from %s: got %q (%v), want %q", addr, got, err, msg)
+	}
+}
+
+// podAddrs are the result's addresses as prefixes.
+func podAddrs(r *current.Result) []netip.Prefix {
+	var out []netip.Prefix
+	for _, ipc := range r.IPs {
+		a, _ := netip.AddrFromSlice(ipc.Address.IP)
+		ones, _ := ipc.Address.Mask.Size()
+		out = append(out, netip.PrefixFrom(a.Unmap(), ones))
+	}
+	return out
+}
+
+// kernelV4 lists the IPv4 addresses the kernel holds on link in netns.
+// linkTypes lists the links of netns as "name:type".
+func linkTypes(t *testing.T, netns ns.NetNS) []string {
+	t.Helper()
+	var out []string
+	err := nettest.In(netns, func() error {
+		links, err := netlinksafe.LinkList()
+		for _, l := range links {
+			out = append(out, l.Attrs().Name+":"+l.Type())
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatalf("listing links: %v", err)
+	}
+	return out
+}
+
+func kernelV4(t *testing.T, netns ns.NetNS, link string) []string {
+	t.Helper()
+	var out []string
+	err := nettest.In(netns, func() error {
+		l, err := netlinksafe.LinkByName(link)
+		if err != nil {
+			return err
+		}
+		addrs, err := netlinksafe.AddrList(l, netlink.FAMILY_V4)
+		for _, a := range addrs {
+			out = append(out, a.IPNet.String())
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatalf("listing addresses of %s: %v", link, err)
+	}
+	return out
+}
+
+// TestAddCheckDelEveryVersion runs ADD, CHECK (with the ADD result as
+// prevResult, from 0.4.0 on), DEL and DEL again for every supported
+// version: the result comes in the caller's version with the pod's
+// addresses, and nothing is left on the node or in the pod.
+func TestAddCheckDelEveryVersion(t *testing.T) {
+	for _, v := range versions {
+		t.Run(v, func(t *testing.T) {
+			env := nettest.NewEnv(t)
+			conf := env.Conf(v, nil)
+			pod := nettest.NewNS(t)
+			id := "ver-" + strings.ReplaceAll(v, ".", "")
+			out, err := env.Exec("cni-usernet", "ADD", conf, id, pod, "eth0")
+			if err != nil {
+				t.Fatalf("ADD: %v", err)
+			}
+			t.Cleanup(func() { env.Del(conf, id, pod) })
+			var head struct {
+				CNIVersion string `json:"cniVersion"`
+			}
+			if err := json.Unmarshal(out, &head); err != nil {
+				t.Fatalf("result %s: %v", out, err)
+			}
+			if head.CNIVersion != v {
+				t.Errorf("result cniVersion: got %q, want %q", head.CNIVersion, v)
+			}
+			res, err := nettest.ParseResult(conf, out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			subnets := []netip.Prefix{netip.MustParsePrefix(env.Subnet), netip.MustParsePrefix(env.Subnet6)}
+			addrs := podAddrs(res)
+			for _, s := range subnets {
+				if !slices.ContainsFunc(addrs, func(p netip.Prefix) bool { return s.Contains(p.Addr()) }) {
+					t.Errorf("result IPs: got %v, want one in %s", addrs, s)
+				}
+			}
+			if !slices.ContainsFunc(res.Interfaces, func(i *current.Interface) bool {
+				return i.Name == "eth0" && i.Sandbox == pod.Path()
+			}) {
+				t.Errorf("result interfaces: got %+v, want eth0 in sandbox %s", res.Interfaces, pod.Path())
+			}
+			if att := loadState(t, env, id); !slices.Equal(att.IPs, prefixStrings(addrs)) {
+				t.Errorf("state IPs: got %v, want %v", att.IPs, prefixStrings(addrs))
+			}
+
+			delConf := conf
+			if v != "0.3.1" { // CHECK and prevResult on DEL came with 0.4.0
+				delConf = nettest.WithPrevResult(t, conf, res)
+				if err := env.Check(delConf, id, pod); err != nil {
+					t.Errorf("CHECK: %v", err)
+				}
+			}
+			if err := env.Del(delConf, id, pod); err != nil {
+				t.Fatalf("DEL: %v", err)
+			}
+			if err := env.Del(delConf, id, pod); err != nil {
+				t.Errorf("second DEL: %v", err)
+			}
+			env.AssertNoLeaks(t)
+			assertNSClean(t, pod)
+		})
+	}
+}
+
+func prefixStrings(ps []netip.Prefix) []string {
+	var out []string
+	for _, p := range ps {
+		out = append(out, p.String())
+	}
+	return out
+}
+
+// TestDelWithoutAdd checks that DEL of a pod never added succeeds, also
+// when the namespace is gone or not given, and creates nothing.
+func TestDelWithoutAdd(t *testing.T) {
+	env := nettest.NewEnv(t)
+	conf := env.Conf(latest, nil)
+	gone := nettest.NewNS(t)
+	gonePath := gone.Path()
+	if err := gone.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := unmount(gonePath); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ name, netns string }{
+		{"netns exists", nettest.NewNS(t).Path()},
+		{"netns gone", gonePath},
+		{"netns never existed", "/var/run/netns/cni-usernet-test-never-made"},
+		{"no CNI_NETNS", ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			for i := range 2 {
+				if _, err := env.ExecNetns("cni-usernet", "DEL", conf, "never-added", c.netns, "eth0"); err != nil {
+					t.Errorf("DEL %d: got %v, want success", i+1, err)
+				}
+			}
+			env.AssertNoLeaks(t)
+		})
+	}
+}
+
+// unmount removes a namespace's bind mount and its file, as a runtime
+// does when the sandbox is gone.
+func unmount(path string) error {
+	if err := syscall.Unmount(path, syscall.MNT_DETACH); err != nil {
+		return fmt.Errorf("unmounting %s: %w", path, err)
+	}
+	return os.Remove(path)
+}
+
+// addFails runs ADD of a fresh pod with conf, wants a plugin error, and
+// checks that neither the node nor the pod's namespace keeps anything.
+func addFails(t *testing.T, env *nettest.Env, conf []byte, id string) *types.Error {
+	t.Helper()
+	pod := nettest.NewNS(t)
+	out, err := env.Exec("cni-usernet", "ADD", conf, id, pod, "eth0")
+	if err == nil {
+		env.Del(conf, id, pod)
+		t.Fatalf("ADD: got result %s, want an error", out)
+	}
+	te := cniErr(t, err)
+	env.AssertNoLeaks(t)
+	assertNSClean(t, pod)
+	return te
+}
+
+// TestAddBadConflist checks that configuration errors fail ADD with code 7
+// and a message naming the key and the value, touching nothing.
+func TestAddBadConflist(t *testing.T) {
+	env := nettest.NewEnv(t)
+	for _, c := range []struct {
+		name  string
+		extra map[string]any
+		parts []string
+	}{
+		{"mtu wrong type", map[string]any{"mtu": "big"}, []string{"mtu", "string"}},
+		{"mtu out of range", map[string]any{"mtu": 100}, []string{`"mtu"`, "100", "576..65535"}},
+		{"unknown gso", map[string]any{"gso": "turbo"}, []string{`"gso"`, `"turbo"`, "auto, hardware, software, off"}},
+		{"tunName too long", map[string]any{"tunName": "usernet-tun-too-long"}, []string{`"tunName"`, "usernet-tun-too-long", "15 bytes"}},
+		{"negative udpIdle", map[string]any{"udpIdle": "-3s"}, []string{`"udpIdle"`, `"-3s"`, "positive duration"}},
+		{"relative stateDir", map[string]any{"stateDir": "state"}, []string{`"stateDir"`, `"state"`, "absolute"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			te := addFails(t, env, env.Conf(latest, c.extra), "badconf")
+			if te.Code != types.ErrInvalidNetworkConfig {
+				t.Errorf("code: got %d (%s), want %d", te.Code, te.Msg, types.ErrInvalidNetworkConfig)
+			}
+			wantMessage(t, te.Msg, c.parts...)
+		})
+	}
+}
+
+// TestAddBadAnnotation checks that a pod annotation the stack cannot take
+// (an unknown GSO mode, a busy-poll window beyond the limit) fails ADD
+// before anything is created, with a message naming the annotation, the
+// value and what it takes.
+func TestAddBadAnnotation(t *testing.T) {
+	env := nettest.NewEnv(t)
+	for _, c := range []struct {
+		annotation, value string
+		parts             []string
+	}{
+		{"cni-usernet.io/gso", "turbo", []string{"turbo", "auto, hardware, software, off"}},
+		{"cni-usernet.io/busy-poll", "1s", []string{`"1s"`, "at most 10ms"}},
+	} {
+		t.Run(c.annotation, func(t *testing.T) {
+			conf := env.Conf(latest, map[string]any{"runtimeConfig": map[string]any{
+				"io.kubernetes.cri.pod-annotations": map[string]any{c.annotation: c.value},
+			}})
+			te := addFails(t, env, conf, "badannotation")
+			if te.Code != types.ErrInvalidNetworkConfig {
+				t.Errorf("code: got %d, want %d", te.Code, types.ErrInvalidNetworkConfig)
+			}
+			wantMessage(t, te.Msg, append([]string{c.annotation}, c.parts...)...)
+		})
+	}
+}
+
+// TestAddIPAMExhausted fills a one-address range: the second ADD fails
+// without disturbing the first pod or leaving anything of its own.
+func TestAddIPAMExhausted(t *testing.T) {
+	env := nettest.NewEnv(t)
+	conf := env.Conf(latest, map[string]any{"ipam": env.HostLocal(map[string]any{
+		"subnet": "10.199.0.0/24", "rangeStart": "10.199.0.10", "rangeEnd": "10.199.0.10",
+	})})
+	first := env.NewPod(conf)
+	if got, want := first.IP(4), netip.MustParseAddr("10.199.0.10"); got != want {
+		t.Fatalf("first pod IP: got %s, want %s", got, want)
+	}
+	before := env.Leaks()
+
+	pod := nettest.NewNS(t)
+	_, err := env.Exec("cni-usernet", "ADD", conf, "second", pod, "eth0")
+	if err == nil {
+		env.Del(conf, "second", pod)
+		t.Fatal("second ADD: got success, want the range exhausted")
+	}
+	wantMessage(t, cniErr(t, err).Msg, "no IP addresses available")
+	if after := env.Leaks(); !slices.Equal(after, before) {
+		t.Errorf("after the failed ADD the node holds %v, want what the first pod had: %v", after, before)
+	}
+	assertNSClean(t, pod)
+
+	if err := env.Check(nettest.WithPrevResult(t, conf, first.Result), first.ID, first.NS); err != nil {
+		t.Errorf("CHECK of the first pod after the failed ADD: %v", err)
+	}
+	nettest.Serve(nettest.Listen(t, first.NS, "tcp", ":7"), nettest.Echo)
+	assertEcho(t, env.Node, nettest.HostPort(first.IP(4), 7))
+
+	if err := env.Del(conf, first.ID, first.NS); err != nil {
+		t.Fatalf("DEL of the first pod: %v", err)
+	}
+	env.AssertNoLeaks(t)
+}
+
+// TestAddStackCannotStart makes the stack fail at start, early (it refuses
+// hardware GSO on a link whose offloads it turned off) and late (after it
+// fenced the link and made its TUN: the control socket cannot be bound).
+// ADD fails saying why, and both the node and the pod are as before.
+func TestAddStackCannotStart(t *testing.T) {
+	env := nettest.NewEnv(t)
+	t.Run("hardware GSO without offloads", func(t *testing.T) {
+		conf := env.Conf(latest, map[string]any{"gso": "hardware", "podLinkOffloadsOff": true})
+		te := addFails(t, env, conf, "nogso")
+		wantMessage(t, te.Msg, "GSO", `"hardware"`)
+	})
+	t.Run("control socket path too long", func(t *testing.T) {
+		// A unix socket path holds at most 107 bytes.
+		runDir := filepath.Join(env.Dir, "run-"+strings.Repeat("x", 100))
+		conf := env.Conf(latest, map[string]any{"runDir": runDir})
+		te := addFails(t, env, conf, "longsock")
+		wantMessage(t, te.Msg, "stack", runDir)
+	})
+}
+
+// TestAddTwice checks that a second ADD of the same container and
+// interface fails clearly and leaves the first attachment working.
+func TestAddTwice(t *testing.T) {
+	env := nettest.NewEnv(t)
+	conf := env.Conf(latest, nil)
+	pod := env.NewPod(conf)
+	_, err := env.Exec("cni-usernet", "ADD", conf, pod.ID, pod.NS, "eth0")
+	if err == nil {
+		t.Fatal("second ADD: got success, want an error")
+	}
+	wantMessage(t, cniErr(t, err).Msg, pod.ID, "eth0", "already attached")
+	if err := env.Check(nettest.WithPrevResult(t, conf, pod.Result), pod.ID, pod.NS); err != nil {
+		t.Errorf("CHECK after the second ADD: %v", err)
+	}
+	if err := env.Del(conf, pod.ID, pod.NS); err != nil {
+		t.Fatalf("DEL: %v", err)
+	}
+	env.AssertNoLeaks(t)
+}
+
+// statusRow is the part of `cni-usernet status --json` the tests read.
+type statusRow struct {
+	ContainerID string         `json:"containerID"`
+	IfName      string         `json:"ifName"`
+	IPs         []string       `json:"ips"`
+	PID         int            `json:"pid"`
+	Healthy     bool           `json:"healthy"`
+	Problem     string         `json:"problem"`
+	GSO         map[string]any `json:"gso"`
+}
+
+func runStatus(t *testing.T, env *nettest.Env, args ...string) []byte {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(env.BinDir, "cni-usernet"),
+		append([]string{"status", "--state-dir", filepath.Join(env.Dir, "state")}, args...)...)
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("cni-usernet status %v: %v", args, err)
+	}
+	return out
+}
+
+// TestAnnotationGSOOff checks that the pod annotation chooses the stack's
+// GSO mode, and that the status command reports it with the rest of the
+// attachment, as JSON and as a table.
+func TestAnnotationGSOOff(t *testing.T) {
+	env := nettest.NewEnv(t)
+	conf := env.Conf(latest, map[string]any{"gso": "software", "runtimeConfig": map[string]any{
+		"io.kubernetes.cri.pod-annotations": map[string]any{"cni-usernet.io/gso": "off"},
+	}})
+	pod := env.NewPod(conf)
+
+	var rows []statusRow
+	out := runStatus(t, env, "--json")
+	if err := json.Unmarshal(out, &rows); err != nil {
+		t.Fatalf("status --json printed %s: %v", out, err)
+	}
+	if len(rows) != 1 {
+		t.Fatalf("status rows: got %d, want 1:\n%s", len(rows), out)
+	}
+	r := rows[0]
+	if r.ContainerID != pod.ID || r.IfName != "eth0" {
+		t.Errorf("row: got %s/%s, want %s/eth0", r.ContainerID, r.IfName, pod.ID)
+	}
+	if want := prefixStrings(podAddrs(pod.Result)); !slices.Equal(r.IPs, want) {
+		t.Errorf("ips: got %v, want %v", r.IPs, want)
+	}
+	if att := loadState(t, env, pod.ID); r.PID != att.StackPID || r.PID <= 0 {
+		t.Errorf("pid: got %d, want the stack's %d", r.PID, att.StackPID)
+	}
+	if !r.Healthy {
+		t.Errorf("healthy: got false (%s), want true", r.Problem)
+	}
+	if got := r.GSO["mode"]; got != "off" {
+		t.Errorf("gso.mode: got %v, want off", got)
+	}
+	for _, k := range []string{"maxSize", "maxSegs"} {
+		if _, ok := r.GSO[k].(float64); !ok {
+			t.Errorf("gso.%s: got %v, want a number", k, r.GSO[k])
+		}
+	}
+
+	table := string(runStatus(t, env))
+	if !strings.Contains(table, pod.ID) || !strings.Contains(table, "off") {
+		t.Errorf("status table: got\n%s\nwant a row with %s and gso off", table, pod.ID)
+	}
+}
+
+// TestGCRemovesUnlisted attaches three pods and runs GC listing one: the
+// other two lose state, stack, veth and lease; the listed one is intact.
+func TestGCRemovesUnlisted(t *testing.T) {
+	env := nettest.NewEnv(t)
+	conf := env.Conf(latest, nil)
+	keep, gone1, gone2 := env.NewPod(conf), env.NewPod(conf), env.NewPod(conf)
+	var goneAtts []*state.Attachment
+	for _, p := range []*nettest.Pod{gone1, gone2} {
+		goneAtts = append(goneAtts, loadState(t, env, p.ID))
+	}
+
+	gcConf := env.Conf(latest, map[string]any{"cni.dev/valid-attachments": []any{
+		map[string]any{"containerID": keep.ID, "ifname": "eth0"},
+	}})
+	if _, err := env.Exec("cni-usernet", "GC", gcConf, "", nil, ""); err != nil {
+		t.Fatalf("GC: %v", err)
+	}
+
+	for i, p := range []*nettest.Pod{gone1, gone2} {
+		att := goneAtts[i]
+		if _, err := (state.Store{Dir: filepath.Join(env.Dir, "state")}).Load(p.ID, "eth0"); !errors.Is(err, state.ErrNotFound) {
+			t.Errorf("state of %s after GC: got %v, want none", p.ID, err)
+		}
+		if launch.Alive(launch.Process{PID: att.StackPID, StartTime: att.StackStartTime}) {
+			t.Errorf("stack %d of %s after GC: got running, want stopped", att.StackPID, p.ID)
+		}
+		assertNSClean(t, p.NS)
+	}
+	// What remains on the node is exactly the kept pod's.
+	var want []string
+	want = append(want, "link "+loadState(t, env, keep.ID).HostVeth)
+	want = append(want, "file state/"+state.Key(keep.ID, "eth0")+".json")
+	want = append(want, "file state/stacks/"+state.Key(keep.ID, "eth0"))
+	want = append(want, "file run/"+state.Key(keep.ID, "eth0")+".sock")
+	want = append(want, "file run/netns/cni-usernet-"+state.Key(keep.ID, "eth0"))
+	for _, p := range podAddrs(keep.Result) {
+		want = append(want, "lease "+p.Addr().String())
+	}
+	want = append(want, fmt.Sprintf("stack process %d", loadState(t, env, keep.ID).StackPID))
+	slices.Sort(want)
+	if got := env.Leaks(); !slices.Equal(got, want) {
+		t.Errorf("after GC the node holds %v, want only the kept pod's %v", got, want)
+	}
+	if err := env.Check(nettest.WithPrevResult(t, conf, keep.Result), keep.ID, keep.NS); err != nil {
+		t.Errorf("CHECK of the kept pod: %v", err)
+	}
+	if err := env.Del(conf, keep.ID, keep.NS); err != nil {
+		t.Fatalf("DEL: %v", err)
+	}
+	env.AssertNoLeaks(t)
+}
+
+// TestStatus checks STATUS: ready on a good configuration, code 50 when
+// the state directory cannot take files.
+func TestStatus(t *testing.T) {
+	env := nettest.NewEnv(t)
+	if _, err := env.Exec("cni-usernet", "STATUS", env.Conf(latest, nil), "", nil, ""); err != nil {
+		t.Errorf("STATUS on a good configuration: got %v, want success", err)
+	}
+	file := filepath.Join(env.Dir, "file")
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	stateDir := filepath.Join(file, "state")
+	_, err := env.Exec("cni-usernet", "STATUS", env.Conf(latest, map[string]any{"stateDir": stateDir}), "", nil, "")
+	if err == nil {
+		t.Fatal("STATUS with an unwritable state directory: got success, want code 50")
+	}
+	te := cniErr(t, err)
+	if te.Code != types.ErrPluginNotAvailable {
+		t.Errorf("code: got %d (%s), want %d", te.Code, te.Msg, types.ErrPluginNotAvailable)
+	}
+	wantMessage(t, te.Msg, stateDir)
+}
+
+// TestConcurrentAddDel runs 20 ADDs at once, then 20 DELs at once.
+func TestConcurrentAddDel(t *testing.T) {
+	const n = 20
+	env := nettest.NewEnv(t)
+	// Twenty stacks starting on two busy cores: be generous.
+	conf := env.Conf(latest, map[string]any{"readyTimeout": "60s"})
+	pods := make([]ns.NetNS, n)
+	ids := make([]string, n)
+	for i := range pods {
+		pods[i], ids[i] = nettest.NewNS(t), fmt.Sprintf("conc-%02d", i)
+		t.Cleanup(func() { env.Del(conf, ids[i], pods[i]) })
+	}
+	each := func(verb string, f func(i int) error) {
+		errs := make([]error, n)
+		var wg sync.WaitGroup
+		for i := range n {
+			wg.Go(func() { errs[i] = f(i) })
+		}
+		wg.Wait()
+		for i, err := range errs {
+			if err != nil {
+				t.Errorf("%s %s: %v", verb, ids[i], err)
+			}
+		}
+	}
+	results := make([]*current.Result, n)
+	each("ADD", func(i int) (err error) {
+		results[i], err = env.Add(conf, ids[i], pods[i])
+		return err
+	})
+	if t.Failed() {
+		t.FailNow()
+	}
+	seen := make(map[netip.Addr]string)
+	for i, r := range results {
+		for _, p := range podAddrs(r) {
+			if other, dup := seen[p.Addr()]; dup {
+				t.Errorf("%s and %s both got %s", other, ids[i], p.Addr())
+			}
+			seen[p.Addr()] = ids[i]
+		}
+	}
+	if got := len(env.StackPIDs()); got != n {
+		t.Errorf("stack processes: got %d, want %d", got, n)
+	}
+	each("DEL", func(i int) error { return env.Del(conf, ids[i], pods[i]) })
+	env.AssertNoLeaks(t)
+}
+
+// TestChainedAfterPtp runs cni-usernet after the real ptp plugin: it takes
+// over ptp's eth0, passes ptp's result on, and carries traffic; DEL of
+// both leaves nothing. ptp masquerades (ipMasq), as bridge does behind
+// flannel without --ip-masq: its DEL finds the rule to remove by eth0's
+// addresses, which cni-usernet's DEL must have given back.
+func TestChainedAfterPtp(t *testing.T) {
+	env := nettest.NewEnv(t)
+	pod := nettest.NewNS(t)
+	const id = "chained"
+	ptpConf, _ := json.Marshal(map[string]any{
+		"cniVersion": latest,
+		"name":       "usernet-test",
+		"type":       "ptp",
+		"ipMasq":     true,
+		"ipam":       env.HostLocal(map[string]any{"subnet": "10.199.1.0/24"}),
+	})
+	out, err := env.Exec("ptp", "ADD", ptpConf, id, pod, "eth0")
+	if err != nil {
+		t.Fatalf("ptp ADD: %v", err)
+	}
+	ptpRes, err := nettest.ParseResult(ptpConf, out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ptpDel := nettest.WithPrevResult(t, ptpConf, ptpRes)
+	t.Cleanup(func() { env.Exec("ptp", "DEL", ptpDel, id, pod, "eth0") })
+
+	conf := nettest.WithPrevResult(t, env.Conf(latest, map[string]any{"ipam": nil}), ptpRes)
+	out, err = env.Exec("cni-usernet", "ADD", conf, id, pod, "eth0")
+	if err != nil {
+		t.Fatalf("cni-usernet ADD after ptp: %v", err)
+	}
+	t.Cleanup(func() { env.Del(conf, id, pod) })
+	res, err := nettest.ParseResult(conf, out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := podAddrs(res), podAddrs(ptpRes); !slices.Equal(got, want) {
+		t.Errorf("result IPs: got %v, want ptp's %v", got, want)
+	}
+	if att := loadState(t, env, id); !att.Chained || att.HostVeth != "" || att.IPAMType != "" {
+		t.Errorf("state: got chained=%v hostVeth=%q ipamType=%q, want chained with no veth or IPAM of its own",
+			att.Chained, att.HostVeth, att.IPAMType)
+	}
+	att := loadState(t, env, id)
+	wire, err := ns.GetNS(att.WireNetns)
+	if err != nil {
+		t.Fatalf("the stack's namespace: %v", err)
+	}
+	defer wire.Close()
+	if got := kernelV4(t, wire, "eth0"); len(got) != 0 {
+		t.Errorf("kernel IPv4 addresses on ptp's eth0 in the stack's namespace: got %v, want none (the stack owns them)", got)
+	}
+	if got, want := linkTypes(t, pod), []string{"lo:device", "eth0:tuntap"}; !slices.Equal(got, want) {
+		t.Errorf("links in the pod: got %v, want %v (ptp's veth lives in the stack's namespace)", got, want)
+	}
+	// The veth left the pod through a namespace of passage: the pod holds
+	// no id for the stack's namespace, through which CAP_NET_ADMIN would
+	// reach the link again.
+	nettest.In(pod, func() error {
+		if id, err := netlink.GetNetNsIdByFd(int(wire.Fd())); err != nil || id >= 0 {
+			t.Errorf("the pod's id for the stack's namespace: got %d (%v), want none", id, err)
+		}
+		return nil
+	})
+	if err := env.Check(nettest.WithPrevResult(t, env.Conf(latest, map[string]any{"ipam": nil}), res), id, pod); err != nil {
+		t.Errorf("CHECK: %v", err)
+	}
+	podIP := podAddrs(res)[0].Addr()
+	nettest.Serve(nettest.Listen(t, pod, "tcp", ":8080"), nettest.Echo)
+	assertEcho(t, env.Node, nettest.HostPort(podIP, 8080))
+
+	if err := env.Del(conf, id, pod); err != nil {
+		t.Fatalf("cni-usernet DEL: %v", err)
+	}
+	if got := nettest.NSLeaks(pod); !slices.Equal(got, []string{"link eth0"}) {
+		t.Errorf("pod namespace after cni-usernet DEL: got %v, want only ptp's eth0", got)
+	}
+	var want []string
+	for _, a := range podAddrs(ptpRes) {
+		want = append(want, a.String())
+	}
+	if got := kernelV4(t, pod, "eth0"); !slices.Equal(got, want) {
+		t.Errorf("eth0's addresses after cni-usernet DEL: got %v, want ptp's %v back", got, want)
+	}
+	masq := func() string {
+		var out []byte
+		err := env.Node.Do(func(ns.NetNS) error {
+			var err error
+			out, err = exec.Command("iptables", "-w", "-t", "nat", "-S", "POSTROUTING").CombinedOutput()
+			return err
+		})
+		if err != nil {
+			t.Fatalf("iptables -t nat -S POSTROUTING: %v: %s", err, out)
+		}
+		return string(out)
+	}
+	if m := masq(); !strings.Contains(m, id) {
+		t.Fatalf("ptp made no masquerade rule for the pod:\n%s", m)
+	}
+	if _, err := env.Exec("ptp", "DEL", ptpDel, id, pod, "eth0"); err != nil {
+		t.Fatalf("ptp DEL: %v", err)
+	}
+	if m := masq(); strings.Contains(m, id) {
+		t.Errorf("ptp's masquerade rule for the pod left after both DELs:\n%s", m)
+	}
+	env.AssertNoLeaks(t)
+	assertNSClean(t, pod)
+}
+
+// TestCheckDetectsDeadStack kills the stack: CHECK must say so, and DEL
+// must still clean up everything.
+func TestCheckDetectsDeadStack(t *testing.T) {
+	env := nettest.NewEnv(t)
+	conf := env.Conf(latest, nil)
+	pod := env.NewPod(conf)
+	att := loadState(t, env, pod.ID)
+	proc := launch.Process{PID: att.StackPID, StartTime: att.StackStartTime}
+	if err := syscall.Kill(att.StackPID, syscall.SIGKILL); err != nil {
+		t.Fatalf("killing stack %d: %v", att.StackPID, err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); launch.Alive(proc); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("stack %d still alive 30s after SIGKILL", att.StackPID)
+		}
+	}
+	err := env.Check(nettest.WithPrevResult(t, conf, pod.Result), pod.ID, pod.NS)
+	if err == nil {
+		t.Fatal("CHECK with a dead stack: got success, want an error")
+	}
+	wantMessage(t, cniErr(t, err).Msg, fmt.Sprint(att.StackPID), "not running")
+	if err := env.Del(conf, pod.ID, pod.NS); err != nil {
+		t.Fatalf("DEL with a dead stack: %v", err)
+	}
+	env.AssertNoLeaks(t)
+	assertNSClean(t, pod.NS)
+}
+
+// TestDelWithoutStateWithPrevResult loses the state file of a standalone
+// attachment (its stack already dead) and runs DEL the way runtimes do
+// since 0.4.0, with the ADD result as prevResult: DEL must recognise its
+// own result, not mistake it for an earlier plugin's, and remove the veth
+// and the lease.
+func TestDelWithoutStateWithPrevResult(t *testing.T) {
+	env := nettest.NewEnv(t)
+	conf := env.Conf(latest, nil)
+	pod := env.NewPod(conf)
+	att := loadState(t, env, pod.ID)
+	if err := launch.Stop(launch.Process{PID: att.StackPID, StartTime: att.StackStartTime}, 10*time.Second); err != nil {
+		t.Fatalf("stopping stack %d: %v", att.StackPID, err)
+	}
+	if err := (state.Store{Dir: filepath.Join(env.Dir, "state")}).Delete(pod.ID, "eth0"); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Del(nettest.WithPrevResult(t, conf, pod.Result), pod.ID, pod.NS); err != nil {
+		t.Fatalf("DEL: %v", err)
+	}
+	env.AssertNoLeaks(t)
+	assertNSClean(t, pod.NS)
+}
+
+// TestDelWithLostStateStopsStack: the state file is gone but the stack
+// still runs; DEL finds it by its config path and stops it.
+func TestDelWithLostStateStopsStack(t *testing.T) {
+	env := nettest.NewEnv(t)
+	conf := env.Conf(latest, nil)
+	pod := env.NewPod(conf)
+	att := loadState(t, env, pod.ID)
+	if err := (state.Store{Dir: filepath.Join(env.Dir, "state")}).Delete(pod.ID, "eth0"); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Del(conf, pod.ID, pod.NS); err != nil {
+		t.Fatalf("DEL: %v", err)
+	}
+	if launch.Alive(launch.Process{PID: att.StackPID, StartTime: att.StackStartTime}) {
+		t.Errorf("stack %d still running after DEL without state", att.StackPID)
+	}
+	env.AssertNoLeaks(t)
+	assertNSClean(t, pod.NS)
+}

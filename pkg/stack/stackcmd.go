@@ -1,0 +1,110 @@
+// Package stackcmd is a pod's stack process: its command line, start-up,
+// sandbox and readiness report. It is the whole of cni-usernet-stack, the
+// small binary the plugin starts for each pod, and the `stack` command of
+// the multi-call cni-usernet (for attachments recorded before the split).
+package stack
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"runtime"
+	rdebug "runtime/debug"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/cni-usernet/cni-usernet/pkg/api/stackconfig"
+	"github.com/cni-usernet/cni-usernet/pkg/node/launch"
+	"github.com/cni-usernet/cni-usernet/pkg/stack/sandbox"
+)
+
+// processStart is when the process began, as near as Go lets us see it.
+var processStart = time.Now()
+
+// Run is the pod's stack process; argv are the arguments after "stack".
+// It reports readiness on launch.ReadyFD when a launcher passed one.
+func Run(argv []string) error {
+	fs := flag.NewFlagSet("stack", flag.ContinueOnError)
+	configPath := fs.String("config", "", "stack configuration file (JSON)")
+	debug := fs.Bool("debug", false, "log at debug level")
+	if err := fs.Parse(argv); err != nil {
+		return err
+	}
+	level := slog.LevelInfo
+	if *debug {
+		level = slog.LevelDebug
+	}
+	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level})).With("pid", os.Getpid())
+	ready := os.NewFile(launch.ReadyFD, "ready")
+	report := func(line string) {
+		if ready != nil {
+			fmt.Fprintln(ready, line)
+			ready.Close()
+			ready = nil
+		}
+	}
+	if v := os.Getenv("CNI_USERNET_GOGC"); v != "" {
+		n, _ := strconv.Atoi(v)
+		rdebug.SetGCPercent(n)
+	}
+	cfg, err := stackconfig.Read(*configPath)
+	if err != nil {
+		report("error: " + err.Error())
+		return err
+	}
+	log = log.With("ifName", cfg.IfName)
+	// GOMAXPROCS in the environment (passed on by the plugin) is for
+	// experiments and wins over the configuration.
+	adaptive := false
+	if os.Getenv("GOMAXPROCS") == "" {
+		runtime.GOMAXPROCS(max(cfg.Threads, stackconfig.DefaultThreads))
+		// Busy polling keeps one thread polling by design: a second
+		// would spin beside it.
+		adaptive = cfg.Threads == 0 && cfg.BusyPoll == 0 && runtime.NumCPU() > 1
+	}
+	sandboxMode, err := sandbox.ModeFromEnv()
+	if err != nil {
+		report("error: " + err.Error())
+		return err
+	}
+	d, err := Start(*cfg, log)
+	if err != nil {
+		log.Error("stack failed to start", "err", err)
+		report("error: " + err.Error())
+		return err
+	}
+	if adaptive {
+		d.AdaptThreads(min(stackconfig.AdaptiveMaxThreads, runtime.NumCPU()))
+	}
+	// Signal handling is set up before the sandbox, like everything else
+	// the stack will use while serving.
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	// Every descriptor is open now; from here the process can only use
+	// them. A stack that cannot sandbox itself does not serve.
+	sb, err := sandbox.Apply(sandboxMode)
+	if err != nil {
+		err = fmt.Errorf("sandboxing the stack: %w", err)
+		log.Error("stack failed to start", "err", err)
+		report("error: " + err.Error())
+		return err
+	}
+	d.Startup.Done("sandbox")
+	log.Info("stack sandboxed", "sandbox", sb)
+	log.Info("stack ready", d.Startup.Attr("startup"), slog.Duration("sinceExec", time.Since(processStart).Round(100*time.Microsecond)))
+	report("ok")
+	// Starting leaves garbage (the seccomp program's build, netlink
+	// dumps) that an idle stack would hold forever: its heap never grows
+	// to the next collection. Collecting now and returning the free pages
+	// keeps them out of every idle pod's RSS.
+	go ReleaseFreeHeap()
+	err = d.Run(ctx)
+	// The shutdown path runs under the filter too; the tests look for this
+	// line to know it completed.
+	log.Info("stack stopped")
+	return err
+}
