@@ -209,9 +209,13 @@ func meta(m *netpolicy.ObjectMeta) kube.Meta {
 	return kube.Meta{Namespace: m.Namespace, Name: m.Name, ResourceVersion: m.ResourceVersion}
 }
 
-// policyPath is the attachment's policy file, beside its stack's
+// policyPath is the attachment's policy file: the one its record names,
+// or for a record that names none, the file beside its stack's
 // configuration (docs/policy.md: <attachment dir>/policy.json).
 func policyPath(a *state.Attachment) string {
+	if a.PolicyPath != "" {
+		return a.PolicyPath
+	}
 	if a.ConfigPath == "" {
 		return ""
 	}

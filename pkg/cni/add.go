@@ -159,6 +159,7 @@ func (inv *invocation) add() (_ *current.Result, err error) {
 		return nil, errStateDir(conf.StateDir, fmt.Errorf("writing the stack's configuration: %w", err))
 	}
 	att.ConfigPath, att.SpecPath, att.ControlSocket, att.LogPath = p.Config, p.Spec, p.Socket, p.Log
+	att.PolicyPath = p.Policy
 	// Saved before the stack starts, so that a plugin killed mid-ADD leaves
 	// a record DEL and GC can undo.
 	if err := inv.store.Save(att); err != nil {

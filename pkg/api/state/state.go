@@ -55,13 +55,17 @@ type Attachment struct {
 	// The stack process. StartTime is the kernel's start time of the
 	// process (clock ticks since boot, /proc/PID/stat field 22), so that a
 	// reused PID is never mistaken for the stack.
-	StackPID       int              `json:"stackPID"`
-	StackStartTime uint64           `json:"stackStartTime"`
-	ConfigPath     string           `json:"configPath"`
-	SpecPath       string           `json:"specPath"`
-	ControlSocket  string           `json:"controlSocket"`
-	LogPath        string           `json:"logPath"`
-	GSO            offload.Decision `json:"gso"`
+	StackPID       int    `json:"stackPID"`
+	StackStartTime uint64 `json:"stackStartTime"`
+	ConfigPath     string `json:"configPath"`
+	SpecPath       string `json:"specPath"`
+	ControlSocket  string `json:"controlSocket"`
+	LogPath        string `json:"logPath"`
+	// PolicyPath is the pod's compiled network policy, which the node
+	// agent writes and the stack reads at start; empty in records made
+	// before it was named here (the file is beside ConfigPath).
+	PolicyPath string           `json:"policyPath,omitempty"`
+	GSO        offload.Decision `json:"gso"`
 	// StackBinary is the executable the stack was started from, and
 	// StackCgroups its /proc/PID/cgroup lines at start: a supervisor
 	// restarts the stack from the same binary into the same cgroups (the
