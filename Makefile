@@ -37,6 +37,7 @@ test: deps lint helm test-root fuzz
 lint: gvisor
 	@test -z "$$(gofmt -l cmd pkg test hack)" || { gofmt -l cmd pkg test hack; exit 1; }
 	$(GO) vet ./...
+	$(GO) run ./hack/lint/imports
 
 # Everything under the race detector (the stack processes the tests start
 # are race-built too and halt on a race), with short transfers; then the

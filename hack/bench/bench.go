@@ -200,8 +200,8 @@ func (b *bench) run(ctx context.Context) error {
 
 // roundOrder is the order round r (from 1) visits the configurations in:
 // as given in odd rounds, reversed in even ones. With one fixed order a
-// configuration's place in the round can bias it: in the 2026-12-01 19:30
-// run (docs/benchmarks/2026-12-01-1930-table.md) the row right after
+// configuration's place in the round can bias it: in one full run the
+// row right after
 // kernel-segs2 read lower on nginx in every round than the same build two
 // rows later. Alternating gives every row the middle place
 // on average, and a two-row A/B both orders.

@@ -257,7 +257,7 @@ func medianOf(cfg, m string) func(map[string]map[string]*cell) (float64, bool) {
 	}
 }
 
-// targets are issue #10's: the data path at the peers' speed.
+// targets are the data path's goals: the peers' speed.
 var targets = []target{
 	{"bulk TCP node→pod, hardware GSO", "≥ 0.60 × kernel", ratioOf("usernet-hardware", "tcp_n2p_gbps"), atLeast(0.6)},
 	{"bulk TCP pod→node, hardware GSO", "≥ 0.60 × kernel", ratioOf("usernet-hardware", "tcp_p2n_gbps"), atLeast(0.6)},

@@ -103,9 +103,8 @@ func TestBandwidth(t *testing.T) {
 	if testing.Short() {
 		// The runtime's burst (512 MiB) is spent only by a stack at full
 		// speed: a race-built one, at about 80 Mbit/s in gso off, was still
-		// in it after 50 s and measured 1.7x the 50M annotation
-		// (2026-12-02). make test measures it in its second, full-size
-		// pass.
+		// in it after 50 s and measured 1.7x the 50M annotation. make
+		// test measures it in its second, full-size pass.
 		t.Skip("measures shaping after the runtime's 512 MiB burst: needs the full-size run, not -short")
 	}
 	// The pod's stack sends what bandwidth shapes on the ifb: as 64 KiB

@@ -17,7 +17,7 @@ const churnBurst = 3
 // TestKubernetesChurn creates and deletes pods on both nodes in bursts
 // while, in turn, an agent pod is force-deleted, the DaemonSet is
 // restarted, node 2's containerd is restarted and the API server is
-// stopped for a minute (issue #29). Afterwards every node has exactly what
+// stopped for a minute. Afterwards every node has exactly what
 // its running pods explain (attachments, stacks, veths, leases, state
 // files, routes) and every running pod answers. About 6 minutes:
 // `make e2e-churn` (E2E_CHURN=1), not part of `make e2e`.

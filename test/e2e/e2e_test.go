@@ -759,7 +759,7 @@ spec:
 
 	check("MetricsOfDeletedPodsGone", func(t *testing.T) { checkDeletedPodMetrics(t, ns, pods, keep) })
 
-	// An uninstall reverted (issue #29): deleted while pods run, applied
+	// An uninstall reverted: deleted while pods run, applied
 	// again before they are gone.
 	check("ReinstallDuringDeferredUninstall", func(t *testing.T) {
 		probe := map[string]string{"srv": podIP["srv"], "cli": podIP["cli"]}

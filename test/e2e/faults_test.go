@@ -21,7 +21,7 @@ import (
 const outage = time.Minute
 
 // TestKubernetesFaults takes from a running installation, in turn, what a
-// node depends on (issue #29), and checks after each that every node has
+// node depends on, and checks after each that every node has
 // exactly what its running pods explain (nodesAccountFor) and that every
 // pod answers:
 //

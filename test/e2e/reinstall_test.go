@@ -12,7 +12,7 @@ import (
 	"time"
 )
 
-// reinstallConverges is issue #29's requirement: after the manifest is
+// reinstallConverges is what a reinstall must reach: after the manifest is
 // applied again during a deferred uninstall, the node is served by the
 // new agents within this, by itself. Logged beside the measured time; the
 // test waits up to reinstallWait before it calls it stuck.

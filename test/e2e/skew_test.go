@@ -19,19 +19,19 @@ import (
 	"github.com/cni-usernet/cni-usernet/test/promcheck"
 )
 
-// previousRelease is the release issue #29's upgrade and rollback went
-// from and back to; its image is built from this repository's history.
+// previousRelease is the release the upgrade and rollback go from and
+// back to; its image is built from this repository's history.
 const previousRelease = "900993d"
 
 // TestKubernetesReleaseSkew rolls the cluster from the previous release to
-// this one and back with pods running, as issue #29 did by hand: the
+// this one and back with pods running, as an operator would: the
 // previous release installed (its image built from git), pods on both
 // nodes and a connection open; this release applied over it (the
 // connection survives, every pod stays served, a stack the previous
 // release started and that is killed is restarted, a new pod is served);
 // the previous release applied again (the same, and a stack this release
 // started, killed, is either served again or reported unhealthy with a
-// reason: never a healthy-looking dead pod; on the lab, 900993d's agent
+// reason: never a healthy-looking dead pod; on the lab, previousRelease's agent
 // restarts it from its own binary, which refuses the version-2 spec, and
 // reports the crash loop); then this release again, and
 // the uninstall. Standalone mode only; it runs on a cluster without
@@ -125,7 +125,7 @@ func TestKubernetesReleaseSkew(t *testing.T) {
 		eventually(t, 2*time.Minute, name+" served again or refused loudly", func() error {
 			row := nodeStatus(t)[ns+"/"+name]
 			if sv := supervisionOf(ns, name); refusal && sv != nil && sv.Unhealthy != "" && !stackAlive(row.PID) {
-				// 900993d's agent, which here cannot enter the node's
+				// previousRelease's agent, which here cannot enter the node's
 				// mount namespace, restarts stacks from its own binary:
 				// that stack refuses a spec of version 2, and the agent
 				// reports the crash loop.

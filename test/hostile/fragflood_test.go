@@ -36,7 +36,7 @@ const (
 	fragReleaseSlack = 6 << 20
 )
 
-// TestFragmentFlood is issue #29's fragment flood: `hping3 --udp -x -d 0
+// TestFragmentFlood is a flood of fragments that never complete: `hping3 --udp -x -d 0
 // --flood --rand-source` (first fragments that never complete, each from
 // its own source) from the node namespace at a pod for floodDuration while
 // a client fetches a page from the pod every 0.5 s and a 64 MiB download
@@ -126,8 +126,8 @@ func TestFragmentFlood(t *testing.T) {
 			// share of one bulk connection), and the garbage collector's
 			// headroom doubles what it holds live as it doubles the
 			// fragments' (ReassemblyBound counts theirs): with the
-			// download's share counted once, a run on 2026-12-02 grew by
-			// 29.8 MiB against 28. Without the stack's fragment copies the
+			// download's share counted once, one run grew by 29.8 MiB
+			// against 28. Without the stack's fragment copies the
 			// same flood grew it by about 100 MiB.
 			download := stack.MemoryBound(stack.MemoryLoad{BulkTCP: 1}) - stack.MemoryBound(stack.MemoryLoad{})
 			if grew, bound := m.peak-m.before, int64(stack.ReassemblyBound)+2*download; grew > bound {

@@ -25,7 +25,7 @@ import (
 	"github.com/cni-usernet/cni-usernet/test/nettest"
 )
 
-// What issue #13 measured and asks for: a flood of floodDuration, a probe
+// What a pod must withstand: a flood of floodDuration, a probe
 // (a new connection fetching a small page) every probeEvery that must
 // answer within probeTimeout, and a download from the pod that must arrive
 // byte-exact.
@@ -71,7 +71,7 @@ var (
 // other port refuses.
 var sinkPorts = []int{9000, 9001, 9002, 9003}
 
-// TestSYNFlood is issue #13's measurement: `hping3 -S -p 8080 --flood
+// TestSYNFlood measures a SYN flood: `hping3 -S -p 8080 --flood
 // --rand-source` from the node namespace at a pod for floodDuration while
 // a client fetches a page from the pod every 0.5 s (2 s timeout) and a
 // 64 MiB download from the pod runs, first against a pod on the kernel
@@ -404,7 +404,7 @@ func logShed(t *testing.T, name string, eth0Rx uint64, before, after map[string]
 		name, eth0Rx, read, 100*read/max(1, float64(eth0Rx)), counted, which, max(0, unaccounted), 100*max(0, unaccounted)/max(1, float64(eth0Rx)))
 }
 
-// check asserts what issue #13 asks of cni-usernet: the probes (>= 90 %
+// check asserts what a pod under a SYN flood must keep: the probes (>= 90 %
 // answered, none slower than 1 s), the download byte-exact, memory within
 // the bound, the pod answering afterwards. (Until the SYN socket, the
 // probe targets under the node's full-speed flood were only logged; with
@@ -418,7 +418,7 @@ func (r *result) check(t *testing.T) {
 	}
 }
 
-// problems lists how the result falls short of issue #13's requirements
+// problems lists how the result falls short of check's requirements
 // (the kernel's behaviour), the probes' apart: none for a pod that passes.
 func (r *result) problems() (probes, out []string) {
 	n, ok := len(r.probes), r.answered()

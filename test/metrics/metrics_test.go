@@ -1,5 +1,5 @@
 // Package metrics holds the root test of the node agent's Prometheus
-// endpoint (issue #12): a real agent, real attachments made by the real
+// endpoint: a real agent, real attachments made by the real
 // plugin, real traffic, and a real scrape checked with promlint (the
 // linter of `promtool check metrics`) and, when built, promtool itself.
 package metrics

@@ -1,4 +1,4 @@
-// Package reliability holds the root tests of issue #6's guarantees: a
+// Package reliability holds the root tests of the reliability guarantees: a
 // pod never loses its network (supervision, reconcile), and the node is
 // left as it was whatever happens.
 package reliability

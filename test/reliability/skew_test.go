@@ -18,7 +18,7 @@ import (
 	"github.com/cni-usernet/cni-usernet/test/nettest"
 )
 
-// previousRelease is the release the rollback of issue #29 went back to.
+// previousRelease is the release a rollback goes back to (version-1 specs).
 const previousRelease = "900993d"
 
 // rewriteJSON changes a JSON file in place.
@@ -58,10 +58,10 @@ func killStack(t *testing.T, env *nettest.Env, pod *nettest.Pod) launch.Process 
 
 // TestSkewOlderFilesRestarted: a stack recorded by an older release (a
 // spec of version 1, a configuration without a version, the multi-call
-// binary as the stack's binary: what 900993d wrote) and killed is
+// binary as the stack's binary: what previousRelease wrote) and killed is
 // restarted by this release's agent from the stack binary beside the
 // recorded one, serves the pod, reports its protocol and health, and
-// stamps the spec with this release's version, which 900993d's stack
+// stamps the spec with this release's version, which previousRelease's stack
 // refuses (its check is version != 1).
 func TestSkewOlderFilesRestarted(t *testing.T) {
 	env, pod := newEnvPod(t, nil)
@@ -160,8 +160,8 @@ func TestSkewNewerFilesRefused(t *testing.T) {
 	}
 }
 
-// TestSkewRollbackToPreviousRelease is issue #29's rollback: a stack this
-// release started is killed, and the previous release (900993d, built
+// TestSkewRollbackToPreviousRelease is a rollback: a stack this release
+// started is killed, and the previous release (previousRelease, built
 // from git) restarts it as its agent would (its binary's stack command on
 // the recorded configuration, in the pod's namespace). Before spec
 // version 2 that stack came up, answered its health check, and passed

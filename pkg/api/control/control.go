@@ -24,7 +24,7 @@ import (
 
 // Protocol is the control protocol's version, which /status reports:
 //
-//	1  GET /healthz, GET /status (up to 900993d and since)
+//	1  GET /healthz, GET /status
 //	2  /status also carries protocol, build, the formats the stack
 //	   understands and its health verdict; /healthz means traffic can
 //	   flow (the link read, the NIC enabled, the spec's addresses held)

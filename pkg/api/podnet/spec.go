@@ -20,12 +20,12 @@ import (
 // wrong. Stacks stamp the spec with their version when they start
 // (Stamp), before they shape the namespace.
 //
-//	1  the applications reached the stack through a TUN (up to 900993d)
+//	1  the applications reached the stack through a TUN
 //	2  their TCP and UDP reach it through the divert (InstallDivert: an
 //	   nftables table and a policy rule in the pod's namespace). A stack
-//	   of version 1 leaves both in place: its pod looks healthy and passes
-//	   nothing (issue #29's rollback). 900993d's check (Version != 1)
-//	   refuses this version.
+//	   of version 1 leaves both in place: its pod would look healthy and
+//	   pass nothing after a rollback. Version-1 stacks check
+//	   Version != 1, so they refuse this version.
 const SpecVersion = 2
 
 // ErrNewer marks a spec written for a newer stack than this one.

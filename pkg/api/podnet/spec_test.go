@@ -7,11 +7,11 @@ import (
 	"testing"
 )
 
-// TestSpecVersions: specs of version 1 (written by stacks up to 900993d)
-// and of this version load; a newer one is refused with ErrNewer, and so
-// is one without a version. 900993d's own check (version != 1) refuses
-// this version, which is what keeps its stack out of a namespace shaped
-// by this one.
+// TestSpecVersions: specs of version 1 (written by the stacks that spoke
+// it) and of this version load; a newer one is refused with ErrNewer, and
+// so is one without a version. A version-1 stack's own check (version !=
+// 1) refuses this version, which is what keeps it out of a namespace
+// shaped by this one.
 func TestSpecVersions(t *testing.T) {
 	if SpecVersion < 2 {
 		t.Fatalf("SpecVersion %d: a stack up to 900993d (version 1) would run a pod shaped by this release", SpecVersion)

@@ -139,9 +139,8 @@ const DefaultQueueLen = 1024
 // thread that read it; a second P only adds an idle thread that the
 // runtime wakes to spin for work at every hand-off, which cost the stack
 // 40 % of its CPU under request/response and took a core from the
-// applications and the peer on a 2-CPU node. Measured in one interleaved
-// run (docs/benchmarks/2026-12-01-netpoller-reader-one-thread.md): one
-// thread against two.
+// applications and the peer on a 2-CPU node (one thread against two, in
+// one interleaved run: docs/architecture.md, "Threads").
 const DefaultThreads = 1
 
 // AdaptiveMaxThreads is the most threads a stack whose configuration

@@ -1,5 +1,8 @@
 // Package atomicfile replaces files so that a reader never sees a torn
 // write and a crash never leaves a half-written file under the real name.
+// It is a package of its own because every process writes files another
+// reads (the plugin's records, the agent's policies and conflists) with the
+// same care: one implementation, tested once.
 package atomicfile
 
 import (

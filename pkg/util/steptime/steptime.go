@@ -1,5 +1,7 @@
 // Package steptime times the steps of a procedure for one log line: with
-// many pods starting at once, it says which step waits.
+// many pods starting at once, it says which step waits. It is a package of
+// its own because two processes use it (the plugin's ADD and the stack's
+// start) and neither may link the other.
 package steptime
 
 import (
