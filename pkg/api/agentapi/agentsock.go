@@ -1,6 +1,8 @@
-// Package agentsock is the node agent's unix socket, <run dir>/agent.sock,
-// as the plugin's ADD uses it: it asks the agent for a new pod's network
-// policy and waits until the pod's stack holds it (docs/policy.md).
+// Package agentapi is how the plugin reaches the node agent, the two ways
+// a short-lived process can: the agent's unix socket, <run dir>/agent.sock,
+// which ADD asks for a new pod's network policy and waits on until the
+// pod's stack holds it (docs/policy.md), and the operation log (oplog.go),
+// to which every verb appends its result for the agent's metrics.
 package agentapi
 
 import (

@@ -1,11 +1,12 @@
-// Package oplog carries the plugin's verbs to the node agent: each ADD,
-// DEL and CHECK appends one short line (verb, result, duration) to a file
-// in the state directory, and the agent drains the file into its latency
-// histograms. The plugin is short-lived and must not wait for anyone, so
-// it only appends (one open, lock, write, close: some 60 µs beside an
-// ADD's tens of milliseconds); the file is bounded, and emptied by every
-// drain.
 package agentapi
+
+// The operation log carries the plugin's verbs to the node agent: each
+// ADD, DEL and CHECK appends one short line (verb, result, duration) to a
+// file in the state directory, and the agent drains the file into its
+// latency histograms. The plugin is short-lived and must not wait for
+// anyone, so it only appends (one open, lock, write, close: some 60 µs
+// beside an ADD's tens of milliseconds); the file is bounded, and emptied
+// by every drain.
 
 import (
 	"bufio"
