@@ -3,7 +3,7 @@ GO ?= go
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X github.com/cni-usernet/cni-usernet/pkg/cni.Version=$(VERSION)
 
-.PHONY: build deps demo test test-unit test-root fuzz lint bench bench-quick clean gvisor
+.PHONY: build deps demo test test-unit test-root fuzz lint bench bench-quick clean gvisor release
 
 # third_party/gvisor: the pinned gVisor with hack/gvisor/patches applied,
 # which go.mod's replace points at (docs/gvisor-patches.md). Generated, not
@@ -85,6 +85,12 @@ promtool:
 # manifest. Rebuilt only when the pin changes (see hack/helm/README.md for
 # the cost).
 .PHONY: helm
+# A release's artifacts in dist/$(VERSION)/: the multi-arch image (OCI
+# tarball), binaries, the packaged chart, the manifest it renders, an SBOM
+# and checksums (hack/release.sh). VERSION=v1.2.3 is required.
+release: helm gvisor
+	hack/release.sh $(VERSION)
+
 helm: bin/helm
 bin/helm: hack/helm/go.mod hack/helm/go.sum
 	cd hack/helm && $(GO) build -trimpath -o ../../bin/helm helm.sh/helm/v3/cmd/helm
