@@ -1,4 +1,4 @@
-// Package nodeagent is the node agent, `cni-usernet agent`, the
+// Package agent is the node agent, `cni-usernet agent`, the
 // DaemonSet's process: it installs the plugin and its configuration on the
 // node, keeps every pod's stack running through pkg/agent/supervisor's supervisor,
 // reconciles, routes between nodes (standalone mode), serves the metrics,
@@ -148,16 +148,16 @@ func Run(args []string) error {
 		log.Warn("cannot claim the node for this agent: an older agent waiting to uninstall will not see it", "path", f.claimFile(), "err", err)
 	}
 
-	var inst *nodeInstall
+	var setup *nodeSetup
 	if f.install {
-		if inst, err = prepareInstall(ctx, f, log); err != nil {
+		if setup, err = newNodeSetup(ctx, f, log); err != nil {
 			return err
 		}
 	}
 	mountNS, stackBinary := restartNamespace(f.mountNS, log)
 	var kc *kube.Client
-	if inst != nil {
-		kc = inst.kube
+	if setup != nil {
+		kc = setup.kube
 	}
 	sup := supervisor.New(supervisor.Config{
 		Store:             state.Store{Dir: f.stateDir},
@@ -193,24 +193,24 @@ func Run(args []string) error {
 	// Before the configuration: with networkPolicy in it, every ADD asks
 	// the agent's socket for the pod's policy.
 	if f.networkPolicy {
-		if err := startPolicy(ctx, f, inst, polMetrics, log); err != nil {
+		if err := startPolicy(ctx, f, setup, polMetrics, log); err != nil {
 			stop()
 			<-done
 			return err
 		}
 	}
-	if inst != nil {
-		if err := inst.writeConfig(ctx); err != nil {
+	if setup != nil {
+		if err := setup.writeConfig(ctx); err != nil {
 			stop()
 			<-done
 			return err
 		}
-		go inst.keep(ctx)
-		if want, _ := f.wantNodeRoutes(); want && (inst.kube != nil || f.nodeRoutes != "auto") {
-			if inst.routes, err = newNodeRoutes(f, inst.kube, log); err != nil {
+		go setup.keep(ctx)
+		if want, _ := f.wantNodeRoutes(); want && (setup.kube != nil || f.nodeRoutes != "auto") {
+			if setup.routes, err = newNodeRoutes(f, setup.kube, log); err != nil {
 				log.Error("no routes to other nodes", "err", err)
 			} else {
-				go inst.routes.run(ctx)
+				go setup.routes.run(ctx)
 			}
 		}
 	}
@@ -220,8 +220,8 @@ func Run(args []string) error {
 	log.Info("agent ready", "node", f.nodeName, "stateDir", f.stateDir)
 	err = <-done
 	os.Remove(f.readyFile())
-	if inst != nil {
-		inst.shutdown(log)
+	if setup != nil {
+		setup.shutdown(log)
 	}
 	log.Info("agent stopped; stacks keep running")
 	return err
@@ -322,10 +322,10 @@ func restartNamespace(path string, log *slog.Logger) (mountNS, stackBinary strin
 // startPolicy starts the policy controller and the agent's socket. Outside
 // a cluster (no service account) there is nothing to watch: policy stays
 // off, and a conflist asking for it makes ADD try again later.
-func startPolicy(ctx context.Context, f *agentFlags, inst *nodeInstall, m *policyMetrics, log *slog.Logger) error {
+func startPolicy(ctx context.Context, f *agentFlags, setup *nodeSetup, m *policyMetrics, log *slog.Logger) error {
 	var client *kube.Client
-	if inst != nil && inst.kube != nil {
-		client = inst.kube
+	if setup != nil && setup.kube != nil {
+		client = setup.kube
 	} else if os.Getenv("KUBERNETES_SERVICE_HOST") != "" {
 		cfg, err := kube.InClusterConfig()
 		if err != nil {
