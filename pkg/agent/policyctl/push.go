@@ -19,8 +19,8 @@ import (
 //
 // The file comes first so that a stack the supervisor restarts comes back
 // with the latest policy, and so that an agent killed between the two
-// finds, once restarted, what it had decided: it pushes every pod once,
-// whatever it believes the stack holds.
+// finds, once restarted, what it had decided: its first pass pushes every
+// pod, whatever it believes the stack holds.
 type pusher struct {
 	timeout time.Duration // of one PUT /policy
 
