@@ -1,4 +1,4 @@
-// Package nodeagent is the node agent, `cni-usernet agent`, the
+// Package agent is the node agent, `cni-usernet agent`, the
 // DaemonSet's process: it installs the plugin and its configuration on the
 // node, keeps every pod's stack running through pkg/agent/supervisor's supervisor,
 // reconciles, routes between nodes (standalone mode), serves the metrics,
@@ -19,7 +19,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/cni-usernet/cni-usernet/pkg/agent/netpolicy"
+	"github.com/cni-usernet/cni-usernet/pkg/agent/policyctl"
 	"github.com/cni-usernet/cni-usernet/pkg/agent/supervisor"
 	"github.com/cni-usernet/cni-usernet/pkg/api/agentapi"
 	"github.com/cni-usernet/cni-usernet/pkg/api/kube"
@@ -148,16 +148,16 @@ func Run(args []string) error {
 		log.Warn("cannot claim the node for this agent: an older agent waiting to uninstall will not see it", "path", f.claimFile(), "err", err)
 	}
 
-	var inst *nodeInstall
+	var setup *nodeSetup
 	if f.install {
-		if inst, err = prepareInstall(ctx, f, log); err != nil {
+		if setup, err = newNodeSetup(ctx, f, log); err != nil {
 			return err
 		}
 	}
 	mountNS, stackBinary := restartNamespace(f.mountNS, log)
 	var kc *kube.Client
-	if inst != nil {
-		kc = inst.kube
+	if setup != nil {
+		kc = setup.kube
 	}
 	sup := supervisor.New(supervisor.Config{
 		Store:             state.Store{Dir: f.stateDir},
@@ -172,9 +172,9 @@ func Run(args []string) error {
 		Refused:           refusedEvent(kc, f.nodeName, log),
 		Log:               log,
 	})
-	var polMetrics *policyMetrics
+	var polMetrics *policyctl.Metrics
 	if f.networkPolicy {
-		polMetrics = newPolicyMetrics()
+		polMetrics = policyctl.NewMetrics()
 	}
 	if f.metricsAddress != "" {
 		// Metrics are for watching the node, never a reason not to serve it.
@@ -193,24 +193,24 @@ func Run(args []string) error {
 	// Before the configuration: with networkPolicy in it, every ADD asks
 	// the agent's socket for the pod's policy.
 	if f.networkPolicy {
-		if err := startPolicy(ctx, f, inst, polMetrics, log); err != nil {
+		if err := startPolicy(ctx, f, setup, polMetrics, log); err != nil {
 			stop()
 			<-done
 			return err
 		}
 	}
-	if inst != nil {
-		if err := inst.writeConfig(ctx); err != nil {
+	if setup != nil {
+		if err := setup.writeConfig(ctx); err != nil {
 			stop()
 			<-done
 			return err
 		}
-		go inst.keep(ctx)
-		if want, _ := f.wantNodeRoutes(); want && (inst.kube != nil || f.nodeRoutes != "auto") {
-			if inst.routes, err = newNodeRoutes(f, inst.kube, log); err != nil {
+		go setup.keep(ctx)
+		if want, _ := f.wantNodeRoutes(); want && (setup.kube != nil || f.nodeRoutes != "auto") {
+			if setup.routes, err = newNodeRoutes(f, setup.kube, log); err != nil {
 				log.Error("no routes to other nodes", "err", err)
 			} else {
-				go inst.routes.run(ctx)
+				go setup.routes.run(ctx)
 			}
 		}
 	}
@@ -220,8 +220,8 @@ func Run(args []string) error {
 	log.Info("agent ready", "node", f.nodeName, "stateDir", f.stateDir)
 	err = <-done
 	os.Remove(f.readyFile())
-	if inst != nil {
-		inst.shutdown(log)
+	if setup != nil {
+		setup.shutdown(log)
 	}
 	log.Info("agent stopped; stacks keep running")
 	return err
@@ -322,10 +322,10 @@ func restartNamespace(path string, log *slog.Logger) (mountNS, stackBinary strin
 // startPolicy starts the policy controller and the agent's socket. Outside
 // a cluster (no service account) there is nothing to watch: policy stays
 // off, and a conflist asking for it makes ADD try again later.
-func startPolicy(ctx context.Context, f *agentFlags, inst *nodeInstall, m *policyMetrics, log *slog.Logger) error {
+func startPolicy(ctx context.Context, f *agentFlags, setup *nodeSetup, m *policyctl.Metrics, log *slog.Logger) error {
 	var client *kube.Client
-	if inst != nil && inst.kube != nil {
-		client = inst.kube
+	if setup != nil && setup.kube != nil {
+		client = setup.kube
 	} else if os.Getenv("KUBERNETES_SERVICE_HOST") != "" {
 		cfg, err := kube.InClusterConfig()
 		if err != nil {
@@ -338,10 +338,9 @@ func startPolicy(ctx context.Context, f *agentFlags, inst *nodeInstall, m *polic
 		log.Warn("not in a cluster: NetworkPolicy is not enforced (--network-policy needs the API server)")
 		return nil
 	}
-	c, err := newPolicyController(policyOptions{
+	c, err := policyctl.New(policyctl.Options{
 		Client:  client,
 		Store:   state.Store{Dir: f.stateDir},
-		Compile: netpolicyCompile(log, policyWarningEvent(client, f.nodeName, log)),
 		Node:    f.nodeName,
 		Metrics: m,
 		Log:     log.With("component", "policy"),
@@ -352,7 +351,7 @@ func startPolicy(ctx context.Context, f *agentFlags, inst *nodeInstall, m *polic
 	if err := os.MkdirAll(f.runDir, 0o700); err != nil {
 		return fmt.Errorf("creating %s: %w", f.runDir, err)
 	}
-	if err := serveAgentSocket(ctx, f.agentSocket(), c); err != nil {
+	if err := policyctl.ServeSocket(ctx, f.agentSocket(), c); err != nil {
 		return err
 	}
 	go c.Run(ctx)
@@ -360,36 +359,10 @@ func startPolicy(ctx context.Context, f *agentFlags, inst *nodeInstall, m *polic
 	// The conflist comes next: give the watches a moment to list, so that
 	// the first ADDs do not fail for nothing. An API server that does not
 	// answer in time only delays the pods (code 11), not the agent.
-	if err := c.waitSynced(ctx, policySyncWait); err != nil {
+	if err := c.WaitSynced(ctx, policySyncWait); err != nil {
 		log.Warn("writing the CNI configuration before the policy caches synced: ADD tries again later until they do", "err", err)
 	}
 	return nil
-}
-
-// policyWarningEvent posts the compiler's warnings about a pod's policies
-// as an Event on the pod, in the background (best effort).
-func policyWarningEvent(c *kube.Client, node string, log *slog.Logger) func(*netpolicy.Pod, string) {
-	if node == "" {
-		return nil
-	}
-	return func(pod *netpolicy.Pod, warnings string) {
-		if pod.Metadata.UID == "" {
-			return
-		}
-		e := kube.Event{
-			Namespace: pod.Metadata.Namespace, PodName: pod.Metadata.Name, PodUID: pod.Metadata.UID,
-			Type: kube.EventWarning, Reason: "NetworkPolicySkipped",
-			Message: "parts of the network policies selecting this pod were skipped; what they would allow stays closed: " + warnings,
-			Action:  "CompileNetworkPolicy", Node: node,
-		}
-		go func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			if err := c.Event(ctx, e); err != nil {
-				log.Warn("posting an event", "pod", e.Namespace+"/"+e.PodName, "err", err)
-			}
-		}()
-	}
 }
 
 // policySyncWait bounds the wait for the policy caches before the conflist.

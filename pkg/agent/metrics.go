@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/cni-usernet/cni-usernet/pkg/agent/metrics"
+	"github.com/cni-usernet/cni-usernet/pkg/agent/policyctl"
 	"github.com/cni-usernet/cni-usernet/pkg/agent/supervisor"
 	"github.com/cni-usernet/cni-usernet/pkg/api/state"
 )
@@ -28,7 +29,7 @@ const defaultMetricsAddress = ":9437"
 
 // serveMetrics starts the agent's /metrics endpoint and the drain of the
 // plugin's operation log; both end with ctx.
-func serveMetrics(ctx context.Context, addr string, store state.Store, stats *supervisor.Stats, pol *policyMetrics, log *slog.Logger) error {
+func serveMetrics(ctx context.Context, addr string, store state.Store, stats *supervisor.Stats, pol *policyctl.Metrics, log *slog.Logger) error {
 	starts, err := metrics.CountStart(store.Dir)
 	if err != nil {
 		log.Warn("agent start count", "err", err)
@@ -37,7 +38,7 @@ func serveMetrics(ctx context.Context, addr string, store state.Store, stats *su
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(c, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if pol != nil {
-		reg.MustRegister(pol.collectors()...)
+		reg.MustRegister(pol.Collectors()...)
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil && !errors.Is(err, syscall.EADDRINUSE) {

@@ -1,4 +1,4 @@
-package agent
+package policyctl
 
 import (
 	"context"
@@ -22,9 +22,10 @@ import (
 // deliver it a little after the runtime calls ADD.
 const podWait = 5 * time.Second
 
-// serveAgentSocket serves the agent's socket (docs/policy.md) until ctx
-// ends: the plugin's ADD asks there for a new pod's policy.
-func serveAgentSocket(ctx context.Context, path string, c *policyController) error {
+// ServeSocket serves the agent's socket (docs/policy.md) at path until ctx
+// ends: the plugin's ADD asks there for a new pod's policy, which c
+// compiles and pushes before it answers.
+func ServeSocket(ctx context.Context, path string, c *Controller) error {
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("removing the stale agent socket %s: %w", path, err)
 	}
@@ -49,7 +50,7 @@ func serveAgentSocket(ctx context.Context, path string, c *policyController) err
 	return nil
 }
 
-func (c *policyController) servePolicy(w http.ResponseWriter, r *http.Request) {
+func (c *Controller) servePolicy(w http.ResponseWriter, r *http.Request) {
 	var req agentapi.PolicyRequest
 	body, err := io.ReadAll(io.LimitReader(r.Body, 64<<10))
 	if err == nil {

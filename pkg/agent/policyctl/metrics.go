@@ -1,17 +1,19 @@
-package agent
+package policyctl
 
 import "github.com/prometheus/client_golang/prometheus"
 
-// policyMetrics count what the policy controller does.
-type policyMetrics struct {
+// Metrics count what the policy controller does.
+type Metrics struct {
 	pods       prometheus.Gauge
 	pending    prometheus.Gauge
 	pushErrors prometheus.Counter
 	duration   *prometheus.HistogramVec
 }
 
-func newPolicyMetrics() *policyMetrics {
-	return &policyMetrics{
+// NewMetrics returns the controller's metrics, registered nowhere:
+// Collectors gives them to a registry.
+func NewMetrics() *Metrics {
+	return &Metrics{
 		pods: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "cni_usernet_policy_pods",
 			Help: "Local pods whose stack holds their current network policy, as of the agent's last pass.",
@@ -34,6 +36,7 @@ func newPolicyMetrics() *policyMetrics {
 	}
 }
 
-func (m *policyMetrics) collectors() []prometheus.Collector {
+// Collectors are the metrics, for a prometheus.Registry.
+func (m *Metrics) Collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.pods, m.pending, m.pushErrors, m.duration}
 }

@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -10,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -24,11 +22,11 @@ import (
 
 // drainNode is an agent whose DaemonSet is gone, outside a cluster (no
 // DaemonSet check), with its state and run directories in t's temp dirs.
-func drainNode(t *testing.T) (*nodeInstall, state.Store, *nettest.LockedBuffer) {
+func drainNode(t *testing.T) (*nodeSetup, state.Store, *nettest.LockedBuffer) {
 	t.Helper()
 	t.Setenv("KUBERNETES_SERVICE_HOST", "")
 	f := &agentFlags{stateDir: t.TempDir(), runDir: t.TempDir()}
-	return &nodeInstall{f: f}, state.Store{Dir: f.stateDir}, &nettest.LockedBuffer{}
+	return &nodeSetup{f: f}, state.Store{Dir: f.stateDir}, &nettest.LockedBuffer{}
 }
 
 func TestDrainWaitsForTheLastAttachment(t *testing.T) {
@@ -165,35 +163,6 @@ func TestAPIFailureReasons(t *testing.T) {
 	} {
 		if got := apiFailure(c.err); !strings.HasPrefix(got, c.want) {
 			t.Errorf("apiFailure(%v) = %q, want %q...", c.err, got, c.want)
-		}
-	}
-}
-
-// The conflist's plugin entry asks ADD to wait for the pod's policy when
-// the agent enforces it, in both modes; --network-policy=false leaves the
-// key out (the primary CNI enforces policy).
-func TestPluginConfNetworkPolicy(t *testing.T) {
-	f, err := parseAgentFlags(nil)
-	if err != nil || !f.networkPolicy {
-		t.Fatalf("--network-policy default: got %v (%v), want true", f.networkPolicy, err)
-	}
-	for _, mode := range []string{"standalone", "chain"} {
-		for _, on := range []bool{true, false} {
-			f, err := parseAgentFlags([]string{"--mode", mode, "--subnet", "10.244.1.0/24", "--network-policy=" + strconv.FormatBool(on)})
-			if err != nil {
-				t.Fatal(err)
-			}
-			b, err := (&nodeInstall{f: f}).pluginConf(context.Background())
-			if err != nil {
-				t.Fatal(err)
-			}
-			var p map[string]any
-			if err := json.Unmarshal(b, &p); err != nil {
-				t.Fatal(err)
-			}
-			if got, ok := p["networkPolicy"]; on && got != true || !on && ok {
-				t.Errorf("%s, --network-policy=%v: networkPolicy is %v (present %v)", mode, on, got, ok)
-			}
 		}
 	}
 }

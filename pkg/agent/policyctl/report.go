@@ -1,0 +1,113 @@
+package policyctl
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/cni-usernet/cni-usernet/pkg/agent/netpolicy"
+	"github.com/cni-usernet/cni-usernet/pkg/api/kube"
+)
+
+// reporter tells what the controller does: log lines, Events on the
+// pods, metrics.
+type reporter struct {
+	log     *slog.Logger
+	metrics *Metrics
+	// node is this node's name; empty: no Events.
+	node  string
+	event func(context.Context, kube.Event) error
+}
+
+// failures is one pod's run of consecutive failed pushes.
+type failures struct {
+	count int
+	// told is when the last log line and Event about them went out.
+	told time.Time
+}
+
+// tellEvery bounds the log lines and Events about one pod's failures.
+const tellEvery = 5 * time.Minute
+
+// pushFailed counts a failed push to t's stack and tells of it, at most
+// once per tellEvery, in the log and as an Event on the pod (uid).
+func (r *reporter) pushFailed(ctx context.Context, f *failures, t target, uid string, err error) {
+	r.metrics.pushErrors.Inc()
+	f.count++
+	if !f.told.IsZero() && time.Since(f.told) < tellEvery {
+		return
+	}
+	f.told = time.Now()
+	r.log.Error("cannot apply the pod's network policy; its stack keeps the last one it holds; retrying",
+		"pod", t.podKey(), "failures", f.count, "err", err)
+	if r.node == "" || uid == "" {
+		return
+	}
+	ectx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	if err := r.event(ectx, kube.Event{
+		Namespace: t.namespace, PodName: t.pod, PodUID: uid,
+		Type: kube.EventWarning, Reason: "NetworkPolicyNotApplied",
+		Message: fmt.Sprintf("the pod's stack does not hold its current network policy (it keeps the last one it holds); retrying: %v", err),
+		Action:  "ApplyNetworkPolicy", Node: r.node,
+	}); err != nil {
+		r.log.Warn("posting an event", "pod", t.podKey(), "err", err)
+	}
+}
+
+// applied ends t's run of failures, if any: its stack holds its policy.
+func (r *reporter) applied(f *failures, t target) {
+	if f.count > 0 {
+		r.log.Info("policy applied after failures", "pod", t.podKey(), "failures", f.count)
+	}
+	f.count = 0
+}
+
+// passResult is what one pass over the local pods did.
+type passResult struct {
+	// pods are the local pods the pass looked at; applied those whose
+	// stack holds their policy (pushed of them: by a push of this pass),
+	// failed those whose stack could not be brought in step.
+	pods, applied, pushed, failed int
+	took                          time.Duration
+}
+
+// pass records a pass over every local pod.
+func (r *reporter) pass(p passResult) {
+	r.metrics.pods.Set(float64(p.applied))
+	r.metrics.pending.Set(float64(p.failed))
+	if p.pushed > 0 || p.failed > 0 {
+		r.metrics.duration.WithLabelValues("change").Observe(p.took.Seconds())
+		r.log.Info("policies pushed", "pods", p.pods, "pushed", p.pushed, "failed", p.failed, "took", p.took.Round(time.Microsecond).String())
+	}
+}
+
+// added records the policy of a new pod (its ADD) brought in step.
+func (r *reporter) added(took time.Duration) {
+	r.metrics.duration.WithLabelValues("add").Observe(took.Seconds())
+}
+
+// compileWarnings tells that parts of the policies selecting pod were
+// skipped (what they would allow stays closed): in the log, and as an
+// Event on the pod, posted in the background (best effort).
+func (r *reporter) compileWarnings(pod *netpolicy.Pod, warnings string) {
+	key := pod.Metadata.Namespace + "/" + pod.Metadata.Name
+	r.log.Warn("parts of the network policies selecting the pod were skipped (what they would allow stays closed)", "pod", key, "warnings", warnings)
+	if r.node == "" || pod.Metadata.UID == "" {
+		return
+	}
+	e := kube.Event{
+		Namespace: pod.Metadata.Namespace, PodName: pod.Metadata.Name, PodUID: pod.Metadata.UID,
+		Type: kube.EventWarning, Reason: "NetworkPolicySkipped",
+		Message: "parts of the network policies selecting this pod were skipped; what they would allow stays closed: " + warnings,
+		Action:  "CompileNetworkPolicy", Node: r.node,
+	}
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := r.event(ctx, e); err != nil {
+			r.log.Warn("posting an event", "pod", key, "err", err)
+		}
+	}()
+}
