@@ -64,7 +64,7 @@ func (b *bench) pushPolicy(c *config, a *attachment, res *current.Result) error 
 	if err != nil {
 		return err
 	}
-	if err := policy.WriteFile(filepath.Join(filepath.Dir(att.ConfigPath), "policy.json"), p); err != nil {
+	if err := policy.WriteFile(att.PolicyPath, p); err != nil {
 		return err
 	}
 	start := time.Now()
