@@ -230,75 +230,15 @@ func (o *Options) setDefaults() {
 	}
 }
 
-// Stats are the relay's counters, read concurrently by the control socket.
+// Stats are the relay's counters, read concurrently by the control
+// socket; control.RelayCountersOf says what each counts.
 type Stats struct {
-	TCPActive   atomic.Int64
-	TCPTotal    atomic.Int64
-	TCPRefused  atomic.Int64
-	TCPLimitHit atomic.Int64
-	TCPResets   atomic.Int64
-	// TCPSyns counts SYNs from the network offered to the relay, and
-	// TCPPending the inbound connections not yet established.
-	TCPSyns              atomic.Int64
-	TCPPending           atomic.Int64
-	TCPPendingEvicted    atomic.Int64
-	TCPHandshakeFirst    atomic.Int64
-	TCPHandshakeTimeouts atomic.Int64
-	UDPActive            atomic.Int64
-	UDPTotal             atomic.Int64
-	UDPLimitHit          atomic.Int64
-	UDPEvicted           atomic.Int64
-	UDPDropped           atomic.Int64
-	ICMPEchoes           atomic.Int64
-	ICMPEchoFailed       atomic.Int64
-	// TCPOutboundDropped counts applications' SYNs dropped and dials given
-	// up because MaxOutboundPending connections were being dialled.
-	TCPOutboundDropped atomic.Int64
-	// PodDropped counts packets from the applications the relay does not
-	// carry (protocols other than TCP, UDP and ICMP echo, the kernel's own
-	// IPv6 neighbour discovery on the TUN, what reaches its listeners
-	// from loopback).
-	PodDropped atomic.Int64
-	// PodSpoofed counts packets, connections and datagrams from the
-	// applications' leg whose source is none of the pod's addresses
-	// (Options.PodAddrs), dropped.
-	PodSpoofed atomic.Int64
-	// TCPMirrored is how many of the applications' listeners the wire leg
-	// mirrors now; TCPMirrorChanges counts mirrors opened and closed.
-	TCPMirrored      atomic.Int64
-	TCPMirrorChanges atomic.Int64
-	// TCPCookieFast counts SYNs answered with a SYN cookie by the fast
-	// path (AnswerSYN), TCPCookieFastErrors the answers the NIC's queue
-	// refused.
-	TCPCookieFast       atomic.Int64
-	TCPCookieFastErrors atomic.Int64
-	// TCPCookieFastDirect counts the answers written past the NIC's full
-	// queue (Leg.WriteDirect).
-	TCPCookieFastDirect atomic.Int64
-	// ToAppBytes and FromAppBytes count the payload the relay wrote to and
-	// read from the applications' sockets (TCP streams and UDP
-	// datagrams): the app leg's traffic, which the kernel segments, so it
-	// has bytes but no packets of the stack's own.
-	ToAppBytes   atomic.Int64
-	FromAppBytes atomic.Int64
+	control.LiveRelayCounters
 }
 
 // Snapshot reads every counter.
 func (s *Stats) Snapshot() control.RelayCounters {
-	return control.RelayCounters{
-		TCPActive: s.TCPActive.Load(), TCPTotal: s.TCPTotal.Load(), TCPRefused: s.TCPRefused.Load(),
-		TCPLimitHit: s.TCPLimitHit.Load(), TCPResets: s.TCPResets.Load(),
-		TCPSyns: s.TCPSyns.Load(), TCPPending: s.TCPPending.Load(), TCPPendingEvicted: s.TCPPendingEvicted.Load(),
-		TCPHandshakeFirst: s.TCPHandshakeFirst.Load(), TCPHandshakeTimeouts: s.TCPHandshakeTimeouts.Load(),
-		UDPActive: s.UDPActive.Load(), UDPTotal: s.UDPTotal.Load(), UDPLimitHit: s.UDPLimitHit.Load(),
-		UDPEvicted: s.UDPEvicted.Load(), UDPDropped: s.UDPDropped.Load(),
-		ICMPEchoes: s.ICMPEchoes.Load(), ICMPEchoFailed: s.ICMPEchoFailed.Load(),
-		TCPOutboundDropped: s.TCPOutboundDropped.Load(), PodDropped: s.PodDropped.Load(), PodSpoofed: s.PodSpoofed.Load(),
-		TCPMirrored: s.TCPMirrored.Load(), TCPMirrorChanges: s.TCPMirrorChanges.Load(),
-		TCPCookieFast: s.TCPCookieFast.Load(), TCPCookieFastErrors: s.TCPCookieFastErrors.Load(),
-		TCPCookieFastDirect: s.TCPCookieFastDirect.Load(),
-		ToAppBytes:          s.ToAppBytes.Load(), FromAppBytes: s.FromAppBytes.Load(),
-	}
+	return control.Snapshot[control.RelayCounters](&s.LiveRelayCounters)
 }
 
 // Relay joins the wire leg (the pod's interface) and the pod's kernel.
