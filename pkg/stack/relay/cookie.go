@@ -6,14 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"reflect"
-	"unsafe"
 
 	"gvisor.dev/gvisor/pkg/buffer"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv6"
+	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
 )
 
 // A SYN flood reaches a mirrored listener faster than netstack's listener
@@ -28,11 +27,11 @@ import (
 // netstack validates it and completes the connection, which the relay
 // accepts as usual. Spoofed sources never answer and cost nothing more.
 //
-// The cookie's key (two random nonces per listener) is private to
-// netstack: it is read once per mirrored listener, by reflection, from the
-// gVisor version go.mod pins. A layout that no longer matches turns the
-// fast path off (the SYNs are then shed as before) and TestSYNCookieFastPath
-// fails.
+// The cookie's key (two random nonces per listener) is read once per
+// mirrored listener with tcp.Endpoint.SYNCookieNonces, which the gVisor
+// patch 0003 (docs/gvisor-patches.md) exports; the cookie is computed here
+// as netstack computes it, so that a flood's SYNs cost no lock.
+// TestSYNCookieFastPath fails if netstack's cookie changes.
 
 // The cookie's layout, as in gVisor's tcp/accept.go.
 const (
@@ -63,27 +62,20 @@ type cookieKey struct {
 	nonce [2][sha1.BlockSize]byte
 }
 
-var errCookieLayout = errors.New("netstack's listener has no SYN cookie key where this build expects one")
+var errNotListening = errors.New("not a listening netstack TCP endpoint")
 
 // listenerCookieKey reads the SYN cookie key of ep, a listening netstack
 // TCP endpoint.
 func listenerCookieKey(ep tcpip.Endpoint) (*cookieKey, error) {
-	v := reflect.ValueOf(ep)
-	if v.Kind() != reflect.Pointer || v.IsNil() || v.Elem().Kind() != reflect.Struct {
-		return nil, errCookieLayout
+	tep, ok := ep.(*tcp.Endpoint)
+	if !ok {
+		return nil, errNotListening
 	}
-	ctx := v.Elem().FieldByName("listenCtx")
-	if !ctx.IsValid() || ctx.Kind() != reflect.Pointer || ctx.IsNil() || ctx.Elem().Kind() != reflect.Struct {
-		return nil, errCookieLayout
+	nonces, ok := tep.SYNCookieNonces()
+	if !ok {
+		return nil, errNotListening
 	}
-	n := ctx.Elem().FieldByName("nonce")
-	if !n.IsValid() || n.Type() != reflect.TypeFor[[2][sha1.BlockSize]byte]() {
-		return nil, errCookieLayout
-	}
-	// The nonces are written when the listener is made and never again.
-	k := &cookieKey{}
-	k.nonce = *(*[2][sha1.BlockSize]byte)(unsafe.Pointer(n.UnsafeAddr()))
-	return k, nil
+	return &cookieKey{nonce: nonces}, nil
 }
 
 // hash is tcp/accept.go's cookieHash: SHA-1 over the ports, the time, one
@@ -253,7 +245,7 @@ func (m *mirror) publishCookieKeys(eps map[mirrorKey]*mirrored) {
 // listener to netstack's own path, logged once per relay.
 func (m *mirror) keyOf(ep tcpip.Endpoint) *cookieKey {
 	k, err := listenerCookieKey(ep)
-	if err != nil && m.cookieLayoutLogged.CompareAndSwap(false, true) {
+	if err != nil && m.cookieKeyLogged.CompareAndSwap(false, true) {
 		m.opts.Logger.Warn("SYN cookie fast path off: a flood's SYNs beyond the admission cap are dropped instead of answered", "err", fmt.Errorf("reading a listener's SYN cookie key: %w", err))
 	}
 	return k

@@ -142,7 +142,7 @@ func (rig *cookieRig) read(t *testing.T) []byte {
 // TestSYNCookieFastPath: a SYN answered by AnswerSYN, never seen by
 // netstack, is completed by netstack's listener when the client's ACK
 // comes back, so the fast path's cookie is netstack's own. If gVisor
-// changes its cookie (layout, hash, or where the key lives), this fails.
+// changes its cookie (its layout or its hash), this fails.
 func TestSYNCookieFastPath(t *testing.T) {
 	for _, v6 := range []bool{false, true} {
 		name := "ipv4"

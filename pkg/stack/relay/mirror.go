@@ -65,7 +65,7 @@ type mirror struct {
 	// cookieKeys are the mirrored listeners' SYN cookie keys, replaced
 	// whole when the mirror changes.
 	cookieKeys         atomic.Pointer[map[mirrorKey]*cookieKey]
-	cookieLayoutLogged atomic.Bool
+	cookieKeyLogged atomic.Bool
 }
 
 func newMirror(e *env, accepted func(tcpip.Endpoint, *waiter.Queue)) *mirror {
