@@ -100,8 +100,8 @@ func (t *tcpRelay) ended(pr *pair, err error, closeWrite func() error) {
 // netstack's own buffers, and only the bytes the socket took are then
 // consumed. A copy through a buffer of ours was 7 % of the stack's CPU
 // receiving bulk data, and held 256 KiB per connection whose application
-// reads slowly (throughput measured level:
-// docs/benchmarks/2026-12-01-relay-writev-gro.md).
+// reads slowly; throughput measured level (BENCHMARKS.md, the run that
+// made the relay write from netstack's buffers).
 // Peeked data stays valid because only this goroutine consumes the queue
 // and only Abort (under peekMu) or Close (after this returns) frees it.
 func (t *tcpRelay) wireToPod(w *wireConn, p podConn) error {
@@ -221,8 +221,7 @@ func consume(ep tcpip.Endpoint, n int) {
 // (a Payloader whose Read is the read system call), but it reads into one
 // 64 KiB chunk at a time, so bulk data then took four reads where this
 // takes one: in alternated lab runs pod→node fell to 7.1–7.5 Gbit/s
-// against 7.7–9.1 and nginx 10 MiB with it
-// (docs/benchmarks/2026-12-01-relay-writev-gro.md).
+// against 7.7–9.1 and nginx 10 MiB with it.
 //
 // Each read also tells how much the socket still holds (TCP_INQ, see
 // appReader), so an answer costs one read, not a read and then another
