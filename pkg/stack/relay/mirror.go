@@ -64,7 +64,7 @@ type mirror struct {
 	listed   time.Time       // when ports was read
 	// cookieKeys are the mirrored listeners' SYN cookie keys, replaced
 	// whole when the mirror changes.
-	cookieKeys         atomic.Pointer[map[mirrorKey]*cookieKey]
+	cookieKeys      atomic.Pointer[map[mirrorKey]*cookieKey]
 	cookieKeyLogged atomic.Bool
 }
 
