@@ -7,6 +7,7 @@ package metrics
 import (
 	"context"
 	"log/slog"
+	"reflect"
 	"sync"
 	"time"
 
@@ -77,36 +78,12 @@ var (
 	descPackets = podDesc("packets_total",
 		"Frames on the pod's wire leg by direction (ingress: from the network). A frame sent as one GSO batch counts once.",
 		"leg", "direction")
-	descGSOBatches = podDesc("gso_batches_total",
-		"Frames the wire leg handed to the link as one GSO batch larger than a segment.")
 	descDropped = podDesc("dropped_packets_total",
 		"Packets the pod's stack dropped, by reason: netstack (netstack's own drops), packet_socket (the kernel's packet socket overflowed), syn_socket (the same for the socket that carries the link's new-connection SYNs, a flood's), syn_rate_limit (SYNs shed beyond the admission cap), wire_queue (packets to the pod link dropped because the link took nothing from the full queue in front of it for 200 ms: a wedged link), listen_syn_queue and listen_ack_queue (a mirrored listener's queue was full), udp (datagrams the relay could not deliver), app_protocol (application packets of a protocol the relay does not carry).",
 		"reason")
 	descErrors = podDesc("errors_total",
 		"Errors on the pod's wire leg, by kind: transmit (link write failures), ip_malformed, ip_outgoing, tcp_invalid_segment, tcp_checksum, syn_cookie_answer (fast-path SYN-ACKs the link's queue refused).",
 		"kind")
-	descRetransmits = podDesc("tcp_retransmitted_segments_total",
-		"TCP segments the pod's wire stack retransmitted.")
-	descTCPActive = podDesc("tcp_connections",
-		"TCP connections the pod's stack relays now.")
-	descTCPTotal = podDesc("tcp_connections_total",
-		"TCP connections the pod's stack has relayed.")
-	descTCPRefused = podDesc("tcp_connections_refused_total",
-		"TCP connections refused by the other end (the application or the remote), passed on as a reset.")
-	descTCPOverLimit = podDesc("tcp_connections_over_limit_total",
-		"TCP connections reset because the pod's stack relayed maxTCP connections already.")
-	descTCPResets = podDesc("tcp_resets_total",
-		"Relayed TCP connections ended by a reset or an error rather than a close.")
-	descUDPActive = podDesc("udp_flows",
-		"UDP flows the pod's stack relays now.")
-	descUDPTotal = podDesc("udp_flows_total",
-		"UDP flows the pod's stack has relayed.")
-	descUDPOverLimit = podDesc("udp_flows_over_limit_total",
-		"UDP flows refused because the pod's stack relayed maxUDP flows already.")
-	descICMPEchoes = podDesc("icmp_echoes_total",
-		"ICMP echo requests the pod's applications sent that the stack relayed.")
-	descICMPFailed = podDesc("icmp_echo_failures_total",
-		"ICMP echo requests of the pod's applications that the stack could not relay.")
 	descSynCookies = podDesc("syn_cookies_total",
 		"SYN cookies of the pod's wire leg, by result: sent (a mirrored listener's handshake backlog was full), fast_path (SYNs the link answered with the listener's cookie itself, during a flood), valid and invalid (the ACKs that came back).",
 		"result")
@@ -217,14 +194,15 @@ func (c *Collector) drain() {
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	c.ops.Describe(ch)
 	for _, d := range []*prometheus.Desc{
-		descStackUp, descBytes, descPackets, descGSOBatches, descDropped, descErrors, descRetransmits,
-		descTCPActive, descTCPTotal, descTCPRefused, descTCPOverLimit, descTCPResets,
-		descUDPActive, descUDPTotal, descUDPOverLimit, descICMPEchoes, descICMPFailed, descSynCookies,
+		descStackUp, descBytes, descPackets, descDropped, descErrors, descSynCookies,
 		descPolicyDenied, descPolicyGeneration, descSpoofed,
 		descRestarts, descCrashLoop, descRSS, descCPU, descGSOInfo, descGSOMaxSize, descGSOMaxSegs,
 		descAttachments, descUnreadable, descReconciles, descReclaimed, descDirsRemoved, descUntracked,
 		descAgentRestarts, descAgentStarts, descBadRecords,
 	} {
+		ch <- d
+	}
+	for _, d := range seriesDescs() {
 		ch <- d
 	}
 }
@@ -322,9 +300,6 @@ func (p pod) emit(ch chan<- prometheus.Metric) {
 	ctr := func(d *prometheus.Desc, v uint64, extra ...string) {
 		m(d, prometheus.CounterValue, float64(v), extra...)
 	}
-	ictr := func(d *prometheus.Desc, v int64, extra ...string) {
-		m(d, prometheus.CounterValue, float64(v), extra...)
-	}
 
 	m(descGSOInfo, prometheus.GaugeValue, 1, string(a.GSO.Requested))
 	m(descGSOMaxSize, prometheus.GaugeValue, float64(a.GSO.Link.MaxSize))
@@ -351,46 +326,8 @@ func (p pod) emit(ch chan<- prometheus.Metric) {
 		return
 	}
 	m(descStackUp, prometheus.GaugeValue, 1)
-	w, r := p.status.Wire, p.status.Relay
-	ctr(descBytes, w.RxBytes, "wire", "ingress")
-	ctr(descBytes, w.TxBytes, "wire", "egress")
-	ictr(descBytes, r.ToAppBytes, "app", "ingress")
-	ictr(descBytes, r.FromAppBytes, "app", "egress")
-	ctr(descPackets, w.RxPackets, "wire", "ingress")
-	ctr(descPackets, w.TxPackets, "wire", "egress")
-	ctr(descGSOBatches, w.TxGSOBatches)
-	ctr(descDropped, w.DroppedPackets, "netstack")
-	ctr(descDropped, w.SocketDrops, "packet_socket")
-	ctr(descDropped, w.SynSocketDrops, "syn_socket")
-	ctr(descDropped, w.FragSocketDrops, "fragment_socket")
-	ctr(descDropped, w.RxSynShed, "syn_rate_limit")
-	ctr(descDropped, w.TxQueueDrops, "wire_queue")
-	ctr(descDropped, w.ListenSynDrops, "listen_syn_queue")
-	ctr(descDropped, w.ListenAckDrops, "listen_ack_queue")
-	ictr(descDropped, r.UDPDropped, "udp")
-	ictr(descDropped, r.PodDropped, "app_protocol")
-	ictr(descSpoofed, r.PodSpoofed, "stack")
-	ctr(descErrors, w.TxErrors, "transmit")
-	ctr(descErrors, w.IPMalformed, "ip_malformed")
-	ctr(descErrors, w.IPOutgoingErrors, "ip_outgoing")
-	ctr(descErrors, w.TCPInvalidSegments, "tcp_invalid_segment")
-	ctr(descErrors, w.TCPChecksumErrors, "tcp_checksum")
-	ictr(descErrors, r.TCPCookieFastErrors, "syn_cookie_answer")
-	ctr(descRetransmits, w.TCPRetransmits)
-	m(descTCPActive, prometheus.GaugeValue, float64(r.TCPActive))
-	ictr(descTCPTotal, r.TCPTotal)
-	ictr(descTCPRefused, r.TCPRefused)
-	ictr(descTCPOverLimit, r.TCPLimitHit)
-	ictr(descTCPResets, r.TCPResets)
-	m(descUDPActive, prometheus.GaugeValue, float64(r.UDPActive))
-	ictr(descUDPTotal, r.UDPTotal)
-	ictr(descUDPOverLimit, r.UDPLimitHit)
-	ictr(descICMPEchoes, r.ICMPEchoes)
-	ictr(descICMPFailed, r.ICMPEchoFailed)
-	ctr(descSynCookies, w.SynCookiesSent, "sent")
-	ctr(descSynCookies, w.SynCookiesValid, "valid")
-	ctr(descSynCookies, w.SynCookiesInvalid, "invalid")
-	ctr(descSynCookies, w.RxSynCookied, "fast_path")
+	emitSeries(m, reflect.ValueOf(p.status.Wire), wireSeries)
+	emitSeries(m, reflect.ValueOf(p.status.Relay), relaySeries)
 	if pol := p.status.Policy; pol != nil {
 		m(descPolicyGeneration, prometheus.GaugeValue, float64(pol.Generation))
 		for label, n := range pol.Denied.Ingress {

@@ -6,14 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"reflect"
-	"unsafe"
 
 	"gvisor.dev/gvisor/pkg/buffer"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv6"
+	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
 )
 
 // A SYN flood reaches a mirrored listener faster than netstack's listener
@@ -28,11 +27,11 @@ import (
 // netstack validates it and completes the connection, which the relay
 // accepts as usual. Spoofed sources never answer and cost nothing more.
 //
-// The cookie's key (two random nonces per listener) is private to
-// netstack: it is read once per mirrored listener, by reflection, from the
-// gVisor version go.mod pins. A layout that no longer matches turns the
-// fast path off (the SYNs are then shed as before) and TestSYNCookieFastPath
-// fails.
+// The cookie's key (two random nonces per listener) is read once per
+// mirrored listener with tcp.Endpoint.SYNCookieNonces, which the gVisor
+// patch 0003 (docs/gvisor-patches.md) exports; the cookie is computed here
+// as netstack computes it, so that a flood's SYNs cost no lock.
+// TestSYNCookieFastPath fails if netstack's cookie changes.
 
 // The cookie's layout, as in gVisor's tcp/accept.go.
 const (
@@ -63,27 +62,20 @@ type cookieKey struct {
 	nonce [2][sha1.BlockSize]byte
 }
 
-var errCookieLayout = errors.New("netstack's listener has no SYN cookie key where this build expects one")
+var errNotListening = errors.New("not a listening netstack TCP endpoint")
 
 // listenerCookieKey reads the SYN cookie key of ep, a listening netstack
 // TCP endpoint.
 func listenerCookieKey(ep tcpip.Endpoint) (*cookieKey, error) {
-	v := reflect.ValueOf(ep)
-	if v.Kind() != reflect.Pointer || v.IsNil() || v.Elem().Kind() != reflect.Struct {
-		return nil, errCookieLayout
+	tep, ok := ep.(*tcp.Endpoint)
+	if !ok {
+		return nil, errNotListening
 	}
-	ctx := v.Elem().FieldByName("listenCtx")
-	if !ctx.IsValid() || ctx.Kind() != reflect.Pointer || ctx.IsNil() || ctx.Elem().Kind() != reflect.Struct {
-		return nil, errCookieLayout
+	nonces, ok := tep.SYNCookieNonces()
+	if !ok {
+		return nil, errNotListening
 	}
-	n := ctx.Elem().FieldByName("nonce")
-	if !n.IsValid() || n.Type() != reflect.TypeFor[[2][sha1.BlockSize]byte]() {
-		return nil, errCookieLayout
-	}
-	// The nonces are written when the listener is made and never again.
-	k := &cookieKey{}
-	k.nonce = *(*[2][sha1.BlockSize]byte)(unsafe.Pointer(n.UnsafeAddr()))
-	return k, nil
+	return &cookieKey{nonce: nonces}, nil
 }
 
 // hash is tcp/accept.go's cookieHash: SHA-1 over the ports, the time, one
@@ -110,15 +102,15 @@ func (k *cookieKey) cookie(local, remote []byte, localPort, remotePort uint16, s
 
 // cookieTime is the cookie's timestamp (tcp/accept.go's timeStamp): 64 s
 // ticks of the stack's monotonic clock.
-func (r *Relay) cookieTime() uint32 {
-	return uint32(r.wire.Stack.Clock().NowMonotonic().Sub(tcpip.MonotonicTime{}).Seconds()) >> 6 & cookieTSMask
+func (t *tcpRelay) cookieTime() uint32 {
+	return uint32(t.wire.Stack.Clock().NowMonotonic().Sub(tcpip.MonotonicTime{}).Seconds()) >> 6 & cookieTSMask
 }
 
 // cookieKeyFor finds the key of the mirrored listener netstack would hand
 // a SYN to dst:port: one bound to dst, else one on any address of the
 // family.
-func (r *Relay) cookieKeyFor(dst netip.Addr, port uint16) *cookieKey {
-	keys := r.cookieKeys.Load()
+func (m *mirror) cookieKeyFor(dst netip.Addr, port uint16) *cookieKey {
+	keys := m.cookieKeys.Load()
 	if keys == nil {
 		return nil
 	}
@@ -134,23 +126,25 @@ func (r *Relay) cookieKeyFor(dst netip.Addr, port uint16) *cookieKey {
 // SYN cookie, as the mirrored listener for its destination would, and
 // reports whether it did. It sends nothing for a SYN to a port without a
 // mirrored listener. Safe for concurrent use.
-func (r *Relay) AnswerSYN(pkt []byte, from tcpip.LinkAddress) bool {
-	p, proto, ok := r.SYNCookieAnswer(nil, pkt)
+func (r *Relay) AnswerSYN(pkt []byte, from tcpip.LinkAddress) bool { return r.tcp.answerSYN(pkt, from) }
+
+func (t *tcpRelay) answerSYN(pkt []byte, from tcpip.LinkAddress) bool {
+	p, proto, ok := t.synCookieAnswer(nil, pkt)
 	if !ok {
 		return false
 	}
-	if err := r.wire.Stack.WritePacketToRemote(r.wire.NIC, from, proto, buffer.MakeWithData(p)); err != nil {
-		if _, full := err.(*tcpip.ErrNoBufferSpace); !full || r.wire.WriteDirect == nil {
-			r.stats.TCPCookieFastErrors.Add(1)
+	if err := t.wire.Stack.WritePacketToRemote(t.wire.NIC, from, proto, buffer.MakeWithData(p)); err != nil {
+		if _, full := err.(*tcpip.ErrNoBufferSpace); !full || t.wire.WriteDirect == nil {
+			t.stats.TCPCookieFastErrors.Add(1)
 			return false
 		}
-		if err := r.wire.WriteDirect(from, proto, p); err != nil {
-			r.stats.TCPCookieFastErrors.Add(1)
+		if err := t.wire.WriteDirect(from, proto, p); err != nil {
+			t.stats.TCPCookieFastErrors.Add(1)
 			return false
 		}
-		r.stats.TCPCookieFastDirect.Add(1)
+		t.stats.TCPCookieFastDirect.Add(1)
 	}
-	r.stats.TCPCookieFast.Add(1)
+	t.stats.TCPCookieFast.Add(1)
 	return true
 }
 
@@ -162,6 +156,10 @@ func (r *Relay) AnswerSYN(pkt []byte, from tcpip.LinkAddress) bool {
 // CountFastCookies. Safe for concurrent use; allocation-free with a buf,
 // as it runs once per flooding SYN.
 func (r *Relay) SYNCookieAnswer(buf, pkt []byte) (answer []byte, proto tcpip.NetworkProtocolNumber, ok bool) {
+	return r.tcp.synCookieAnswer(buf, pkt)
+}
+
+func (t *tcpRelay) synCookieAnswer(buf, pkt []byte) (answer []byte, proto tcpip.NetworkProtocolNumber, ok bool) {
 	ipLen, src, dst, ok := tcpHeaderAt(pkt)
 	if !ok || len(pkt) < ipLen+header.TCPMinimumSize {
 		return nil, 0, false
@@ -171,30 +169,30 @@ func (r *Relay) SYNCookieAnswer(buf, pkt []byte) (answer []byte, proto tcpip.Net
 	if syn.Flags() != tcpFlagSYN || off < header.TCPMinimumSize || len(syn) < off {
 		return nil, 0, false
 	}
-	k := r.cookieKeyFor(dst, syn.DestinationPort())
+	k := t.mirror.cookieKeyFor(dst, syn.DestinationPort())
 	if k == nil {
 		return nil, 0, false
 	}
 	opts := header.ParseSynOptions(syn[header.TCPMinimumSize:off], false)
 	// What netstack's listener advertises: the route's MTU less the TCP
 	// header (tcp.calculateAdvertisedMSS).
-	mss := r.wireMTU - header.IPv4MinimumSize - header.TCPMinimumSize
+	mss := t.wireMTU - header.IPv4MinimumSize - header.TCPMinimumSize
 	proto = ipv4.ProtocolNumber
 	if dst.Is6() {
-		mss = r.wireMTU - header.IPv6MinimumSize - header.TCPMinimumSize
+		mss = t.wireMTU - header.IPv6MinimumSize - header.TCPMinimumSize
 		proto = ipv6.ProtocolNumber
 	}
 	dstB, srcB := addrBytes(dst), addrBytes(src)
 	n := dst.BitLen() / 8
-	cookie := k.cookie(dstB[:n], srcB[:n], syn.DestinationPort(), syn.SourcePort(), syn.SequenceNumber(), encodeCookieMSS(opts.MSS), r.cookieTime())
+	cookie := k.cookie(dstB[:n], srcB[:n], syn.DestinationPort(), syn.SourcePort(), syn.SequenceNumber(), encodeCookieMSS(opts.MSS), t.cookieTime())
 
-	p, t := putIPPacket(buf, dst, src, protoTCP, synAckHeaderLen)
+	p, seg := putIPPacket(buf, dst, src, protoTCP, synAckHeaderLen)
 	if p == nil {
 		return nil, 0, false
 	}
 	// Like netstack's cookie SYN-ACK: no window scaling (a cookie does
 	// not encode it), no SACK, no timestamps; the MSS option only.
-	header.TCP(t).Encode(&header.TCPFields{
+	header.TCP(seg).Encode(&header.TCPFields{
 		SrcPort:    syn.DestinationPort(),
 		DstPort:    syn.SourcePort(),
 		SeqNum:     cookie,
@@ -203,9 +201,9 @@ func (r *Relay) SYNCookieAnswer(buf, pkt []byte) (answer []byte, proto tcpip.Net
 		Flags:      header.TCPFlagSyn | header.TCPFlagAck,
 		WindowSize: cookieWindow,
 	})
-	t[20], t[21] = tcpOptionMSS, 4
-	binary.BigEndian.PutUint16(t[22:24], uint16(mss))
-	binary.BigEndian.PutUint16(t[16:18], transportChecksum(dst, src, protoTCP, t))
+	seg[20], seg[21] = tcpOptionMSS, 4
+	binary.BigEndian.PutUint16(seg[22:24], uint16(mss))
+	binary.BigEndian.PutUint16(seg[16:18], transportChecksum(dst, src, protoTCP, seg))
 	return p, proto, true
 }
 
@@ -233,22 +231,22 @@ func (r *Relay) CountFastCookies(sent, failed int) {
 
 // publishCookieKeys makes the fast path use the mirrored listeners in eps.
 // Called with the mirror's mu held.
-func (r *Relay) publishCookieKeys(eps map[mirrorKey]*mirrored) {
+func (m *mirror) publishCookieKeys(eps map[mirrorKey]*mirrored) {
 	keys := make(map[mirrorKey]*cookieKey, len(eps))
 	for k, e := range eps {
 		if e.cookies != nil {
 			keys[k] = e.cookies
 		}
 	}
-	r.cookieKeys.Store(&keys)
+	m.cookieKeys.Store(&keys)
 }
 
 // keyOf reads a new mirrored listener's cookie key; a failure leaves that
 // listener to netstack's own path, logged once per relay.
-func (r *Relay) keyOf(ep tcpip.Endpoint) *cookieKey {
+func (m *mirror) keyOf(ep tcpip.Endpoint) *cookieKey {
 	k, err := listenerCookieKey(ep)
-	if err != nil && r.cookieLayoutLogged.CompareAndSwap(false, true) {
-		r.opts.Logger.Warn("SYN cookie fast path off: a flood's SYNs beyond the admission cap are dropped instead of answered", "err", fmt.Errorf("reading a listener's SYN cookie key: %w", err))
+	if err != nil && m.cookieKeyLogged.CompareAndSwap(false, true) {
+		m.opts.Logger.Warn("SYN cookie fast path off: a flood's SYNs beyond the admission cap are dropped instead of answered", "err", fmt.Errorf("reading a listener's SYN cookie key: %w", err))
 	}
 	return k
 }

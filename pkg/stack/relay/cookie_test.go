@@ -100,8 +100,8 @@ func newCookieRigWith(t *testing.T, v6 bool, gate chan struct{}) *cookieRig {
 	if kerr != nil {
 		t.Fatalf("reading the listener's cookie key from the pinned gVisor: %v", kerr)
 	}
-	rig.r = &Relay{wire: Leg{Stack: s, NIC: 1, MTU: 1500}, wireMTU: 1500}
-	rig.r.publishCookieKeys(map[mirrorKey]*mirrored{{port: 80, v6: v6}: {ep: ln, cookies: key}})
+	rig.r = newRelay(Leg{Stack: s, NIC: 1, MTU: 1500}, PodSide{}, Options{})
+	rig.r.tcp.mirror.publishCookieKeys(map[mirrorKey]*mirrored{{port: 80, v6: v6}: {ep: ln, cookies: key}})
 	return rig
 }
 
@@ -142,7 +142,7 @@ func (rig *cookieRig) read(t *testing.T) []byte {
 // TestSYNCookieFastPath: a SYN answered by AnswerSYN, never seen by
 // netstack, is completed by netstack's listener when the client's ACK
 // comes back, so the fast path's cookie is netstack's own. If gVisor
-// changes its cookie (layout, hash, or where the key lives), this fails.
+// changes its cookie (its layout or its hash), this fails.
 func TestSYNCookieFastPath(t *testing.T) {
 	for _, v6 := range []bool{false, true} {
 		name := "ipv4"

@@ -21,8 +21,8 @@ import (
 
 // ingressAllowed takes the ingress verdict on the connection or flow id
 // of IP protocol proto, counting a denial.
-func (r *Relay) ingressAllowed(id stack.TransportEndpointID, proto uint8) bool {
-	m := r.opts.Policy.For(policy.Ingress)
+func (e *env) ingressAllowed(id stack.TransportEndpointID, proto uint8) bool {
+	m := e.opts.Policy.For(policy.Ingress)
 	if m == nil {
 		return true
 	}

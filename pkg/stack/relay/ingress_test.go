@@ -38,11 +38,9 @@ func acceptingRelay(t *testing.T, rig *cookieRig, e *policy.Enforcer, d Dialer) 
 	r.opts = Options{Policy: e}
 	r.opts.setDefaults()
 	r.pod.Dialer = d
-	r.ctx, r.cancel = context.WithCancel(context.Background())
-	r.conns.init()
 	m := &mirrored{ep: rig.ln, wq: rig.lnWQ, done: make(chan struct{})}
 	r.wg.Add(1)
-	go r.acceptInbound(m)
+	go r.tcp.mirror.acceptInbound(m)
 	t.Cleanup(func() {
 		close(m.done)
 		r.wg.Wait()

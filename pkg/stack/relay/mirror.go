@@ -2,14 +2,13 @@ package relay
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 
-	"github.com/cni-usernet/cni-usernet/pkg/api/policy"
 	"github.com/cni-usernet/cni-usernet/pkg/stack/podsock"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv6"
-	"gvisor.dev/gvisor/pkg/tcpip/stack"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
 	"gvisor.dev/gvisor/pkg/waiter"
 )
@@ -48,32 +47,54 @@ type mirrored struct {
 	done    chan struct{}
 }
 
-// mirrorSet is the wire leg's mirrored listeners.
-type mirrorSet struct {
-	diag   *podsock.Diag
-	kick   chan struct{}
-	syncMu sync.Mutex // serialises syncMirror
-	mu     sync.Mutex // guards eps, ports and listed
-	eps    map[mirrorKey]*mirrored
-	ports  map[uint16]bool // every port an application listens on, any address
-	listed time.Time       // when ports was read
+// mirror keeps the wire leg's mirrored listeners in step with the
+// applications' and publishes their SYN cookie keys to the fast path
+// (cookie.go). Without a Diag (PodSide.Diag) it mirrors nothing and
+// knows no port closed.
+type mirror struct {
+	*env
+	diag *podsock.Diag
+	// accepted relays a connection a mirrored listener completed.
+	accepted func(tcpip.Endpoint, *waiter.Queue)
+	kicks    chan struct{}
+	syncMu   sync.Mutex // serialises sync
+	mu       sync.Mutex // guards eps, ports and listed
+	eps      map[mirrorKey]*mirrored
+	ports    map[uint16]bool // every port an application listens on, any address
+	listed   time.Time       // when ports was read
+	// cookieKeys are the mirrored listeners' SYN cookie keys, replaced
+	// whole when the mirror changes.
+	cookieKeys      atomic.Pointer[map[mirrorKey]*cookieKey]
+	cookieKeyLogged atomic.Bool
 }
 
-// mirrorListeners keeps the mirror in step with the applications until
-// the relay closes.
-func (r *Relay) mirrorListeners() {
-	defer r.wg.Done()
-	m := &r.mirror
+func newMirror(e *env, accepted func(tcpip.Endpoint, *waiter.Queue)) *mirror {
+	return &mirror{env: e, diag: e.pod.Diag, accepted: accepted, kicks: make(chan struct{}, 1), eps: make(map[mirrorKey]*mirrored)}
+}
+
+// start keeps the mirror in step until the relay closes.
+func (m *mirror) start() {
+	if m.diag == nil {
+		return
+	}
+	m.wg.Add(1)
+	go m.run()
+}
+
+// run keeps the mirror in step with the applications until the relay
+// closes.
+func (m *mirror) run() {
+	defer m.wg.Done()
 	t := time.NewTicker(mirrorInterval)
 	defer t.Stop()
 	for {
-		r.syncMirror()
+		m.sync()
 		select {
-		case <-r.done:
-			r.closeMirrors()
+		case <-m.done:
+			m.closeAll()
 			return
 		case <-t.C:
-		case <-m.kick:
+		case <-m.kicks:
 			time.Sleep(mirrorMinGap)
 		}
 	}
@@ -86,8 +107,7 @@ func (r *Relay) mirrorListeners() {
 // dialling the application: a flood of SYNs to closed ports then costs a
 // RST each, like in a kernel, and holds no state. A failed read answers
 // false, and the caller dials.
-func (r *Relay) knownClosed(port uint16, since time.Time) bool {
-	m := &r.mirror
+func (m *mirror) knownClosed(port uint16, since time.Time) bool {
 	if m.diag == nil {
 		return false
 	}
@@ -101,55 +121,51 @@ func (r *Relay) knownClosed(port uint16, since time.Time) bool {
 	}
 	m.syncMu.Lock()
 	if _, fresh := check(); !fresh {
-		r.syncMirrorLocked()
+		m.syncLocked()
 	}
 	m.syncMu.Unlock()
 	closed, fresh := check()
 	return closed && fresh
 }
 
-// kickMirror asks for a look at the applications' listeners soon.
-func (r *Relay) kickMirror() {
-	if r.mirror.kick == nil {
-		return
-	}
+// kick asks for a look at the applications' listeners soon.
+func (m *mirror) kick() {
 	select {
-	case r.mirror.kick <- struct{}{}:
+	case m.kicks <- struct{}{}:
 	default:
 	}
 }
 
-func (r *Relay) syncMirror() {
-	r.mirror.syncMu.Lock()
-	defer r.mirror.syncMu.Unlock()
-	r.syncMirrorLocked()
+func (m *mirror) sync() {
+	m.syncMu.Lock()
+	defer m.syncMu.Unlock()
+	m.syncLocked()
 }
 
-// syncMirrorLocked is syncMirror with syncMu held.
-func (r *Relay) syncMirrorLocked() {
-	m := &r.mirror
+// syncLocked is sync with syncMu held.
+func (m *mirror) syncLocked() {
 	listed := time.Now()
 	ls, err := m.diag.Listeners()
 	if err != nil {
-		r.opts.Logger.Debug("listing the applications' listeners", "err", err)
+		m.opts.Logger.Debug("listing the applications' listeners", "err", err)
 		return
 	}
 	want := make(map[mirrorKey]bool)
 	ports := make(map[uint16]bool)
 	for _, l := range ls {
 		ports[l.Addr.Port()] = true
-		for _, k := range r.mirrorKeys(l) {
+		for _, k := range m.keys(l) {
 			want[k] = true
 		}
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	defer func() { r.stats.TCPMirrored.Store(int64(len(m.eps))) }()
+	defer func() { m.stats.TCPMirrored.Store(int64(len(m.eps))) }()
 	m.ports, m.listed = ports, listed
-	changes := r.stats.TCPMirrorChanges.Load()
+	changes := m.stats.TCPMirrorChanges.Load()
 	defer func() {
-		if r.stats.TCPMirrorChanges.Load() != changes || r.cookieKeys.Load() == nil {
-			r.publishCookieKeys(m.eps)
+		if m.stats.TCPMirrorChanges.Load() != changes || m.cookieKeys.Load() == nil {
+			m.publishCookieKeys(m.eps)
 		}
 	}()
 	for k, e := range m.eps {
@@ -157,31 +173,31 @@ func (r *Relay) syncMirrorLocked() {
 			delete(m.eps, k)
 			close(e.done)
 			e.ep.Close()
-			r.stats.TCPMirrorChanges.Add(1)
+			m.stats.TCPMirrorChanges.Add(1)
 		}
 	}
 	for k := range want {
 		if _, ok := m.eps[k]; ok {
 			continue
 		}
-		e, err := r.listenWire(k)
+		e, err := m.listen(k)
 		if err != nil {
-			r.opts.Logger.Debug("mirroring a listener", "port", k.port, "err", err)
+			m.opts.Logger.Debug("mirroring a listener", "port", k.port, "err", err)
 			continue
 		}
-		e.cookies = r.keyOf(e.ep)
+		e.cookies = m.keyOf(e.ep)
 		m.eps[k] = e
-		r.stats.TCPMirrorChanges.Add(1)
-		r.wg.Add(1)
-		go r.acceptInbound(e)
+		m.stats.TCPMirrorChanges.Add(1)
+		m.wg.Add(1)
+		go m.acceptInbound(e)
 	}
 }
 
-// mirrorKeys says which wire listeners mirror l: none for a loopback or
+// keys says which wire listeners mirror l: none for a loopback or
 // foreign address (the relay's own listeners among them), the pod
 // address it is bound to, or any address of its family (of both, for an
 // IPv6 listener that takes IPv4 too).
-func (r *Relay) mirrorKeys(l podsock.Listener) []mirrorKey {
+func (m *mirror) keys(l podsock.Listener) []mirrorKey {
 	a := l.Addr.Addr()
 	if a.IsLoopback() || a.Is4In6() && a.Unmap().IsLoopback() {
 		return nil
@@ -196,19 +212,19 @@ func (r *Relay) mirrorKeys(l podsock.Listener) []mirrorKey {
 		return []mirrorKey{{port: l.Addr.Port()}, {port: l.Addr.Port(), v6: true}}
 	}
 	addr := tcpipAddr(a.Unmap())
-	if r.wire.Stack.CheckLocalAddress(r.wire.NIC, netProto(addr), addr) == 0 {
+	if m.wire.Stack.CheckLocalAddress(m.wire.NIC, netProto(addr), addr) == 0 {
 		return nil
 	}
 	return []mirrorKey{{addr: addr, port: l.Addr.Port(), v6: a.Is6() && !a.Is4In6()}}
 }
 
-func (r *Relay) listenWire(k mirrorKey) (*mirrored, tcpip.Error) {
+func (m *mirror) listen(k mirrorKey) (*mirrored, tcpip.Error) {
 	proto := ipv4.ProtocolNumber
 	if k.v6 {
 		proto = ipv6.ProtocolNumber
 	}
 	wq := new(waiter.Queue)
-	ep, err := r.wire.Stack.NewEndpoint(tcp.ProtocolNumber, proto, wq)
+	ep, err := m.wire.Stack.NewEndpoint(tcp.ProtocolNumber, proto, wq)
 	if err != nil {
 		return nil, err
 	}
@@ -218,7 +234,7 @@ func (r *Relay) listenWire(k mirrorKey) (*mirrored, tcpip.Error) {
 	// The application may run beside connections that bound the port on
 	// the wire leg (an outbound connection from the same port).
 	ep.SocketOptions().SetReuseAddress(true)
-	if err := ep.Bind(tcpip.FullAddress{NIC: r.wire.NIC, Addr: k.addr, Port: k.port}); err != nil {
+	if err := ep.Bind(tcpip.FullAddress{NIC: m.wire.NIC, Addr: k.addr, Port: k.port}); err != nil {
 		ep.Close()
 		return nil, err
 	}
@@ -230,13 +246,13 @@ func (r *Relay) listenWire(k mirrorKey) (*mirrored, tcpip.Error) {
 }
 
 // acceptInbound relays each connection a mirrored listener completes.
-func (r *Relay) acceptInbound(m *mirrored) {
-	defer r.wg.Done()
+func (m *mirror) acceptInbound(l *mirrored) {
+	defer m.wg.Done()
 	entry, ready := waiter.NewChannelEntry(waiter.ReadableEvents)
-	m.wq.EventRegister(&entry)
-	defer m.wq.EventUnregister(&entry)
+	l.wq.EventRegister(&entry)
+	defer l.wq.EventUnregister(&entry)
 	for {
-		ep, wq, err := m.ep.Accept(nil)
+		ep, wq, err := l.ep.Accept(nil)
 		if err != nil {
 			if _, wouldBlock := err.(*tcpip.ErrWouldBlock); !wouldBlock {
 				return
@@ -244,56 +260,18 @@ func (r *Relay) acceptInbound(m *mirrored) {
 			select {
 			case <-ready:
 				continue
-			case <-m.done:
+			case <-l.done:
 				return
 			}
 		}
-		go r.relayAccepted(ep, wq)
+		go m.accepted(ep, wq)
 	}
 }
 
-// relayAccepted dials the application for a connection whose handshake a
-// mirrored listener completed; a refusal (the application closed its
-// listener meanwhile) resets it. A peer the ingress policy denies is
-// dropped unanswered first (see ingress.go): its handshake may have
-// completed through a SYN cookie, without the SYN the wire leg judged.
-func (r *Relay) relayAccepted(ep tcpip.Endpoint, wq *waiter.Queue) {
-	local, lerr := ep.GetLocalAddress()
-	remote, rerr := ep.GetRemoteAddress()
-	if lerr != nil || rerr != nil {
-		ep.Abort()
-		ep.Close()
-		return
-	}
-	id := stack.TransportEndpointID{LocalAddress: local.Addr, LocalPort: local.Port, RemoteAddress: remote.Addr, RemotePort: remote.Port}
-	if !r.ingressAllowed(id, policy.ProtoTCP) {
-		abortSilently(ep, wq)
-		return
-	}
-	if !r.admitTCP() {
-		ep.Abort()
-		ep.Close()
-		return
-	}
-	app, err := r.dialApp(r.ctx, id)
-	if err != nil {
-		r.stats.TCPActive.Add(-1)
-		if podsock.Refused(err) {
-			r.stats.TCPRefused.Add(1)
-			r.kickMirror()
-		}
-		ep.Abort()
-		ep.Close()
-		return
-	}
-	r.start(newWireConn(ep, wq), app)
-}
-
-func (r *Relay) closeMirrors() {
-	m := &r.mirror
+func (m *mirror) closeAll() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	defer r.publishCookieKeys(nil)
+	defer m.publishCookieKeys(nil)
 	for k, e := range m.eps {
 		delete(m.eps, k)
 		close(e.done)

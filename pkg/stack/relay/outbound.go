@@ -68,20 +68,20 @@ const claimTimeout = 10 * time.Second
 // of a connection starts dialling the remote from the application's own
 // address and port; a retransmission replaces the held SYN, or is written
 // back again when the dial is done.
-func (r *Relay) outboundSYN(k flowKey, syn []byte) {
-	s := &r.outbound
+func (t *tcpRelay) outboundSYN(k flowKey, syn []byte) {
+	s := &t.outbound
 	s.mu.Lock()
 	if c, ok := s.m[k]; ok {
 		c.syn = syn
 		dialed := c.dialed
 		s.mu.Unlock()
 		if dialed {
-			r.writeTUN(syn)
+			t.writeTUN(syn)
 		}
 		return
 	}
 	// Before the limit: a denied connection must not evict a dial.
-	dst, ok := r.egressTo(k, policy.ProtoTCP)
+	dst, ok := t.egressTo(k, policy.ProtoTCP)
 	if !ok {
 		s.mu.Unlock()
 		return // dropped: the application's connect times out
@@ -91,47 +91,47 @@ func (r *Relay) outboundSYN(k flowKey, syn []byte) {
 		old := s.m[oldest]
 		if time.Since(old.start) < evictAfter {
 			s.mu.Unlock()
-			r.stats.TCPOutboundDropped.Add(1)
+			t.stats.TCPOutboundDropped.Add(1)
 			return
 		}
 		s.dialing.Remove(old.elem)
 		delete(s.m, oldest)
 		old.elem = nil
 		old.cancel()
-		r.stats.TCPOutboundDropped.Add(1)
+		t.stats.TCPOutboundDropped.Add(1)
 	}
-	if !r.admitTCP() {
+	if !t.admit() {
 		s.mu.Unlock()
-		r.writeTUN(buildRST(syn))
+		t.writeTUN(buildRST(syn))
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.ctx, r.opts.OutboundDialTimeout)
+	ctx, cancel := context.WithTimeout(t.ctx, t.opts.OutboundDialTimeout)
 	c := &outboundConn{syn: syn, dst: dst, cancel: cancel, start: time.Now()}
 	c.elem = s.dialing.PushBack(k)
 	s.m[k] = c
 	s.mu.Unlock()
-	go r.dialOutbound(ctx, k, c)
+	go t.dialOutbound(ctx, k, c)
 }
 
-func (r *Relay) dialOutbound(ctx context.Context, k flowKey, c *outboundConn) {
+func (t *tcpRelay) dialOutbound(ctx context.Context, k flowKey, c *outboundConn) {
 	defer c.cancel()
-	local := tcpip.FullAddress{NIC: r.wire.NIC, Addr: tcpipAddr(k.app.Addr()), Port: k.app.Port()}
+	local := tcpip.FullAddress{NIC: t.wire.NIC, Addr: tcpipAddr(k.app.Addr()), Port: k.app.Port()}
 	remote := tcpip.FullAddress{Addr: tcpipAddr(c.dst.Addr()), Port: c.dst.Port()}
-	wq, ep, err := dialTCP(ctx, r.wire, local, remote, netProto(remote.Addr))
+	wq, ep, err := dialTCP(ctx, t.wire, local, remote, netProto(remote.Addr))
 	if _, inUse := err.(*tcpip.ErrPortInUse); inUse {
 		// The application's port is taken on the wire leg (a connection
 		// from the network bound it); an ephemeral port keeps the
 		// connection working at the cost of the port being visible as
 		// rewritten.
 		local.Port = 0
-		wq, ep, err = dialTCP(ctx, r.wire, local, remote, netProto(remote.Addr))
+		wq, ep, err = dialTCP(ctx, t.wire, local, remote, netProto(remote.Addr))
 	}
-	s := &r.outbound
+	s := &t.outbound
 	s.mu.Lock()
-	if s.m[k] != c || r.closing.Load() {
+	if s.m[k] != c || t.closing.Load() {
 		// Given up meanwhile: evicted by a newer dial, or the relay closed.
 		s.mu.Unlock()
-		r.stats.TCPActive.Add(-1)
+		t.stats.TCPActive.Add(-1)
 		if err == nil {
 			ep.Abort()
 			ep.Close()
@@ -145,32 +145,32 @@ func (r *Relay) dialOutbound(ctx context.Context, k flowKey, c *outboundConn) {
 	if err != nil {
 		delete(s.m, k)
 		s.mu.Unlock()
-		r.stats.TCPActive.Add(-1)
+		t.stats.TCPActive.Add(-1)
 		switch err.(type) {
 		case *tcpip.ErrConnectionRefused:
-			r.stats.TCPRefused.Add(1)
-			r.writeTUN(buildRST(c.syn))
+			t.stats.TCPRefused.Add(1)
+			t.writeTUN(buildRST(c.syn))
 		case *tcpip.ErrTimeout, *tcpip.ErrAborted:
 			// No answer: the application's own connect timeout decides.
 		default:
-			r.opts.Logger.Debug("relaying TCP", "from", k.app, "to", k.remote, "err", err)
-			r.writeTUN(buildRST(c.syn))
+			t.opts.Logger.Debug("relaying TCP", "from", k.app, "to", k.remote, "err", err)
+			t.writeTUN(buildRST(c.syn))
 		}
 		return
 	}
 	c.dialed, c.ep, c.wq = true, ep, wq
-	c.timer = time.AfterFunc(claimTimeout, func() { r.unclaimed(k, c) })
+	c.timer = time.AfterFunc(claimTimeout, func() { t.unclaimed(k, c) })
 	syn := c.syn
 	s.mu.Unlock()
-	r.writeTUN(syn)
+	t.writeTUN(syn)
 }
 
 // egressTo takes the egress verdict on the application's new connection
 // or flow k of protocol proto, and returns the remote to dial: k's own,
 // or, when egress is isolated and k's remote is a Service VIP, the
 // backend the policy chose. A denial is counted.
-func (r *Relay) egressTo(k flowKey, proto uint8) (netip.AddrPort, bool) {
-	m := r.opts.Policy.For(policy.Egress)
+func (e *env) egressTo(k flowKey, proto uint8) (netip.AddrPort, bool) {
+	m := e.opts.Policy.For(policy.Egress)
 	if m == nil {
 		return k.remote, true
 	}
@@ -202,8 +202,8 @@ func (k flowKey) hash() uint32 {
 }
 
 // unclaimed gives up a dialled connection the listener never received.
-func (r *Relay) unclaimed(k flowKey, c *outboundConn) {
-	s := &r.outbound
+func (t *tcpRelay) unclaimed(k flowKey, c *outboundConn) {
+	s := &t.outbound
 	s.mu.Lock()
 	if s.m[k] != c {
 		s.mu.Unlock()
@@ -213,7 +213,7 @@ func (r *Relay) unclaimed(k flowKey, c *outboundConn) {
 	s.mu.Unlock()
 	c.ep.Abort()
 	c.ep.Close()
-	r.stats.TCPActive.Add(-1)
+	t.stats.TCPActive.Add(-1)
 }
 
 // claim takes the dialled connection k off the set.
@@ -248,32 +248,32 @@ func (s *outboundSet) closeAll() {
 // acceptOutbound receives the applications' connections from the pod's
 // kernel once their SYN was written back, and relays each to the wire
 // connection dialled for it.
-func (r *Relay) acceptOutbound(l *net.TCPListener) {
-	defer r.wg.Done()
+func (t *tcpRelay) acceptOutbound(l *net.TCPListener) {
+	defer t.wg.Done()
 	for {
 		conn, err := l.AcceptTCP()
 		if err != nil {
-			if r.closing.Load() {
+			if t.closing.Load() {
 				return
 			}
-			r.opts.Logger.Debug("accepting an application's connection", "err", err)
+			t.opts.Logger.Debug("accepting an application's connection", "err", err)
 			time.Sleep(10 * time.Millisecond) // EMFILE and the like: do not spin
 			continue
 		}
 		k := flowKey{app: podsock.AddrPort(conn.RemoteAddr()), remote: podsock.AddrPort(conn.LocalAddr())}
 		// readTUN never dials for a foreign source, so claim would find
 		// nothing; counted here all the same, as the attempt it is.
-		if !r.fromPodSocket(k.app.Addr()) {
+		if !t.fromPodSocket(k.app.Addr()) {
 			podsock.Reset(conn)
 			continue
 		}
-		c := r.outbound.claim(k)
+		c := t.outbound.claim(k)
 		if c == nil {
 			// Not a connection the stack dialled for (an application that
 			// connected to the listener's own address, or one given up).
 			podsock.Reset(conn)
 			continue
 		}
-		r.start(newWireConn(c.ep, c.wq), conn)
+		t.start(newWireConn(c.ep, c.wq), conn)
 	}
 }

@@ -32,7 +32,7 @@ func TestEgressTo(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &Relay{opts: Options{Policy: e}}
+	r := &env{opts: Options{Policy: e}}
 	app := netip.MustParseAddrPort("10.9.0.2:40000")
 	ap := netip.MustParseAddrPort
 	for _, c := range []struct {
@@ -80,7 +80,7 @@ func TestEgressTo(t *testing.T) {
 		t.Errorf("egress open: got %s %v, want the VIP itself", got, ok)
 	}
 	// No policy at all (a stack that does not enforce).
-	if got, ok := (&Relay{}).egressTo(flowKey{app: app, remote: ap("10.2.0.1:1")}, policy.ProtoTCP); !ok || got != ap("10.2.0.1:1") {
+	if got, ok := (&env{}).egressTo(flowKey{app: app, remote: ap("10.2.0.1:1")}, policy.ProtoTCP); !ok || got != ap("10.2.0.1:1") {
 		t.Errorf("no policy: got %s %v", got, ok)
 	}
 }

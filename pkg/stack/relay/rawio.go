@@ -15,8 +15,8 @@ import (
 // taken from its thread and handed to a new spinning one, which finds
 // nothing to run and parks again: two thread wake-ups and a slow return
 // from the system call for every request, and sysmon itself polling every
-// 20 µs while that goes on. Measured under TCP_RR:
-// docs/benchmarks/2026-12-01-raw-syscalls-fast-start.md.
+// 20 µs while that goes on (BENCHMARKS.md, the run that introduced raw
+// system calls, measured it under TCP_RR).
 
 // rawRead reads once into b, again after EINTR. At EAGAIN the caller's
 // rc.Read callback returns false, to wait on the netpoller.

@@ -5,7 +5,6 @@
 package relay
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -21,9 +20,7 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/api/policy"
 	"github.com/cni-usernet/cni-usernet/pkg/stack/podsock"
 	"gvisor.dev/gvisor/pkg/tcpip"
-	"gvisor.dev/gvisor/pkg/tcpip/header"
 	"gvisor.dev/gvisor/pkg/tcpip/stack"
-	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/udp"
 )
 
@@ -230,109 +227,48 @@ func (o *Options) setDefaults() {
 	}
 }
 
-// Stats are the relay's counters, read concurrently by the control socket.
+// Stats are the relay's counters, read concurrently by the control
+// socket; control.RelayCountersOf says what each counts.
 type Stats struct {
-	TCPActive   atomic.Int64
-	TCPTotal    atomic.Int64
-	TCPRefused  atomic.Int64
-	TCPLimitHit atomic.Int64
-	TCPResets   atomic.Int64
-	// TCPSyns counts SYNs from the network offered to the relay, and
-	// TCPPending the inbound connections not yet established.
-	TCPSyns              atomic.Int64
-	TCPPending           atomic.Int64
-	TCPPendingEvicted    atomic.Int64
-	TCPHandshakeFirst    atomic.Int64
-	TCPHandshakeTimeouts atomic.Int64
-	UDPActive            atomic.Int64
-	UDPTotal             atomic.Int64
-	UDPLimitHit          atomic.Int64
-	UDPEvicted           atomic.Int64
-	UDPDropped           atomic.Int64
-	ICMPEchoes           atomic.Int64
-	ICMPEchoFailed       atomic.Int64
-	// TCPOutboundDropped counts applications' SYNs dropped and dials given
-	// up because MaxOutboundPending connections were being dialled.
-	TCPOutboundDropped atomic.Int64
-	// PodDropped counts packets from the applications the relay does not
-	// carry (protocols other than TCP, UDP and ICMP echo, the kernel's own
-	// IPv6 neighbour discovery on the TUN, what reaches its listeners
-	// from loopback).
-	PodDropped atomic.Int64
-	// PodSpoofed counts packets, connections and datagrams from the
-	// applications' leg whose source is none of the pod's addresses
-	// (Options.PodAddrs), dropped.
-	PodSpoofed atomic.Int64
-	// TCPMirrored is how many of the applications' listeners the wire leg
-	// mirrors now; TCPMirrorChanges counts mirrors opened and closed.
-	TCPMirrored      atomic.Int64
-	TCPMirrorChanges atomic.Int64
-	// TCPCookieFast counts SYNs answered with a SYN cookie by the fast
-	// path (AnswerSYN), TCPCookieFastErrors the answers the NIC's queue
-	// refused.
-	TCPCookieFast       atomic.Int64
-	TCPCookieFastErrors atomic.Int64
-	// TCPCookieFastDirect counts the answers written past the NIC's full
-	// queue (Leg.WriteDirect).
-	TCPCookieFastDirect atomic.Int64
-	// ToAppBytes and FromAppBytes count the payload the relay wrote to and
-	// read from the applications' sockets (TCP streams and UDP
-	// datagrams): the app leg's traffic, which the kernel segments, so it
-	// has bytes but no packets of the stack's own.
-	ToAppBytes   atomic.Int64
-	FromAppBytes atomic.Int64
+	control.LiveRelayCounters
 }
 
 // Snapshot reads every counter.
 func (s *Stats) Snapshot() control.RelayCounters {
-	return control.RelayCounters{
-		TCPActive: s.TCPActive.Load(), TCPTotal: s.TCPTotal.Load(), TCPRefused: s.TCPRefused.Load(),
-		TCPLimitHit: s.TCPLimitHit.Load(), TCPResets: s.TCPResets.Load(),
-		TCPSyns: s.TCPSyns.Load(), TCPPending: s.TCPPending.Load(), TCPPendingEvicted: s.TCPPendingEvicted.Load(),
-		TCPHandshakeFirst: s.TCPHandshakeFirst.Load(), TCPHandshakeTimeouts: s.TCPHandshakeTimeouts.Load(),
-		UDPActive: s.UDPActive.Load(), UDPTotal: s.UDPTotal.Load(), UDPLimitHit: s.UDPLimitHit.Load(),
-		UDPEvicted: s.UDPEvicted.Load(), UDPDropped: s.UDPDropped.Load(),
-		ICMPEchoes: s.ICMPEchoes.Load(), ICMPEchoFailed: s.ICMPEchoFailed.Load(),
-		TCPOutboundDropped: s.TCPOutboundDropped.Load(), PodDropped: s.PodDropped.Load(), PodSpoofed: s.PodSpoofed.Load(),
-		TCPMirrored: s.TCPMirrored.Load(), TCPMirrorChanges: s.TCPMirrorChanges.Load(),
-		TCPCookieFast: s.TCPCookieFast.Load(), TCPCookieFastErrors: s.TCPCookieFastErrors.Load(),
-		TCPCookieFastDirect: s.TCPCookieFastDirect.Load(),
-		ToAppBytes:          s.ToAppBytes.Load(), FromAppBytes: s.FromAppBytes.Load(),
-	}
+	return control.Snapshot[control.RelayCounters](&s.LiveRelayCounters)
 }
 
-// Relay joins the wire leg (the pod's interface) and the pod's kernel.
-type Relay struct {
-	wire     Leg
-	pod      PodSide
-	opts     Options
-	stats    Stats
-	closing  atomic.Bool
-	conns    connSet     // live relayed connections, closed on shutdown
-	pending  pendingSet  // inbound connections not yet established
-	outbound outboundSet // applications' connections being dialled
-	udp      udpTable    // live UDP flows
-	mirror   mirrorSet   // the wire leg's copies of the applications' listeners
-	// cookieKeys are the mirrored listeners' SYN cookie keys (AnswerSYN),
-	// replaced whole when the mirror changes.
-	cookieKeys         atomic.Pointer[map[mirrorKey]*cookieKey]
-	cookieLayoutLogged atomic.Bool
-	wireMTU            int
-	pinger             *Pinger
-	wg                 sync.WaitGroup // the pod side's readers and the mirror
+// env is what the protocols' relays share: the two legs, the options,
+// the counters and the shutdown state. The Relay owns it; tcpRelay,
+// udpRelay and the mirror read it through a pointer.
+type env struct {
+	wire    Leg
+	pod     PodSide
+	opts    Options
+	stats   Stats
+	closing atomic.Bool
+	conns   connSet        // live relayed connections and flows, closed on shutdown
+	wg      sync.WaitGroup // the pod side's readers, the mirror and its accept loops
 	// ctx ends, and done closes, when the relay closes.
 	ctx    context.Context
 	cancel context.CancelFunc
 	done   chan struct{}
 }
 
-// New installs the relay's forwarders on the wire leg and starts reading
-// the pod side.
-func New(wire Leg, pod PodSide, opts Options) (*Relay, error) {
+// Relay joins the wire leg (the pod's interface) and the pod's kernel. It
+// routes each protocol to the relay that owns its state: TCP connections
+// (tcpRelay), UDP flows (udpRelay) and ICMP echo (Pinger).
+type Relay struct {
+	env
+	tcp  *tcpRelay
+	udp  *udpRelay
+	icmp *Pinger
+}
+
+// newRelay assembles a relay without starting it: New installs its
+// handlers and starts its goroutines, tests use parts of it as they are.
+func newRelay(wire Leg, pod PodSide, opts Options) *Relay {
 	opts.setDefaults()
-	if wire.Stack == nil || pod.TUN == nil {
-		return nil, fmt.Errorf("relay needs the wire stack and the TUN")
-	}
 	if pod.Dialer == nil {
 		pod.Dialer = transparentDialer{}
 	}
@@ -340,49 +276,38 @@ func New(wire Leg, pod PodSide, opts Options) (*Relay, error) {
 	for i, a := range opts.PodAddrs {
 		opts.PodAddrs[i] = a.Unmap()
 	}
-	r := &Relay{wire: wire, pod: pod, opts: opts, done: make(chan struct{}), wireMTU: int(cmp.Or(wire.MTU, 1500))}
+	r := &Relay{env: env{wire: wire, pod: pod, opts: opts, done: make(chan struct{})}}
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	r.conns.init()
-	r.pending.max = opts.MaxPendingInbound
-	r.outbound.init(opts.MaxOutboundPending)
-	r.udp.init(opts.MaxUDP, opts.MaxUDPUnreplied)
-	r.pinger = newPinger(wire, pod.TUN, &r.stats, opts.Policy)
-	// Inbound: from the network to the application. The forwarder's own
-	// limit leaves room for evicted requests that are still unwinding; the
-	// pending set is the bound that matters.
-	inbound := tcp.NewForwarder(wire.Stack, 0, 2*opts.MaxPendingInbound, func(req *tcp.ForwarderRequest) {
-		r.stats.TCPPending.Add(1)
-		defer r.stats.TCPPending.Add(-1)
-		r.forwardInbound(req)
-	})
-	wire.Stack.SetTransportProtocolHandler(tcp.ProtocolNumber, func(id stack.TransportEndpointID, pkt *stack.PacketBuffer) bool {
-		if h := header.TCP(pkt.TransportHeader().Slice()); len(h) >= header.TCPMinimumSize {
-			if f := h.Flags(); f.Contains(header.TCPFlagSyn) && !f.Contains(header.TCPFlagAck) {
-				r.stats.TCPSyns.Add(1)
-			}
-		}
-		return inbound.HandlePacket(id, pkt)
-	})
-	wire.Stack.SetTransportProtocolHandler(udp.ProtocolNumber,
-		udp.NewForwarder(wire.Stack, r.forwardInboundUDP).HandlePacket)
+	r.tcp = newTCPRelay(&r.env)
+	r.udp = newUDPRelay(&r.env)
+	return r
+}
+
+// New installs the relay's forwarders on the wire leg and starts reading
+// the pod side.
+func New(wire Leg, pod PodSide, opts Options) (*Relay, error) {
+	if wire.Stack == nil || pod.TUN == nil {
+		return nil, fmt.Errorf("relay needs the wire stack and the TUN")
+	}
+	r := newRelay(wire, pod, opts)
+	r.icmp = newPinger(r.wire, r.pod.TUN, &r.stats, r.opts.Policy)
+	// Inbound: from the network to the application.
+	r.tcp.install()
+	r.wire.Stack.SetTransportProtocolHandler(udp.ProtocolNumber,
+		udp.NewForwarder(r.wire.Stack, r.udp.forwardInbound).HandlePacket)
 	// Outbound: from the applications to the network.
 	r.wg.Add(1)
 	go r.readTUN()
-	for _, l := range pod.TCPListeners {
+	for _, l := range r.pod.TCPListeners {
 		r.wg.Add(1)
-		go r.acceptOutbound(l)
+		go r.tcp.acceptOutbound(l)
 	}
-	for _, l := range pod.UDPListeners {
+	for _, l := range r.pod.UDPListeners {
 		r.wg.Add(1)
-		go r.readOutboundUDP(l)
+		go r.udp.readOutbound(l)
 	}
-	if pod.Diag != nil {
-		r.mirror.diag = pod.Diag
-		r.mirror.eps = make(map[mirrorKey]*mirrored)
-		r.mirror.kick = make(chan struct{}, 1)
-		r.wg.Add(1)
-		go r.mirrorListeners()
-	}
+	r.tcp.mirror.start()
 	return r, nil
 }
 
@@ -397,7 +322,9 @@ func (r *Relay) Close() {
 	close(r.done)
 	r.pod.Close()
 	r.wg.Wait()
-	r.pinger.Close()
-	r.outbound.closeAll()
+	if r.icmp != nil {
+		r.icmp.Close()
+	}
+	r.tcp.outbound.closeAll()
 	r.conns.closeAll()
 }

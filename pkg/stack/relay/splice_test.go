@@ -28,7 +28,7 @@ import (
 // 127.0.0.1 where app (the application) is connected to pod (the relay's
 // socket in the pod's kernel).
 type spliceRig struct {
-	r    *Relay
+	r    *tcpRelay
 	s    *stack.Stack
 	wire *wireConn
 	peer *gonet.TCPConn
@@ -56,7 +56,7 @@ func newSpliceRig(t *testing.T) *spliceRig {
 
 	pod, app := tcpPair(t)
 	return &spliceRig{
-		r:    &Relay{opts: Options{CopyBufferBytes: 256 << 10}},
+		r:    &tcpRelay{env: &env{opts: Options{CopyBufferBytes: 256 << 10}}},
 		s:    s,
 		wire: wire,
 		peer: peer,
@@ -311,7 +311,7 @@ func TestPodToWireReturnsBufferOnce(t *testing.T) {
 	rig := newSpliceRig(t)
 	c := rig.pod
 	// A size no other test uses, so only this test's buffers match.
-	r := &Relay{opts: Options{CopyBufferBytes: 4099}}
+	r := &tcpRelay{env: &env{opts: Options{CopyBufferBytes: 4099}}}
 	done := make(chan error, 1)
 	go func() { done <- r.podToWire(c, nil) }()
 	// Let it find nothing to read and wait (the EAGAIN path).

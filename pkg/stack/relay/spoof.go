@@ -25,11 +25,11 @@ import (
 // fromPod reports whether src, the source of something the applications'
 // leg handed the relay, is one of the pod's addresses, and counts it as
 // spoofed when it is not.
-func (r *Relay) fromPod(src netip.Addr) bool {
-	if slices.Contains(r.opts.PodAddrs, src) {
+func (e *env) fromPod(src netip.Addr) bool {
+	if slices.Contains(e.opts.PodAddrs, src) {
 		return true
 	}
-	r.stats.PodSpoofed.Add(1)
+	e.stats.PodSpoofed.Add(1)
 	return false
 }
 
@@ -37,12 +37,12 @@ func (r *Relay) fromPod(src netip.Addr) bool {
 // connection or datagram from loopback is a process of the pod talking to
 // the listener itself, not through the divert rules: not relayable,
 // dropped, but no one passing as someone else either (PodDropped).
-func (r *Relay) fromPodSocket(src netip.Addr) bool {
+func (e *env) fromPodSocket(src netip.Addr) bool {
 	if src.IsLoopback() {
-		r.stats.PodDropped.Add(1)
+		e.stats.PodDropped.Add(1)
 		return false
 	}
-	return r.fromPod(src)
+	return e.fromPod(src)
 }
 
 // kernelLinkTraffic reports whether a packet from src to dst is what the

@@ -40,10 +40,10 @@ func (r *Relay) readTUN() {
 			continue
 		}
 		if k, ok := parseSYN(p); ok {
-			r.outboundSYN(k, append([]byte(nil), p...))
+			r.tcp.outboundSYN(k, append([]byte(nil), p...))
 			continue
 		}
-		if r.pinger.handle(p) {
+		if r.icmp.handle(p) {
 			continue
 		}
 		r.stats.PodDropped.Add(1)
@@ -51,12 +51,12 @@ func (r *Relay) readTUN() {
 }
 
 // writeTUN hands a packet to the pod's kernel.
-func (r *Relay) writeTUN(p []byte) {
+func (e *env) writeTUN(p []byte) {
 	if len(p) == 0 {
 		return
 	}
-	if _, err := r.pod.TUN.Write(p); err != nil && !r.closing.Load() {
-		r.opts.Logger.Debug("writing to the TUN", "err", err)
+	if _, err := e.pod.TUN.Write(p); err != nil && !e.closing.Load() {
+		e.opts.Logger.Debug("writing to the TUN", "err", err)
 	}
 }
 

@@ -23,23 +23,36 @@ const maxDatagram = 65535
 
 var datagramPool = sync.Pool{New: func() any { b := make([]byte, maxDatagram); return &b }}
 
-// forwardInboundUDP opens a flow for a datagram from the network: the wire
+// udpRelay relays UDP flows, each between a wire endpoint and a socket in
+// the pod's kernel, and owns the table that bounds them.
+type udpRelay struct {
+	*env
+	flows udpTable
+}
+
+func newUDPRelay(e *env) *udpRelay {
+	u := &udpRelay{env: e}
+	u.flows.init(e.opts.MaxUDP, e.opts.MaxUDPUnreplied)
+	return u
+}
+
+// forwardInbound opens a flow for a datagram from the network: the wire
 // endpoint the forwarder creates, and a pod socket bound to the sender's
 // address and port, connected to the application, so that both ends see
 // their real peer. Flows from the network may be evicted until answered.
-func (r *Relay) forwardInboundUDP(req *udp.ForwarderRequest) bool {
+func (u *udpRelay) forwardInbound(req *udp.ForwarderRequest) bool {
 	id := req.ID()
-	if !r.ingressAllowed(id, policy.ProtoUDP) {
+	if !u.ingressAllowed(id, policy.ProtoUDP) {
 		return true // dropped: no flow, and no port unreachable either
 	}
-	f, ok := r.newFlow(true)
+	f, ok := u.newFlow(true)
 	if !ok {
 		return true
 	}
 	f.key = flowKey{app: addrPort(id.LocalAddress, id.LocalPort), remote: addrPort(id.RemoteAddress, id.RemotePort)}
-	pod, err := r.podSocket(f.key)
+	pod, err := u.podSocket(f.key)
 	if err != nil {
-		r.dropFlow(f, "opening a pod socket for a UDP flow", err)
+		u.dropFlow(f, "opening a pod socket for a UDP flow", err)
 		return true
 	}
 	wq := new(waiter.Queue)
@@ -50,11 +63,11 @@ func (r *Relay) forwardInboundUDP(req *udp.ForwarderRequest) bool {
 		if pod != nil {
 			pod.Close()
 		}
-		r.dropFlow(f, "creating a wire endpoint for a UDP flow", nil)
+		u.dropFlow(f, "creating a wire endpoint for a UDP flow", nil)
 		return true
 	}
-	r.udp.index(f)
-	r.runFlow(f, udpEnd{ep, wq}, pod)
+	u.flows.index(f)
+	u.runFlow(f, udpEnd{ep, wq}, pod)
 	return true
 }
 
@@ -64,42 +77,42 @@ func (r *Relay) forwardInboundUDP(req *udp.ForwarderRequest) bool {
 // application holds that port on every address (a DNS server on :53 that
 // also queries an upstream on port 53), it returns nil, nil: the flow then
 // writes its datagrams into the TUN, and the application's answers reach
-// the UDP listeners (see readOutboundUDP).
-func (r *Relay) podSocket(k flowKey) (*net.UDPConn, error) {
-	pod, err := r.pod.Dialer.DialUDP(k.remote, k.app)
+// the UDP listeners (see readOutbound).
+func (u *udpRelay) podSocket(k flowKey) (*net.UDPConn, error) {
+	pod, err := u.pod.Dialer.DialUDP(k.remote, k.app)
 	if errors.Is(err, syscall.EADDRINUSE) {
 		return nil, nil
 	}
 	return pod, err
 }
 
-// readOutboundUDP receives the applications' datagrams to peers without a
+// readOutbound receives the applications' datagrams to peers without a
 // flow (the divert rules hand them to l with their original destination),
 // opens a flow for each new peer, and relays the datagram. Once a flow's
 // pod socket is bound, the kernel delivers the flow's datagrams to it, not
 // to l.
-func (r *Relay) readOutboundUDP(l *net.UDPConn) {
-	defer r.wg.Done()
+func (u *udpRelay) readOutbound(l *net.UDPConn) {
+	defer u.wg.Done()
 	buf := make([]byte, maxDatagram)
 	oob := make([]byte, podsock.OrigDstOOBSize)
 	for {
 		n, src, dst, err := podsock.ReadOrigDst(l, buf, oob)
 		if err != nil {
-			if r.closing.Load() {
+			if u.closing.Load() {
 				return
 			}
-			r.opts.Logger.Debug("reading the applications' datagrams", "err", err)
+			u.opts.Logger.Debug("reading the applications' datagrams", "err", err)
 			continue
 		}
 		k := flowKey{app: src, remote: dst}
-		f := r.udp.lookup(k)
+		f := u.flows.lookup(k)
 		if f == nil {
 			// Only a new flow needs the check: every flow's key holds a
 			// source that passed it, so a foreign one finds no flow.
-			if !r.fromPodSocket(src.Addr()) {
+			if !u.fromPodSocket(src.Addr()) {
 				continue // a transparent socket bound to a foreign address
 			}
-			if f = r.openOutboundFlow(k); f == nil {
+			if f = u.openOutbound(k); f == nil {
 				continue
 			}
 		}
@@ -107,76 +120,76 @@ func (r *Relay) readOutboundUDP(l *net.UDPConn) {
 		if f.inbound {
 			f.sawReply()
 		}
-		r.stats.FromAppBytes.Add(int64(n))
+		u.stats.FromAppBytes.Add(int64(n))
 		if _, werr := f.wire.ep.Write(bytes.NewReader(buf[:n]), tcpip.WriteOptions{}); werr != nil {
-			r.stats.UDPDropped.Add(1)
+			u.stats.UDPDropped.Add(1)
 		}
 	}
 }
 
-// openOutboundFlow opens the flow k for an application's datagram, when
+// openOutbound opens the flow k for an application's datagram, when
 // the egress policy allows it; the wire leg's end goes to the allowed
 // backend when k.remote is a Service VIP, the pod's end keeps k.
-func (r *Relay) openOutboundFlow(k flowKey) *udpFlow {
-	dst, ok := r.egressTo(k, policy.ProtoUDP)
+func (u *udpRelay) openOutbound(k flowKey) *udpFlow {
+	dst, ok := u.egressTo(k, policy.ProtoUDP)
 	if !ok {
 		return nil
 	}
-	f, ok := r.newFlow(false)
+	f, ok := u.newFlow(false)
 	if !ok {
 		return nil
 	}
-	wq, ep, terr := dialUDP(r.wire, tcpip.FullAddress{NIC: r.wire.NIC, Addr: tcpipAddr(k.app.Addr()), Port: k.app.Port()},
+	wq, ep, terr := dialUDP(u.wire, tcpip.FullAddress{NIC: u.wire.NIC, Addr: tcpipAddr(k.app.Addr()), Port: k.app.Port()},
 		tcpip.FullAddress{Addr: tcpipAddr(dst.Addr()), Port: dst.Port()}, netProto(tcpipAddr(dst.Addr())))
 	if terr != nil {
-		r.dropFlow(f, "opening a wire endpoint for a UDP flow", nil)
+		u.dropFlow(f, "opening a wire endpoint for a UDP flow", nil)
 		return nil
 	}
-	pod, err := r.podSocket(k)
+	pod, err := u.podSocket(k)
 	if err != nil {
 		ep.Close()
-		r.dropFlow(f, "opening a pod socket for a UDP flow", err)
+		u.dropFlow(f, "opening a pod socket for a UDP flow", err)
 		return nil
 	}
 	f.key = k
-	r.udp.index(f)
-	r.runFlow(f, udpEnd{ep, wq}, pod)
+	u.flows.index(f)
+	u.runFlow(f, udpEnd{ep, wq}, pod)
 	return f
 }
 
 // newFlow admits a flow against the limits.
-func (r *Relay) newFlow(inbound bool) (*udpFlow, bool) {
-	if r.closing.Load() {
+func (u *udpRelay) newFlow(inbound bool) (*udpFlow, bool) {
+	if u.closing.Load() {
 		return nil, false
 	}
-	f := &udpFlow{r: r, inbound: inbound, done: make(chan struct{})}
-	ok, evicted := r.udp.admit(f, inbound)
+	f := &udpFlow{u: u, inbound: inbound, done: make(chan struct{})}
+	ok, evicted := u.flows.admit(f, inbound)
 	if !ok {
-		r.stats.UDPLimitHit.Add(1)
+		u.stats.UDPLimitHit.Add(1)
 		return nil, false
 	}
 	if evicted != nil {
-		r.stats.UDPEvicted.Add(1)
+		u.stats.UDPEvicted.Add(1)
 		evicted.Close()
 	}
-	r.stats.UDPActive.Add(1)
+	u.stats.UDPActive.Add(1)
 	return f, true
 }
 
-func (r *Relay) dropFlow(f *udpFlow, what string, err error) {
-	r.udp.remove(f)
-	r.stats.UDPActive.Add(-1)
-	r.stats.UDPDropped.Add(1)
+func (u *udpRelay) dropFlow(f *udpFlow, what string, err error) {
+	u.flows.remove(f)
+	u.stats.UDPActive.Add(-1)
+	u.stats.UDPDropped.Add(1)
 	if err != nil {
-		r.opts.Logger.Debug(what, "err", err)
+		u.opts.Logger.Debug(what, "err", err)
 	}
 }
 
-func (r *Relay) runFlow(f *udpFlow, wire udpEnd, pod *net.UDPConn) {
+func (u *udpRelay) runFlow(f *udpFlow, wire udpEnd, pod *net.UDPConn) {
 	f.wire, f.pod = wire, pod
-	r.stats.UDPTotal.Add(1)
+	u.stats.UDPTotal.Add(1)
 	f.touch()
-	r.conns.add(f)
+	u.conns.add(f)
 	go f.run()
 }
 
@@ -292,7 +305,7 @@ type udpEnd struct {
 // udpFlow relays datagrams both ways until neither way has carried one for
 // the idle time.
 type udpFlow struct {
-	r         *Relay
+	u         *udpRelay
 	inbound   bool    // opened by a datagram from the network
 	key       flowKey // the application's and the remote's addresses
 	wire      udpEnd
@@ -302,8 +315,8 @@ type udpFlow struct {
 	done      chan struct{}
 	closeOnce sync.Once
 
-	elem    *list.Element // in r.udp.unreplied; guarded by r.udp.mu
-	counted bool          // counted in r.udp.n; guarded by r.udp.mu
+	elem    *list.Element // in u.flows.unreplied; guarded by u.flows.mu
+	counted bool          // counted in u.flows.n; guarded by u.flows.mu
 }
 
 func (f *udpFlow) touch() { f.last.Store(time.Now().UnixNano()) }
@@ -311,9 +324,9 @@ func (f *udpFlow) touch() { f.last.Store(time.Now().UnixNano()) }
 // idle is how long the flow may stay silent.
 func (f *udpFlow) idle() time.Duration {
 	if f.answered.Load() {
-		return f.r.opts.UDPIdle
+		return f.u.opts.UDPIdle
 	}
-	return f.r.opts.UDPUnrepliedIdle
+	return f.u.opts.UDPUnrepliedIdle
 }
 
 // Close ends the flow; its goroutines finish and release it.
@@ -332,7 +345,7 @@ func (f *udpFlow) Close() error {
 func (f *udpFlow) sawReply() {
 	if !f.answered.Load() {
 		f.answered.Store(true)
-		f.r.udp.replied(f)
+		f.u.flows.replied(f)
 	}
 }
 
@@ -349,9 +362,9 @@ func (f *udpFlow) run() {
 	if f.pod != nil {
 		f.pod.Close()
 	}
-	f.r.conns.remove(f)
-	f.r.udp.remove(f)
-	f.r.stats.UDPActive.Add(-1)
+	f.u.conns.remove(f)
+	f.u.flows.remove(f)
+	f.u.stats.UDPActive.Add(-1)
 }
 
 // podToWire relays the applications' datagrams; it also keeps the idle
@@ -395,9 +408,9 @@ func (f *udpFlow) podToWire() {
 		if f.inbound {
 			f.sawReply()
 		}
-		f.r.stats.FromAppBytes.Add(int64(n))
+		f.u.stats.FromAppBytes.Add(int64(n))
 		if _, werr := f.wire.ep.Write(bytes.NewReader((*bp)[:n]), tcpip.WriteOptions{}); werr != nil {
-			f.r.stats.UDPDropped.Add(1)
+			f.u.stats.UDPDropped.Add(1)
 		}
 	}
 }
@@ -456,23 +469,23 @@ func (f *udpFlow) drainWire() bool {
 			f.sawReply()
 		}
 		if res.Count < res.Total {
-			f.r.stats.UDPDropped.Add(1) // cannot happen below 64 KiB
+			f.u.stats.UDPDropped.Add(1) // cannot happen below 64 KiB
 			continue
 		}
 		if f.pod == nil {
 			p := buildUDP(f.key.remote, f.key.app, (*bp)[:res.Count])
 			if p == nil {
-				f.r.stats.UDPDropped.Add(1)
+				f.u.stats.UDPDropped.Add(1)
 				continue
 			}
-			f.r.writeTUN(p)
-			f.r.stats.ToAppBytes.Add(int64(res.Count))
+			f.u.writeTUN(p)
+			f.u.stats.ToAppBytes.Add(int64(res.Count))
 			continue
 		}
 		if _, werr := f.pod.Write((*bp)[:res.Count]); werr != nil {
-			f.r.stats.UDPDropped.Add(1)
+			f.u.stats.UDPDropped.Add(1)
 		} else {
-			f.r.stats.ToAppBytes.Add(int64(res.Count))
+			f.u.stats.ToAppBytes.Add(int64(res.Count))
 		}
 	}
 }
