@@ -1,14 +1,15 @@
 package dataplane
 
 import (
-	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/cni-usernet/cni-usernet/pkg/api/state"
+	"github.com/cni-usernet/cni-usernet/pkg/node/attachment"
 	"github.com/cni-usernet/cni-usernet/pkg/node/launch"
 	"github.com/cni-usernet/cni-usernet/test/nettest"
 )
@@ -42,16 +43,16 @@ func TestStackRestartsFromSpec(t *testing.T) {
 		t.Fatal("pod still reachable with its stack dead")
 	}
 
-	// The plugin ran the stack from the small binary beside it; the
-	// restart uses the multi-call binary's stack command, as the agent
-	// does for an attachment recorded before the two were split.
+	// The plugin ran the stack from the stack's binary beside it; the
+	// restart uses what the record says, as the agent does.
 	if want := filepath.Join(env.BinDir, "cni-usernet-stack"); att.StackBinary != want {
 		t.Errorf("stack binary recorded: %s, want %s", att.StackBinary, want)
 	}
 	proc, err := launch.Start(launch.Options{
-		Binary:       filepath.Join(env.BinDir, "cni-usernet"),
-		Args:         []string{"stack", "--config", att.ConfigPath},
+		Binary:       att.StackBinary,
+		Args:         attachment.StackArgs(att.ConfigPath),
 		Netns:        pod.NS.Path(),
+		WireNetns:    att.WireNetns,
 		LogPath:      att.LogPath,
 		ReadyTimeout: 20 * time.Second,
 	})
@@ -74,10 +75,11 @@ func TestStackRestartsFromSpec(t *testing.T) {
 	}
 }
 
-// TestStackFromPluginAlone: on a node where only the plugin's binary was
-// copied (no cni-usernet-stack beside it), ADD runs the stack from the
-// plugin's own stack command and the pod works.
-func TestStackFromPluginAlone(t *testing.T) {
+// TestADDWithoutStackBinary: on a node where only the plugin's binary was
+// copied (no cni-usernet-stack beside it), ADD fails with an error that
+// names the missing file, and leaves nothing behind: the plugin's binary
+// carries no stack to fall back on.
+func TestADDWithoutStackBinary(t *testing.T) {
 	env := nettest.NewEnv(t)
 	dir := t.TempDir()
 	for _, name := range []string{"cni-usernet", "host-local", "ptp"} {
@@ -90,20 +92,18 @@ func TestStackFromPluginAlone(t *testing.T) {
 		}
 	}
 	env.BinDir = dir
-	pod := env.NewPod(env.Conf(cniVersion, nil))
-	nettest.ServeRemoteAddr(t, nettest.Listen(t, pod.NS, "tcp", ":8080"))
-	if got := nettest.GetPeer(t, env.Node, pod.IP(4), 8080); got != pod.Gateway(4) {
-		t.Fatalf("pod saw %s, want %s", got, pod.Gateway(4))
+	conf := env.Conf(cniVersion, nil)
+	netns := nettest.NewNS(t)
+	_, err := env.Add(conf, "no-stack-binary", netns)
+	if err == nil {
+		t.Fatal("ADD succeeded without cni-usernet-stack")
 	}
-	att, err := state.Store{Dir: filepath.Join(env.Dir, "state")}.Load(pod.ID, "eth0")
-	if err != nil {
-		t.Fatal(err)
+	if !strings.Contains(err.Error(), "cni-usernet-stack") {
+		t.Errorf("ADD's error does not name the missing binary: %v", err)
 	}
-	want := filepath.Join(dir, "cni-usernet")
-	if att.StackBinary != want {
-		t.Errorf("stack binary recorded: %s, want %s", att.StackBinary, want)
-	}
-	if exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", att.StackPID)); err != nil || exe != want {
-		t.Errorf("stack process runs %s (%v), want %s", exe, err, want)
+	// ADD undid its own work; the runtime's DEL that follows still works.
+	env.AssertNoLeaks(t)
+	if err := env.Del(conf, "no-stack-binary", netns); err != nil {
+		t.Errorf("DEL after the failed ADD: %v", err)
 	}
 }
