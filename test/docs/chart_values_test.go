@@ -220,6 +220,7 @@ func TestChartNames(t *testing.T) {
 			set = append(set, c.set)
 		}
 		objs := render(t, c.release, set...)
+		meta := readJSONish(t, chart+"/Chart.yaml")
 		var kinds []string
 		for k, o := range objs {
 			kinds = append(kinds, k[:strings.Index(k, "/")])
@@ -232,9 +233,9 @@ func TestChartNames(t *testing.T) {
 			}
 			labels, _ := get(o, "metadata", "labels").(map[string]any)
 			for l, v := range map[string]string{
-				"app.kubernetes.io/name": c.app, "app.kubernetes.io/instance": c.release, "app.kubernetes.io/version": "dev",
+				"app.kubernetes.io/name": c.app, "app.kubernetes.io/instance": c.release, "app.kubernetes.io/version": meta["appVersion"].(string),
 				"app.kubernetes.io/component": "agent", "app.kubernetes.io/part-of": "cni-usernet",
-				"app.kubernetes.io/managed-by": "Helm", "helm.sh/chart": "cni-usernet-0.1.0",
+				"app.kubernetes.io/managed-by": "Helm", "helm.sh/chart": "cni-usernet-" + meta["version"].(string),
 			} {
 				if labels[l] != v {
 					t.Errorf("%s %s: %s label %s=%v, want %s", c.release, c.set, k, l, labels[l], v)
@@ -365,5 +366,21 @@ func TestChartNotes(t *testing.T) {
 				t.Errorf("--set %s: NOTES.txt does not say %q:\n%s", set, w, out)
 			}
 		}
+	}
+}
+
+// podLabels and podAnnotations add to the agent's pods; a podLabel cannot
+// take the selector's label away (the DaemonSet would select no pod), a
+// podAnnotation can change a prometheus.io one.
+func TestChartPodMetadata(t *testing.T) {
+	ds := render(t, "cni-usernet", `podLabels.app\.kubernetes\.io/name=other,podLabels.team=net`,
+		`podAnnotations.prometheus\.io/path=/m,podAnnotations.example\.com/a=b`)["DaemonSet/net/cni-usernet"]
+	labels := get(ds, "spec", "template", "metadata", "labels").(map[string]any)
+	ann := get(ds, "spec", "template", "metadata", "annotations").(map[string]any)
+	if labels["app.kubernetes.io/name"] != "cni-usernet" || labels["team"] != "net" {
+		t.Errorf("pod labels %v: want the chart's name label and team=net", labels)
+	}
+	if ann["prometheus.io/path"] != "/m" || ann["example.com/a"] != "b" || ann["prometheus.io/scrape"] != "true" {
+		t.Errorf("pod annotations %v: want podAnnotations over the prometheus.io ones", ann)
 	}
 }
