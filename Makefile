@@ -32,7 +32,7 @@ deps:
 # The whole suite, as CI runs it (root: namespaces, veths, TUN). helm is
 # built first: test/docs lints the Helm chart and compares what it renders
 # with manifests/cni-usernet.yaml.
-test: deps lint helm test-root fuzz
+test: deps lint helm kubeconform test-root fuzz
 
 lint: gvisor
 	@test -z "$$(gofmt -l cmd pkg test hack)" || { gofmt -l cmd pkg test hack; exit 1; }
@@ -43,8 +43,8 @@ lint: gvisor
 # are race-built too and halt on a race), with short transfers; then the
 # root suites at full size without it, one package at a time: the hostile
 # and stress tests load both cores and must not starve each other.
-test-root: helm gvisor
-	HELM=$(CURDIR)/bin/helm GORACE=halt_on_error=1 $(GO) test -race -short -count=1 -timeout 20m ./...
+test-root: helm kubeconform gvisor
+	HELM=$(CURDIR)/bin/helm KUBECONFORM=$(CURDIR)/bin/kubeconform GORACE=halt_on_error=1 $(GO) test -race -short -count=1 -timeout 20m ./...
 	$(GO) test -p 1 -count=1 -timeout 20m ./test/...
 
 # Every fuzz target for a fixed number of inputs (~10 s each here). Counts,
@@ -94,6 +94,14 @@ release: helm gvisor
 helm: bin/helm
 bin/helm: hack/helm/go.mod hack/helm/go.sum
 	cd hack/helm && $(GO) build -trimpath -o ../../bin/helm helm.sh/helm/v3/cmd/helm
+
+# kubeconform, pinned beside helm (hack/helm): test/docs checks every
+# object the chart renders, for each combination of values that changes
+# them, against the schemas of the lab's Kubernetes (hack/k8s/toolmod).
+.PHONY: kubeconform
+kubeconform: bin/kubeconform
+bin/kubeconform: hack/helm/go.mod hack/helm/go.sum
+	cd hack/helm && $(GO) build -trimpath -o ../../bin/kubeconform github.com/yannh/kubeconform/cmd/kubeconform
 
 clean:
 	rm -rf bin results third_party
