@@ -1,8 +1,8 @@
-// Package stackcmd is a pod's stack process: its command line, start-up,
-// sandbox and readiness report. It is the whole of cni-usernet-stack, the
-// small binary the plugin starts for each pod, and the `stack` command of
-// the multi-call cni-usernet (for attachments recorded before the split).
 package stack
+
+// The stack process's command line, start-up, sandbox and readiness
+// report: the whole of cni-usernet-stack, the small binary the plugin
+// starts for each pod.
 
 import (
 	"context"
