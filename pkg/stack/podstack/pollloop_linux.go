@@ -20,11 +20,11 @@ import (
 //
 // The reader is serve, rc.Read's callback (one RawRead a turn, and for
 // the loop's life where serve has no budget): it reads what the socket
-// holds and returns false to wait for the socket to
-// become readable, or true to end the wait, having set err (the socket
-// failed) or spent (a turn's budget was read with frames still queued:
-// the loop pauses, then serves again). A socket error ends the loop and
-// is reported to failed, unless the loop was being stopped.
+// holds and returns false to wait for the socket to become readable, or
+// true to end the wait, having set err (the socket failed) or spent (a
+// turn's budget was read with frames still queued: the loop pauses, then
+// serves again). A socket error ends the loop and is reported to failed,
+// unless the loop was being stopped.
 type pollLoop struct {
 	file     *os.File // a dup of the socket, registered with the netpoller
 	rc       syscall.RawConn
