@@ -56,7 +56,8 @@ const linkReadBatch = 8
 // KiB frame take ten pool chunks, ten views for netstack to clone and
 // walk and ten iovecs to the application: with two, node→pod moved
 // 9.8–11.2 against 8.6–10.0 Gbit/s at 0.62–0.73 against 0.73–0.86
-// core·s per GB, TCP_RR and redis level (lab, alternated; docs/performance.md).
+// core·s per GB, TCP_RR and redis level (lab, alternated; BENCHMARKS.md,
+// History: relay writes from netstack's buffers, GRO rows).
 var rxBufSizes = [...]int{2048, 63616}
 
 // newRxView takes a view for frames from gVisor's pool without clearing it
