@@ -6,8 +6,8 @@
 //
 // It is its own binary because a node runs one stack per pod: without
 // the plugin's, the agent's and the installer's packages its file is 30 %
-// smaller and an idle stack maps 5 MiB less
-// (docs/benchmarks/2026-12-01-stack-binary.md).
+// smaller and an idle stack maps 5 MiB less (docs/performance.md, "What
+// a pod's stack costs").
 package main
 
 import (

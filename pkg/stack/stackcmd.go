@@ -1,8 +1,8 @@
-// Package stackcmd is a pod's stack process: its command line, start-up,
-// sandbox and readiness report. It is the whole of cni-usernet-stack, the
-// small binary the plugin starts for each pod, and the `stack` command of
-// the multi-call cni-usernet (for attachments recorded before the split).
 package stack
+
+// The stack process's command line, start-up, sandbox and readiness
+// report: the whole of cni-usernet-stack, the small binary the plugin
+// starts for each pod.
 
 import (
 	"context"
@@ -34,11 +34,7 @@ func Run(argv []string) error {
 	if err := fs.Parse(argv); err != nil {
 		return err
 	}
-	level := slog.LevelInfo
-	if *debug {
-		level = slog.LevelDebug
-	}
-	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level})).With("pid", os.Getpid())
+	log := newLogger(*debug)
 	ready := os.NewFile(launch.ReadyFD, "ready")
 	report := func(line string) {
 		if ready != nil {
@@ -57,15 +53,7 @@ func Run(argv []string) error {
 		return err
 	}
 	log = log.With("ifName", cfg.IfName)
-	// GOMAXPROCS in the environment (passed on by the plugin) is for
-	// experiments and wins over the configuration.
-	adaptive := false
-	if os.Getenv("GOMAXPROCS") == "" {
-		runtime.GOMAXPROCS(max(cfg.Threads, stackconfig.DefaultThreads))
-		// Busy polling keeps one thread polling by design: a second
-		// would spin beside it.
-		adaptive = cfg.Threads == 0 && cfg.BusyPoll == 0 && runtime.NumCPU() > 1
-	}
+	adaptive := setThreads(cfg)
 	sandboxMode, err := sandbox.ModeFromEnv()
 	if err != nil {
 		report("error: " + err.Error())
@@ -107,4 +95,28 @@ func Run(argv []string) error {
 	// line to know it completed.
 	log.Info("stack stopped")
 	return err
+}
+
+// newLogger is the stack's log: JSON on stderr, each line with the
+// process's ID.
+func newLogger(debug bool) *slog.Logger {
+	level := slog.LevelInfo
+	if debug {
+		level = slog.LevelDebug
+	}
+	return slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level})).With("pid", os.Getpid())
+}
+
+// setThreads sets the stack's thread count from cfg, and reports whether
+// the count is left to follow the load (Daemon.AdaptThreads). GOMAXPROCS
+// in the environment (passed on by the plugin) is for experiments and
+// wins over the configuration.
+func setThreads(cfg *stackconfig.Config) (adaptive bool) {
+	if os.Getenv("GOMAXPROCS") != "" {
+		return false
+	}
+	runtime.GOMAXPROCS(max(cfg.Threads, stackconfig.DefaultThreads))
+	// Busy polling keeps one thread polling by design: a second would
+	// spin beside it.
+	return cfg.Threads == 0 && cfg.BusyPoll == 0 && runtime.NumCPU() > 1
 }

@@ -63,58 +63,24 @@ func (d *Daemon) takeLink() error {
 	return nil
 }
 
-// wireSockets are the packet sockets on the pod's link; 0 or nil: none.
-type wireSockets struct {
-	link, tx, frag int
-	syn            *packetsock.SYNSocket
-}
-
-// openSockets opens the packet sockets on the pod's link, in the
-// namespace that holds it: a packet socket stays bound to the namespace
-// it was made in, wherever its process runs afterwards. Only the link's
-// socket is required.
-func (d *Daemon) openSockets(synOpen *pendingSYN) (wireSockets, error) {
-	cfg, log := d.cfg, d.log
-	linkFD, err := packetsock.Open(packetsock.Options{IfName: cfg.IfName, VnetHdr: d.gso.Mode.VnetHdr()})
-	if err != nil {
-		return wireSockets{}, err
-	}
-	// Without a SYN socket (a kernel without PACKET_IGNORE_OUTGOING) the
-	// link's socket carries the SYNs too: slower under a flood, the same
-	// otherwise; without a fragment socket, the fragments.
-	syn, err := synOpen.take()
-	if err != nil {
-		log.Warn("no SYN socket: a SYN flood shares the link's receive path", "err", err)
-		syn = nil
-	}
-	fragFD, err := packetsock.OpenFragments(packetsock.Options{IfName: cfg.IfName})
-	if err != nil {
-		log.Warn("no fragment socket: a fragment flood shares the link's receive path", "err", err)
-		fragFD = 0
-	}
-	if syn != nil || fragFD > 0 {
-		if err := packetsock.Split(linkFD, cfg.IfName, syn != nil, fragFD > 0); err != nil {
-			log.Warn("the link's socket takes every frame: SYN and fragment floods share its receive path", "err", err)
-			if syn != nil {
-				syn.Close()
-				syn = nil
-			}
-			if fragFD > 0 {
-				unix.Close(fragFD)
-				fragFD = 0
-			}
-		}
-	}
-	// Frames are sent on a socket of their own so that the link's socket
-	// can be read on Go's netpoller (podstack.Options.TXFD). Without it
-	// fdbased reads the link as before: correct, with a thread hand-off
-	// more per received batch.
-	txFD, err := packetsock.Open(packetsock.Options{IfName: cfg.IfName, VnetHdr: d.gso.Mode.VnetHdr(), SendOnly: true})
-	if err != nil {
-		log.Warn("no send socket: the link is read by fdbased", "err", err)
-		txFD = 0
-	}
-	return wireSockets{link: linkFD, tx: txFD, frag: fragFD, syn: syn}, nil
+// openLink opens the packet sockets on the pod's link (packetsock.OpenLink),
+// in the namespace that holds it: a packet socket stays bound to the
+// namespace it was made in, wherever its process runs afterwards. Only
+// the link's socket is required; the SYN socket is the one synOpen has
+// been opening.
+func (d *Daemon) openLink(wire wireNS, synOpen *pendingSYN) (*packetsock.Link, error) {
+	var link *packetsock.Link
+	err := wire.do(func() (err error) {
+		link, err = packetsock.OpenLink(packetsock.LinkOptions{
+			Options:   packetsock.Options{IfName: d.cfg.IfName, VnetHdr: d.gso.Mode.VnetHdr()},
+			SYN:       synOpen.take,
+			Fragments: true,
+			Send:      true,
+			Warn:      func(msg string, err error) { d.log.Warn(msg, "err", err) },
+		})
+		return err
+	})
+	return link, err
 }
 
 // wireNS is where the pod's link is: the stack's own namespace, or the

@@ -13,10 +13,9 @@ import (
 // the socket whatever they carry. A fragment flood is the same: its
 // frames queued in the link's socket ahead of an established connection's
 // segments, and a probe beside hping3's random fragments took 0.4–1.4 s
-// where the kernel took 3–35 ms (test/hostile TestFragmentFlood,
-// 2026-12-02). So the pod's link is read through three sockets, split in
-// the kernel by one classic BPF program that sorts each frame into a
-// class (linkFilter): the new-connection SYNs (TCP, SYN without ACK, not
+// where the kernel took 3–35 ms (test/hostile TestFragmentFlood). So the
+// pod's link is read through three sockets, split in the kernel by one
+// classic BPF program that sorts each frame into a class (linkFilter): the new-connection SYNs (TCP, SYN without ACK, not
 // a fragment, IPv4 or IPv6 without extension headers), the IP fragments
 // (IPv4 with more-fragments set or an offset, IPv6 whose first next
 // header is a fragment header), and everything else. Each socket keeps

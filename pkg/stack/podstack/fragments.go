@@ -19,7 +19,7 @@ import (
 // view for an MTU frame, fdbased's views for its. A flood of 42-byte
 // first fragments (hping3 --udp -x -d 0 --rand-source, 50,000/s) was
 // counted at 370 bytes each while each held 2.8 KiB: the stack grew from
-// 17 to 95 MiB RSS (test/hostile TestFragmentFlood, 2026-12-02). So each
+// 17 to 95 MiB RSS (test/hostile TestFragmentFlood). So each
 // fragment is copied into a buffer of its own size before netstack sees
 // it; what reassembly holds is then within about twice what it counts
 // (the reassembler and its map entry are not counted), which

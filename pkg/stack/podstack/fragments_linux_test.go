@@ -26,9 +26,9 @@ const reassemblyLimit = 4 << 20
 // PacketBuffer (42 + 328 bytes here) and evicts down to 3 MiB beyond 4;
 // what it does not count is about as much again for a first fragment (a
 // second PacketBuffer, the reassembler, its holes and map entry): 11.5 MiB
-// live for 4 MiB counted, measured. Before each fragment was copied into a
-// buffer of its own size, each also held the link reader's 2 KiB view:
-// 28.6 MiB. Then a fragmented echo request still reassembles and is
+// live for 4 MiB counted, measured. Without the copy of each fragment
+// into a buffer of its own size, each would also hold the link reader's
+// 2 KiB view: 28.6 MiB. Then a fragmented echo request still reassembles and is
 // answered. Both ways a fragment arrives: on the link's socket, and on a
 // fragment socket of its own (fragPath).
 func TestFragmentFloodHeldAsCounted(t *testing.T) {

@@ -1,12 +1,7 @@
 package podstack
 
 import (
-	"fmt"
-	"os"
-	"sync/atomic"
-	"syscall"
 	"time"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 	"gvisor.dev/gvisor/pkg/buffer"
@@ -40,25 +35,16 @@ import (
 // fragSocketDrops), as the kernel's own reassembly drops beyond
 // ipfrag_high_thresh.
 type fragPath struct {
-	fd int
-	// file is a dup of the socket on Go's netpoller (as linkReader's).
-	file     *os.File
-	rc       syscall.RawConn
-	stopping atomic.Bool
-	done     chan struct{}
-	mac      tcpip.LinkAddress
-	link     *countingLink
-	tap      *wireTap
+	recvLoop
+	mac  tcpip.LinkAddress
+	link *countingLink
+	tap  *wireTap
 	// rxChecksumValidated is fdbased's RXChecksumOffload, as synPath's.
 	rxChecksumValidated bool
-	failed              func(error)
 
 	frames [fragBatch][]byte
 	iovecs [fragBatch]unix.Iovec
-	msgs   [fragBatch]rawfile.MMsgHdr
-	err    unix.Errno // why serve ended on an error
-	// spent: serve ended at the budget, with fragments still queued.
-	spent bool
+	hdrs   [fragBatch]rawfile.MMsgHdr // recvLoop.msgs
 }
 
 const (
@@ -66,7 +52,8 @@ const (
 	fragBatch = 16
 	// fragBudget is how many fragments a turn reads: about 0.6 ms of
 	// the stack's time at the ~9 µs a flooding fragment cost it
-	// (113,000 a second on one core, 2026-12-02).
+	// (113,000 a second on one core; docs/reliability/hostile.md,
+	// "Fragments on a socket of their own").
 	fragBudget = 4 * fragBatch
 	// fragPause is how long the loop sleeps between turns while
 	// fragments are queued. The sleep only has to park the loop; while
@@ -80,88 +67,44 @@ const (
 const fragFrameSlack = 4
 
 func newFragPath(fd, mtu int, mac tcpip.LinkAddress) (*fragPath, error) {
-	f, rc, err := pollable(fd, "fragment socket")
-	if err != nil {
+	p := &fragPath{mac: mac}
+	if err := p.open(fd, "fragment socket", "fragment socket: reading fragments"); err != nil {
 		return nil, err
 	}
-	p := &fragPath{fd: fd, file: f, rc: rc, done: make(chan struct{}), mac: mac}
 	size := header.EthernetMinimumSize + mtu + fragFrameSlack
 	buf := make([]byte, fragBatch*size)
 	for k := range fragBatch {
 		p.frames[k] = buf[k*size : (k+1)*size : (k+1)*size]
 		p.iovecs[k] = rawfile.IovecFromBytes(p.frames[k])
-		p.msgs[k].Msg.Iov = &p.iovecs[k]
-		p.msgs[k].Msg.SetIovlen(1)
+		p.hdrs[k].Msg.Iov = &p.iovecs[k]
+		p.hdrs[k].Msg.SetIovlen(1)
 	}
+	p.readInto(p.hdrs[:], p, fragBudget)
+	p.pause = p.yield
 	return p, nil
 }
 
-func (p *fragPath) start() { go p.run() }
-
-// stop stops the loop and waits for it; the socket stays open (Stack
-// closes it with the link's other sockets).
-func (p *fragPath) stop() {
-	p.stopping.Store(true)
-	p.file.Close()
-	<-p.done
+// yield parks the loop between turns while fragments are queued, so that
+// the rest of the stack runs.
+func (p *fragPath) yield() {
+	p.link.stats.fragments.turns.Add(1)
+	time.Sleep(fragPause)
 }
 
-func (p *fragPath) run() {
-	defer close(p.done)
-	for {
-		p.spent = false
-		err := p.rc.Read(p.serve)
-		if p.stopping.Load() {
-			return
-		}
-		if err == nil && p.spent {
-			p.link.stats.fragments.turns.Add(1)
-			time.Sleep(fragPause)
-			continue
-		}
-		if err == nil {
-			err = p.err
-		}
-		// Nothing would read the fragment socket any more: fragmented
-		// datagrams would be lost while the rest kept flowing.
-		p.failed(fmt.Errorf("fragment socket: reading fragments: %w", err))
-		return
+// fill has nothing to do: each message keeps its frame buffer, which
+// deliver copies out of.
+func (p *fragPath) fill() {}
+
+// deliver hands the batch's n fragments to netstack's reassembly.
+func (p *fragPath) deliver(n int) {
+	for k := range n {
+		p.deliverFragment(k)
 	}
 }
 
-// serve is rc.Read's callback: it reads and delivers fragments until the
-// socket is empty (then returns false, to wait for it to become readable)
-// or fragBudget were read (then returns true with spent set, as on an
-// error with p.err set). A batch that was not full drained the socket
-// when it was read, as in linkReader.serve.
-func (p *fragPath) serve(fd uintptr) bool {
-	for read := 0; read < fragBudget; {
-		n, _, errno := unix.RawSyscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&p.msgs[0])), uintptr(len(p.msgs)), unix.MSG_DONTWAIT, 0, 0)
-		switch errno {
-		case 0:
-		case unix.EINTR:
-			continue
-		case unix.EAGAIN:
-			return false
-		default:
-			p.err = errno
-			return true
-		}
-		for k := range int(n) {
-			p.deliver(k)
-		}
-		read += int(n)
-		if int(n) < len(p.msgs) {
-			return false
-		}
-	}
-	p.spent = true
-	return true
-}
-
-// deliver hands fragment k of the batch to netstack's reassembly.
-func (p *fragPath) deliver(k int) {
-	m := &p.msgs[k]
+// deliverFragment hands fragment k of the batch to netstack's reassembly.
+func (p *fragPath) deliverFragment(k int) {
+	m := &p.hdrs[k]
 	if m.Msg.Flags&unix.MSG_TRUNC != 0 {
 		// Larger than the link's MTU: no veth forwards it, and what was
 		// read of it cannot be reassembled.

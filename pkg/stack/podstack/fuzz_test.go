@@ -19,6 +19,7 @@ import (
 
 	"github.com/cni-usernet/cni-usernet/pkg/api/offload"
 	"github.com/cni-usernet/cni-usernet/pkg/api/podnet"
+	"github.com/cni-usernet/cni-usernet/pkg/stack/packetsock"
 	"github.com/cni-usernet/cni-usernet/pkg/stack/relay"
 )
 
@@ -70,9 +71,8 @@ func newFuzzStack() (*fuzzStack, error) {
 		},
 	}
 	s, err := Build(Options{
-		Spec:   spec,
-		LinkFD: wire[0],
-		TXFD:   sent[0],
+		Spec: spec,
+		Link: &packetsock.Link{FD: wire[0], TX: sent[0]},
 		// The test runs in the machine's own network namespace: nothing
 		// may be dialled there for the frames it makes up.
 		Pod:          relay.PodSide{TUN: os.NewFile(uintptr(tun[0]), "tun"), Dialer: refusingDialer{}},

@@ -8,8 +8,8 @@ import (
 // Healthy reports whether the wire leg can carry the pod's traffic: its
 // readers still receive from the link, its NIC is enabled, and it holds
 // every address of the spec. A stack that only answered on its control
-// socket looked healthy while passing nothing (issue #29); these are the
-// parts of it that a process alone does not prove.
+// socket could look healthy while passing nothing; these are the parts
+// of it that a process alone does not prove.
 func (s *Stack) Healthy() error {
 	if err := s.failure.Load(); err != nil {
 		return fmt.Errorf("the link's reader stopped: %w", *err)

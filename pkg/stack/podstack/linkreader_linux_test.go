@@ -88,7 +88,8 @@ func readerStack(t *testing.T, mode offload.Mode) (*Stack, ns.NetNS, int) {
 // fragment socket of their own (fragPath) if fragments is set.
 func newReaderStack(t *testing.T, mode offload.Mode, fragments bool) (*Stack, ns.NetNS, int) {
 	netns := nettest.NewNS(t)
-	var linkFD, txFD, fragFD, peer int
+	var link *packetsock.Link
+	var peer int
 	err := netns.Do(func(ns.NetNS) error {
 		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "a", HardwareAddr: fuzzMAC}, PeerName: "b"}); err != nil {
 			return err
@@ -102,21 +103,15 @@ func newReaderStack(t *testing.T, mode offload.Mode, fragments bool) (*Stack, ns
 				return err
 			}
 		}
-		vnet := mode == offload.ModeHardware
 		var err error
-		if linkFD, err = packetsock.Open(packetsock.Options{IfName: "a", VnetHdr: vnet}); err != nil {
+		link, err = packetsock.OpenLink(packetsock.LinkOptions{
+			Options:   packetsock.Options{IfName: "a", VnetHdr: mode == offload.ModeHardware},
+			Fragments: fragments,
+			Send:      true,
+			Warn:      func(msg string, err error) { t.Errorf("opening the link: %s: %v", msg, err) },
+		})
+		if err != nil {
 			return err
-		}
-		if txFD, err = packetsock.Open(packetsock.Options{IfName: "a", VnetHdr: vnet, SendOnly: true}); err != nil {
-			return err
-		}
-		if fragments {
-			if fragFD, err = packetsock.OpenFragments(packetsock.Options{IfName: "a"}); err != nil {
-				return err
-			}
-			if err := packetsock.Split(linkFD, "a", false, true); err != nil {
-				return err
-			}
 		}
 		peer, err = packetsock.Open(packetsock.Options{IfName: "b"})
 		return err
@@ -129,11 +124,7 @@ func newReaderStack(t *testing.T, mode offload.Mode, fragments bool) (*Stack, ns
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		unix.Close(linkFD)
-		unix.Close(txFD)
-		if fragFD > 0 {
-			unix.Close(fragFD)
-		}
+		link.Close() // the stack's once Build succeeds: closed already
 		unix.Close(peer)
 		unix.Close(tun[1])
 	})
@@ -153,9 +144,7 @@ func newReaderStack(t *testing.T, mode offload.Mode, fragments bool) (*Stack, ns
 				{IP: fuzzGw, MAC: "02:00:00:00:00:01"},
 			},
 		},
-		LinkFD:       linkFD,
-		TXFD:         txFD,
-		FragmentFD:   fragFD,
+		Link:         link,
 		Pod:          relay.PodSide{TUN: os.NewFile(uintptr(tun[0]), "tun"), Dialer: refusingDialer{}},
 		GSO:          dec,
 		WireQueueLen: 64,
@@ -163,7 +152,6 @@ func newReaderStack(t *testing.T, mode offload.Mode, fragments bool) (*Stack, ns
 	if err != nil {
 		t.Fatal(err)
 	}
-	linkFD, txFD, fragFD = -1, -1, -1 // the stack's now: its Close closes them
 	t.Cleanup(s.Close)
 	return s, netns, peer
 }
@@ -195,12 +183,12 @@ func pingOnce(t *testing.T, peer int, dst net.HardwareAddr, seq uint16) (uint16,
 }
 
 // TestCloseReleasesTheLinkSockets: Close releases the link's socket and
-// the send socket it was given (the process's exit no longer does it, one
-// grace period after another).
+// the send socket it was given, rather than leaving them to the
+// process's exit, which releases them one grace period after another.
 func TestCloseReleasesTheLinkSockets(t *testing.T) {
 	s, _, _ := readerStack(t, offload.ModeHardware)
 	inodes := map[uint64]int{}
-	for _, fd := range []int{s.opts.LinkFD, s.opts.TXFD} {
+	for _, fd := range []int{s.opts.Link.FD, s.opts.Link.TX} {
 		var st unix.Stat_t
 		if err := unix.Fstat(fd, &st); err != nil {
 			t.Fatalf("fstat %d: %v", fd, err)

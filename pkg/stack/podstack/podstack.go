@@ -4,10 +4,8 @@
 package podstack
 
 import (
-	"cmp"
 	"fmt"
 	"net"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,41 +17,27 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/stack/packetsock"
 	"github.com/cni-usernet/cni-usernet/pkg/stack/relay"
 	"github.com/cni-usernet/cni-usernet/pkg/stack/wirequeue"
-	"golang.org/x/sys/unix"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/link/fdbased"
-	"gvisor.dev/gvisor/pkg/tcpip/network/arp"
-	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
-	"gvisor.dev/gvisor/pkg/tcpip/network/ipv6"
 	"gvisor.dev/gvisor/pkg/tcpip/stack"
-	"gvisor.dev/gvisor/pkg/tcpip/transport/icmp"
-	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
-	"gvisor.dev/gvisor/pkg/tcpip/transport/udp"
 )
 
-// Options configures a pod stack. The file descriptors are owned by the
-// stack once Build succeeds.
+// Options configures a pod stack. The file descriptors (Link's, Pod's)
+// are owned by the stack once Build succeeds.
 type Options struct {
 	// Spec is what was taken over from the kernel. Required.
 	Spec *podnet.Spec
-	// LinkFD is an AF_PACKET socket bound to Spec.IfName, with
-	// PACKET_VNET_HDR set exactly when GSO.Mode.VnetHdr(). Required.
-	LinkFD int
-	// TXFD, when set, is a send-only packet socket on the same interface
-	// (packetsock.Options.SendOnly, with PACKET_VNET_HDR as LinkFD):
-	// netstack's link endpoint writes through it, and LinkFD is read by the
-	// stack's own reader on Go's netpoller (linkReader), so that what a
-	// frame wakes runs on the thread that read it. Zero: fdbased reads and
-	// writes LinkFD.
-	TXFD int
-	// SYN, when not nil, is the link's SYN socket (packetsock.NewSYNSocket):
-	// the new-connection SYNs are read from it, on a path of their own
-	// (synPath). Nil: LinkFD carries them too.
-	SYN *packetsock.SYNSocket
-	// FragmentFD, when set, is the link's fragment socket
-	// (packetsock.OpenFragments): the IP fragments are read from it, on a
-	// path of their own (fragPath). Zero: LinkFD carries them too.
-	FragmentFD int
+	// Link is the pod's link's packet sockets (packetsock.OpenLink),
+	// bound to Spec.IfName, the link's socket and the send socket with
+	// PACKET_VNET_HDR exactly when GSO.Mode.VnetHdr(). The link's socket
+	// is required. With a send socket (Link.TX), netstack's link endpoint
+	// writes through it and the link's socket is read by the stack's own
+	// reader on Go's netpoller (linkReader), so that what a frame wakes
+	// runs on the thread that read it; without, fdbased reads and writes
+	// the link's socket. The SYN and fragment sockets, when open, are read
+	// on paths of their own (synPath, fragPath); without, the link's
+	// socket carries those frames too.
+	Link *packetsock.Link
 	// Pod is the pod kernel's side: the TUN and the relay's listeners.
 	// Required.
 	Pod relay.PodSide
@@ -114,7 +98,7 @@ func (o *Options) Validate() error {
 	if err := o.Spec.Validate(); err != nil {
 		return err
 	}
-	if o.LinkFD <= 0 || o.Pod.TUN == nil {
+	if o.Link == nil || o.Link.FD <= 0 || o.Pod.TUN == nil {
 		return fmt.Errorf("missing link or TUN file descriptor")
 	}
 	switch o.GSO.Mode {
@@ -134,12 +118,12 @@ type Stack struct {
 
 	// Capture taps the wire leg (capture_tap.go); idle, one atomic load.
 	Capture *wireTap
-	// syn reads the link's SYN socket; nil without one (Options.SYN).
+	// syn reads the link's SYN socket; nil without one (Link.SYN).
 	syn *synPath
 	// frag reads the link's fragment socket; nil without one
-	// (Options.FragmentFD).
+	// (Link.Fragments).
 	frag *fragPath
-	// reader reads LinkFD; nil when fdbased does (no Options.TXFD).
+	// reader reads the link's socket; nil when fdbased does (no Link.TX).
 	reader *linkReader
 	// Busy busy-polls after traffic; nil without Options.BusyPoll.
 	Busy *busypoll.Poller
@@ -236,85 +220,48 @@ func Build(o Options) (*Stack, error) {
 
 // sendFD is the socket frames are sent on.
 func (o *Options) sendFD() int {
-	if o.TXFD > 0 {
-		return o.TXFD
+	if o.Link.TX > 0 {
+		return o.Link.TX
 	}
-	return o.LinkFD
+	return o.Link.FD
 }
 
-func newStack(bufMax int) (*stack.Stack, error) {
-	netProtos := []stack.NetworkProtocolFactory{
-		ipv4.NewProtocol,
-		ipv6.NewProtocolWithOptions(ipv6.Options{
-			// The kernel did duplicate address detection before the
-			// addresses were handed over.
-			DADConfigs: stack.DADConfigurations{DupAddrDetectTransmits: 0},
-			// Addresses and routes come from the spec only. netstack's
-			// defaults would let any frame on the link that looks like a
-			// router advertisement add routers, prefixes and SLAAC
-			// addresses (zero values: all off).
-			NDPConfigs: ipv6.NDPConfigurations{HandleRAs: ipv6.HandlingRAsDisabled},
-		}),
-		arp.NewProtocol,
-	}
-	s := stack.New(stack.Options{
-		NetworkProtocols:   netProtos,
-		TransportProtocols: []stack.TransportProtocolFactory{tcp.NewProtocol, udp.NewProtocol, icmp.NewProtocol4, icmp.NewProtocol6},
-	})
-	if err := setTCPOptions(s, bufMax); err != nil {
-		s.Destroy()
-		return nil, err
-	}
-	return s, nil
-}
-
-// delayedACK is how long the stack holds the acknowledgement of a request
-// for the answer to carry it (hack/gvisor/patches/0001): a request and its
-// answer then cost one frame each way instead of two from the stack. Two
-// full-sized segments, out-of-order data, FINs and loss recovery are still
-// acknowledged at once. The kernel delays an ACK at least 40 ms; a peer
-// that waits for one (Nagle) waits no longer here than with a kernel pod.
-const delayedACK = 2 * time.Millisecond
-
-// setTCPOptions configures the stack's TCP as every pod's stack runs it.
-func setTCPOptions(s *stack.Stack, bufMax int) error {
-	opts := []tcpip.SettableTransportProtocolOption{
-		ptr(tcpip.TCPDelayedACKOption(delayedACK)),
-		ptr(tcpip.TCPSACKEnabled(true)),
-		// Loss recovery by SACK and the retransmission timer, without
-		// RACK (netstack's default once SACK is on). netstack's RACK marks
-		// segments lost but its pipe (sender.SetPipe) still counts them in
-		// flight: after a window's tail is lost with nothing above it for
-		// the peer to SACK, every ACK of a retransmission re-entered
-		// recovery with the whole tail "in flight", and the connection
-		// sent one segment per RTO. Without RACK, in one interleaved
-		// run against the build before
-		// (docs/benchmarks/2026-12-01-wire-queue-recovery.md),
-		// software mode's pod→node gained 60 % (the wire queue alone: 5 %),
-		// the other rows level. Tailscale turned RACK off in its netstack
-		// too (tailscale#14896).
-		ptr(tcpip.TCPRecovery(0)),
-		ptr(tcpip.TCPModerateReceiveBufferOption(true)),
-		// A new connection's receive window starts at the largest buffer
-		// instead of growing to it (memory is only taken as data queues,
-		// and the bound already counts the largest). In one interleaved
-		// run against a 1 MiB start (bench --quick --baseline, 3 rounds):
-		// bulk node→pod 4.18 against 3.00 Gbit/s, pod→node 4.87 against
-		// 3.40, ranges apart; redis +25 %.
-		&tcpip.TCPReceiveBufferSizeRangeOption{Min: 4096, Default: bufMax, Max: bufMax},
-		&tcpip.TCPSendBufferSizeRangeOption{Min: 4096, Default: 1 << 20, Max: bufMax},
-	}
-	for _, opt := range opts {
-		if err := s.SetTransportProtocolOption(tcp.ProtocolNumber, opt); err != nil {
-			return fmt.Errorf("setting TCP option %T: %s", opt, err)
-		}
-	}
-	return nil
-}
-
-func ptr[T any](v T) *T { return &v }
-
+// attachWire creates the wire leg's link endpoint and NIC on the link's
+// sockets, and starts the stack's readers of them.
 func (s *Stack) attachWire(mac net.HardwareAddr) error {
+	o := s.opts
+	ep, err := fdbased.New(s.fdbasedOptions(mac))
+	if err != nil {
+		return fmt.Errorf("creating the link endpoint: %w", err)
+	}
+	ep = s.tapWire(ep)
+	link := newCountingLink(ep, &s.WireStats)
+	link.gate = &synGate{cookiesSent: s.Wire.Stats().TCP.ListenOverflowSynCookieSent.Value}
+	link.answerSYN = s.Relay.AnswerSYN
+	link.policy = o.Policy
+	// Created disabled and enabled once configured, so that no packet
+	// meets a half-configured NIC.
+	nicOpts := stack.NICOptions{Name: o.Spec.IfName, Disabled: true}
+	if o.WireQueueLen > 0 {
+		nicOpts.QDisc = wirequeue.New(link, o.WireQueueLen, &s.WireStats.Queue)
+	}
+	if err := s.Wire.CreateNICWithOptions(wireNIC, link, nicOpts); err != nil {
+		return fmt.Errorf("creating NIC: %s", err)
+	}
+	if err := configureWire(s.Wire, o.Spec); err != nil {
+		return err
+	}
+	if err := s.Wire.EnableNIC(wireNIC); err != nil {
+		return fmt.Errorf("enabling NIC: %s", err)
+	}
+	// The sockets queue what arrives until their readers start.
+	return s.startReaders(link, tcpip.LinkAddress(mac))
+}
+
+// fdbasedOptions configures netstack's link endpoint: it sends, and reads
+// the link's socket unless the stack has a send socket and reads it
+// itself (linkReader).
+func (s *Stack) fdbasedOptions(mac net.HardwareAddr) *fdbased.Options {
 	o := s.opts
 	fo := fdbased.Options{
 		FDs:                []int{o.sendFD()},
@@ -340,7 +287,7 @@ func (s *Stack) attachWire(mac net.HardwareAddr) error {
 			}
 		},
 	}
-	if o.TXFD > 0 {
+	if o.Link.TX > 0 {
 		// A fanout group needs a socket that receives (EINVAL on a
 		// send-only one), and one socket has nobody to share with.
 		fo.PreConfigured, fo.IsPacketSocket = true, []bool{true}
@@ -357,40 +304,24 @@ func (s *Stack) attachWire(mac net.HardwareAddr) error {
 		// TSO is off, see offload.LinkTSOOff): one system call and one
 		// copy per 64 KiB. Splitting them here and sending the frames
 		// with one sendmmsg moved 2.8x less pod→node in one interleaved
-		// run (docs/benchmarks/2026-12-01-software-gso-in-kernel.md).
+		// run (BENCHMARKS.md, History: software GSO by the kernel's GSO).
 		fo.GSOMaxSize = softwareGSOMaxSize
 	}
-	ep, err := fdbased.New(&fo)
-	if err != nil {
-		return fmt.Errorf("creating the link endpoint: %w", err)
-	}
-	ep = s.tapWire(ep)
-	// Created disabled and enabled once configured, so that no packet
-	// meets a half-configured NIC.
-	link := newCountingLink(ep, &s.WireStats)
-	link.gate = &synGate{cookiesSent: s.Wire.Stats().TCP.ListenOverflowSynCookieSent.Value}
-	link.answerSYN = s.Relay.AnswerSYN
-	link.policy = o.Policy
-	nicOpts := stack.NICOptions{Name: o.Spec.IfName, Disabled: true}
-	if o.WireQueueLen > 0 {
-		nicOpts.QDisc = wirequeue.New(link, o.WireQueueLen, &s.WireStats.Queue)
-	}
-	if err := s.Wire.CreateNICWithOptions(wireNIC, link, nicOpts); err != nil {
-		return fmt.Errorf("creating NIC: %s", err)
-	}
-	if err := configureWire(s.Wire, o.Spec); err != nil {
-		return err
-	}
-	if err := s.Wire.EnableNIC(wireNIC); err != nil {
-		return fmt.Errorf("enabling NIC: %s", err)
-	}
-	// The sockets queue what arrives until their readers start.
-	if o.TXFD > 0 {
-		r, err := newLinkReader(o.LinkFD, o.GSO.Mode.VnetHdr())
+	return &fo
+}
+
+// startReaders starts the stack's readers of the link's sockets: the
+// link's socket's when fdbased does not read it, the SYN socket's and the
+// fragment socket's when the link has them. Stack.shutdown stops those
+// that started.
+func (s *Stack) startReaders(link *countingLink, mac tcpip.LinkAddress) error {
+	o := s.opts
+	if o.Link.TX > 0 {
+		r, err := newLinkReader(o.Link.FD, o.GSO.Mode.VnetHdr())
 		if err != nil {
 			return err
 		}
-		r.mac = tcpip.LinkAddress(mac)
+		r.mac = mac
 		r.rxChecksumValidated = !o.VerifyRXChecksums
 		r.gro.Init(o.GRO)
 		r.gro.Dispatcher = s.Capture
@@ -399,8 +330,8 @@ func (s *Stack) attachWire(mac net.HardwareAddr) error {
 		s.reader = r
 		r.start()
 	}
-	if o.SYN != nil {
-		p, err := newSYNPath(o.SYN, tcpip.LinkAddress(mac))
+	if o.Link.SYN != nil {
+		p, err := newSYNPath(o.Link.SYN, mac)
 		if err != nil {
 			return err
 		}
@@ -411,8 +342,8 @@ func (s *Stack) attachWire(mac net.HardwareAddr) error {
 		s.syn = p
 		p.start()
 	}
-	if o.FragmentFD > 0 {
-		p, err := newFragPath(o.FragmentFD, int(o.Spec.MTU), tcpip.LinkAddress(mac))
+	if o.Link.Fragments > 0 {
+		p, err := newFragPath(o.Link.Fragments, int(o.Spec.MTU), mac)
 		if err != nil {
 			return err
 		}
@@ -425,57 +356,6 @@ func (s *Stack) attachWire(mac net.HardwareAddr) error {
 	return nil
 }
 
-func protoOf(a tcpip.Address) tcpip.NetworkProtocolNumber {
-	if a.Len() == 16 {
-		return ipv6.ProtocolNumber
-	}
-	return ipv4.ProtocolNumber
-}
-
-// configureWire installs the addresses, routes and neighbours the kernel had.
-func configureWire(ns *stack.Stack, spec *podnet.Spec) error {
-	hasV6 := false
-	for _, p := range spec.Addrs {
-		addr := tcpip.AddrFromSlice(p.Addr().AsSlice())
-		pa := tcpip.ProtocolAddress{Protocol: protoOf(addr), AddressWithPrefix: tcpip.AddressWithPrefix{Address: addr, PrefixLen: p.Bits()}}
-		if err := ns.AddProtocolAddress(wireNIC, pa, stack.AddressProperties{}); err != nil {
-			return fmt.Errorf("adding address %s: %s", p, err)
-		}
-		hasV6 = hasV6 || p.Addr().Is6()
-	}
-	routes := slices.Clone(spec.Routes)
-	if hasV6 {
-		routes = append(routes, podnet.Route{Dst: mustPrefix("fe80::/64")})
-	}
-	// netstack takes the first matching route in table order: most specific
-	// first, like a kernel's longest-prefix match.
-	slices.SortStableFunc(routes, func(a, b podnet.Route) int { return cmp.Compare(b.Dst.Bits(), a.Dst.Bits()) })
-	var table []tcpip.Route
-	for _, r := range routes {
-		sub, err := tcpip.NewSubnet(tcpip.AddrFromSlice(r.Dst.Addr().AsSlice()), tcpip.MaskFromBytes(net.CIDRMask(r.Dst.Bits(), r.Dst.Addr().BitLen())))
-		if err != nil {
-			return fmt.Errorf("route %s: %w", r.Dst, err)
-		}
-		tr := tcpip.Route{Destination: sub, NIC: wireNIC}
-		if r.Gw.IsValid() {
-			tr.Gateway = tcpip.AddrFromSlice(r.Gw.AsSlice())
-		}
-		table = append(table, tr)
-	}
-	ns.SetRouteTable(table)
-	for _, n := range spec.Neighbors {
-		mac, err := net.ParseMAC(n.MAC)
-		if err != nil {
-			return fmt.Errorf("neighbour %s: %w", n.IP, err)
-		}
-		addr := tcpip.AddrFromSlice(n.IP.AsSlice())
-		if err := ns.AddStaticNeighbor(wireNIC, protoOf(addr), addr, tcpip.LinkAddress(mac)); err != nil {
-			return fmt.Errorf("adding neighbour %s: %s", n.IP, err)
-		}
-	}
-	return nil
-}
-
 // WireUp reports whether the wire leg's NIC is enabled.
 func (s *Stack) WireUp() bool { return s.Wire.CheckNIC(wireNIC) }
 
@@ -484,7 +364,7 @@ func (s *Stack) WireUp() bool { return s.Wire.CheckNIC(wireNIC) }
 func (s *Stack) Close() {
 	s.closeOnce.Do(func() {
 		s.shutdown()
-		s.closeSockets()
+		s.opts.Link.Close()
 	})
 }
 
@@ -510,25 +390,4 @@ func (s *Stack) shutdown() {
 	if s.Busy != nil {
 		s.Busy.Close()
 	}
-}
-
-// closeSockets closes the SYN socket, the fragment socket, the link's
-// socket and the send socket, which the stack owns once Build succeeded: all at once, because
-// the kernel's release of a packet socket waits for an RCU grace period
-// (synchronize_net; the SYN socket's ring a second one). One after another,
-// as the process's exit closed them, those waits were 55–60 ms of a
-// stack's exit here, a third of a DEL; at once they overlap.
-func (s *Stack) closeSockets() {
-	var wg sync.WaitGroup
-	if s.syn != nil {
-		wg.Go(s.syn.sock.Close)
-	}
-	if s.opts.FragmentFD > 0 {
-		wg.Go(func() { unix.Close(s.opts.FragmentFD) })
-	}
-	wg.Go(func() { unix.Close(s.opts.LinkFD) })
-	if s.opts.TXFD > 0 {
-		wg.Go(func() { unix.Close(s.opts.TXFD) })
-	}
-	wg.Wait()
 }

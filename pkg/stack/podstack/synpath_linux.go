@@ -1,10 +1,6 @@
 package podstack
 
 import (
-	"fmt"
-	"os"
-	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/cni-usernet/cni-usernet/pkg/api/policy"
@@ -20,24 +16,21 @@ import (
 // synPath serves the link's SYN socket (packetsock.NewSYNSocket): the
 // new-connection SYNs, and nothing else, read from its receive ring in
 // batches of up to synBatch. A SYN the gate lets through becomes a packet
-// buffer for netstack, as the link's own reader would make it. Under a flood (the gate's pressure, or beyond
-// its cap) the SYNs are answered here instead, straight from the frame:
+// buffer for netstack, as the link's own reader would make it. Under a
+// flood (the gate's pressure, or beyond its cap) the SYNs are answered
+// here instead, straight from the frame:
 // the cookie SYN-ACK is built in a frame kept for it and the batch's
 // answers go out in one sendmmsg on the same socket, without a packet
 // buffer, netstack's NIC or its queue (docs/reliability/hostile.md has
 // the cost per SYN).
 type synPath struct {
+	// pollLoop waits for SYNs on Go's netpoller and serves the ring
+	// (serveRing); the ring needs no recvmmsg.
+	pollLoop
 	sock *packetsock.SYNSocket
-	// file is a dup of the socket on Go's netpoller: the reader waits
-	// for SYNs there, never in a system call that holds its thread's P
-	// (see linkReader; with one P a blocked ppoll would stall the stack).
-	file     *os.File
-	rc       syscall.RawConn
-	stopping atomic.Bool
-	done     chan struct{}
-	mac      tcpip.LinkAddress
-	link     *countingLink
-	tap      *wireTap
+	mac  tcpip.LinkAddress
+	link *countingLink
+	tap  *wireTap
 	// answer builds the cookie SYN-ACK for a SYN's IP packet into buf
 	// (relay.SYNCookieAnswer); count reports what was sent
 	// (relay.CountFastCookies).
@@ -46,8 +39,6 @@ type synPath struct {
 	// rxChecksumValidated is fdbased's RXChecksumOffload: the link's
 	// frames are trusted the same way whichever socket read them.
 	rxChecksumValidated bool
-	// failed reports that the loop ended on an error (Stack.Failed).
-	failed func(error)
 
 	out  [synBatch][]byte
 	outN [synBatch]int
@@ -64,11 +55,11 @@ const synBatch = 64
 const synAnswerFrame = header.EthernetMinimumSize + 64
 
 func newSYNPath(sock *packetsock.SYNSocket, mac tcpip.LinkAddress) (*synPath, error) {
-	f, rc, err := pollable(sock.FD, "SYN socket")
-	if err != nil {
+	p := &synPath{sock: sock, mac: mac}
+	if err := p.open(sock.FD, "SYN socket", "SYN socket: waiting for SYNs"); err != nil {
 		return nil, err
 	}
-	p := &synPath{sock: sock, file: f, rc: rc, done: make(chan struct{}), mac: mac}
+	p.serve = p.serveRing
 	for k := range synBatch {
 		p.out[k] = make([]byte, synAnswerFrame)
 		p.outV[k] = rawfile.IovecFromBytes(p.out[k])
@@ -76,42 +67,19 @@ func newSYNPath(sock *packetsock.SYNSocket, mac tcpip.LinkAddress) (*synPath, er
 	return p, nil
 }
 
-func (p *synPath) start() { go p.run() }
-
-// stop stops the loop and waits for it; the socket stays open (Stack
-// closes it with the link's other sockets).
-func (p *synPath) stop() {
-	p.stopping.Store(true)
-	p.file.Close()
-	<-p.done
-}
-
-func (p *synPath) run() {
-	defer close(p.done)
-	// One RawRead for the loop's life, as linkReader's: serve returns
-	// false to wait for the ring, true on a socket error.
-	var sockErr error
-	err := p.rc.Read(func(uintptr) bool {
-		if !p.sock.Ready() {
-			// Woken (or started) with an empty ring: the error that woke
-			// us, if that is what did.
-			sockErr = p.sock.Err()
-			return sockErr != nil
-		}
-		for p.sock.Ready() {
-			p.serveBatch()
-		}
-		return false
-	})
-	if err == nil {
-		err = sockErr
+// serveRing is the loop's serve (pollLoop): it serves the ring until it
+// is empty, then waits for the socket to become readable again, without
+// a turn's budget. Woken (or started) with an empty ring, it takes the
+// error that woke it, if that is what did.
+func (p *synPath) serveRing(uintptr) bool {
+	if !p.sock.Ready() {
+		p.err = p.sock.Err()
+		return p.err != nil
 	}
-	if p.stopping.Load() {
-		return
+	for p.sock.Ready() {
+		p.serveBatch()
 	}
-	// Nothing would read the SYN socket any more: new connections would
-	// time out while the rest kept flowing.
-	p.failed(fmt.Errorf("SYN socket: waiting for SYNs: %w", err))
+	return false
 }
 
 // serveBatch handles up to synBatch SYNs from the ring and sends their

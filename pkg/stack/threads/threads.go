@@ -6,11 +6,12 @@
 // frame wakes runs on the thread that read it, and a second P only adds a
 // thread that the runtime wakes to spin for work at every hand-off (40 %
 // more stack CPU under request/response, redis 0.44× against 0.61× the
-// kernel veth; docs/benchmarks/2026-12-01-netpoller-reader-one-thread.md).
+// kernel veth; BENCHMARKS.md, History: link read on Go's netpoller, one
+// thread).
 // Bulk traffic over many connections is the opposite: each goroutine
 // has a large write to make, the one thread saturates, and 16 or 128
 // streams into one pod moved 6.2–8.2 Gbit/s on one thread against
-// 8.0–10.9 on two (lab, alternated, 2026-12-02). What tells them apart
+// 8.0–10.9 on two (lab, alternated). What tells them apart
 // is the size of the frames: GSO and GRO aggregates under bulk traffic, a
 // few hundred bytes under requests; and the number of connections: one
 // stream gains nothing from a second thread (8.2–8.4 against 8.2–9.8

@@ -1,0 +1,5 @@
+//go:build !race
+
+package podstack
+
+const raceEnabled = false
