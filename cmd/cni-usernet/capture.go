@@ -36,61 +36,130 @@ flags:
 `
 
 func runCapture(argv []string, stdout, stderr io.Writer) error {
+	f, err := parseCaptureFlags(argv, stderr)
+	if err != nil {
+		return err
+	}
+	a, err := findRunningAttachment(f.stateDir, f.target, f.ifName)
+	if err != nil {
+		return err
+	}
+	o := f.opts
+	if err := fromStack(&o, a); err != nil {
+		return err
+	}
+	file, err := openCaptureOutput(f.out, stdout)
+	if err != nil {
+		return err
+	}
+	o.Out = stdout
+	if file != nil {
+		defer file.Close()
+		o.Out = file
+	}
+	// A reader that goes away (tcpdump -c) makes writes fail with EPIPE
+	// instead of killing the process, so that the summary is printed and
+	// the stack told to stop.
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	o.Started = func(ifaces []pcap.Interface) {
+		// tcpdump prints the node's name of an interface index; these
+		// are the pod's.
+		var legs []string
+		for _, i := range ifaces {
+			legs = append(legs, fmt.Sprintf("%s %s (ifindex %d)", i.Leg, i.Name, i.IfIndex))
+		}
+		fmt.Fprintf(stderr, "cni-usernet capture: capturing %s: %s\n", describe(a), strings.Join(legs, ", "))
+	}
+	sum, err := capture.Run(ctx, o)
+	printSummary(stderr, sum)
+	if err != nil {
+		return fmt.Errorf("capture: %w", err)
+	}
+	if file != nil {
+		if err := file.Close(); err != nil {
+			return fmt.Errorf("capture: %w", err)
+		}
+	}
+	return nil
+}
+
+// captureFlags are the command line of capture.
+type captureFlags struct {
+	target, out, ifName, stateDir string
+	// opts holds the count, duration, snap length and legs.
+	opts capture.Options
+}
+
+func parseCaptureFlags(argv []string, stderr io.Writer) (captureFlags, error) {
 	fs := flag.NewFlagSet("capture", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
 		fmt.Fprint(stderr, captureUsage)
 		fs.PrintDefaults()
 	}
-	out := fs.String("w", "", "write to this file instead of stdout")
+	var f captureFlags
+	fs.StringVar(&f.out, "w", "", "write to this file instead of stdout")
 	leg := fs.String("leg", "both", "legs to capture: wire, app or both")
-	count := fs.Int("c", 0, "stop after this many packets (0: no limit)")
-	duration := fs.Duration("duration", 0, "stop after this long, e.g. 30s (0: until interrupted)")
-	snapLen := fs.Int("s", pcap.DefaultSnapLen, "bytes of each packet kept")
-	ifName := fs.String("if", "", "the pod's interface, when it has several attachments")
-	stateDir := fs.String("state-dir", netconf.DefaultStateDir, "state directory of the plugin")
+	fs.IntVar(&f.opts.Count, "c", 0, "stop after this many packets (0: no limit)")
+	fs.DurationVar(&f.opts.Duration, "duration", 0, "stop after this long, e.g. 30s (0: until interrupted)")
+	fs.IntVar(&f.opts.SnapLen, "s", pcap.DefaultSnapLen, "bytes of each packet kept")
+	fs.StringVar(&f.ifName, "if", "", "the pod's interface, when it has several attachments")
+	fs.StringVar(&f.stateDir, "state-dir", netconf.DefaultStateDir, "state directory of the plugin")
 	if err := fs.Parse(argv); err != nil {
-		return err
+		return f, err
 	}
 	// Flags may also follow the pod, as with kubectl.
-	target := fs.Arg(0)
+	f.target = fs.Arg(0)
 	if fs.NArg() > 1 {
 		if err := fs.Parse(fs.Args()[1:]); err != nil {
-			return err
+			return f, err
 		}
 		if fs.NArg() > 0 {
-			return fmt.Errorf("capture: one pod at a time, got %q and %q", target, fs.Arg(0))
+			return f, fmt.Errorf("capture: one pod at a time, got %q and %q", f.target, fs.Arg(0))
 		}
 	}
-	if target == "" {
+	if f.target == "" {
 		fs.Usage()
-		return fmt.Errorf("capture: which pod?")
+		return f, fmt.Errorf("capture: which pod?")
 	}
-	o := capture.Options{Count: *count, Duration: *duration, SnapLen: *snapLen}
 	switch *leg {
 	case "wire":
-		o.Wire = true
+		f.opts.Wire = true
 	case "app":
-		o.App = true
+		f.opts.App = true
 	case "both":
-		o.Wire, o.App = true, true
+		f.opts.Wire, f.opts.App = true, true
 	default:
-		return fmt.Errorf("capture: --leg %q: want wire, app or both", *leg)
+		return f, fmt.Errorf("capture: --leg %q: want wire, app or both", *leg)
 	}
-	atts, errs := state.Store{Dir: *stateDir}.List()
+	return f, nil
+}
+
+// findRunningAttachment finds target's attachment in stateDir and checks
+// that its stack runs.
+func findRunningAttachment(stateDir, target, ifName string) (*state.Attachment, error) {
+	atts, errs := state.Store{Dir: stateDir}.List()
 	if len(atts) == 0 && len(errs) > 0 {
 		if errors.Is(errs[0], iofs.ErrPermission) {
-			return fmt.Errorf("capture: %w (capturing needs root on the node)", errs[0])
+			return nil, fmt.Errorf("capture: %w (capturing needs root on the node)", errs[0])
 		}
-		return errs[0]
+		return nil, errs[0]
 	}
-	a, err := findAttachment(atts, target, *ifName)
+	a, err := findAttachment(atts, target, ifName)
 	if err != nil {
-		return fmt.Errorf("capture: %w", err)
+		return nil, fmt.Errorf("capture: %w", err)
 	}
 	if !launch.Alive(launch.Process{PID: a.StackPID, StartTime: a.StackStartTime}) {
-		return fmt.Errorf("capture: the stack of %s (pid %d) is not running; `cni-usernet status` says why", describe(a), a.StackPID)
+		return nil, fmt.Errorf("capture: the stack of %s (pid %d) is not running; `cni-usernet status` says why", describe(a), a.StackPID)
 	}
+	return a, nil
+}
+
+// fromStack fills in o where and what to capture, from a's record and its
+// stack's status.
+func fromStack(o *capture.Options, a *state.Attachment) error {
 	var st control.Status
 	if err := control.FetchStatus(a.ControlSocket, 5*time.Second, &st); err != nil {
 		if errors.Is(err, iofs.ErrPermission) {
@@ -116,46 +185,25 @@ func runCapture(argv []string, stdout, stderr io.Writer) error {
 			}
 		}
 	}
-
-	o.Out = stdout
-	if *out != "" {
-		f, err := os.Create(*out)
-		if err != nil {
-			return fmt.Errorf("capture: %w", err)
-		}
-		defer f.Close()
-		o.Out = f
-	} else if f, ok := stdout.(*os.File); ok {
-		if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
-			return fmt.Errorf("capture: not writing pcap to a terminal: pipe it (| tcpdump -nn -e -r -) or use -w FILE")
-		}
-	}
-	// A reader that goes away (tcpdump -c) makes writes fail with EPIPE
-	// instead of killing the process, so that the summary is printed and
-	// the stack told to stop.
-	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
-	o.Started = func(ifaces []pcap.Interface) {
-		// tcpdump prints the node's name of an interface index; these
-		// are the pod's.
-		var legs []string
-		for _, i := range ifaces {
-			legs = append(legs, fmt.Sprintf("%s %s (ifindex %d)", i.Leg, i.Name, i.IfIndex))
-		}
-		fmt.Fprintf(stderr, "cni-usernet capture: capturing %s: %s\n", describe(a), strings.Join(legs, ", "))
-	}
-	sum, err := capture.Run(ctx, o)
-	printSummary(stderr, sum)
-	if err != nil {
-		return fmt.Errorf("capture: %w", err)
-	}
-	if *out != "" {
-		if err := o.Out.(*os.File).Close(); err != nil {
-			return fmt.Errorf("capture: %w", err)
-		}
-	}
 	return nil
+}
+
+// openCaptureOutput creates the file path; with no path it returns nil
+// for stdout, which must not be a terminal.
+func openCaptureOutput(path string, stdout io.Writer) (*os.File, error) {
+	if path != "" {
+		f, err := os.Create(path)
+		if err != nil {
+			return nil, fmt.Errorf("capture: %w", err)
+		}
+		return f, nil
+	}
+	if f, ok := stdout.(*os.File); ok {
+		if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
+			return nil, fmt.Errorf("capture: not writing pcap to a terminal: pipe it (| tcpdump -nn -e -r -) or use -w FILE")
+		}
+	}
+	return nil, nil
 }
 
 func describe(a *state.Attachment) string {

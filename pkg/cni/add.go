@@ -65,13 +65,67 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 	return types.PrintResult(result, inv.conf.CNIVersion)
 }
 
+// addition is one ADD under way: what it decided before touching the
+// node, what it has built so far, and the undo of that.
+type addition struct {
+	*invocation
+	att   *state.Attachment
+	paths attachment.Paths
+	// netns is the pod's namespace, open until the undo has run: giving
+	// an earlier plugin its interface back enters it.
+	netns ns.NetNS
+	// mode and modeSource are the GSO mode asked for and who asked.
+	mode       offload.Mode
+	modeSource string
+	// cgroup is the stack's cgroup (launch.Options.CgroupPath).
+	cgroup string
+	undo   undo
+}
+
+// add attaches the pod. Every step arms the undo of what it made as it
+// makes it; a failed ADD runs the undo, which leaves the node and the pod
+// as they were.
 func (inv *invocation) add() (_ *current.Result, err error) {
+	a, err := inv.prepareAdd()
+	if err != nil {
+		return nil, err
+	}
+	if a.netns, err = openNetNS(inv.args.Netns); err != nil {
+		return nil, err
+	}
+	defer a.netns.Close()
+	defer func() {
+		if err != nil {
+			a.undo.run()
+		}
+	}()
+	result, err := a.attachWire()
+	if err != nil {
+		return nil, err
+	}
+	if err := a.record(); err != nil {
+		return nil, err
+	}
+	proc, err := a.startStack()
+	if err != nil {
+		return nil, err
+	}
+	if err := a.finish(result, proc); err != nil {
+		return nil, err
+	}
+	return result, nil
+}
+
+// prepareAdd checks everything ADD can check before it touches the node:
+// annotations, configuration, and that the attachment does not exist.
+func (inv *invocation) prepareAdd() (*addition, error) {
 	args, conf := inv.args, inv.conf
 	if err := inv.loadAnnotations(); err != nil {
 		return nil, err
 	}
-	mode, modeSource, err := conf.GSOMode()
-	if err != nil {
+	a := &addition{invocation: inv}
+	var err error
+	if a.mode, a.modeSource, err = conf.GSOMode(); err != nil {
 		inv.event(kube.EventWarning, "InvalidGSOAnnotation", err.Error()+"; the pod gets no network until the annotation is fixed")
 		return nil, errorf(types.ErrInvalidNetworkConfig, "%v", err)
 	}
@@ -82,8 +136,8 @@ func (inv *invocation) add() (_ *current.Result, err error) {
 	if conf.NetworkPolicy && (inv.pod.K8S_POD_NAMESPACE == "" || inv.pod.K8S_POD_NAME == "") {
 		return nil, errorf(types.ErrInvalidNetworkConfig, `"networkPolicy" is on, but CNI_ARGS names no pod (K8S_POD_NAMESPACE, K8S_POD_NAME): the node agent compiles a pod's policy from its API object`)
 	}
-	stackCgroup, cgroupNote, err := inv.stackCgroup()
-	if err != nil {
+	var cgroupNote string
+	if a.cgroup, cgroupNote, err = inv.stackCgroup(); err != nil {
 		return nil, err
 	}
 	if cgroupNote != "" {
@@ -99,33 +153,28 @@ func (inv *invocation) add() (_ *current.Result, err error) {
 	} else if !errors.Is(err, state.ErrNotFound) {
 		return nil, errUnreadableState(err, args.ContainerID, args.IfName)
 	}
-	netns, err := openNetNS(args.Netns)
-	if err != nil {
-		return nil, err
-	}
-	defer netns.Close()
-
-	var u undo
-	defer func() {
-		if err != nil {
-			u.run()
-		}
-	}()
-
-	att := &state.Attachment{
+	a.att = &state.Attachment{
 		Network: conf.Name, ContainerID: args.ContainerID, IfName: args.IfName, Netns: args.Netns,
 		PodNS: string(inv.pod.K8S_POD_NAMESPACE), PodName: string(inv.pod.K8S_POD_NAME),
 		Created: time.Now().UTC(), Chained: conf.Chained(),
 	}
-	p := inv.pathsFor(args.ContainerID, args.IfName)
-	// A spec left by an earlier failed ADD describes a link that no longer
-	// exists; the stack must collect afresh.
+	a.paths = inv.pathsFor(args.ContainerID, args.IfName)
+	return a, nil
+}
+
+// attachWire makes the stack's namespace and puts the pod's link to the
+// node in it (the earlier plugin's chained; ours, leased and shaped,
+// standalone), then fences the link's node end.
+func (a *addition) attachWire() (*current.Result, error) {
+	p, att := a.paths, a.att
+	// A spec left by an earlier failed ADD describes a link that is gone;
+	// the stack must collect afresh.
 	if err := os.RemoveAll(p.StackDir); err != nil {
-		return nil, errStateDir(conf.StateDir, fmt.Errorf("clearing %s: %w", p.StackDir, err))
+		return nil, errStateDir(a.conf.StateDir, fmt.Errorf("clearing %s: %w", p.StackDir, err))
 	}
-	u.add(func() { os.RemoveAll(p.StackDir); os.Remove(p.Socket) })
-	wirePath := attachment.WirePath(conf.NetnsDir, args.ContainerID, args.IfName)
-	wire, err := inv.makeWireNetns(wirePath, netns, &u)
+	a.undo.add(func() { os.RemoveAll(p.StackDir); os.Remove(p.Socket) })
+	wirePath := attachment.WirePath(a.conf.NetnsDir, a.args.ContainerID, a.args.IfName)
+	wire, err := a.makeWireNetns(wirePath, a.netns, &a.undo)
 	if err != nil {
 		return nil, err
 	}
@@ -133,102 +182,119 @@ func (inv *invocation) add() (_ *current.Result, err error) {
 	att.WireNetns = wirePath
 	var result *current.Result
 	if att.Chained {
-		if result, err = inv.takeOverPrevious(netns); err != nil {
+		if result, err = a.takeOverPrevious(a.netns); err != nil {
 			return nil, err
 		}
-		if err := inv.moveToWire(netns, wire, p.Spec, &u); err != nil {
+		if err := a.moveToWire(a.netns, wire, p.Spec, &a.undo); err != nil {
 			return nil, err
 		}
 	} else {
-		if result, err = inv.attachVeth(netns, wire, att, &u); err != nil {
+		if result, err = a.attachVeth(a.netns, wire, att, &a.undo); err != nil {
 			return nil, err
 		}
-		if err := inv.shape(wire, att.HostVeth); err != nil {
+		if err := a.shape(wire, att.HostVeth); err != nil {
 			return nil, err
 		}
 	}
 	for _, ipc := range result.IPs {
 		att.IPs = append(att.IPs, ipc.Address.String())
 	}
-	if err := inv.guardSources(wire, att, &u); err != nil {
+	if err := a.guardSources(wire, att, &a.undo); err != nil {
 		return nil, err
 	}
-	inv.step("wire")
+	a.step("wire")
+	return result, nil
+}
 
-	if err := inv.writeStackConfig(p, mode, att.WireNetns); err != nil {
-		return nil, errStateDir(conf.StateDir, fmt.Errorf("writing the stack's configuration: %w", err))
+// record writes the stack's configuration and the attachment's record.
+// The record is saved before the stack starts, so that a plugin killed
+// mid-ADD leaves one DEL and GC can undo.
+func (a *addition) record() error {
+	p, att, conf := a.paths, a.att, a.conf
+	if err := a.writeStackConfig(p, a.mode, att.WireNetns); err != nil {
+		return errStateDir(conf.StateDir, fmt.Errorf("writing the stack's configuration: %w", err))
 	}
 	att.ConfigPath, att.SpecPath, att.ControlSocket, att.LogPath = p.Config, p.Spec, p.Socket, p.Log
 	att.PolicyPath = p.Policy
-	// Saved before the stack starts, so that a plugin killed mid-ADD leaves
-	// a record DEL and GC can undo.
-	if err := inv.store.Save(att); err != nil {
-		return nil, errStateDir(conf.StateDir, err)
+	if err := a.store.Save(att); err != nil {
+		return errStateDir(conf.StateDir, err)
 	}
-	u.add(func() { inv.store.Delete(args.ContainerID, args.IfName) })
-
+	a.undo.add(func() { a.store.Delete(att.ContainerID, att.IfName) })
 	// A stack that fails after fencing the link and making its TUN leaves
 	// them (it keeps them for a restart); undo them with the rest.
-	td := inv.teardown(args.ContainerID, args.IfName, args.Netns)
+	td := a.teardown(att.ContainerID, att.IfName, att.Netns)
 	td.Chained, td.IPs = att.Chained, att.IPs
 	td.WireNetns = att.WireNetns
-	u.add(func() { td.CleanNetns() })
-	inv.step("state")
+	a.undo.add(func() { td.CleanNetns() })
+	a.step("state")
+	return nil
+}
+
+// startStack starts the pod's stack and waits until it is ready.
+func (a *addition) startStack() (launch.Process, error) {
+	att, p := a.att, a.paths
 	self, err := os.Executable()
 	if err != nil {
-		return nil, cniError(types.ErrInternal, fmt.Errorf("finding own executable: %w", err))
+		return launch.Process{}, cniError(types.ErrInternal, fmt.Errorf("finding own executable: %w", err))
 	}
 	stackBinary, err := attachment.StackBinary(self)
 	if err != nil {
-		return nil, cniError(types.ErrInternal, err)
+		return launch.Process{}, cniError(types.ErrInternal, err)
 	}
 	proc, err := launch.Start(launch.Options{
 		Binary:       stackBinary,
 		Args:         attachment.StackArgs(p.Config),
-		Netns:        args.Netns,
+		Netns:        att.Netns,
 		WireNetns:    att.WireNetns,
 		LogPath:      p.Log,
-		ReadyTimeout: conf.ReadyTimeoutDuration(),
-		CgroupPath:   stackCgroup,
+		ReadyTimeout: a.conf.ReadyTimeoutDuration(),
+		CgroupPath:   a.cgroup,
 		OOMScoreAdj:  launch.StackOOMScoreAdj,
 	})
 	if err != nil {
-		return nil, errorf(types.ErrInternal, "starting the pod's stack (gso %s from %s): %v", mode, modeSource, err)
+		return launch.Process{}, errorf(types.ErrInternal, "starting the pod's stack (gso %s from %s): %v", a.mode, a.modeSource, err)
 	}
-	u.add(func() { launch.Stop(proc, attachment.StopGrace) })
+	a.undo.add(func() { launch.Stop(proc, attachment.StopGrace) })
 	if proc.Warning != nil {
-		inv.log.Warn("stack started with a warning", "warning", proc.Warning)
+		a.log.Warn("stack started with a warning", "warning", proc.Warning)
 	}
 	att.StackPID, att.StackStartTime = proc.PID, proc.StartTime
 	att.StackBinary = stackBinary
 	if att.StackCgroups, err = launch.Cgroups(proc.PID); err != nil {
-		return nil, cniError(types.ErrInternal, err)
+		return launch.Process{}, cniError(types.ErrInternal, err)
 	}
+	a.step("stack")
+	return proc, nil
+}
 
-	inv.step("stack")
+// finish reads the GSO mode the stack chose, has the node agent put the
+// pod's policy in it when policy is on, and completes the record.
+func (a *addition) finish(result *current.Result, proc launch.Process) error {
+	att, conf := a.att, a.conf
 	var st control.Status
-	if err := control.FetchStatus(p.Socket, 5*time.Second, &st); err != nil {
-		return nil, errorf(types.ErrInternal, "reading the stack's status: %v", err)
+	if err := control.FetchStatus(a.paths.Socket, 5*time.Second, &st); err != nil {
+		return errorf(types.ErrInternal, "reading the stack's status: %v", err)
 	}
 	att.GSO = st.GSO
-	inv.step("status")
+	a.step("status")
 	if conf.NetworkPolicy {
-		if err := inv.requestPolicy(p, att); err != nil {
-			return nil, err
+		if err := a.requestPolicy(a.paths, att); err != nil {
+			return err
 		}
-		inv.step("policy")
+		a.step("policy")
 	}
+	var err error
 	if att.Result, err = json.Marshal(result); err != nil {
-		return nil, cniError(types.ErrInternal, err)
+		return cniError(types.ErrInternal, err)
 	}
-	if err := inv.store.Save(att); err != nil {
-		return nil, errStateDir(conf.StateDir, err)
+	if err := a.store.Save(att); err != nil {
+		return errStateDir(conf.StateDir, err)
 	}
-	inv.step("record")
-	inv.log.Info("stack started", "pid", proc.PID, "gso", st.GSO.Mode, "reason", st.GSO.Reason, "source", modeSource)
-	inv.event(kube.EventNormal, "GSOMode", fmt.Sprintf("GSO %s (requested %s by %s): %s; stack pid %d",
-		st.GSO.Mode, mode, modeSource, st.GSO.Reason, proc.PID))
-	return result, nil
+	a.step("record")
+	a.log.Info("stack started", "pid", proc.PID, "gso", st.GSO.Mode, "reason", st.GSO.Reason, "source", a.modeSource)
+	a.event(kube.EventNormal, "GSOMode", fmt.Sprintf("GSO %s (requested %s by %s): %s; stack pid %d",
+		st.GSO.Mode, a.mode, a.modeSource, st.GSO.Reason, proc.PID))
+	return nil
 }
 
 // agentTimeout bounds the wait for the node agent to put the pod's policy

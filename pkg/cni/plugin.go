@@ -1,4 +1,4 @@
-// Package plugin implements the cni-usernet CNI verbs: it attaches a pod
+// Package cni implements the cni-usernet CNI verbs: it attaches a pod
 // (veth + IPAM, or an interface an earlier plugin made), launches the pod's
 // userspace stack, and undoes all of it on DEL and GC.
 package cni

@@ -47,37 +47,49 @@ func setupVeth(netns ns.NetNS, sandbox, ifName, hostName string, mtu int, result
 		if err := ipam.ConfigureIface(ifName, result); err != nil {
 			return fmt.Errorf("configuring %s: %w", ifName, err)
 		}
-		link, err := netlinksafe.LinkByName(ifName)
-		if err != nil {
-			return fmt.Errorf("looking up %s: %w", ifName, err)
-		}
-		for _, ipc := range result.IPs {
-			if ipc.Gateway == nil {
-				continue
-			}
-			bits := 32
-			if ipc.Address.IP.To4() == nil {
-				bits = 128
-			}
-			subnet := &net.IPNet{IP: ipc.Address.IP.Mask(ipc.Address.Mask), Mask: ipc.Address.Mask}
-			// Replace the on-link subnet route: every neighbour is reached
-			// through the gateway, so the pod never ARPs for a peer the
-			// node side would not answer for.
-			_ = netlink.RouteDel(&netlink.Route{LinkIndex: link.Attrs().Index, Dst: subnet, Scope: netlink.SCOPE_NOWHERE})
-			for _, r := range []netlink.Route{
-				{LinkIndex: link.Attrs().Index, Dst: &net.IPNet{IP: ipc.Gateway, Mask: net.CIDRMask(bits, bits)}, Scope: netlink.SCOPE_LINK, Src: ipc.Address.IP},
-				{LinkIndex: link.Attrs().Index, Dst: subnet, Gw: ipc.Gateway, Src: ipc.Address.IP},
-			} {
-				if err := netlink.RouteReplace(&r); err != nil {
-					return fmt.Errorf("adding route %s on %s: %w", r.Dst, ifName, err)
-				}
-			}
-		}
-		return nil
+		return routeViaGateway(ifName, result)
 	})
 	if err != nil {
 		return err
 	}
+	return configureNodeEnd(hostName, result)
+}
+
+// routeViaGateway gives the pod end, ifName in the calling thread's
+// namespace, a host route to each gateway and its subnet through it.
+func routeViaGateway(ifName string, result *current.Result) error {
+	link, err := netlinksafe.LinkByName(ifName)
+	if err != nil {
+		return fmt.Errorf("looking up %s: %w", ifName, err)
+	}
+	for _, ipc := range result.IPs {
+		if ipc.Gateway == nil {
+			continue
+		}
+		bits := 32
+		if ipc.Address.IP.To4() == nil {
+			bits = 128
+		}
+		subnet := &net.IPNet{IP: ipc.Address.IP.Mask(ipc.Address.Mask), Mask: ipc.Address.Mask}
+		// Replace the on-link subnet route: every neighbour is reached
+		// through the gateway, so the pod never ARPs for a peer the
+		// node side would not answer for.
+		_ = netlink.RouteDel(&netlink.Route{LinkIndex: link.Attrs().Index, Dst: subnet, Scope: netlink.SCOPE_NOWHERE})
+		for _, r := range []netlink.Route{
+			{LinkIndex: link.Attrs().Index, Dst: &net.IPNet{IP: ipc.Gateway, Mask: net.CIDRMask(bits, bits)}, Scope: netlink.SCOPE_LINK, Src: ipc.Address.IP},
+			{LinkIndex: link.Attrs().Index, Dst: subnet, Gw: ipc.Gateway, Src: ipc.Address.IP},
+		} {
+			if err := netlink.RouteReplace(&r); err != nil {
+				return fmt.Errorf("adding route %s on %s: %w", r.Dst, ifName, err)
+			}
+		}
+	}
+	return nil
+}
+
+// configureNodeEnd gives the node end, hostName, each gateway address and
+// a host route to the pod's address.
+func configureNodeEnd(hostName string, result *current.Result) error {
 	hv, err := netlinksafe.LinkByName(hostName)
 	if err != nil {
 		return fmt.Errorf("looking up %s: %w", hostName, err)

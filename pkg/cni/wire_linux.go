@@ -96,7 +96,9 @@ func (inv *invocation) moveToWire(podNS, wire ns.NetNS, specPath string, u *undo
 		giveBack(passage.Path()) // back where it was, for the earlier plugin
 		return cniError(types.ErrInternal, err)
 	}
-	u.add(func() { giveBack(wire.Path()) })
+	// The path, not the handle: the undo may run after wire is closed.
+	wirePath := wire.Path()
+	u.add(func() { giveBack(wirePath) })
 	if err := os.MkdirAll(filepath.Dir(specPath), 0o700); err != nil {
 		return errStateDir(inv.conf.StateDir, fmt.Errorf("creating %s: %w", filepath.Dir(specPath), err))
 	}

@@ -395,9 +395,10 @@ func (td *Teardown) log() *slog.Logger {
 // directory meanwhile: the node agent writes a pod's policy.json into its
 // stack directory without the attachment's lock (ADD holds that lock while
 // it waits for the agent), so a policy pass can land in the middle of DEL.
-// That write cannot recreate the directory once it is gone. Seen on the lab
-// on 2026-12-02 (make e2e-churn): "unlinkat .../stacks/<key>: directory not
-// empty", a DEL failed and retried by the runtime.
+// That write cannot recreate the directory once it is gone. Without the
+// retry such a DEL fails with "unlinkat .../stacks/<key>: directory not
+// empty" and the runtime has to retry it (docs/RELIABILITY.md, pods
+// churned with faults).
 func removeAll(path string) error {
 	var err error
 	for range 5 {

@@ -89,97 +89,142 @@ func Start(o Options) (Process, error) {
 		}
 		o.Binary = self
 	}
+	f, err := openFiles(o)
+	if err != nil {
+		return Process{}, err
+	}
+	defer f.Close()
+	cmd := command(o, f)
+	// A child inherits the network namespace of the thread that forks it;
+	// ns.Do runs this on a locked thread switched into the pod's namespace.
+	if o.MountNS != "" {
+		err = startInMountNS(cmd, f.netns, o.MountNS)
+	} else {
+		err = f.netns.Do(func(ns.NetNS) error { return cmd.Start() })
+	}
+	// The child holds the readiness pipe's write end now; with ours
+	// closed, EOF means it exited.
+	f.readyW.Close()
+	if err != nil {
+		return Process{}, fmt.Errorf("starting stack: %w", err)
+	}
+	p, err := awaitReady(cmd, o, f.ready)
+	if err != nil {
+		cmd.Process.Kill()
+		cmd.Wait()
+		return Process{}, err
+	}
+	// The stack outlives us; the runtime's init (or subreaper) reaps it.
+	cmd.Process.Release()
+	return p, nil
+}
+
+// files are what Start holds open while it starts the process: the log
+// and the readiness pipe the process inherits, the stack's namespace it
+// is handed, and the pod's namespace it is started in. Close closes
+// them all; the process keeps its own copies.
+type files struct {
+	log           *os.File
+	ready, readyW *os.File
+	wire          *os.File // nil without Options.WireNetns
+	netns         ns.NetNS
+}
+
+func openFiles(o Options) (_ *files, err error) {
+	f := &files{}
+	defer func() {
+		if err != nil {
+			f.Close()
+		}
+	}()
 	if err := os.MkdirAll(filepath.Dir(o.LogPath), 0o700); err != nil {
-		return Process{}, fmt.Errorf("creating log directory: %w", err)
+		return nil, fmt.Errorf("creating log directory: %w", err)
 	}
-	logf, err := os.OpenFile(o.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		return Process{}, fmt.Errorf("opening stack log %s: %w", o.LogPath, err)
+	if f.log, err = os.OpenFile(o.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600); err != nil {
+		return nil, fmt.Errorf("opening stack log %s: %w", o.LogPath, err)
 	}
-	defer logf.Close()
-	rd, wr, err := os.Pipe()
-	if err != nil {
-		return Process{}, fmt.Errorf("creating readiness pipe: %w", err)
+	if f.ready, f.readyW, err = os.Pipe(); err != nil {
+		return nil, fmt.Errorf("creating readiness pipe: %w", err)
 	}
-	defer rd.Close()
+	if o.WireNetns != "" {
+		if f.wire, err = os.Open(o.WireNetns); err != nil {
+			return nil, fmt.Errorf("opening the stack's namespace %s: %w", o.WireNetns, err)
+		}
+	}
+	if f.netns, err = ns.GetNS(o.Netns); err != nil {
+		return nil, fmt.Errorf("opening netns %s: %w", o.Netns, err)
+	}
+	return f, nil
+}
+
+// Close closes what is open; closing twice is harmless.
+func (f *files) Close() {
+	for _, c := range []*os.File{f.log, f.ready, f.readyW, f.wire} {
+		if c != nil {
+			c.Close()
+		}
+	}
+	if f.netns != nil {
+		f.netns.Close()
+	}
+}
+
+// command is the process to start, with its descriptors and environment.
+func command(o Options, f *files) *exec.Cmd {
 	cmd := exec.Command(o.Binary, o.Args...)
 	cmd.Stdin = nil
-	cmd.Stdout = logf
-	cmd.Stderr = logf
-	cmd.ExtraFiles = []*os.File{wr} // becomes ReadyFD
-	if o.WireNetns != "" {
-		wire, err := os.Open(o.WireNetns)
-		if err != nil {
-			wr.Close()
-			return Process{}, fmt.Errorf("opening the stack's namespace %s: %w", o.WireNetns, err)
-		}
-		defer wire.Close()
-		cmd.ExtraFiles = append(cmd.ExtraFiles, wire) // becomes WireNetnsFD
+	cmd.Stdout = f.log
+	cmd.Stderr = f.log
+	cmd.ExtraFiles = []*os.File{f.readyW} // becomes ReadyFD
+	if f.wire != nil {
+		cmd.ExtraFiles = append(cmd.ExtraFiles, f.wire) // becomes WireNetnsFD
 	}
 	// Its own session: the stack outlives the plugin and must not receive
 	// signals aimed at the runtime's process group.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	cmd.Env = stackEnv()
-	if o.WireNetns != "" {
+	if f.wire != nil {
 		cmd.Env = append(cmd.Env, fmt.Sprintf("%s=%d", WireNetnsEnv, WireNetnsFD))
 	}
-	netns, err := ns.GetNS(o.Netns)
-	if err != nil {
-		wr.Close()
-		return Process{}, fmt.Errorf("opening netns %s: %w", o.Netns, err)
-	}
-	defer netns.Close()
-	// A child inherits the network namespace of the thread that forks it;
-	// ns.Do runs this on a locked thread switched into the pod's namespace.
-	if o.MountNS != "" {
-		err = startInMountNS(cmd, netns, o.MountNS)
-	} else {
-		err = netns.Do(func(ns.NetNS) error { return cmd.Start() })
-	}
-	wr.Close()
-	if err != nil {
-		return Process{}, fmt.Errorf("starting stack: %w", err)
-	}
-	fail := func(err error) (Process, error) {
-		cmd.Process.Kill()
-		cmd.Wait()
-		return Process{}, err
-	}
+	return cmd
+}
+
+// awaitReady puts the started process in its cgroups and oom_score_adj
+// and waits for its readiness line on ready.
+func awaitReady(cmd *exec.Cmd, o Options, ready *os.File) (Process, error) {
+	pid := cmd.Process.Pid
 	adj := o.OOMScoreAdj
 	if adj == 0 {
 		adj = StackOOMScoreAdj
 	}
-	warning := setOOMScoreAdj(cmd.Process.Pid, adj)
+	warning := setOOMScoreAdj(pid, adj)
 	root := o.CgroupRoot
 	if root == "" {
 		root = "/sys/fs/cgroup"
 	}
 	if o.CgroupPath != "" {
-		if err := joinCgroup(cmd.Process.Pid, root, o.CgroupPath); err != nil {
-			return fail(err)
+		if err := joinCgroup(pid, root, o.CgroupPath); err != nil {
+			return Process{}, err
 		}
 	}
 	if len(o.Cgroups) > 0 {
-		warning = errors.Join(warning, joinRecorded(cmd.Process.Pid, root, o.Cgroups))
+		warning = errors.Join(warning, joinRecorded(pid, root, o.Cgroups))
 	}
-	line, err := readLine(rd, o.ReadyTimeout)
+	line, err := readLine(ready, o.ReadyTimeout)
 	if err != nil {
-		return fail(fmt.Errorf("waiting for the stack to be ready: %w (log: %s)", err, o.LogPath))
+		return Process{}, fmt.Errorf("waiting for the stack to be ready: %w (log: %s)", err, o.LogPath)
 	}
 	if msg, isErr := strings.CutPrefix(line, "error: "); isErr {
-		return fail(fmt.Errorf("stack failed to start: %s", msg))
+		return Process{}, fmt.Errorf("stack failed to start: %s", msg)
 	}
 	if line != "ok" {
-		return fail(fmt.Errorf("stack failed to start (log: %s)", o.LogPath))
+		return Process{}, fmt.Errorf("stack failed to start (log: %s)", o.LogPath)
 	}
-	st, err := StartTime(cmd.Process.Pid)
+	st, err := StartTime(pid)
 	if err != nil {
-		return fail(err)
+		return Process{}, err
 	}
-	p := Process{PID: cmd.Process.Pid, StartTime: st, Warning: warning}
-	// The stack outlives us; the runtime's init (or subreaper) reaps it.
-	cmd.Process.Release()
-	return p, nil
+	return Process{PID: pid, StartTime: st, Warning: warning}, nil
 }
 
 func readLine(f *os.File, timeout time.Duration) (string, error) {

@@ -9,6 +9,11 @@
 // pod of ours: it finds the node end as the veth peer of the pod's
 // CNI_IFNAME, which here is the stack's TUN; shaping the pod end directly
 // also spares the ifb it redirects the pod's traffic through.
+//
+// It is a package of its own, not part of the plugin, because its Limits
+// are part of the network configuration: pkg/api/netconf parses and
+// validates the runtime's argument into them, and the plugin applies
+// them; its root tests run in namespaces of their own.
 package shaping
 
 import (
