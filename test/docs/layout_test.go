@@ -181,7 +181,7 @@ func receiverType(e ast.Expr) string {
 // history matches what a code comment must not cite: issue numbers,
 // commit hashes, dates and the dated benchmark files. The docs keep the
 // measurements (BENCHMARKS.md and its archive), the git log the story.
-var history = regexp.MustCompile(`(?i)\bissue #?\d+|(^|[\s(])#\d{1,4}\b|\b20\d\d-[01]\d-[0-3]\d\b|docs/benchmarks/|\bbefore the fix\b|\b(since|up to|until|as of|in|from|at) [0-9a-f]{7,12}\b|\b[0-9a-f]{7,12}('s)?\b`)
+var history = regexp.MustCompile(`(?i)\bissue #?\d+|(^|[\s(])#\d{1,4}\b|\b20\d\d-[01]\d-[0-3]\d\b|docs/benchmarks/20\d\d-|\bbefore the fix\b|\b(since|up to|until|as of|in|from|at) [0-9a-f]{7,12}\b|\b[0-9a-f]{7,12}('s)?\b`)
 
 // TestCommentsSpeakOfTheCode: no .go file's comments cite issue numbers,
 // commit hashes, dates or dated benchmark files.
@@ -198,6 +198,9 @@ func TestCommentsSpeakOfTheCode(t *testing.T) {
 				return err
 			}
 			rel, _ := filepath.Rel(repo, p)
+			if filepath.Dir(rel) == "test/docs" {
+				return nil // the checks themselves name what they look for
+			}
 			for _, cg := range f.Comments {
 				for _, c := range cg.List {
 					for i, line := range strings.Split(c.Text, "\n") {
