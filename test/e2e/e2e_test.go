@@ -582,12 +582,14 @@ spec:
 				return err
 			}
 			for _, e := range evs {
-				if e.Type == "Warning" && strings.Contains(e.Message, gsoAnnotation) && strings.Contains(e.Message, "turbo") {
+				// The reason docs/troubleshooting.md tells an operator to
+				// look for ("A pod stuck in ContainerCreating").
+				if e.Type == "Warning" && e.Reason == "InvalidGSOAnnotation" && strings.Contains(e.Message, gsoAnnotation) && strings.Contains(e.Message, "turbo") {
 					t.Logf("bad: event %s %s: %s", e.Type, e.Reason, e.Message)
 					return nil
 				}
 			}
-			return fmt.Errorf("no Warning naming %s and turbo:%s", gsoAnnotation, formatEvents(evs))
+			return fmt.Errorf("no Warning InvalidGSOAnnotation naming %s and turbo:%s", gsoAnnotation, formatEvents(evs))
 		})
 		if p := getPod(t, ns, "bad"); p.Status.Phase != "Pending" || p.Status.PodIP != "" {
 			t.Errorf("bad: phase %s, IP %q; want Pending without an IP", p.Status.Phase, p.Status.PodIP)

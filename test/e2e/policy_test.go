@@ -180,6 +180,7 @@ spec:
 `, nsOf("x")))
 	model.denyX = true
 	expectMatrix("default deny in x")
+	checkDenialsOnNode(t, pods, nsOf("x"), "default deny in x")
 
 	allow := func(needRole, tcpOnly bool) string {
 		y := fmt.Sprintf(`apiVersion: networking.k8s.io/v1
@@ -503,4 +504,40 @@ func policyPods() int {
 		return n
 	}
 	return 100
+}
+
+// checkDenialsOnNode reads `cni-usernet denials` on node 1, as
+// docs/troubleshooting.md ("Policy denies what it should allow") tells an
+// operator to: the probes just denied show up for the pods of ns on that
+// node, naming the isolating policy and the reason "no rule admits".
+func checkDenialsOnNode(t *testing.T, pods []*mpod, ns, what string) {
+	t.Helper()
+	for _, p := range pods {
+		if p.full != ns || p.node != node1() {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		out, err := run(ctx, "", installed, "denials", "--json", "--pod", p.full+"/"+p.name)
+		cancel()
+		if err != nil {
+			t.Errorf("%s: cni-usernet denials --pod %s/%s: %v", what, p.full, p.name, err)
+			return
+		}
+		var rows []struct {
+			Pod, Direction, Policies, Reason string
+		}
+		if err := json.Unmarshal([]byte(out), &rows); err != nil {
+			t.Errorf("%s: decoding cni-usernet denials --json: %v\n%s", what, err, out)
+			return
+		}
+		for _, r := range rows {
+			if r.Pod == p.full+"/"+p.name && r.Direction == "ingress" && strings.Contains(r.Policies, ns+"/deny-all") && r.Reason == "no rule admits" {
+				t.Logf("%s: %s's denials on node %s name %s: %s", what, r.Pod, node1(), r.Policies, r.Reason)
+				return
+			}
+		}
+		t.Errorf("%s: cni-usernet denials on node %s shows no ingress denial of %s/%s by %s/deny-all (\"no rule admits\"):\n%s", what, node1(), p.full, p.name, ns, out)
+		return
+	}
+	t.Logf("%s: no pod of %s on node %s to read denials of", what, ns, node1())
 }
