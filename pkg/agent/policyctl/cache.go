@@ -61,7 +61,7 @@ func newCache(o Options, changed func()) (*cache, error) {
 
 func newReflector[T any](o Options, k kube.Kind, m func(*T) kube.Meta, onChange func(), log *slog.Logger) (*kube.Reflector[T], error) {
 	return kube.NewReflector(kube.ReflectorOptions[T]{
-		Client: o.Client, Kind: k, Meta: m, OnChange: onChange, Log: log,
+		Client: o.Client, Kind: k, Meta: m, OnChange: func(_, _ *T) { onChange() }, Log: log,
 		Backoff: o.watchBackoff, MaxBackoff: 10 * o.watchBackoff,
 	})
 }
