@@ -63,6 +63,18 @@ type Compiler struct {
 
 	servicesOnce sync.Once
 	services     *serviceTable
+	// egressOf is the egress matcher and Services of each set of
+	// egress-isolating policies (a pod's egress rules are its policies',
+	// whatever the pod): replicas share them. Guarded by mu.
+	egressOf map[string]*egressResult
+}
+
+type egressResult struct {
+	once     sync.Once
+	matcher  *policy.Matcher
+	err      error
+	services []policy.Service
+	carried  map[string]bool
 }
 
 // peerPod is a pod that a peer can select: one with addresses that is
@@ -93,6 +105,7 @@ func NewCompiler(snap *Snapshot, local []LocalPod) *Compiler {
 		podSets:     make(map[string][]*peerPod),
 		peerSets:    make(map[string]*peerSet),
 		namedGroups: make(map[string][]portGroup),
+		egressOf:    make(map[string]*egressResult),
 		snap:        snap,
 	}
 	for key, ns := range snap.Namespaces {
@@ -151,6 +164,26 @@ func NewCompiler(snap *Snapshot, local []LocalPod) *Compiler {
 		slices.SortFunc(ps, func(a, b *compiledPolicy) int { return strings.Compare(a.name, b.name) })
 	}
 	return c
+}
+
+// egress is the matcher and Services of egress d (its rules those of
+// d.Policies), made once per Compiler for each set of policies.
+func (c *Compiler) egress(d policy.Direction, node []netip.Addr) *egressResult {
+	key := fmt.Sprintf("%q %v", d.Policies, node)
+	c.mu.Lock()
+	e := c.egressOf[key]
+	if e == nil {
+		e = &egressResult{}
+		c.egressOf[key] = e
+	}
+	c.mu.Unlock()
+	e.once.Do(func() {
+		e.matcher, e.err = policy.Compile(&policy.PodPolicy{Version: policy.FormatVersion, Egress: d})
+		if e.err == nil {
+			e.services, e.carried = c.serviceTable().forPod(e.matcher, d.Rules, node)
+		}
+	})
+	return e
 }
 
 // namespaceLabelKey is the label the API server gives every namespace: its
@@ -286,15 +319,15 @@ func (c *Compiler) CompilePod(pod LocalPod, node []netip.Addr, generation uint64
 		// The stack's own matcher decides which backends the rules
 		// admit, so that what is carried is what the stack would pick
 		// from, exactly.
-		m, err := policy.Compile(&policy.PodPolicy{Version: policy.FormatVersion, Egress: out.Egress})
-		if err != nil {
+		e := c.egress(out.Egress, nodeAddrs)
+		if e.err != nil {
 			// Cannot happen (the compiler's rules are valid); carry
 			// nothing rather than guess: the stack refuses the policy
 			// the same way.
-			warnings = append(warnings, Warning{Object: "(pod)", Message: fmt.Sprintf("egress rules invalid: %v", err)})
+			warnings = append(warnings, Warning{Object: "(pod)", Message: fmt.Sprintf("egress rules invalid: %v", e.err)})
 		} else {
-			out.Services, deps.services = t.forPod(m, out.Egress.Rules, nodeAddrs)
-			deps.egress, deps.node = m, nodeAddrs
+			out.Services, deps.services = e.services, e.carried
+			deps.egress, deps.node = e.matcher, nodeAddrs
 		}
 	}
 	return Compiled{Policy: out, Warnings: warnings, Deps: deps}

@@ -22,8 +22,11 @@ type serviceTable struct {
 	// entry has no address (vip.Addr() invalid) and sorts first: it is
 	// one per address of the node, which a pod's compile is given.
 	entries []serviceEntry
-	// byBackend is every entry's backends by address.
+	// byBackend is every entry's backends by address; at, the entries
+	// with a backend or the address at each address, for the peers of
+	// one address (most peers: a selected pod's).
 	byBackend []backendRef
+	at        map[netip.Addr][]int
 	// nodePorts are the indexes of the node ports' entries.
 	nodePorts []int
 	warnings  []Warning
@@ -78,12 +81,16 @@ func newServiceTable(snap *Snapshot) *serviceTable {
 		return cmp.Or(a.vip.Compare(b.vip), strings.Compare(string(a.proto), string(b.proto)),
 			cmp.Compare(a.svc, b.svc), strings.Compare(a.name, b.name))
 	})
+	t.at = make(map[netip.Addr][]int)
 	for i, e := range t.entries {
 		if !e.vip.Addr().IsValid() {
 			t.nodePorts = append(t.nodePorts, i)
+		} else {
+			t.at[e.vip.Addr()] = append(t.at[e.vip.Addr()], i)
 		}
 		for _, b := range e.backends {
 			t.byBackend = append(t.byBackend, backendRef{b.Addr.Addr(), i})
+			t.at[b.Addr.Addr()] = append(t.at[b.Addr.Addr()], i)
 		}
 	}
 	slices.SortFunc(t.byBackend, func(a, b backendRef) int { return cmp.Or(a.addr.Compare(b.addr), cmp.Compare(a.entry, b.entry)) })
@@ -223,7 +230,9 @@ func (t *serviceTable) forPod(egress *policy.Matcher, rules []policy.Rule, node 
 // address a rule's peers hold: the only ones the rules can admit
 // anything of. A rule without peers holds every address.
 func (t *serviceTable) candidates(rules []policy.Rule, node []netip.Addr) []int {
-	mark := make(map[int]bool)
+	// Rules share their peers (a policy's peers, named ports' groups):
+	// each block is looked up once.
+	blocks := make(map[netip.Prefix]bool)
 	for _, r := range rules {
 		if len(r.Peers) == 0 {
 			all := make([]int, len(t.entries))
@@ -233,21 +242,31 @@ func (t *serviceTable) candidates(rules []policy.Rule, node []netip.Addr) []int 
 			return all
 		}
 		for _, p := range r.Peers {
-			lo := p.CIDR.Masked().Addr()
+			blocks[p.CIDR.Masked()] = true
+		}
+	}
+	mark := make(map[int]bool)
+	for p := range blocks {
+		if p.IsSingleIP() {
+			for _, i := range t.at[p.Addr()] {
+				mark[i] = true
+			}
+		} else {
+			lo := p.Addr()
 			i, _ := slices.BinarySearchFunc(t.byBackend, lo, func(b backendRef, a netip.Addr) int { return b.addr.Compare(a) })
-			for ; i < len(t.byBackend) && p.CIDR.Contains(t.byBackend[i].addr); i++ {
+			for ; i < len(t.byBackend) && p.Contains(t.byBackend[i].addr); i++ {
 				mark[t.byBackend[i].entry] = true
 			}
 			// Entries with an address come after the node ports.
 			n := len(t.nodePorts)
 			j, _ := slices.BinarySearchFunc(t.entries[n:], lo, func(e serviceEntry, a netip.Addr) int { return e.vip.Addr().Compare(a) })
-			for j += n; j < len(t.entries) && p.CIDR.Contains(t.entries[j].vip.Addr()); j++ {
+			for j += n; j < len(t.entries) && p.Contains(t.entries[j].vip.Addr()); j++ {
 				mark[j] = true
 			}
-			if slices.ContainsFunc(node, p.CIDR.Contains) {
-				for _, k := range t.nodePorts {
-					mark[k] = true
-				}
+		}
+		if slices.ContainsFunc(node, p.Contains) {
+			for _, k := range t.nodePorts {
+				mark[k] = true
 			}
 		}
 	}
