@@ -8,9 +8,10 @@ import (
 
 // samePolicy reports whether a and b enforce the same thing (Generation
 // aside), field by field: a round compares every compiled pod's policy
-// with what its stack holds, and encoding both to JSON for it cost more
-// than the compile. Compiled policies are sorted throughout, so the
-// same rules are in the same order.
+// with what its stack holds, and policy.Equal encodes both to JSON for
+// it, two encodings of a policy that can be large per pod and round.
+// Compiled policies are sorted throughout, so the same rules are in the
+// same order.
 func samePolicy(a, b *policy.PodPolicy) bool {
 	return a.Version == b.Version && sameDirection(&a.Ingress, &b.Ingress) && sameDirection(&a.Egress, &b.Egress) &&
 		slices.Equal(a.Node, b.Node) && slices.EqualFunc(a.Services, b.Services, sameService)
