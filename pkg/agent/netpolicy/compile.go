@@ -2,6 +2,7 @@ package netpolicy
 
 import (
 	"cmp"
+	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
@@ -60,13 +61,28 @@ type Compiler struct {
 	peerSets    map[string]*peerSet
 	namedGroups map[string][]portGroup
 
-	servicesOnce     sync.Once
-	services         []policy.Service
-	servicesWarnings []Warning
+	servicesOnce sync.Once
+	services     *serviceTable
+	// egressOf is the egress matcher and Services of each set of
+	// egress-isolating policies (a pod's egress rules are its policies',
+	// whatever the pod): replicas share them. Guarded by mu.
+	egressOf map[string]*egressResult
+}
+
+type egressResult struct {
+	once     sync.Once
+	matcher  *policy.Matcher
+	err      error
+	services []policy.Service
+	carried  map[string]bool
 }
 
 // peerPod is a pod that a peer can select: one with addresses that is
-// neither on the host's network, finished, nor being deleted.
+// neither on the host's network nor finished. A pod being deleted stays a
+// peer while it keeps its addresses: it still talks during its grace
+// period (a server draining its connections, a client finishing its
+// requests), and its address is not handed to another pod before it is
+// released (Calico keeps such pods' addresses in its rules the same way).
 type peerPod struct {
 	key        string
 	ns         string
@@ -89,6 +105,7 @@ func NewCompiler(snap *Snapshot, local []LocalPod) *Compiler {
 		podSets:     make(map[string][]*peerPod),
 		peerSets:    make(map[string]*peerSet),
 		namedGroups: make(map[string][]portGroup),
+		egressOf:    make(map[string]*egressResult),
 		snap:        snap,
 	}
 	for key, ns := range snap.Namespaces {
@@ -149,6 +166,26 @@ func NewCompiler(snap *Snapshot, local []LocalPod) *Compiler {
 	return c
 }
 
+// egress is the matcher and Services of egress d (its rules those of
+// d.Policies), made once per Compiler for each set of policies.
+func (c *Compiler) egress(d policy.Direction, node []netip.Addr) *egressResult {
+	key := fmt.Sprintf("%q %v", d.Policies, node)
+	c.mu.Lock()
+	e := c.egressOf[key]
+	if e == nil {
+		e = &egressResult{}
+		c.egressOf[key] = e
+	}
+	c.mu.Unlock()
+	e.once.Do(func() {
+		e.matcher, e.err = policy.Compile(&policy.PodPolicy{Version: policy.FormatVersion, Egress: d})
+		if e.err == nil {
+			e.services, e.carried = c.serviceTable().forPod(e.matcher, d.Rules, node)
+		}
+	})
+	return e
+}
+
 // namespaceLabelKey is the label the API server gives every namespace: its
 // name.
 const namespaceLabelKey = "kubernetes.io/metadata.name"
@@ -173,8 +210,7 @@ func objectKey(m ObjectMeta, fallback string) string {
 }
 
 func (c *Compiler) addPeerPod(key string, pod *Pod, extra []netip.Addr) {
-	if pod.Spec.HostNetwork || pod.Metadata.DeletionTimestamp != nil ||
-		pod.Status.Phase == "Succeeded" || pod.Status.Phase == "Failed" {
+	if !peerEligible(pod) {
 		return
 	}
 	var addrs []netip.Addr
@@ -194,6 +230,13 @@ func (c *Compiler) addPeerPod(key string, pod *Pod, extra []netip.Addr) {
 		addrs:      addrs,
 		containers: pod.Spec.Containers,
 	})
+}
+
+// peerEligible says whether pod can be a peer at all (the addresses
+// aside): never on the host's network (its address is the node's) nor
+// finished (its addresses are released).
+func peerEligible(pod *Pod) bool {
+	return !pod.Spec.HostNetwork && pod.Status.Phase != "Succeeded" && pod.Status.Phase != "Failed"
 }
 
 // cleanAddrs makes addrs comparable (no zone, no IPv4-mapped form), sorted
@@ -217,23 +260,42 @@ func cleanAddrs(addrs []netip.Addr) []netip.Addr {
 // The result shares its Services and rules' peers with the other pods'
 // results of c: read them, do not change them.
 func (c *Compiler) Compile(pod LocalPod, node []netip.Addr, generation uint64) (*policy.PodPolicy, []Warning) {
+	r := c.CompilePod(pod, node, generation)
+	return r.Policy, r.Warnings
+}
+
+// Compiled is one pod's compilation: its policy, the warnings of the
+// policies that select it, and what the policy was made from.
+type Compiled struct {
+	Policy   *policy.PodPolicy
+	Warnings []Warning
+	// Deps tells which changes of the cluster can change Policy; nil
+	// for a pod without its API object (nothing but its own arrival
+	// changes policy.Closed).
+	Deps *Deps
+}
+
+// CompilePod is Compile with what the policy depends on.
+func (c *Compiler) CompilePod(pod LocalPod, node []netip.Addr, generation uint64) Compiled {
 	nodeAddrs := cleanAddrs(slices.Clone(node))
 	if pod.Pod == nil {
 		p := policy.Closed(nodeAddrs)
 		p.Generation = generation
-		return p, []Warning{{Object: "(pod)", Message: "no pod object to compile: closed"}}
+		return Compiled{Policy: p, Warnings: []Warning{{Object: "(pod)", Message: "no pod object to compile: closed"}}}
 	}
 	out := &policy.PodPolicy{Version: policy.FormatVersion, Generation: generation}
 	if len(nodeAddrs) > 0 {
 		out.Node = nodeAddrs
 	}
 	var warnings []Warning
+	deps := newDeps(pod.Pod)
 	labels := pod.Pod.Metadata.Labels
 	for _, cp := range c.policies[pod.Pod.Metadata.Namespace] {
 		if !cp.sel.matches(labels) || !cp.ingress && !cp.egress {
 			continue
 		}
 		b := cp.compiled(c)
+		deps.addPolicy(b)
 		warnings = append(warnings, cp.warnings...)
 		warnings = append(warnings, b.warnings...)
 		if cp.ingress {
@@ -252,9 +314,21 @@ func (c *Compiler) Compile(pod LocalPod, node []netip.Addr, generation uint64) (
 		}
 	}
 	if out.Egress.Isolated {
-		svcs, w := c.serviceList()
-		out.Services = svcs
-		warnings = append(warnings, w...)
+		t := c.serviceTable()
+		warnings = append(warnings, t.warnings...)
+		// The stack's own matcher decides which backends the rules
+		// admit, so that what is carried is what the stack would pick
+		// from, exactly.
+		e := c.egress(out.Egress, nodeAddrs)
+		if e.err != nil {
+			// Cannot happen (the compiler's rules are valid); carry
+			// nothing rather than guess: the stack refuses the policy
+			// the same way.
+			warnings = append(warnings, Warning{Object: "(pod)", Message: fmt.Sprintf("egress rules invalid: %v", e.err)})
+		} else {
+			out.Services, deps.services = e.services, e.carried
+			deps.egress, deps.node = e.matcher, nodeAddrs
+		}
 	}
-	return out, warnings
+	return Compiled{Policy: out, Warnings: warnings, Deps: deps}
 }

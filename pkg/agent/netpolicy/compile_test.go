@@ -408,9 +408,14 @@ func mustJSON(t *testing.T, p *policy.PodPolicy) string {
 }
 
 // TestPeerPods checks which pods a selector makes peers of: never a pod on
-// the host's network, finished, being deleted or without an address; the
-// pod compiled is one with the addresses its attachment has, before the
-// API shows them.
+// the host's network, finished or without an address; the pod compiled is
+// one with the addresses its attachment has, before the API shows them.
+//
+// A pod being deleted stays a peer until its addresses are released (its
+// phase finished or its podIPs gone): during its grace period it still
+// serves and calls, and dropping it at the deletionTimestamp would cut a
+// server draining its connections, as Calico found. (This test used to
+// want it dropped at once.)
 func TestPeerPods(t *testing.T) {
 	s := xyz()
 	hostNet := testPod("y", "host")
@@ -425,13 +430,20 @@ func TestPeerPods(t *testing.T) {
 	deleting := testPod("y", "deleting")
 	deleting.Metadata.DeletionTimestamp = ptr("2026-12-02T06:00:00Z")
 	deleting.Status.PodIPs = []PodIP{{IP: "10.2.0.52"}}
+	deleted := testPod("y", "deleted") // terminated: its address released
+	deleted.Metadata.DeletionTimestamp = ptr("2026-12-02T06:00:00Z")
+	deleted.Status.Phase = "Succeeded"
+	deleted.Status.PodIPs = []PodIP{{IP: "10.2.0.53"}}
+	released := testPod("y", "released") // being deleted, addresses gone
+	released.Metadata.DeletionTimestamp = ptr("2026-12-02T06:00:00Z")
+	released.Status.PodIPs = nil
 	noIP := testPod("y", "noip")
 	noIP.Status.PodIPs = nil
 	badIP := testPod("y", "badip")
 	badIP.Status.PodIPs = []PodIP{{IP: "10.2.0.999"}}
 	pending := testPod("y", "pending")
 	pending.Status = PodStatus{Phase: "Pending"}
-	for _, p := range []*Pod{hostNet, done, failed, deleting, noIP, badIP, pending} {
+	for _, p := range []*Pod{hostNet, done, failed, deleting, deleted, released, noIP, badIP, pending} {
 		p.Metadata.Labels["role"] = "client"
 		s.Pods["y/"+p.Metadata.Name] = p
 	}
@@ -445,7 +457,10 @@ func TestPeerPods(t *testing.T) {
 	if len(w) != 0 {
 		t.Errorf("got warnings %v, want none", w)
 	}
-	want := []policy.Rule{{Policy: "x/from-clients", Peers: []policy.Peer{{CIDR: netip.PrefixFrom(pendingAddr, 32)}}}}
+	want := []policy.Rule{{Policy: "x/from-clients", Peers: []policy.Peer{
+		{CIDR: netip.MustParsePrefix("10.2.0.52/32")}, // deleting, still addressed
+		{CIDR: netip.PrefixFrom(pendingAddr, 32)},
+	}}}
 	if !slices.EqualFunc(p.Ingress.Rules, want, ruleEqual) {
 		t.Errorf("got rules %+v, want %+v", p.Ingress.Rules, want)
 	}

@@ -24,6 +24,10 @@ type peerSet struct {
 	// named ports on the destination pods.
 	pods   []*peerPod
 	blocks []policy.Peer
+	// ns and sels are the policy's namespace and the selector peers,
+	// for telling which pods' changes can change pods (Deps).
+	ns   string
+	sels []peerSelectors
 }
 
 // allPeers is a rule without peers. Its key is the only empty one: the
@@ -98,7 +102,7 @@ func (c *Compiler) resolvePeers(ns string, peers []NetworkPolicyPeer, where stri
 		return s
 	}
 
-	s = &peerSet{key: k, blocks: blocks}
+	s = &peerSet{key: k, blocks: blocks, ns: ns, sels: sels}
 	for _, ps := range sels {
 		s.pods = append(s.pods, c.selectPods(ns, ps)...)
 	}

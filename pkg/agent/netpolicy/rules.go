@@ -31,6 +31,15 @@ type policyBody struct {
 	// do not depend on the pod compiled.
 	egress   []policy.Rule
 	warnings []Warning
+	// peers are the rules' resolved peers, those that select nothing
+	// now included (a pod may come that they select); namedAll and
+	// namedBlocks the destinations of egress named ports other than
+	// selected pods: every pod, the pods in these blocks. A pod's
+	// change matters to the pods this policy selects when it is, was or
+	// becomes one of them (Deps).
+	peers       []*peerSet
+	namedAll    bool
+	namedBlocks []policy.Peer
 }
 
 // ingressRule is an ingress rule with its peers resolved and its named
@@ -131,6 +140,7 @@ func (c *Compiler) compileBody(cp *compiledPolicy) *policyBody {
 		for i, rule := range cp.np.Spec.Ingress {
 			where := fmt.Sprintf("ingress rule %d", i)
 			peers := c.resolvePeers(ns, rule.From, where, warn)
+			b.peers = append(b.peers, peers)
 			if !peers.all && len(peers.prefixes) == 0 {
 				continue
 			}
@@ -145,6 +155,7 @@ func (c *Compiler) compileBody(cp *compiledPolicy) *policyBody {
 		for i, rule := range cp.np.Spec.Egress {
 			where := fmt.Sprintf("egress rule %d", i)
 			peers := c.resolvePeers(ns, rule.To, where, warn)
+			b.peers = append(b.peers, peers)
 			ports, named, all := resolvePorts(rule.Ports, where, warn)
 			if peers.all || len(peers.prefixes) > 0 {
 				switch {
@@ -156,6 +167,8 @@ func (c *Compiler) compileBody(cp *compiledPolicy) *policyBody {
 			}
 			if len(named) > 0 {
 				b.egress = append(b.egress, c.namedEgress(cp.name, peers, named)...)
+				b.namedAll = b.namedAll || peers.all
+				b.namedBlocks = append(b.namedBlocks, peers.blocks...)
 			}
 		}
 	}

@@ -101,11 +101,11 @@ func TestServices(t *testing.T) {
 		return policy.Backend{Addr: netip.AddrPortFrom(a, port)}
 	}
 	vip4, vip6 := netip.MustParseAddr("10.96.0.10"), netip.MustParseAddr("fd00:96::10")
+	// x/a's egress admits y/a on port 80 alone: it carries web:http with
+	// that backend, and nothing else (the Services its rules cannot reach
+	// used to be carried too, every backend included).
 	want := []policy.Service{
-		{Name: "y/web:dns", Protocol: "UDP", VIP: netip.AddrPortFrom(vip4, 53), Backends: []policy.Backend{be(podAddr4("y", "a"), 53)}},
-		{Name: "y/web:http", Protocol: "TCP", VIP: netip.AddrPortFrom(vip4, 80), Backends: []policy.Backend{be(podAddr4("y", "a"), 80), be(podAddr4("y", "b"), 80)}},
-		{Name: "z/empty:8080", Protocol: "SCTP", VIP: netip.MustParseAddrPort("10.96.0.20:8080")},
-		{Name: "y/web:dns", Protocol: "UDP", VIP: netip.AddrPortFrom(vip6, 53)},
+		{Name: "y/web:http", Protocol: "TCP", VIP: netip.AddrPortFrom(vip4, 80), Backends: []policy.Backend{be(podAddr4("y", "a"), 80)}},
 		{Name: "y/web:http", Protocol: "TCP", VIP: netip.AddrPortFrom(vip6, 80), Backends: []policy.Backend{be(podAddr6("y", "a"), 80)}},
 	}
 	got := ps["x/a"].Services
@@ -139,10 +139,12 @@ func TestServiceBadInput(t *testing.T) {
 			Ports:      []ServicePort{{Name: "icmp", Port: 1, Protocol: "ICMP"}, {Name: "zero"}, {Name: "ok", Port: 443}},
 		},
 	}
-	addPolicies(s, netpol("x", "deny-egress", NetworkPolicySpec{PolicyTypes: []string{"Egress"}}))
+	// Egress to everywhere: the one usable address is carried (without
+	// backends: it has none, and is denied as kube-proxy would reject it).
+	addPolicies(s, netpol("x", "all-egress", NetworkPolicySpec{PolicyTypes: []string{"Egress"}, Egress: []NetworkPolicyEgressRule{{}}}))
 	ps, warnings := compileAll(t, s)
-	if got := ps["x/a"].Services; len(got) != 1 || got[0].VIP != netip.MustParseAddrPort("10.96.0.30:443") {
-		t.Errorf("got services %+v, want 10.96.0.30:443 alone", got)
+	if got := ps["x/a"].Services; len(got) != 1 || got[0].VIP != netip.MustParseAddrPort("10.96.0.30:443") || len(got[0].Backends) != 0 {
+		t.Errorf("got services %+v, want 10.96.0.30:443 alone, without backends", got)
 	}
 	if len(warnings) == 0 {
 		t.Error("got no warning for the bad cluster IP and ports")

@@ -135,17 +135,26 @@ type PodIP struct {
 	IP string `json:"ip"`
 }
 
-// Service is a v1 Service trimmed to its virtual addresses and ports.
+// Service is a v1 Service trimmed to the addresses kube-proxy answers
+// for it (cluster IPs, external IPs, load balancer IPs, node ports) and
+// its ports.
 type Service struct {
-	Metadata ObjectMeta  `json:"metadata"`
-	Spec     ServiceSpec `json:"spec"`
+	Metadata ObjectMeta    `json:"metadata"`
+	Spec     ServiceSpec   `json:"spec"`
+	Status   ServiceStatus `json:"status,omitempty"`
 }
 
 // ServiceSpec is the part of v1 ServiceSpec the compiler reads.
 type ServiceSpec struct {
+	// Type is ClusterIP (empty too), NodePort, LoadBalancer or
+	// ExternalName; kube-proxy follows a load balancer's IPs only for
+	// LoadBalancer.
+	Type string `json:"type,omitempty"`
 	// ClusterIPs holds "None" for a headless Service (no VIP to resolve).
-	ClusterIPs []string      `json:"clusterIPs,omitempty"`
-	Ports      []ServicePort `json:"ports,omitempty"`
+	ClusterIPs []string `json:"clusterIPs,omitempty"`
+	// ExternalIPs are addresses kube-proxy takes as the Service's too.
+	ExternalIPs []string      `json:"externalIPs,omitempty"`
+	Ports       []ServicePort `json:"ports,omitempty"`
 }
 
 // ServicePort is a v1 ServicePort.
@@ -153,7 +162,29 @@ type ServicePort struct {
 	Name     string `json:"name,omitempty"`
 	Protocol string `json:"protocol,omitempty"`
 	Port     int32  `json:"port"`
+	// NodePort is the port every node's addresses answer on for the
+	// Service (NodePort and LoadBalancer); 0: none.
+	NodePort int32 `json:"nodePort,omitempty"`
 	// TargetPort is resolved through the EndpointSlice's ports, by Name.
+}
+
+// ServiceStatus is the part of v1 ServiceStatus the compiler reads.
+type ServiceStatus struct {
+	LoadBalancer LoadBalancerStatus `json:"loadBalancer,omitempty"`
+}
+
+// LoadBalancerStatus is v1 LoadBalancerStatus.
+type LoadBalancerStatus struct {
+	Ingress []LoadBalancerIngress `json:"ingress,omitempty"`
+}
+
+// LoadBalancerIngress is v1 LoadBalancerIngress: an IP (a hostname alone
+// is nothing kube-proxy can answer for). IPMode "Proxy" is a load
+// balancer that kube-proxy does not short-cut: traffic to its IP goes to
+// it.
+type LoadBalancerIngress struct {
+	IP     string `json:"ip,omitempty"`
+	IPMode string `json:"ipMode,omitempty"`
 }
 
 // EndpointSlice is discovery.k8s.io/v1 EndpointSlice.

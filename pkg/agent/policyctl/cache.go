@@ -21,6 +21,8 @@ type cache struct {
 	namespaces *kube.Reflector[netpolicy.Namespace]
 	services   *kube.Reflector[netpolicy.Service]
 	slices     *kube.Reflector[netpolicy.EndpointSlice]
+	// synced is called once every collection has listed once.
+	synced func()
 
 	// podChanged wakes the callers waiting for a pod (waitPod): closed
 	// and made anew at each change of the pods.
@@ -28,38 +30,49 @@ type cache struct {
 	podChanged chan struct{}
 }
 
-// newCache makes the reflectors; changed is called on every change of
-// any collection.
-func newCache(o Options, changed func()) (*cache, error) {
-	c := &cache{podChanged: make(chan struct{})}
+// changes receives the cache's changes, object by object (old nil: added,
+// new nil: deleted), from the reflectors' goroutines: it must not block.
+type changes interface {
+	policy(old, new *netpolicy.NetworkPolicy)
+	pod(old, new *netpolicy.Pod)
+	namespace(old, new *netpolicy.Namespace)
+	service(old, new *netpolicy.Service)
+	slice(old, new *netpolicy.EndpointSlice)
+}
+
+// newCache makes the reflectors; ch is told of every change, synced once
+// every collection has listed.
+func newCache(o Options, ch changes, synced func()) (*cache, error) {
+	c := &cache{podChanged: make(chan struct{}), synced: synced}
 	var err error
 	log := o.Log.With("component", "policy-watch")
-	onPod := func() {
-		changed()
+	onPod := func(old, new *netpolicy.Pod) {
+		ch.pod(old, new)
 		c.podMu.Lock()
 		close(c.podChanged)
 		c.podChanged = make(chan struct{})
 		c.podMu.Unlock()
 	}
-	if c.policies, err = newReflector(o, kube.NetworkPolicies, func(p *netpolicy.NetworkPolicy) kube.Meta { return meta(&p.Metadata) }, changed, log); err != nil {
+	if c.policies, err = newReflector(o, kube.NetworkPolicies, func(p *netpolicy.NetworkPolicy) kube.Meta { return meta(&p.Metadata) }, ch.policy, log); err != nil {
 		return nil, err
 	}
 	if c.pods, err = newReflector(o, kube.Pods, func(p *netpolicy.Pod) kube.Meta { return meta(&p.Metadata) }, onPod, log); err != nil {
 		return nil, err
 	}
-	if c.namespaces, err = newReflector(o, kube.Namespaces, func(p *netpolicy.Namespace) kube.Meta { return meta(&p.Metadata) }, changed, log); err != nil {
+	if c.namespaces, err = newReflector(o, kube.Namespaces, func(p *netpolicy.Namespace) kube.Meta { return meta(&p.Metadata) }, ch.namespace, log); err != nil {
 		return nil, err
 	}
-	if c.services, err = newReflector(o, kube.Services, func(p *netpolicy.Service) kube.Meta { return meta(&p.Metadata) }, changed, log); err != nil {
+	if c.services, err = newReflector(o, kube.Services, func(p *netpolicy.Service) kube.Meta { return meta(&p.Metadata) }, ch.service, log); err != nil {
 		return nil, err
 	}
-	if c.slices, err = newReflector(o, kube.EndpointSlices, func(p *netpolicy.EndpointSlice) kube.Meta { return meta(&p.Metadata) }, changed, log); err != nil {
+	if c.slices, err = newReflector(o, kube.EndpointSlices, func(p *netpolicy.EndpointSlice) kube.Meta { return meta(&p.Metadata) }, ch.slice, log); err != nil {
 		return nil, err
 	}
 	return c, nil
 }
 
-func newReflector[T any](o Options, k kube.Kind, m func(*T) kube.Meta, onChange func(), log *slog.Logger) (*kube.Reflector[T], error) {
+// newReflector is the one place a collection's watch is made.
+func newReflector[T any](o Options, k kube.Kind, m func(*T) kube.Meta, onChange func(old, new *T), log *slog.Logger) (*kube.Reflector[T], error) {
 	return kube.NewReflector(kube.ReflectorOptions[T]{
 		Client: o.Client, Kind: k, Meta: m, OnChange: onChange, Log: log,
 		Backoff: o.watchBackoff, MaxBackoff: 10 * o.watchBackoff,
@@ -78,13 +91,27 @@ func (c *cache) run(ctx context.Context) {
 		wg.Add(1)
 		go func() { defer wg.Done(); run(ctx) }()
 	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		// Collections that list empty report no change: say when all
+		// have listed, for the first pass.
+		for _, ch := range []<-chan struct{}{c.policies.Synced(), c.pods.Synced(), c.namespaces.Synced(), c.services.Synced(), c.slices.Synced()} {
+			select {
+			case <-ch:
+			case <-ctx.Done():
+				return
+			}
+		}
+		c.synced()
+	}()
 	wg.Wait()
 }
 
-// synced says why the cache cannot be trusted yet, or nil: nothing is
+// ready says why the cache cannot be trusted yet, or nil: nothing is
 // compiled before every collection has listed once, since an empty cache
 // of policies would open every pod.
-func (c *cache) synced() error {
+func (c *cache) ready() error {
 	var missing []string
 	for _, r := range []interface {
 		HasSynced() bool
@@ -110,7 +137,7 @@ func (c *cache) synced() error {
 func (c *cache) waitSynced(ctx context.Context, wait time.Duration) error {
 	deadline := time.After(wait)
 	for {
-		err := c.synced()
+		err := c.ready()
 		if err == nil {
 			return nil
 		}
@@ -133,6 +160,15 @@ func (c *cache) snapshot() *netpolicy.Snapshot {
 		Services:       c.services.List(),
 		EndpointSlices: c.slices.List(),
 	}
+}
+
+// namespaceLabels are the cached labels of namespace ns; nil when it is
+// not cached.
+func (c *cache) namespaceLabels(ns string) map[string]string {
+	if n, ok := c.namespaces.Get(ns); ok {
+		return n.Metadata.Labels
+	}
+	return nil
 }
 
 // hasPod says whether the pod cache holds namespace/name.

@@ -6,7 +6,6 @@ import (
 	"sync"
 
 	"github.com/cni-usernet/cni-usernet/pkg/agent/netpolicy"
-	"github.com/cni-usernet/cni-usernet/pkg/api/policy"
 )
 
 // round is one compilation of local pods against one snapshot of the
@@ -37,13 +36,13 @@ func newRound(snap *netpolicy.Snapshot, node []netip.Addr, targets []target, w *
 // hold it (yet, or any more).
 func (r *round) pod(t target) *netpolicy.Pod { return r.snap.Pods[t.podKey()] }
 
-// compile is t's policy (generation 0: not numbered yet); its pod is
-// r.pod(t).
-func (r *round) compile(pod *netpolicy.Pod, t target) *policy.PodPolicy {
+// compile is t's policy (generation 0: not numbered yet) and what it
+// depends on; its pod is r.pod(t).
+func (r *round) compile(pod *netpolicy.Pod, t target) netpolicy.Compiled {
 	lp := netpolicy.LocalPod{Pod: pod, IPs: t.ips}
-	p, ws := r.compiler.Compile(lp, r.node, 0)
-	r.warnings.note(pod, ws)
-	return p
+	res := r.compiler.CompilePod(lp, r.node, 0)
+	r.warnings.note(pod, res.Warnings)
+	return res
 }
 
 // warnings passes on each pod's compiler warnings (parts of policies the

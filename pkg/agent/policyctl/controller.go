@@ -8,8 +8,11 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
+
+	"github.com/cni-usernet/cni-usernet/pkg/agent/netpolicy"
 )
 
 // Controller keeps every local pod's stack holding the pod's current
@@ -23,12 +26,18 @@ import (
 type Controller struct {
 	o        Options
 	cache    *cache
+	index    *index
 	warnings *warnings
 	push     *pusher
 	report   *reporter
 
-	// kick asks for a pass; one pending kick is enough.
+	// kick asks for a round; one pending kick is enough.
 	kick chan struct{}
+	// node is the node's addresses the last round compiled with; a
+	// change makes the next round compile every pod. targets are the
+	// last round's local pods, by attachment key. Run's alone.
+	node    []netip.Addr
+	targets map[string]target
 }
 
 // New makes a controller; Run starts it.
@@ -43,8 +52,11 @@ func New(o Options) (*Controller, error) {
 		report: &reporter{log: o.Log, metrics: o.Metrics, node: o.Node, event: o.Event},
 	}
 	c.warnings = newWarnings(c.report.compileWarnings)
+	// The index reads the namespaces' cache, which exists once newCache
+	// returned; no change arrives before Run starts the watches.
+	c.index = newIndex(func(ns string) map[string]string { return c.cache.namespaceLabels(ns) }, c.trigger)
 	var err error
-	if c.cache, err = newCache(o, c.trigger); err != nil {
+	if c.cache, err = newCache(o, c.index, c.index.markAll); err != nil {
 		return nil, err
 	}
 	return c, nil
@@ -70,6 +82,10 @@ func (c *Controller) Run(ctx context.Context) {
 	defer wg.Wait()
 	retry := time.NewTimer(time.Hour)
 	retry.Stop()
+	resync := time.NewTicker(c.o.Resync)
+	defer resync.Stop()
+	nodeCheck := time.NewTicker(c.o.NodeCheck)
+	defer nodeCheck.Stop()
 	backoff := c.o.Retry
 	said := false
 	for {
@@ -78,6 +94,12 @@ func (c *Controller) Run(ctx context.Context) {
 			return
 		case <-c.kick:
 		case <-retry.C:
+		case <-resync.C:
+			c.index.markAll()
+		case <-nodeCheck.C:
+			if slices.Equal(c.nodeAddrs(), c.node) {
+				continue
+			}
 		}
 		// Let the changes that come with this one arrive: a kubectl
 		// apply of a file of policies is many events within milliseconds.
@@ -90,14 +112,14 @@ func (c *Controller) Run(ctx context.Context) {
 		case <-c.kick:
 		default:
 		}
-		if err := c.cache.synced(); err != nil {
+		if err := c.cache.ready(); err != nil {
 			if !said {
 				c.o.Log.Info("waiting for the caches before compiling", "why", err)
 				said = true
 			}
 			continue
 		}
-		if failed := c.syncAll(ctx); failed > 0 {
+		if failed := c.sync(ctx); failed > 0 {
 			retry.Reset(backoff)
 			backoff = min(2*backoff, 30*time.Second)
 		} else {
@@ -116,27 +138,45 @@ func (c *Controller) nodeAddrs() []netip.Addr {
 	return node
 }
 
-// syncAll compiles every local pod and pushes what changed; it returns
-// how many pods could not be brought in step.
-func (c *Controller) syncAll(ctx context.Context) int {
+// sync is a round: it compiles the local pods whose inputs changed (every
+// one after a start, a periodic resync or a change of the node's
+// addresses), those this agent has not brought in step yet (new, or
+// failed), and pushes what changed. It returns how many pods could not be
+// brought in step.
+func (c *Controller) sync(ctx context.Context) int {
 	start := time.Now()
+	all, dirty := c.index.begin()
 	snap := c.cache.snapshot()
 	node := c.nodeAddrs()
+	if !slices.Equal(node, c.node) {
+		all, c.node = true, node
+	}
 	targets, live := localTargets(c.o.Store, c.o.Log)
 	c.push.forget(live)
+	c.targetsGone(snap, targets)
+	livePods := make(map[string]bool, len(targets))
+	var todo []target
+	for _, t := range targets {
+		livePods[t.podKey()] = true
+		if all || dirty[t.podKey()] || !c.push.inStep(t.key) {
+			todo = append(todo, t)
+		}
+	}
 	r := newRound(snap, node, targets, c.warnings)
 
-	res := passResult{pods: len(targets)}
-	var mu sync.Mutex // guards res
+	res := passResult{pods: len(targets), compiled: len(todo), full: all}
+	compiled := make(map[string]*netpolicy.Deps, len(todo))
+	var mu sync.Mutex // guards res and compiled
 	work := make(chan target)
 	var wg sync.WaitGroup
-	for range min(c.o.Parallel, max(1, len(targets))) {
+	for range min(c.o.Parallel, max(1, len(todo))) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for t := range work {
-				pushed, _, err := c.syncPod(ctx, r, t)
+				pushed, deps, err := c.syncPod(ctx, r, t)
 				mu.Lock()
+				compiled[t.podKey()] = deps
 				switch {
 				case errors.Is(err, errPodNotCached):
 				case err != nil:
@@ -151,14 +191,48 @@ func (c *Controller) syncAll(ctx context.Context) int {
 			}
 		}()
 	}
-	for _, t := range targets {
+	for _, t := range todo {
 		work <- t
 	}
 	close(work)
 	wg.Wait()
+	c.index.end(compiled, livePods)
+	res.inStep = c.push.countInStep()
 	res.took = time.Since(start)
 	c.report.pass(res)
 	return res.failed
+}
+
+// targetsGone tells the index of the local pods whose attachments went
+// since the last round: the addresses their attachments gave them as
+// peers go with them, unless the API has them too.
+func (c *Controller) targetsGone(snap *netpolicy.Snapshot, now []target) {
+	was := c.targets
+	c.targets = make(map[string]target, len(now))
+	for _, t := range now {
+		c.targets[t.key] = t
+	}
+	for k, t := range was {
+		if _, ok := c.targets[k]; ok {
+			continue
+		}
+		pod := snap.Pods[t.podKey()]
+		if pod == nil {
+			continue // its deletion told the index already
+		}
+		c.index.apply(netpolicy.PodChange(attached(pod, t), pod, c.cache.namespaceLabels), "")
+	}
+}
+
+// attached is pod as a peer sees it while t's attachment exists: with the
+// attachment's addresses too.
+func attached(pod *netpolicy.Pod, t target) *netpolicy.Pod {
+	p := *pod
+	p.Status.PodIPs = slices.Clone(pod.Status.PodIPs)
+	for _, a := range t.ips {
+		p.Status.PodIPs = append(p.Status.PodIPs, netpolicy.PodIP{IP: a.String()})
+	}
+	return &p
 }
 
 // errPodNotCached marks a local pod the pod cache does not hold (yet, or
@@ -167,27 +241,37 @@ var errPodNotCached = errors.New("pod not in the agent's cache")
 
 // syncPod compiles t's pod in r and, when its policy changed (or the
 // stack's is not known), writes and pushes it. It returns whether it
-// pushed and the generation the stack holds.
-func (c *Controller) syncPod(ctx context.Context, r *round, t target) (bool, uint64, error) {
+// pushed and what the policy depends on (nil: the pod is not cached).
+func (c *Controller) syncPod(ctx context.Context, r *round, t target) (bool, *netpolicy.Deps, error) {
+	pushed, _, deps, err := c.syncPodGen(ctx, r, t)
+	return pushed, deps, err
+}
+
+// syncPodGen is syncPod that also returns the generation the stack holds.
+func (c *Controller) syncPodGen(ctx context.Context, r *round, t target) (bool, uint64, *netpolicy.Deps, error) {
 	pod := r.pod(t)
 	if pod == nil {
-		return false, 0, fmt.Errorf("%s: %w", t.podKey(), errPodNotCached)
+		return false, 0, nil, fmt.Errorf("%s: %w", t.podKey(), errPodNotCached)
 	}
 	ps := c.push.lock(t.key)
 	defer ps.mu.Unlock()
-	pushed, err := c.push.push(ps, t, r.compile(pod, t))
+	res := r.compile(pod, t)
+	if c.o.compiled != nil {
+		c.o.compiled(t.podKey())
+	}
+	pushed, err := c.push.push(ps, t, res.Policy)
 	if err != nil {
 		c.report.pushFailed(ctx, &ps.failures, t, pod.Metadata.UID, err)
-		return false, 0, err
+		return false, 0, res.Deps, err
 	}
 	c.report.applied(&ps.failures, t)
-	return pushed, ps.applied.Generation, nil
+	return pushed, ps.applied.Generation, res.Deps, nil
 }
 
 // applyNow compiles and pushes one pod on the plugin's request (ADD): it
 // returns the generation its stack holds.
 func (c *Controller) applyNow(ctx context.Context, t target, wait time.Duration) (uint64, error) {
-	if err := c.cache.synced(); err != nil {
+	if err := c.cache.ready(); err != nil {
 		return 0, err
 	}
 	if !c.cache.hasPod(t.namespace, t.pod) && c.cache.podsErr() != nil {
@@ -209,13 +293,20 @@ func (c *Controller) applyNow(ctx context.Context, t target, wait time.Duration)
 	}
 	start := time.Now()
 	node := c.nodeAddrs()
-	r := newRound(c.cache.snapshot(), node, []target{t}, c.warnings)
-	_, gen, err := c.syncPod(ctx, r, t)
+	snap := c.cache.snapshot()
+	r := newRound(snap, node, []target{t}, c.warnings)
+	_, gen, _, err := c.syncPodGen(ctx, r, t)
 	if err == nil {
 		c.report.added(time.Since(start))
+		// The next round compiles the pod again, against a snapshot
+		// whose later changes it checks against what the pod depends
+		// on; the push is skipped when nothing changed.
+		c.index.markPod(t.podKey())
 		// The other local pods' policies may select this one, whose
-		// address the API may not show yet: a pass adds it.
-		c.trigger()
+		// address the API may not show yet: as a peer it has its
+		// attachment's addresses already.
+		pod := snap.Pods[t.podKey()]
+		c.index.apply(netpolicy.PodChange(pod, attached(pod, t), c.cache.namespaceLabels), "")
 	}
 	return gen, err
 }

@@ -368,6 +368,10 @@ type policyEnv struct {
 	dir   string
 	logs  *nettest.LockedBuffer
 	m     *Metrics
+	// compiled is told of each pod the controller compiles; nil: none.
+	compiled func(podKey string)
+	// resync is Options.Resync; zero: the default.
+	resync time.Duration
 }
 
 func newPolicyEnv(t *testing.T) *policyEnv {
@@ -388,6 +392,8 @@ func (e *policyEnv) start(t *testing.T) (*Controller, func()) {
 		Metrics:      e.m,
 		Log:          log,
 		watchBackoff: 20 * time.Millisecond,
+		compiled:     e.compiled,
+		Resync:       e.resync,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -36,6 +36,19 @@ type Options struct {
 	Retry time.Duration
 	// Parallel is how many stacks are pushed to at once. Zero: 8.
 	Parallel int
+	// Resync is how often every local pod is compiled, whatever
+	// changed: a round compiles only the pods a change can affect, and
+	// this is the net under that (a dependency the index would miss, a
+	// policy file or stack changed behind the agent's back). A full
+	// round costs what every change's round cost before the rounds were
+	// incremental, so every 10 minutes it is noise beside them. Zero:
+	// 10 minutes.
+	Resync time.Duration
+	// NodeCheck is how often the node's addresses are read to see if
+	// they changed (they are in every pod's policy: the node is let in,
+	// node ports are answered on them); no watch reports them. Zero:
+	// 30 s.
+	NodeCheck time.Duration
 	// Metrics count what the controller does. Nil: counted for nobody.
 	Metrics *Metrics
 	// Log receives the controller's lines. Nil: none.
@@ -43,6 +56,8 @@ type Options struct {
 	// watchBackoff tunes the reflectors, for tests: zero means the
 	// reflectors' defaults.
 	watchBackoff time.Duration
+	// compiled is told of each pod compiled, for tests; nil: nothing.
+	compiled func(podKey string)
 }
 
 func (o *Options) validate() error {
@@ -64,6 +79,12 @@ func (o *Options) validate() error {
 	}
 	if o.Retry == 0 {
 		o.Retry = time.Second
+	}
+	if o.Resync == 0 {
+		o.Resync = 10 * time.Minute
+	}
+	if o.NodeCheck == 0 {
+		o.NodeCheck = 30 * time.Second
 	}
 	if o.Parallel == 0 {
 		o.Parallel = 8

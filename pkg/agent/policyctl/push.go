@@ -77,6 +77,40 @@ func (p *pusher) lock(key string) *podState {
 	return ps
 }
 
+// inStep says whether this agent pushed key's stack its policy and knows
+// what it holds: a stack not in step is compiled and pushed at every
+// round until it is.
+func (p *pusher) inStep(key string) bool {
+	p.mu.Lock()
+	ps := p.stacks[key]
+	p.mu.Unlock()
+	if ps == nil {
+		return false
+	}
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	return ps.applied != nil
+}
+
+// countInStep is how many stacks hold what this agent pushed them.
+func (p *pusher) countInStep() int {
+	p.mu.Lock()
+	stacks := make([]*podState, 0, len(p.stacks))
+	for _, ps := range p.stacks {
+		stacks = append(stacks, ps)
+	}
+	p.mu.Unlock()
+	n := 0
+	for _, ps := range stacks {
+		ps.mu.Lock()
+		if ps.applied != nil {
+			n++
+		}
+		ps.mu.Unlock()
+	}
+	return n
+}
+
 // forget drops the state of the stacks whose attachments are not in live.
 func (p *pusher) forget(live map[string]bool) {
 	p.mu.Lock()
@@ -92,14 +126,14 @@ func (p *pusher) forget(live map[string]bool) {
 // pol: nothing to do when it holds it already (false), else written and
 // pushed (true). A policy without a generation is given one.
 func (p *pusher) push(ps *podState, t target, pol *policy.PodPolicy) (bool, error) {
-	if ps.applied != nil && policy.Equal(ps.applied, pol) {
+	if ps.applied != nil && samePolicy(ps.applied, pol) {
 		return false, nil
 	}
 	if ps.applied == nil {
 		// This agent never pushed to the stack: the file holds what the
 		// last agent decided, pushed or not (killed in between). The same
 		// policy keeps its generation; the push goes out regardless.
-		if old, err := policy.ReadFile(t.file); err == nil && policy.Equal(old, pol) {
+		if old, err := policy.ReadFile(t.file); err == nil && samePolicy(old, pol) {
 			pol.Generation = old.Generation
 		}
 	}

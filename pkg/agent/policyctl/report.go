@@ -64,22 +64,26 @@ func (r *reporter) applied(f *failures, t target) {
 	f.count = 0
 }
 
-// passResult is what one pass over the local pods did.
+// passResult is what one round did.
 type passResult struct {
-	// pods are the local pods the pass looked at; applied those whose
-	// stack holds their policy (pushed of them: by a push of this pass),
-	// failed those whose stack could not be brought in step.
-	pods, applied, pushed, failed int
-	took                          time.Duration
+	// pods are the local pods; compiled those the round compiled (every
+	// one when full); applied those of them whose stack holds their
+	// policy (pushed of them: by a push of this round), failed those
+	// whose stack could not be brought in step; inStep the local pods'
+	// stacks that hold their policy after the round.
+	pods, compiled, applied, pushed, failed, inStep int
+	full                                            bool
+	took                                            time.Duration
 }
 
-// pass records a pass over every local pod.
+// pass records a round.
 func (r *reporter) pass(p passResult) {
-	r.metrics.pods.Set(float64(p.applied))
+	r.metrics.pods.Set(float64(p.inStep))
 	r.metrics.pending.Set(float64(p.failed))
 	if p.pushed > 0 || p.failed > 0 {
 		r.metrics.duration.WithLabelValues("change").Observe(p.took.Seconds())
-		r.log.Info("policies pushed", "pods", p.pods, "pushed", p.pushed, "failed", p.failed, "took", p.took.Round(time.Microsecond).String())
+		r.log.Info("policies pushed", "pods", p.pods, "compiled", p.compiled, "full", p.full,
+			"pushed", p.pushed, "failed", p.failed, "took", p.took.Round(time.Microsecond).String())
 	}
 }
 

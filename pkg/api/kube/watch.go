@@ -69,10 +69,15 @@ type ReflectorOptions[T any] struct {
 	Kind Kind
 	// Meta gives an object's metadata. Required.
 	Meta func(*T) Meta
-	// OnChange is called, outside any lock, after the cache changed: a
-	// list replaced it or a watch event was applied. It must not block.
-	// Nil: no call.
-	OnChange func()
+	// OnChange is called, outside any lock, for each object the cache
+	// changed: old nil is an object added, new nil one deleted, both set
+	// one replaced. After a list (the first, or one after the watch
+	// expired) it is called once per object added, changed (another
+	// ResourceVersion) or deleted relative to the cache before the list,
+	// none for the others. Calls come in the order of the changes, from
+	// one goroutine; the objects are the cache's (never changed, do not
+	// change them). It must not block. Nil: no call.
+	OnChange func(old, new *T)
 	// Log receives the reflector's errors, at most one line per
 	// LogEvery (with the count of those left out). Nil: slog.Default.
 	Log *slog.Logger
@@ -339,6 +344,7 @@ func (r *Reflector[T]) list(ctx context.Context) error {
 		return fmt.Errorf("list %s: answer without metadata.resourceVersion", r.o.Kind)
 	}
 	r.mu.Lock()
+	before := r.items
 	r.items, r.rv = items, rv
 	first := !r.synced
 	r.synced = true
@@ -347,8 +353,31 @@ func (r *Reflector[T]) list(ctx context.Context) error {
 		close(r.syncedCh)
 	}
 	r.succeeded()
-	r.changed()
+	r.replaced(before, items)
 	return nil
+}
+
+// replaced reports the difference a list made: the objects added, those
+// whose ResourceVersion differs, and those gone. An object the list
+// brings back unchanged is not reported: nothing about it changed.
+func (r *Reflector[T]) replaced(before, after map[string]*T) {
+	if r.o.OnChange == nil {
+		return
+	}
+	for k, n := range after {
+		o, ok := before[k]
+		switch {
+		case !ok:
+			r.o.OnChange(nil, n)
+		case r.o.Meta(o).ResourceVersion != r.o.Meta(n).ResourceVersion:
+			r.o.OnChange(o, n)
+		}
+	}
+	for k, o := range before {
+		if _, ok := after[k]; !ok {
+			r.o.OnChange(o, nil)
+		}
+	}
 }
 
 // get sends a list request and decodes its answer.
@@ -475,6 +504,7 @@ func (r *Reflector[T]) apply(ev watchEvent) error {
 	}
 	m := r.o.Meta(obj)
 	r.mu.Lock()
+	old, had := r.items[m.Key()]
 	if ev.Type == "DELETED" {
 		delete(r.items, m.Key())
 	} else {
@@ -484,12 +514,18 @@ func (r *Reflector[T]) apply(ev watchEvent) error {
 		r.rv = m.ResourceVersion
 	}
 	r.mu.Unlock()
-	r.changed()
-	return nil
-}
-
-func (r *Reflector[T]) changed() {
-	if r.o.OnChange != nil {
-		r.o.OnChange()
+	if r.o.OnChange == nil {
+		return nil
 	}
+	switch {
+	case ev.Type == "DELETED" && had:
+		r.o.OnChange(old, nil)
+	case ev.Type == "DELETED":
+		// Deleted before this cache saw it: nothing changed here.
+	case had:
+		r.o.OnChange(old, obj)
+	default:
+		r.o.OnChange(nil, obj)
+	}
+	return nil
 }

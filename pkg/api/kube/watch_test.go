@@ -226,23 +226,15 @@ func (c *fakeCollection) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // runReflector starts a reflector of things against h.
-func runReflector(t *testing.T, cfg Config, changes chan<- struct{}, logs io.Writer) *Reflector[thing] {
+func runReflector(t *testing.T, cfg Config, logs io.Writer) *Reflector[thing] {
 	t.Helper()
 	if logs == nil {
 		logs = io.Discard
 	}
 	r, err := NewReflector(ReflectorOptions[thing]{
-		Client: newClient(t, cfg),
-		Kind:   Kind{Group: "example.com", Version: "v1", Resource: "things"},
-		Meta:   thingMeta,
-		OnChange: func() {
-			if changes != nil {
-				select {
-				case changes <- struct{}{}:
-				default:
-				}
-			}
-		},
+		Client:     newClient(t, cfg),
+		Kind:       Kind{Group: "example.com", Version: "v1", Resource: "things"},
+		Meta:       thingMeta,
 		Log:        slog.New(slog.NewTextHandler(logs, nil)),
 		Backoff:    20 * time.Millisecond,
 		MaxBackoff: 100 * time.Millisecond,
@@ -309,7 +301,7 @@ func TestReflectorListThenWatch(t *testing.T) {
 	for i := range 5 {
 		c.set("ns", fmt.Sprintf("t%d", i), map[string]string{"app": "a"})
 	}
-	r := runReflector(t, thingServer(t, c), nil, nil)
+	r := runReflector(t, thingServer(t, c), nil)
 	select {
 	case <-r.Synced():
 	case <-time.After(5 * time.Second):
@@ -337,7 +329,7 @@ func TestReflectorListThenWatch(t *testing.T) {
 func TestReflectorTrimsToTheType(t *testing.T) {
 	c := newFakeCollection()
 	c.set("ns", "t0", map[string]string{"app": "a"})
-	r := runReflector(t, thingServer(t, c), nil, nil)
+	r := runReflector(t, thingServer(t, c), nil)
 	eventually(t, "sync", r.HasSynced)
 	got, ok := r.Get("ns/t0")
 	if !ok {
@@ -381,7 +373,7 @@ func TestReflectorBookmark(t *testing.T) {
 	c := newFakeCollection()
 	c.set("ns", "t0", map[string]string{"app": "a"})
 	srv, cfg := newServer(t, func(w http.ResponseWriter, r *http.Request) { c.ServeHTTP(w, r) })
-	r := runReflector(t, cfg, nil, nil)
+	r := runReflector(t, cfg, nil)
 	eventually(t, "sync", r.HasSynced)
 	eventually(t, "the watch", func() bool { _, w := c.counts(); return len(w) == 1 })
 	c.bookmark() // rv 2
@@ -408,7 +400,7 @@ func TestReflectorRelistsOnGone(t *testing.T) {
 			c.set("ns", "t0", map[string]string{"app": "a"})
 			c.set("ns", "t1", map[string]string{"app": "a"})
 			srv, cfg := newServer(t, func(w http.ResponseWriter, r *http.Request) { c.ServeHTTP(w, r) })
-			r := runReflector(t, cfg, nil, nil)
+			r := runReflector(t, cfg, nil)
 			eventually(t, "sync", r.HasSynced)
 			eventually(t, "the watch", func() bool { _, w := c.counts(); return len(w) == 1 })
 			// While no watch runs, t1 goes and t2 comes, and the history
@@ -449,7 +441,7 @@ func TestReflectorKeepsCacheWhileServerGone(t *testing.T) {
 	srv := start(ln)
 	cfg := Config{Server: srv.URL, CAPEM: serverCA(srv), Token: "tok"}
 	logs := &nettest.LockedBuffer{}
-	r := runReflector(t, cfg, nil, logs)
+	r := runReflector(t, cfg, logs)
 	eventually(t, "sync", r.HasSynced)
 	eventually(t, "the watch", func() bool { _, w := c.counts(); return len(w) == 1 })
 
@@ -517,7 +509,7 @@ func TestReflectorRetryCutsTheBackoff(t *testing.T) {
 func TestReflectorNotSyncedWithoutServer(t *testing.T) {
 	c := newFakeCollection()
 	c.setDown(true)
-	r := runReflector(t, thingServer(t, c), nil, nil)
+	r := runReflector(t, thingServer(t, c), nil)
 	eventually(t, "an error", func() bool { return r.Err() != nil })
 	if r.HasSynced() {
 		t.Error("synced without a list")
@@ -530,27 +522,93 @@ func TestReflectorForbiddenNamesTheResource(t *testing.T) {
 	_, cfg := newServer(t, func(w http.ResponseWriter, r *http.Request) {
 		writeStatus(w, 403, "Forbidden", `things.example.com is forbidden: User "x" cannot list resource "things"`)
 	})
-	r := runReflector(t, cfg, nil, nil)
+	r := runReflector(t, cfg, nil)
 	eventually(t, "an error", func() bool { return r.Err() != nil })
 	if err := r.Err(); !strings.Contains(err.Error(), `grant verb "list" on resource "things" in API group "example.com"`) {
 		t.Errorf("got %v, want the RBAC rule to grant", err)
 	}
 }
 
+// change is one OnChange call: "+key" added, "~key" replaced, "-key"
+// deleted.
+func change(old, new *thing) string {
+	switch {
+	case old == nil:
+		return "+" + thingMeta(new).Key()
+	case new == nil:
+		return "-" + thingMeta(old).Key()
+	case thingMeta(old).Key() != thingMeta(new).Key():
+		return "?" + thingMeta(old).Key() + "→" + thingMeta(new).Key()
+	}
+	return "~" + thingMeta(new).Key()
+}
+
+// OnChange says what changed, object by object: the list's objects as
+// added, each event as what it did to the cache, and after a relist only
+// the difference to the cache before it.
 func TestReflectorOnChange(t *testing.T) {
 	c := newFakeCollection()
-	changes := make(chan struct{}, 1)
-	r := runReflector(t, thingServer(t, c), changes, nil)
-	eventually(t, "sync", r.HasSynced)
-	select {
-	case <-changes:
-	case <-time.After(5 * time.Second):
-		t.Fatal("no change signalled for the list")
+	c.set("ns", "t0", map[string]string{"app": "a"})
+	c.set("ns", "t1", map[string]string{"app": "a"})
+	c.set("ns", "t2", map[string]string{"app": "a"})
+	var mu sync.Mutex
+	var got []string
+	srv, cfg := newServer(t, func(w http.ResponseWriter, r *http.Request) { c.ServeHTTP(w, r) })
+	r, err := NewReflector(ReflectorOptions[thing]{
+		Client: newClient(t, cfg), Kind: Kind{Group: "example.com", Version: "v1", Resource: "things"},
+		Meta: thingMeta, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Backoff: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond,
+		OnChange: func(old, new *thing) {
+			if old != nil && new != nil && old.Metadata.Labels["app"] == new.Metadata.Labels["app"] {
+				t.Errorf("%s: replaced by an object that did not change", change(old, new))
+			}
+			mu.Lock()
+			got = append(got, change(old, new))
+			mu.Unlock()
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
-	c.set("ns", "t0", nil)
-	select {
-	case <-changes:
-	case <-time.After(5 * time.Second):
-		t.Fatal("no change signalled for an event")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { r.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	calls := func(n int) []string {
+		t.Helper()
+		eventually(t, fmt.Sprintf("%d calls", n), func() bool { mu.Lock(); defer mu.Unlock(); return len(got) >= n })
+		time.Sleep(50 * time.Millisecond) // no more than n
+		mu.Lock()
+		defer mu.Unlock()
+		out := slices.Clone(got)
+		got = nil
+		return out
+	}
+	sorted := func(s []string) []string { slices.Sort(s); return s }
+
+	if cs := sorted(calls(3)); !slices.Equal(cs, []string{"+ns/t0", "+ns/t1", "+ns/t2"}) {
+		t.Errorf("first list: got calls %v, want the three objects added", cs)
+	}
+	eventually(t, "the watch", func() bool { _, w := c.counts(); return len(w) == 1 })
+	c.set("ns", "t0", map[string]string{"app": "b"})
+	c.set("ns", "t3", map[string]string{"app": "a"})
+	c.del("ns", "t1")
+	if cs := calls(3); !slices.Equal(cs, []string{"~ns/t0", "+ns/t3", "-ns/t1"}) {
+		t.Errorf("watch events: got calls %v, want [~ns/t0 +ns/t3 -ns/t1]", cs)
+	}
+	// A relist after 410: t2 changed, t3 deleted, t4 added meanwhile; t0
+	// comes back unchanged and is not reported.
+	c.setDown(true)
+	srv.CloseClientConnections()
+	c.set("ns", "t2", map[string]string{"app": "c"})
+	c.del("ns", "t3")
+	c.set("ns", "t4", map[string]string{"app": "a"})
+	c.compact()
+	c.setDown(false)
+	if cs := sorted(calls(3)); !slices.Equal(cs, []string{"+ns/t4", "-ns/t3", "~ns/t2"}) {
+		t.Errorf("relist: got calls %v, want [+ns/t4 -ns/t3 ~ns/t2]", cs)
+	}
+	if lists, _ := c.counts(); lists != 2 {
+		t.Errorf("lists: got %d, want 2", lists)
 	}
 }

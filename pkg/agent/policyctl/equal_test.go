@@ -1,0 +1,50 @@
+package policyctl
+
+import (
+	"net/netip"
+	"testing"
+
+	"github.com/cni-usernet/cni-usernet/pkg/api/policy"
+)
+
+// samePolicy agrees with policy.Equal (the JSON encodings compared) on a
+// policy, its copy through JSON, and each field changed.
+func TestSamePolicyIsEqual(t *testing.T) {
+	mk := func() *policy.PodPolicy {
+		return &policy.PodPolicy{
+			Version: policy.FormatVersion, Generation: 7,
+			Ingress: policy.Direction{Isolated: true, Policies: []string{"x/a"}, Rules: []policy.Rule{{Policy: "x/a",
+				Peers: []policy.Peer{{CIDR: netip.MustParsePrefix("10.0.0.0/8"), Except: []netip.Prefix{netip.MustParsePrefix("10.1.0.0/16")}}},
+				Ports: []policy.PortRange{{Protocol: policy.TCP, First: 80, Last: 80}}}}},
+			Egress: policy.Direction{Isolated: true, Policies: []string{"x/a"}},
+			Node:   []netip.Addr{netip.MustParseAddr("192.0.2.1")},
+			Services: []policy.Service{{Name: "y/s:http", Protocol: policy.TCP, VIP: netip.MustParseAddrPort("10.96.0.1:80"),
+				Backends: []policy.Backend{{Addr: netip.MustParseAddrPort("10.2.0.1:8080")}}}},
+		}
+	}
+	b, _ := policy.Marshal(mk())
+	back, err := policy.Unmarshal(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	back.Generation = 8
+	for name, change := range map[string]func(p *policy.PodPolicy){
+		"through JSON, another generation": nil,
+		"isolation":                        func(p *policy.PodPolicy) { p.Egress.Isolated = false },
+		"a policy name":                    func(p *policy.PodPolicy) { p.Ingress.Policies[0] = "x/b" },
+		"an except":                        func(p *policy.PodPolicy) { p.Ingress.Rules[0].Peers[0].Except = nil },
+		"a port":                           func(p *policy.PodPolicy) { p.Ingress.Rules[0].Ports[0].Last = 81 },
+		"the node":                         func(p *policy.PodPolicy) { p.Node = nil },
+		"a backend":                        func(p *policy.PodPolicy) { p.Services[0].Backends = nil },
+		"a service's address":              func(p *policy.PodPolicy) { p.Services[0].VIP = netip.MustParseAddrPort("10.96.0.1:81") },
+	} {
+		a, b := mk(), back
+		if change != nil {
+			b = mk()
+			change(b)
+		}
+		if got, want := samePolicy(a, b), policy.Equal(a, b); got != want {
+			t.Errorf("%s: samePolicy %v, policy.Equal %v", name, got, want)
+		}
+	}
+}
