@@ -266,7 +266,7 @@ containerRuntimeEndpoint: unix:///run/containerd/containerd.sock
 clusterDomain: cluster.local
 clusterDNS: [$DNS_IP]
 resolvConf: $ETC/resolv.conf
-maxPods: 110
+maxPods: 250   # the policy propagation check runs 200 pods across the two nodes
 serializeImagePulls: false
 imageGCHighThresholdPercent: 100
 evictionHard: {memory.available: "100Mi", nodefs.available: "1%", imagefs.available: "1%"}

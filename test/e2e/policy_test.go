@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -377,9 +378,25 @@ func checkPolicyPropagation(t *testing.T, prefix string, n int) {
 	for i := range n {
 		m.WriteString(podManifestOn(ns, fmt.Sprintf("p%d", i), "", nodes[i%len(nodes)], nil))
 	}
+	// Services whose endpoints churn while the policy changes: the
+	// agents must push a policy change to every pod no slower for the
+	// EndpointSlice events around it.
+	for k := range churnServices {
+		fmt.Fprintf(&m, `---
+apiVersion: v1
+kind: Service
+metadata: {name: churn-%d, namespace: %s}
+spec:
+  selector: {churn: s%d}
+  ports:
+  - {protocol: TCP, port: 80, targetPort: 8080}
+`, k, ns, k)
+	}
 	t.Cleanup(func() { kubectl("delete", "ns", ns, "--wait=false") })
 	apply(t, m.String())
 	mustKubectl(t, "-n", ns, "wait", "--for=condition=Ready", "pod", "--all", "--timeout=10m")
+	stopChurn := churnEndpoints(t, ns, n)
+	defer stopChurn()
 
 	// Each pod's stack socket, from its container ID.
 	var list struct {
@@ -441,8 +458,8 @@ func checkPolicyPropagation(t *testing.T, prefix string, n int) {
 		}
 		slices.Sort(lat)
 		q := func(p float64) time.Duration { return lat[min(len(lat)-1, int(p*float64(len(lat))))] }
-		t.Logf("%s: %d pods on %d nodes, from kubectl invoked to the stack holding it: p50 %s, p99 %s, max %s",
-			what, len(lat), len(nodes), q(0.5).Round(time.Millisecond), q(0.99).Round(time.Millisecond), lat[len(lat)-1].Round(time.Millisecond))
+		t.Logf("%s: %d pods on %d nodes, %d Services' endpoints churning (%d changes so far), from kubectl invoked to the stack holding it: p50 %s, p99 %s, max %s",
+			what, len(lat), len(nodes), churnServices, churned.Load(), q(0.5).Round(time.Millisecond), q(0.99).Round(time.Millisecond), lat[len(lat)-1].Round(time.Millisecond))
 	}
 	measure("default deny applied", fmt.Sprintf(`apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy
@@ -456,6 +473,36 @@ spec:
 
 // stackSocketOf finds the control socket of pod ns/name's attachment in a
 // node's state directory.
+// churnServices is how many Services of the propagation check have
+// endpoints that change while it measures.
+const churnServices = 50
+
+// churned counts the endpoint changes churnEndpoints made.
+var churned atomic.Int64
+
+// churnEndpoints moves the pods of ns (p0..p<n-1>) from one churn Service
+// to the next, one label change at a time, as fast as kubectl goes, until
+// the returned stop is called: each change moves a pod's address between
+// two Services' EndpointSlices.
+func churnEndpoints(t *testing.T, ns string, n int) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; ctx.Err() == nil; i++ {
+			pod, svc := fmt.Sprintf("p%d", i%n), fmt.Sprintf("s%d", i%churnServices)
+			if _, err := kubectl("-n", ns, "label", "pod", pod, "churn="+svc, "--overwrite"); err == nil {
+				churned.Add(1)
+			}
+		}
+	}()
+	return func() {
+		cancel()
+		<-done
+		t.Logf("endpoint churn: %d label changes across %d Services", churned.Load(), churnServices)
+	}
+}
+
 func stackSocketOf(stateDir, runDir, ns, name string) (string, error) {
 	atts, errs := state.Store{Dir: stateDir}.List()
 	for _, a := range atts {
@@ -503,7 +550,7 @@ func policyPods() int {
 	if n, err := strconv.Atoi(os.Getenv("E2E_POLICY_PODS")); err == nil && n > 0 {
 		return n
 	}
-	return 100
+	return 200
 }
 
 // checkDenialsOnNode reads `cni-usernet denials` on node 1, as
