@@ -572,6 +572,7 @@ spec:
 	check("HostPort", func(t *testing.T) { checkHostPort(t, repo, ns) })
 	check("Bandwidth", func(t *testing.T) { checkBandwidth(t, ns, network) })
 	check("NetworkPolicy", func(t *testing.T) { checkNetworkPolicy(t, repo, ns) })
+	check("TerminatingPeer", func(t *testing.T) { checkTerminatingPeer(t, ns) })
 	check("NetworkPolicyPropagation", func(t *testing.T) { checkPolicyPropagation(t, ns, policyPods()) })
 
 	check("BadAnnotation", func(t *testing.T) {

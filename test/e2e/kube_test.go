@@ -149,6 +149,8 @@ type pod struct {
 		Namespace   string            `json:"namespace"`
 		UID         string            `json:"uid"`
 		Annotations map[string]string `json:"annotations"`
+		// DeletionTimestamp is set once the pod is being deleted.
+		DeletionTimestamp string `json:"deletionTimestamp"`
 	} `json:"metadata"`
 	Status struct {
 		Phase  string `json:"phase"`

@@ -588,3 +588,60 @@ func checkDenialsOnNode(t *testing.T, pods []*mpod, ns, what string) {
 	}
 	t.Logf("%s: no pod of %s on node %s to read denials of", what, ns, node1())
 }
+
+// checkTerminatingPeer: a pod being deleted stays a peer of the policies
+// that admit it until its address is released. db admits only app=web;
+// web, in a 40 s preStop after `kubectl delete`, opens a new connection to
+// db, as a draining client does, and gets through on both nodes' agents'
+// view (db and web on different nodes when there are two).
+func checkTerminatingPeer(t *testing.T, prefix string) {
+	ns := prefix + "-term"
+	n2 := node2()
+	if n2 == "" {
+		n2 = node1()
+	}
+	web := strings.Replace(podManifestOn(ns, "web", "", n2, map[string]string{"role": "web"}),
+		"  terminationGracePeriodSeconds: 1\n", "  terminationGracePeriodSeconds: 60\n", 1)
+	web = strings.Replace(web, "    args: [serve]\n", "    args: [serve]\n    lifecycle: {preStop: {exec: {command: [sleep, \"40\"]}}}\n", 1)
+	t.Cleanup(func() { kubectl("delete", "ns", ns, "--wait=false") })
+	apply(t, fmt.Sprintf("apiVersion: v1\nkind: Namespace\nmetadata: {name: %s}\n", ns)+
+		podManifestOn(ns, "db", "", node1(), nil)+web+fmt.Sprintf(`---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: db-from-web, namespace: %s}
+spec:
+  podSelector: {matchLabels: {app: db}}
+  policyTypes: [Ingress]
+  ingress:
+  - from:
+    - podSelector: {matchLabels: {role: web}}
+`, ns))
+	mustKubectl(t, "-n", ns, "wait", "--for=condition=Ready", "pod", "--all", "--timeout=3m")
+	db := getPod(t, ns, "db").Status.PodIP
+	fetch := func(what string) bool {
+		out, _ := kubectl("-n", ns, "exec", "web", "--", "/podtool", "probe", "2s", "tcp:"+net.JoinHostPort(db, "8080"))
+		ok := strings.Contains(out, " ok")
+		t.Logf("%s: web → db %s: %s", what, db, strings.TrimSpace(out))
+		return ok
+	}
+	eventually(t, 30*time.Second, "web reaching db before its deletion", func() error {
+		if !fetch("before deletion") {
+			return fmt.Errorf("web cannot reach db while running")
+		}
+		return nil
+	})
+	mustKubectl(t, "-n", ns, "delete", "pod", "web", "--wait=false")
+	eventually(t, 30*time.Second, "web terminating", func() error {
+		if p := getPod(t, ns, "web"); p.Metadata.DeletionTimestamp == "" {
+			return fmt.Errorf("web has no deletionTimestamp yet")
+		}
+		return nil
+	})
+	// The agents have seen the deletion by now (their watches are in
+	// step within moments); web is in its preStop, its address held.
+	time.Sleep(5 * time.Second)
+	if !fetch("terminating, in preStop") {
+		t.Errorf("web, terminating but still holding its address, could not open a new connection to db, which admits it: a terminating pod must stay a peer until its address is released")
+	}
+	mustKubectl(t, "-n", ns, "delete", "pod", "web", "--grace-period=0", "--force")
+}
