@@ -13,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cni-usernet/cni-usernet/test/promcheck"
 )
 
 // releaseVersion is the version TestKubernetesRelease builds its release
@@ -73,9 +75,11 @@ func TestKubernetesRelease(t *testing.T) {
 		}
 	})
 
-	var dir, image string
+	// The parent's: a subtest's temporary directory goes with the subtest.
+	dir := t.TempDir()
+	var image string
 	step("Release", func(t *testing.T) {
-		dir, image = buildRelease(t, repo, helm, chart)
+		image = buildRelease(t, repo, helm, dir, chart)
 		t.Logf("release %s in %s, image %s (%s)", releaseVersion, dir, image, since())
 	})
 
@@ -135,9 +139,24 @@ spec:
   podSelector: {matchLabels: {app: srv}}
   policyTypes: [Ingress]
 `, ns))
+		// Denied is dropped unanswered: wget waits until timeout kills it
+		// (busybox's timeout exits 128+SIGTERM), neither answered nor
+		// refused.
 		eventually(t, time.Minute, "far -> srv denied", func() error {
-			if out, err := fromFar(); err == nil {
+			out, err := fromFar()
+			if err == nil {
 				return fmt.Errorf("answered %q", strings.TrimSpace(out))
+			}
+			if !strings.Contains(err.Error(), "exit code 143") {
+				return fmt.Errorf("failed, but not by waiting for an answer: %v", err)
+			}
+			return nil
+		})
+		eventually(t, time.Minute, "srv's stack counts the denial", func() error {
+			d := scrapeAgent(t).Find("cni_usernet_pod_policy_denied_total", map[string]string{
+				"namespace": ns, "pod": "srv", "direction": "ingress", "policy": ns + "/srv-deny"})
+			if len(d) != 1 || promcheck.Value(d[0]) == 0 {
+				return fmt.Errorf("policy_denied_total %v, want one series above 0", d)
 			}
 			return nil
 		})
@@ -207,6 +226,7 @@ spec:
 			return nil
 		})
 		nodesReady(t, repo)
+		t.Logf("agents %v replaced by %v", agents, agentPods(t))
 		echo(t, conn, r, "after the upgrade")
 		if now := nodeStatus(t)[ns+"/srv"].PID; now != stack {
 			t.Errorf("srv's stack: pid %d before the upgrade, %d after; want the same process", stack, now)
@@ -217,6 +237,8 @@ spec:
 		mustKubectl(t, "-n", ns, "wait", "--for=condition=Ready", "pod/late", "--timeout=2m")
 		if row := nodeStatus(t)[ns+"/late"]; row.GSO.Mode != "software" {
 			t.Errorf("late (no annotation, gso=software): gso.mode %q (%s), want software", row.GSO.Mode, row.GSO.Reason)
+		} else {
+			t.Logf("late: gso %s (%s)", row.GSO.Mode, row.GSO.Reason)
 		}
 		body, err := httpGet("http://" + net.JoinHostPort(getPod(t, ns, "late").Status.PodIP, "8080") + "/")
 		if err != nil {
@@ -267,15 +289,14 @@ spec:
 	})
 }
 
-// buildRelease runs hack/release.sh for releaseVersion into a temporary
-// directory, checks its SHA256SUMS as a user would, and returns the
-// directory and the image the release names: the one its OCI tarball
-// carries, which its chart's defaults and its rendered manifest must name.
-func buildRelease(t *testing.T, repo, helm, chart string) (dir, image string) {
+// buildRelease runs hack/release.sh for releaseVersion into dir, checks
+// its SHA256SUMS as a user would, and returns the image the release names:
+// the one its OCI tarball carries, which its chart's defaults and its
+// rendered manifest must name.
+func buildRelease(t *testing.T, repo, helm, dir, chart string) (image string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	dir = t.TempDir()
 	if out, err := run(ctx, repo, "hack/release.sh", releaseVersion, dir); err != nil {
 		t.Fatalf("hack/release.sh: %v", err)
 	} else {
@@ -315,7 +336,7 @@ func buildRelease(t *testing.T, repo, helm, chart string) (dir, image string) {
 	if t.Failed() {
 		t.FailNow()
 	}
-	return dir, image
+	return image
 }
 
 // imageLines are the lines of a manifest that name a container's image.
