@@ -11,7 +11,7 @@
 # The image is reproducible: same sources, same Go, same bytes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-IMAGE=${IMAGE:-localhost/cni-usernet:dev}
+IMAGE=${IMAGE:-ghcr.io/cni-usernet/cni-usernet:dev}
 out=${1:-bin/cni-usernet-image.tar}
 GO=${GO:-go}
 version=${VERSION:-$(git describe --always --dirty 2>/dev/null || echo dev)}

@@ -2,10 +2,10 @@
 # e2e.sh — what `make e2e` runs: bring up the two-node cluster (unless one
 # is running), build the image, run test/e2e against the cluster in each mode
 # (standalone, then chained behind flannel; E2E_MODES="standalone" or "chain"
-# runs one), and tear the cluster down again, also when something failed
-# (E2E_KEEP_CLUSTER=1 keeps it, for iterating). K8S_LAB_CONTAINERD=2 runs
-# the lab on containerd 2 instead of Debian's 1.6 (lib/common.sh). Exits
-# non-zero when anything failed.
+# runs one; E2E_RUN is go test's -run), and tear the cluster down again, also
+# when something failed (E2E_KEEP_CLUSTER=1 keeps it, for iterating).
+# K8S_LAB_CONTAINERD=2 runs the lab on containerd 2 instead of Debian's 1.6
+# (lib/common.sh). Exits non-zero when anything failed.
 set -uo pipefail
 LAB=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$LAB/../.." && pwd)
@@ -51,6 +51,9 @@ lab_containerd
 export KUBECONFIG=$STATE/admin.kubeconfig CNI_USERNET_E2E=1 E2E_NODE1=$NODE E2E_CONTAINERD=$CONTAINERD_VARIANT
 log "containerd: $("$CONTAINERD" --version)"
 hack/image.sh || { rc=1; exit; }
+# TestKubernetesRelease installs, upgrades and uninstalls a release's chart
+# package with it, as a user would.
+make -s helm || { rc=1; exit; }
 if [ "$K8S_LAB_NODES" = 2 ]; then
   # The README imports the image on this node; node 2 has a containerd of its own.
   export E2E_NODE2=$NODE2 E2E_NODE2_IP=$NODE2_IP E2E_NODE2_ROOT=$STATE/node2
@@ -59,6 +62,10 @@ fi
 # Both modes on the one cluster: standalone first (the nodes start without a
 # CNI; its test ends with the uninstall, leaving the nodes as they were), then
 # flannel (flannel.sh) and cni-usernet chained behind it. E2E_MODES picks.
+# In standalone mode the tests after TestKubernetes (go test runs them in
+# file order) each install on the nodes it left and uninstall again; among
+# them TestKubernetesRelease, a release as a user gets it (hack/release.sh's
+# image and chart package).
 modes=${E2E_MODES:-standalone chain}
 [ "$K8S_LAB_NODES" = 2 ] || modes=standalone
 for mode in $modes; do

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -186,19 +187,23 @@ func importImage(ctx context.Context, t *testing.T, repo, tar string) {
 }
 
 // manifestWithImage is dir's manifests/cni-usernet.yaml with image in
-// place of the image it names, localhost/cni-usernet:dev.
+// place of the agent's image it names: ghcr.io/cni-usernet/cni-usernet:dev,
+// or localhost/cni-usernet:dev in a tree from before the image had a
+// registry's name (previousRelease's, which the skew test installs).
 func manifestWithImage(t *testing.T, dir, image string) string {
 	t.Helper()
 	m, err := os.ReadFile(filepath.Join(dir, "manifests", "cni-usernet.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	const named = "image: localhost/cni-usernet:dev"
-	if !strings.Contains(string(m), named) {
-		t.Fatalf("%s/manifests/cni-usernet.yaml does not name localhost/cni-usernet:dev", dir)
+	if n := len(agentImageLine.FindAllIndex(m, -1)); n != 1 {
+		t.Fatalf("%s/manifests/cni-usernet.yaml names the agent's image %d times, want once (%s)", dir, n, agentImageLine)
 	}
-	return strings.ReplaceAll(string(m), named, "image: "+image)
+	return agentImageLine.ReplaceAllString(string(m), "${1}"+image)
 }
+
+// agentImageLine is the manifest's line naming the agent's image.
+var agentImageLine = regexp.MustCompile(`(?m)^(\s+image: )(ghcr\.io/cni-usernet|localhost)/cni-usernet:dev$`)
 
 // pauseKubelet stops node 1's kubelet (SIGSTOP) until the returned
 // function or the test's cleanup resumes it: it removes within seconds any
