@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/cni-usernet/cni-usernet/pkg/agent/netpolicy"
+	"github.com/cni-usernet/cni-usernet/pkg/agent/watch"
 	"github.com/cni-usernet/cni-usernet/pkg/api/kube"
 )
 
@@ -16,11 +17,11 @@ import (
 // one reflector per collection. While the API server is away the
 // reflectors keep their last view, so the stacks keep what they hold.
 type cache struct {
-	policies   *kube.Reflector[netpolicy.NetworkPolicy]
-	pods       *kube.Reflector[netpolicy.Pod]
-	namespaces *kube.Reflector[netpolicy.Namespace]
-	services   *kube.Reflector[netpolicy.Service]
-	slices     *kube.Reflector[netpolicy.EndpointSlice]
+	policies   *watch.Informer[netpolicy.NetworkPolicy]
+	pods       *watch.Informer[netpolicy.Pod]
+	namespaces *watch.Informer[netpolicy.Namespace]
+	services   *watch.Informer[netpolicy.Service]
+	slices     *watch.Informer[netpolicy.EndpointSlice]
 
 	// podChanged wakes the callers waiting for a pod (waitPod): closed
 	// and made anew at each change of the pods.
@@ -59,10 +60,11 @@ func newCache(o Options, changed func()) (*cache, error) {
 	return c, nil
 }
 
-func newReflector[T any](o Options, k kube.Kind, m func(*T) kube.Meta, onChange func(), log *slog.Logger) (*kube.Reflector[T], error) {
-	return kube.NewReflector(kube.ReflectorOptions[T]{
-		Client: o.Client, Kind: k, Meta: m, OnChange: onChange, Log: log,
-		Backoff: o.watchBackoff, MaxBackoff: 10 * o.watchBackoff,
+func newReflector[T any](o Options, k kube.Kind, _ func(*T) kube.Meta, onChange func(), log *slog.Logger) (*watch.Informer[T], error) {
+	return watch.New(watch.Options[T]{
+		Config: watch.RESTConfig(o.Client.Config()), Kind: k, Log: log,
+		OnChange: func(_, _ *T) { onChange() },
+		Backoff:  o.watchBackoff, MaxBackoff: 10 * o.watchBackoff,
 	})
 }
 
