@@ -11,12 +11,15 @@ import (
 	"time"
 	"unicode/utf8"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/types"
-	appsv1client "k8s.io/client-go/kubernetes/typed/apps/v1"
-	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/client-go/rest"
 
 	"github.com/cni-usernet/cni-usernet/pkg/agent/noderoutes"
@@ -28,13 +31,14 @@ import (
 // token and CA).
 const serviceAccountDir = "/var/run/secrets/kubernetes.io/serviceaccount"
 
-// apiClient is the agent's own calls to the API server, through the
-// typed clients of the two groups it reads (client-go's whole clientset
-// would link every group).
+// apiClient is the agent's own calls to the API server, through
+// client-go's REST clients of the two groups it reads. Not the typed
+// clientset: its scheme registers every API group and, with its apply
+// configurations and discovery, doubles the agent's binary.
 type apiClient struct {
 	rest *rest.Config
-	core corev1client.CoreV1Interface
-	apps appsv1client.AppsV1Interface
+	core *rest.RESTClient // core/v1
+	apps *rest.RESTClient // apps/v1
 	// kube is the same server and credentials for the policy
 	// controller, whose Options take a kube.Client.
 	kube *kube.Client
@@ -54,18 +58,49 @@ func inCluster() (*apiClient, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reading the service account CA: %w", err)
 	}
+	return newAPIClient(cfg, ca)
+}
+
+// newAPIClient is the client for cfg, whose server's CA is ca.
+func newAPIClient(cfg *rest.Config, ca []byte) (*apiClient, error) {
 	c := &apiClient{rest: cfg, caPEM: ca}
-	if c.core, err = corev1client.NewForConfig(cfg); err != nil {
+	var err error
+	if c.core, err = groupClient(cfg, corev1.SchemeGroupVersion); err != nil {
 		return nil, fmt.Errorf("connecting to the API server: %w", err)
 	}
-	if c.apps, err = appsv1client.NewForConfig(cfg); err != nil {
+	if c.apps, err = groupClient(cfg, appsv1.SchemeGroupVersion); err != nil {
 		return nil, fmt.Errorf("connecting to the API server: %w", err)
 	}
-	c.kube, err = kube.New(kube.Config{Server: cfg.Host, CAPEM: ca, TokenFile: cfg.BearerTokenFile, UserAgent: cfg.UserAgent})
+	c.kube, err = kube.New(kube.Config{Server: cfg.Host, CAPEM: ca, Token: cfg.BearerToken, TokenFile: cfg.BearerTokenFile, UserAgent: cfg.UserAgent})
 	if err != nil {
 		return nil, fmt.Errorf("connecting to the API server: %w", err)
 	}
 	return c, nil
+}
+
+// scheme is the two groups the agent's own calls read and write.
+var (
+	scheme         = runtime.NewScheme()
+	codecs         = serializer.NewCodecFactory(scheme)
+	parameterCodec = runtime.NewParameterCodec(scheme)
+)
+
+func init() {
+	utilruntime.Must(corev1.AddToScheme(scheme))
+	utilruntime.Must(appsv1.AddToScheme(scheme))
+}
+
+// groupClient is a JSON client for the collections of gv.
+func groupClient(cfg *rest.Config, gv schema.GroupVersion) (*rest.RESTClient, error) {
+	c := rest.CopyConfig(cfg)
+	c.GroupVersion = &gv
+	c.APIPath = "/apis"
+	if gv.Group == "" {
+		c.APIPath = "/api"
+	}
+	c.ContentType = runtime.ContentTypeJSON
+	c.NegotiatedSerializer = codecs.WithoutConversion()
+	return rest.RESTClientFor(c)
 }
 
 // inClusterNamespace is the namespace the agent's pod runs in.
@@ -80,8 +115,8 @@ func inClusterNamespace() (string, error) {
 // nodePodCIDRs returns the pod CIDRs the control plane assigned to a node
 // (RBAC: get nodes); empty until it has.
 func (c *apiClient) nodePodCIDRs(ctx context.Context, node string) ([]string, error) {
-	n, err := c.core.Nodes().Get(ctx, node, metav1.GetOptions{})
-	if err != nil {
+	n := &corev1.Node{}
+	if err := c.core.Get().Resource("nodes").Name(node).Do(ctx).Into(n); err != nil {
 		return nil, fmt.Errorf("reading node %s: %w", node, err)
 	}
 	if len(n.Spec.PodCIDRs) > 0 {
@@ -104,7 +139,8 @@ func (c *apiClient) listNodes(ctx context.Context) ([]noderoutes.Node, error) {
 	var out []noderoutes.Node
 	opts := metav1.ListOptions{Limit: nodeListPage}
 	for {
-		list, err := c.core.Nodes().List(ctx, opts)
+		list := &corev1.NodeList{}
+		err := c.core.Get().Resource("nodes").VersionedParams(&opts, parameterCodec).Do(ctx).Into(list)
 		if err != nil {
 			return nil, fmt.Errorf("listing nodes: %w", err)
 		}
@@ -139,7 +175,8 @@ func (c *apiClient) listNodes(ctx context.Context) ([]noderoutes.Node, error) {
 // deleted (RBAC: get daemonsets.apps): an uninstall (its DaemonSet
 // deleted, or marked for a foreground deletion) or a restart.
 func (c *apiClient) daemonSetExists(ctx context.Context, namespace, name string) (bool, error) {
-	ds, err := c.apps.DaemonSets(namespace).Get(ctx, name, metav1.GetOptions{})
+	ds := &appsv1.DaemonSet{}
+	err := c.apps.Get().Namespace(namespace).Resource("daemonsets").Name(name).Do(ctx).Into(ds)
 	switch {
 	case err == nil:
 		return ds.DeletionTimestamp == nil, nil
@@ -151,8 +188,8 @@ func (c *apiClient) daemonSetExists(ctx context.Context, namespace, name string)
 
 // podUID is a pod's UID (RBAC: get pods), which its Events need.
 func (c *apiClient) podUID(ctx context.Context, namespace, name string) (string, error) {
-	p, err := c.core.Pods(namespace).Get(ctx, name, metav1.GetOptions{})
-	if err != nil {
+	p := &corev1.Pod{}
+	if err := c.core.Get().Namespace(namespace).Resource("pods").Name(name).Do(ctx).Into(p); err != nil {
 		return "", fmt.Errorf("reading pod %s/%s: %w", namespace, name, err)
 	}
 	return string(p.UID), nil
@@ -193,7 +230,7 @@ func (c *apiClient) event(ctx context.Context, e kube.Event) error {
 		Source:              corev1.EventSource{Component: comp, Host: e.Node},
 		ReportingController: comp, ReportingInstance: truncate(e.Node, maxEventInstance),
 	}
-	if _, err := c.core.Events(e.Namespace).Create(ctx, ev, metav1.CreateOptions{}); err != nil {
+	if err := c.core.Post().Namespace(e.Namespace).Resource("events").Body(ev).Do(ctx).Error(); err != nil {
 		return fmt.Errorf("posting event %s on pod %s/%s: %w", e.Reason, e.Namespace, e.PodName, err)
 	}
 	return nil
