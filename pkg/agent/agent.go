@@ -1,4 +1,4 @@
-// Package agent is the node agent, `cni-usernet agent`, the
+// Package agent is the node agent, cni-usernet-agent, the
 // DaemonSet's process: it installs the plugin and its configuration on the
 // node, keeps every pod's stack running through pkg/agent/supervisor's supervisor,
 // reconciles, routes between nodes (standalone mode), serves the metrics,
@@ -18,6 +18,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"k8s.io/klog/v2"
 
 	"github.com/cni-usernet/cni-usernet/pkg/agent/policyctl"
 	"github.com/cni-usernet/cni-usernet/pkg/agent/supervisor"
@@ -140,6 +142,9 @@ func Run(args []string) error {
 		return probeAgent(f.readyFile())
 	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil)).With("component", "agent")
+	// What client-go logs on its own (the watches log their failures
+	// themselves) goes out as the agent's JSON lines, not klog's text.
+	klog.SetSlogLogger(log.With("component", "client-go"))
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	os.Remove(f.readyFile())
