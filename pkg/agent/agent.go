@@ -312,10 +312,12 @@ func restartNamespace(path string, log *slog.Logger) (mountNS, stackBinary strin
 		}
 		return path, ""
 	}
+	// The image carries cni-usernet-stack beside the plugin's binary,
+	// which is beside the agent's.
 	exe, err := os.Executable()
 	if err != nil {
 		exe = ""
-	} else if exe, err = attachment.StackBinary(exe); err != nil {
+	} else if exe, err = attachment.StackBinary(filepath.Join(filepath.Dir(exe), "cni-usernet")); err != nil {
 		exe = ""
 	}
 	log.Warn("cannot enter the node's mount namespace; restarted stacks run in the agent's, from its image's binary",
