@@ -1,6 +1,7 @@
 #!/bin/bash
 # image.sh — build cni-usernet's container image without a container engine:
-# static binaries of ./cmd/cni-usernet and ./cmd/cni-usernet-stack, and of the
+# static binaries of ./cmd/cni-usernet, ./cmd/cni-usernet-stack and
+# ./cmd/cni-usernet-agent (the DaemonSet's command), and of the
 # portmap and bandwidth plugins (containernetworking/plugins at go.mod's
 # version) that the agent chains after cni-usernet, and an OCI image-layout
 # tarball holding only them (entrypoint /cni-usernet; the agent installs them
@@ -26,9 +27,11 @@ CGO_ENABLED=0 GOOS=linux $GO build -trimpath \
   -o "$rootfs/cni-usernet" ./cmd/cni-usernet
 CGO_ENABLED=0 GOOS=linux $GO build -trimpath -ldflags "-s -w" \
   -o "$rootfs/cni-usernet-stack" ./cmd/cni-usernet-stack
+CGO_ENABLED=0 GOOS=linux $GO build -trimpath -ldflags "-s -w" \
+  -o "$rootfs/cni-usernet-agent" ./cmd/cni-usernet-agent
 CGO_ENABLED=0 GOOS=linux $GO build -trimpath -ldflags "-s -w" -o "$rootfs/" \
   github.com/containernetworking/plugins/plugins/meta/portmap \
   github.com/containernetworking/plugins/plugins/meta/bandwidth
-chmod 0755 "$rootfs/cni-usernet" "$rootfs/cni-usernet-stack" "$rootfs/portmap" "$rootfs/bandwidth"
+chmod 0755 "$rootfs/cni-usernet" "$rootfs/cni-usernet-stack" "$rootfs/cni-usernet-agent" "$rootfs/portmap" "$rootfs/bandwidth"
 mkdir -p "$(dirname "$out")"
 ARCH=$arch hack/k8s/images/mkimage.sh "$IMAGE" "$rootfs" "$out" '["/cni-usernet"]'

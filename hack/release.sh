@@ -8,7 +8,7 @@
 #   cni-usernet-<V>-image.oci.tar   the image for linux/amd64 and linux/arm64 (one OCI
 #                                   index; `ctr images import`, `skopeo copy oci-archive:`
 #                                   or `crane push` put it in a registry)
-#   cni-usernet-<V>-linux-<arch>.tar.gz   the four binaries, for a by-hand install
+#   cni-usernet-<V>-linux-<arch>.tar.gz   the five binaries (the agent's among them), for a by-hand install
 #   cni-usernet-<X.Y.Z>.tgz         the Helm chart (version X.Y.Z, appVersion <V>)
 #   cni-usernet.yaml                the manifest rendered from that chart for that image
 #   sbom.spdx.json                  what the binaries link (hack/release/sbom)
@@ -56,6 +56,8 @@ for arch in amd64 arm64; do
     -o "$root/cni-usernet" ./cmd/cni-usernet
   CGO_ENABLED=0 GOOS=linux GOARCH=$arch $GO build -trimpath -ldflags "-s -w" \
     -o "$root/cni-usernet-stack" ./cmd/cni-usernet-stack
+  CGO_ENABLED=0 GOOS=linux GOARCH=$arch $GO build -trimpath -ldflags "-s -w" \
+    -o "$root/cni-usernet-agent" ./cmd/cni-usernet-agent
   CGO_ENABLED=0 GOOS=linux GOARCH=$arch $GO build -trimpath -ldflags "-s -w" -o "$root/" \
     github.com/containernetworking/plugins/plugins/meta/portmap \
     github.com/containernetworking/plugins/plugins/meta/bandwidth

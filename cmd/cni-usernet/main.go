@@ -1,16 +1,16 @@
 // Command cni-usernet is the CNI plugin (when called with CNI_COMMAND set,
-// as runtimes do), the node agent ("agent"), the node's status table
+// as runtimes do), the node's status table
 // ("status"), capture, the recent policy denials ("denials") and the
 // by-hand installer. Pods' stacks run from cni-usernet-stack, installed
 // beside it: this binary, which the runtime runs at every ADD, links no
-// part of the stack (no netstack, no sandbox).
+// part of the stack (no netstack, no sandbox). The node agent is
+// cni-usernet-agent, beside it in the image: it links client-go, which
+// this binary must not.
 package main
 
 import (
 	"fmt"
 	"os"
-
-	"github.com/cni-usernet/cni-usernet/pkg/agent"
 
 	"github.com/cni-usernet/cni-usernet/pkg/cni"
 )
@@ -23,10 +23,11 @@ const usage = `usage:
                                       pcapng of a pod's traffic on both legs (root on the node)
   cni-usernet denials [-json] [--pod NS/NAME] [--last N] [--state-dir DIR]
                                       the recent network policy denials of the node's pods
-  cni-usernet agent [flags]           the node agent (DaemonSet): install, supervise stacks, reconcile
   cni-usernet install|uninstall [flags]
                                       install the plugin and its CNI configuration by hand / restore the node
   cni-usernet version
+
+The node agent (the DaemonSet's process) is cni-usernet-agent [flags].
 `
 
 func main() {
@@ -43,7 +44,8 @@ func main() {
 	case "capture":
 		err = runCapture(os.Args[2:], os.Stdout, os.Stderr)
 	case "agent":
-		err = agent.Run(os.Args[2:])
+		fmt.Fprintln(os.Stderr, "cni-usernet: the node agent is its own binary, cni-usernet-agent (same flags), beside cni-usernet in the image")
+		os.Exit(2)
 	case "install":
 		err = installCommand(os.Args[2:])
 	case "uninstall":

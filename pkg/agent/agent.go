@@ -1,4 +1,4 @@
-// Package agent is the node agent, `cni-usernet agent`, the
+// Package agent is the node agent, cni-usernet-agent, the
 // DaemonSet's process: it installs the plugin and its configuration on the
 // node, keeps every pod's stack running through pkg/agent/supervisor's supervisor,
 // reconciles, routes between nodes (standalone mode), serves the metrics,
@@ -19,10 +19,11 @@ import (
 	"syscall"
 	"time"
 
+	"k8s.io/klog/v2"
+
 	"github.com/cni-usernet/cni-usernet/pkg/agent/policyctl"
 	"github.com/cni-usernet/cni-usernet/pkg/agent/supervisor"
 	"github.com/cni-usernet/cni-usernet/pkg/api/agentapi"
-	"github.com/cni-usernet/cni-usernet/pkg/api/kube"
 	"github.com/cni-usernet/cni-usernet/pkg/api/netconf"
 	"github.com/cni-usernet/cni-usernet/pkg/api/offload"
 	"github.com/cni-usernet/cni-usernet/pkg/api/state"
@@ -141,6 +142,9 @@ func Run(args []string) error {
 		return probeAgent(f.readyFile())
 	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil)).With("component", "agent")
+	// What client-go logs on its own (the watches log their failures
+	// themselves) goes out as the agent's JSON lines, not klog's text.
+	klog.SetSlogLogger(log.With("component", "client-go"))
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	os.Remove(f.readyFile())
@@ -155,9 +159,9 @@ func Run(args []string) error {
 		}
 	}
 	mountNS, stackBinary := restartNamespace(f.mountNS, log)
-	var kc *kube.Client
+	var api *apiClient
 	if setup != nil {
-		kc = setup.kube
+		api = setup.api
 	}
 	sup := supervisor.New(supervisor.Config{
 		Store:             state.Store{Dir: f.stateDir},
@@ -169,7 +173,7 @@ func Run(args []string) error {
 		CrashLoop:         f.crashLoop,
 		CgroupRoot:        f.cgroupRoot,
 		ReconcileInterval: f.reconcile,
-		Refused:           refusedEvent(kc, f.nodeName, log),
+		Refused:           refusedEvent(api, f.nodeName, log),
 		Log:               log,
 	})
 	var polMetrics *policyctl.Metrics
@@ -206,8 +210,8 @@ func Run(args []string) error {
 			return err
 		}
 		go setup.keep(ctx)
-		if want, _ := f.wantNodeRoutes(); want && (setup.kube != nil || f.nodeRoutes != "auto") {
-			if setup.routes, err = newNodeRoutes(f, setup.kube, log); err != nil {
+		if want, _ := f.wantNodeRoutes(); want && (setup.api != nil || f.nodeRoutes != "auto") {
+			if setup.routes, err = newNodeRoutes(f, setup.api, log); err != nil {
 				log.Error("no routes to other nodes", "err", err)
 			} else {
 				go setup.routes.run(ctx)
@@ -308,10 +312,12 @@ func restartNamespace(path string, log *slog.Logger) (mountNS, stackBinary strin
 		}
 		return path, ""
 	}
+	// The image carries cni-usernet-stack beside the plugin's binary,
+	// which is beside the agent's.
 	exe, err := os.Executable()
 	if err != nil {
 		exe = ""
-	} else if exe, err = attachment.StackBinary(exe); err != nil {
+	} else if exe, err = attachment.StackBinary(filepath.Join(filepath.Dir(exe), "cni-usernet")); err != nil {
 		exe = ""
 	}
 	log.Warn("cannot enter the node's mount namespace; restarted stacks run in the agent's, from its image's binary",
@@ -323,23 +329,21 @@ func restartNamespace(path string, log *slog.Logger) (mountNS, stackBinary strin
 // a cluster (no service account) there is nothing to watch: policy stays
 // off, and a conflist asking for it makes ADD try again later.
 func startPolicy(ctx context.Context, f *agentFlags, setup *nodeSetup, m *policyctl.Metrics, log *slog.Logger) error {
-	var client *kube.Client
-	if setup != nil && setup.kube != nil {
-		client = setup.kube
+	var api *apiClient
+	if setup != nil && setup.api != nil {
+		api = setup.api
 	} else if os.Getenv("KUBERNETES_SERVICE_HOST") != "" {
-		cfg, err := kube.InClusterConfig()
-		if err != nil {
-			return fmt.Errorf("reading the service account for the policy watches: %w", err)
-		}
-		if client, err = kube.New(cfg); err != nil {
-			return fmt.Errorf("connecting to the API server for the policy watches: %w", err)
+		var err error
+		if api, err = inCluster(); err != nil {
+			return fmt.Errorf("the policy watches: %w", err)
 		}
 	} else {
 		log.Warn("not in a cluster: NetworkPolicy is not enforced (--network-policy needs the API server)")
 		return nil
 	}
 	c, err := policyctl.New(policyctl.Options{
-		Client:  client,
+		Client:  api.kube,
+		Event:   api.event,
 		Store:   state.Store{Dir: f.stateDir},
 		Node:    f.nodeName,
 		Metrics: m,

@@ -12,7 +12,7 @@ import (
 // refusedEvent tells the pod, as a Warning Event, that the agent will not
 // restart its stack and why (supervisor.Config.Refused); logged when the API
 // server cannot be told.
-func refusedEvent(c *kube.Client, node string, log *slog.Logger) func(*state.Attachment, string) {
+func refusedEvent(c *apiClient, node string, log *slog.Logger) func(*state.Attachment, string) {
 	return func(att *state.Attachment, why string) {
 		if c == nil || att.PodName == "" || node == "" {
 			return
@@ -20,9 +20,9 @@ func refusedEvent(c *kube.Client, node string, log *slog.Logger) func(*state.Att
 		go func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			_, uid, err := c.PodAnnotations(ctx, att.PodNS, att.PodName)
+			uid, err := c.podUID(ctx, att.PodNS, att.PodName)
 			if err == nil {
-				err = c.Event(ctx, kube.Event{Namespace: att.PodNS, PodName: att.PodName, PodUID: uid,
+				err = c.event(ctx, kube.Event{Namespace: att.PodNS, PodName: att.PodName, PodUID: uid,
 					Type: kube.EventWarning, Reason: "StackNotRestarted", Message: why, Action: "RestartStack", Node: node})
 			}
 			if err != nil {

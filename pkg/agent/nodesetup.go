@@ -24,8 +24,7 @@ import (
 type nodeSetup struct {
 	f    *agentFlags
 	opts install.Options
-	kube *kube.Client // nil outside a cluster
-	kcfg kube.Config
+	api  *apiClient // nil outside a cluster
 	log  *slog.Logger
 	// routes, when set, are this node's routes to other nodes' pods:
 	// removed with the rest on uninstall.
@@ -37,18 +36,14 @@ type nodeSetup struct {
 func newNodeSetup(ctx context.Context, f *agentFlags, log *slog.Logger) (*nodeSetup, error) {
 	n := &nodeSetup{f: f, log: log}
 	if os.Getenv("KUBERNETES_SERVICE_HOST") != "" {
-		cfg, err := kube.InClusterConfig()
+		c, err := inCluster()
 		if err != nil {
-			return nil, fmt.Errorf("reading the service account: %w", err)
+			return nil, err
 		}
-		c, err := kube.New(cfg)
-		if err != nil {
-			return nil, fmt.Errorf("connecting to the API server: %w", err)
-		}
-		n.kube, n.kcfg = c, cfg
+		n.api = c
 	}
 	if f.kubeconfigOut != "" {
-		if n.kube == nil {
+		if n.api == nil {
 			return nil, fmt.Errorf("--kubeconfig-out needs the agent to run in a cluster (no service account)")
 		}
 		if err := n.writeKubeconfig(); err != nil {
@@ -59,13 +54,18 @@ func newNodeSetup(ctx context.Context, f *agentFlags, log *slog.Logger) (*nodeSe
 	if err != nil {
 		return nil, fmt.Errorf("finding own executable: %w", err)
 	}
-	// The image carries cni-usernet-stack beside the agent's binary.
-	stackSource, err := attachment.StackBinary(self)
+	// The image carries the plugin's binary and the stack's beside the
+	// agent's.
+	plugin, err := pluginBinary(filepath.Dir(self))
+	if err != nil {
+		return nil, err
+	}
+	stackSource, err := attachment.StackBinary(plugin)
 	if err != nil {
 		return nil, err
 	}
 	n.opts = install.Options{
-		Source:      self,
+		Source:      plugin,
 		StackSource: stackSource,
 		BinDir:      f.cniBinDir,
 		ConfDir:     f.cniConfDir,
@@ -79,15 +79,15 @@ func newNodeSetup(ctx context.Context, f *agentFlags, log *slog.Logger) (*nodeSe
 	if n.opts.Helpers, err = helperBinaries(filepath.Dir(self), f); err != nil {
 		return nil, err
 	}
-	plugin, err := n.pluginConf(ctx)
+	conf, err := n.pluginConf(ctx)
 	if err != nil {
 		return nil, err
 	}
 	if f.mode == "chain" {
-		n.opts.Plugin = plugin
+		n.opts.Plugin = conf
 		n.opts.After = metaPlugins(f)
 	} else {
-		n.opts.Conflist = standaloneConflist(plugin, metaPlugins(f))
+		n.opts.Conflist = standaloneConflist(conf, metaPlugins(f))
 	}
 	changed, err := install.InstallBinary(n.opts)
 	if err != nil {
@@ -223,12 +223,12 @@ func (n *nodeSetup) podSubnets(ctx context.Context) ([]string, error) {
 	if n.f.subnets != "" {
 		return strings.Split(n.f.subnets, ","), nil
 	}
-	if n.kube == nil || n.f.nodeName == "" {
+	if n.api == nil || n.f.nodeName == "" {
 		return nil, fmt.Errorf("no pod subnet: pass --subnet, or run in a cluster with --node-name")
 	}
 	// The controller manager may not have allocated the node's CIDR yet.
 	for {
-		cidrs, err := n.kube.NodePodCIDRs(ctx, n.f.nodeName)
+		cidrs, err := n.api.nodePodCIDRs(ctx, n.f.nodeName)
 		if err == nil && len(cidrs) > 0 {
 			return cidrs, nil
 		}
@@ -244,15 +244,15 @@ func (n *nodeSetup) podSubnets(ctx context.Context) ([]string, error) {
 func (n *nodeSetup) writeKubeconfig() error {
 	// The plugin acts with the agent's own (rotating) token: kubelet
 	// refreshes the file at 80 % of its lifetime and keep() copies it on.
-	token, err := os.ReadFile(n.kcfg.TokenFile)
+	token, err := os.ReadFile(n.api.rest.BearerTokenFile)
 	if err != nil {
 		return fmt.Errorf("reading the service account token: %w", err)
 	}
-	server := n.kcfg.Server
+	server := n.api.rest.Host
 	if n.f.apiServer != "" {
 		server = n.f.apiServer
 	}
-	changed, err := kube.WriteKubeconfig(n.f.kubeconfigOut, server, n.kcfg.CAPEM, strings.TrimSpace(string(token)))
+	changed, err := kube.WriteKubeconfig(n.f.kubeconfigOut, server, n.api.caPEM, strings.TrimSpace(string(token)))
 	if err != nil {
 		return fmt.Errorf("writing the plugin's kubeconfig: %w", err)
 	}
@@ -305,4 +305,18 @@ func (n *nodeSetup) keep(ctx context.Context) {
 			}
 		}
 	}
+}
+
+// pluginBinary is the plugin's binary the image carries in dir, beside
+// the agent's: the one the agent installs on the node.
+func pluginBinary(dir string) (string, error) {
+	p := filepath.Join(dir, "cni-usernet")
+	fi, err := os.Stat(p)
+	if err == nil && !fi.Mode().IsRegular() {
+		err = errors.New("not a regular file")
+	}
+	if err != nil {
+		return "", fmt.Errorf("finding the plugin's binary beside the agent's (install cni-usernet with cni-usernet-agent): %w", err)
+	}
+	return p, nil
 }

@@ -12,25 +12,24 @@ import (
 	"time"
 
 	"github.com/cni-usernet/cni-usernet/pkg/agent/install"
-	"github.com/cni-usernet/cni-usernet/pkg/api/kube"
 	"github.com/cni-usernet/cni-usernet/pkg/api/state"
 )
 
 // shutdown uninstalls when the agent stops because its DaemonSet is gone
 // (kubectl delete), and leaves everything for a restart or an upgrade.
 func (n *nodeSetup) shutdown(log *slog.Logger) {
-	if !n.f.uninstallOnDelete || n.kube == nil {
+	if !n.f.uninstallOnDelete || n.api == nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
-	ns, err := kube.InClusterNamespace()
+	ns, err := inClusterNamespace()
 	if err != nil {
 		log.Error("cannot tell deletion from restart; leaving the CNI files", "err", err)
 		return
 	}
-	exists, err := n.kube.DaemonSetExists(ctx, ns, n.f.daemonSet)
-	if errors.Is(err, kube.ErrUnauthorized) || errors.Is(err, kube.ErrForbidden) {
+	exists, err := n.api.daemonSetExists(ctx, ns, n.f.daemonSet)
+	if isUnauthorized(err) || isForbidden(err) {
 		// `kubectl delete -f` of the manifest removes our service account
 		// or its role too: nobody revokes those for a mere restart.
 		log.Info("DaemonSet check refused: taken as deleted with the manifest", "reason", apiFailure(err), "err", err)
@@ -82,13 +81,13 @@ func (n *nodeSetup) newerAgentStarted(log *slog.Logger) bool {
 // apiFailure says in words why an API request failed, for the logs.
 func apiFailure(err error) string {
 	switch {
-	case errors.Is(err, kube.ErrUnauthorized):
+	case isUnauthorized(err):
 		return "token rejected (the ServiceAccount was deleted, or deleted and created again)"
-	case errors.Is(err, kube.ErrForbidden):
+	case isForbidden(err):
 		return "forbidden (the ClusterRole or its binding was deleted)"
-	case errors.Is(err, kube.ErrUnreachable), errors.Is(err, context.DeadlineExceeded):
+	case isUnreachable(err):
 		return "API server unreachable"
-	case errors.Is(err, kube.ErrNotFound):
+	case isNotFound(err):
 		return "not found"
 	}
 	var ne net.Error
@@ -113,7 +112,7 @@ const drainPoll = time.Second
 // uninstall` on the node removes.
 func (n *nodeSetup) drain(log *slog.Logger) bool {
 	store := state.Store{Dir: n.f.stateDir}
-	ns, _ := kube.InClusterNamespace()
+	ns, _ := inClusterNamespace()
 	said := ""
 	for i := 0; ; i++ {
 		// First: with no pod left, this would uninstall what a newer
@@ -150,9 +149,9 @@ func (n *nodeSetup) drain(log *slog.Logger) bool {
 				"pods", now, "count", len(pods))
 			said = now
 		}
-		if i%10 == 9 && ns != "" && n.kube != nil {
+		if i%10 == 9 && ns != "" && n.api != nil {
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-			exists, err := n.kube.DaemonSetExists(ctx, ns, n.f.daemonSet)
+			exists, err := n.api.daemonSetExists(ctx, ns, n.f.daemonSet)
 			cancel()
 			switch {
 			case err != nil:

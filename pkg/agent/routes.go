@@ -5,13 +5,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"time"
 
 	"github.com/cni-usernet/cni-usernet/pkg/agent/noderoutes"
-	"github.com/cni-usernet/cni-usernet/pkg/api/kube"
 	"github.com/cni-usernet/cni-usernet/pkg/util/atomicfile"
 )
 
@@ -20,7 +18,7 @@ import (
 // server's node list.
 type nodeRoutes struct {
 	m        *noderoutes.Manager
-	kube     *kube.Client
+	api      *apiClient
 	interval time.Duration
 	// statusPath receives the last sync's routes and problems as JSON,
 	// for operators (`cat /run/cni-usernet/node-routes.json`).
@@ -41,7 +39,7 @@ func (f *agentFlags) wantNodeRoutes() (bool, error) {
 	return false, fmt.Errorf("--node-routes %q: want auto, true or false", f.nodeRoutes)
 }
 
-func newNodeRoutes(f *agentFlags, c *kube.Client, log *slog.Logger) (*nodeRoutes, error) {
+func newNodeRoutes(f *agentFlags, c *apiClient, log *slog.Logger) (*nodeRoutes, error) {
 	if c == nil || f.nodeName == "" {
 		return nil, fmt.Errorf("--node-routes needs the agent in a cluster with --node-name")
 	}
@@ -49,7 +47,7 @@ func newNodeRoutes(f *agentFlags, c *kube.Client, log *slog.Logger) (*nodeRoutes
 	if err != nil {
 		return nil, err
 	}
-	return &nodeRoutes{m: m, kube: c, interval: f.nodeRoutesInterval,
+	return &nodeRoutes{m: m, api: c, interval: f.nodeRoutesInterval,
 		statusPath: filepath.Join(f.runDir, "node-routes.json"), log: log.With("component", "noderoutes")}, nil
 }
 
@@ -78,24 +76,9 @@ func (r *nodeRoutes) run(ctx context.Context) {
 func (r *nodeRoutes) syncOnce(ctx context.Context) error {
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	list, err := r.kube.ListNodes(cctx)
+	nodes, err := r.api.listNodes(cctx)
 	if err != nil {
-		return fmt.Errorf("listing nodes: %w", err)
-	}
-	var nodes []noderoutes.Node
-	for _, n := range list {
-		nn := noderoutes.Node{Name: n.Name}
-		for _, s := range n.InternalIPs {
-			if a, err := netip.ParseAddr(s); err == nil {
-				nn.InternalIPs = append(nn.InternalIPs, a)
-			}
-		}
-		for _, s := range n.PodCIDRs {
-			if p, err := netip.ParsePrefix(s); err == nil {
-				nn.PodCIDRs = append(nn.PodCIDRs, p)
-			}
-		}
-		nodes = append(nodes, nn)
+		return err
 	}
 	st, err := r.m.Sync(nodes)
 	if b, jerr := json.MarshalIndent(st, "", "  "); jerr == nil {

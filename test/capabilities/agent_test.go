@@ -36,7 +36,7 @@ func TestAgentInstall(t *testing.T) {
 		}
 	}
 	for _, f := range []struct{ dir, name string }{
-		{env.BinDir, "cni-usernet"}, {env.BinDir, "cni-usernet-stack"},
+		{env.BinDir, "cni-usernet"}, {env.BinDir, "cni-usernet-stack"}, {env.BinDir, "cni-usernet-agent"},
 		{metaBinDir(t), "portmap"}, {metaBinDir(t), "bandwidth"},
 	} {
 		copyExecutable(t, filepath.Join(f.dir, f.name), filepath.Join(image, f.name))
@@ -50,7 +50,7 @@ func TestAgentInstall(t *testing.T) {
 	stateDir := filepath.Join(env.Dir, "state")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	agent := exec.CommandContext(ctx, filepath.Join(image, "cni-usernet"), "agent",
+	agent := exec.CommandContext(ctx, filepath.Join(image, "cni-usernet-agent"),
 		"--cni-bin-dir", bin, "--cni-conf-dir", conf, "--mode", "standalone", "--subnet", env.Subnet,
 		"--state-dir", stateDir, "--run-dir", filepath.Join(env.Dir, "agent"),
 		"--metrics-address", "", "--mount-ns", "", "--node-routes", "false")

@@ -9,7 +9,7 @@ import (
 	"time"
 )
 
-// Agent is a node agent (`cni-usernet agent`) running in the env's node
+// Agent is a node agent (cni-usernet-agent) running in the env's node
 // namespace, as the DaemonSet's agent runs in the node's host network,
 // supervising the env's state directory without installing anything (the
 // test is the runtime).
@@ -28,7 +28,7 @@ type Agent struct {
 func (e *Env) StartAgent(t testing.TB, extra ...string) *Agent {
 	t.Helper()
 	a := &Agent{t: t, env: e, args: append([]string{
-		"agent", "--install=false",
+		"--install=false",
 		"--state-dir", filepath.Join(e.Dir, "state"),
 		"--run-dir", filepath.Join(e.Dir, "agent"),
 		"--cni-path", e.BinDir,
@@ -50,7 +50,7 @@ func (a *Agent) Output() string { return a.log.String() }
 // Start starts the agent (again, after Stop) and waits until it is ready.
 func (a *Agent) Start() {
 	a.t.Helper()
-	cmd := exec.Command(filepath.Join(a.env.BinDir, "cni-usernet"), a.args...)
+	cmd := exec.Command(filepath.Join(a.env.BinDir, "cni-usernet-agent"), a.args...)
 	cmd.Stdout, cmd.Stderr = &a.log, &a.log
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "GORACE=" + os.Getenv("GORACE")}
 	if err := In(a.env.Node, cmd.Start); err != nil {

@@ -49,7 +49,7 @@ func moduleRoot() string {
 }
 
 // BinDir builds cni-usernet, cni-usernet-stack (the plugin starts stacks
-// from it), host-local and ptp once per test binary and returns the
+// from it), cni-usernet-agent, host-local and ptp once per test binary and returns the
 // directory holding them (the CNI_PATH of the tests).
 func BinDir(t testing.TB) string {
 	t.Helper()
@@ -62,7 +62,7 @@ func BinDir(t testing.TB) string {
 		if raceEnabled {
 			args = append(args, "-race")
 		}
-		args = append(args, "./cmd/cni-usernet", "./cmd/cni-usernet-stack",
+		args = append(args, "./cmd/cni-usernet", "./cmd/cni-usernet-stack", "./cmd/cni-usernet-agent",
 			"github.com/containernetworking/plugins/plugins/ipam/host-local",
 			"github.com/containernetworking/plugins/plugins/main/ptp")
 		cmd := exec.Command("go", args...)

@@ -9,18 +9,18 @@ import (
 	"time"
 
 	"github.com/cni-usernet/cni-usernet/pkg/agent/netpolicy"
-	"github.com/cni-usernet/cni-usernet/pkg/api/kube"
+	"github.com/cni-usernet/cni-usernet/pkg/agent/watch"
 )
 
 // cache holds the agent's view of the objects a pod's policy depends on,
 // one reflector per collection. While the API server is away the
 // reflectors keep their last view, so the stacks keep what they hold.
 type cache struct {
-	policies   *kube.Reflector[netpolicy.NetworkPolicy]
-	pods       *kube.Reflector[netpolicy.Pod]
-	namespaces *kube.Reflector[netpolicy.Namespace]
-	services   *kube.Reflector[netpolicy.Service]
-	slices     *kube.Reflector[netpolicy.EndpointSlice]
+	policies   *watch.Informer[netpolicy.NetworkPolicy]
+	pods       *watch.Informer[netpolicy.Pod]
+	namespaces *watch.Informer[netpolicy.Namespace]
+	services   *watch.Informer[netpolicy.Service]
+	slices     *watch.Informer[netpolicy.EndpointSlice]
 	// synced is called once every collection has listed once.
 	synced func()
 
@@ -53,34 +53,31 @@ func newCache(o Options, ch changes, synced func()) (*cache, error) {
 		c.podChanged = make(chan struct{})
 		c.podMu.Unlock()
 	}
-	if c.policies, err = newReflector(o, kube.NetworkPolicies, func(p *netpolicy.NetworkPolicy) kube.Meta { return meta(&p.Metadata) }, ch.policy, log); err != nil {
+	if c.policies, err = newReflector(o, watch.NetworkPolicies, ch.policy, log); err != nil {
 		return nil, err
 	}
-	if c.pods, err = newReflector(o, kube.Pods, func(p *netpolicy.Pod) kube.Meta { return meta(&p.Metadata) }, onPod, log); err != nil {
+	if c.pods, err = newReflector(o, watch.Pods, onPod, log); err != nil {
 		return nil, err
 	}
-	if c.namespaces, err = newReflector(o, kube.Namespaces, func(p *netpolicy.Namespace) kube.Meta { return meta(&p.Metadata) }, ch.namespace, log); err != nil {
+	if c.namespaces, err = newReflector(o, watch.Namespaces, ch.namespace, log); err != nil {
 		return nil, err
 	}
-	if c.services, err = newReflector(o, kube.Services, func(p *netpolicy.Service) kube.Meta { return meta(&p.Metadata) }, ch.service, log); err != nil {
+	if c.services, err = newReflector(o, watch.Services, ch.service, log); err != nil {
 		return nil, err
 	}
-	if c.slices, err = newReflector(o, kube.EndpointSlices, func(p *netpolicy.EndpointSlice) kube.Meta { return meta(&p.Metadata) }, ch.slice, log); err != nil {
+	if c.slices, err = newReflector(o, watch.EndpointSlices, ch.slice, log); err != nil {
 		return nil, err
 	}
 	return c, nil
 }
 
 // newReflector is the one place a collection's watch is made.
-func newReflector[T any](o Options, k kube.Kind, m func(*T) kube.Meta, onChange func(old, new *T), log *slog.Logger) (*kube.Reflector[T], error) {
-	return kube.NewReflector(kube.ReflectorOptions[T]{
-		Client: o.Client, Kind: k, Meta: m, OnChange: onChange, Log: log,
-		Backoff: o.watchBackoff, MaxBackoff: 10 * o.watchBackoff,
+func newReflector[T any](o Options, k watch.Kind, onChange func(old, new *T), log *slog.Logger) (*watch.Informer[T], error) {
+	return watch.New(watch.Options[T]{
+		Config: watch.RESTConfig(o.Client.Config()), Kind: k, Log: log,
+		OnChange: onChange,
+		Backoff:  o.watchBackoff, MaxBackoff: 10 * o.watchBackoff,
 	})
-}
-
-func meta(m *netpolicy.ObjectMeta) kube.Meta {
-	return kube.Meta{Namespace: m.Namespace, Name: m.Name, ResourceVersion: m.ResourceVersion}
 }
 
 // run lists and watches every collection until ctx ends, and returns once
@@ -116,7 +113,7 @@ func (c *cache) ready() error {
 	for _, r := range []interface {
 		HasSynced() bool
 		Err() error
-		Kind() kube.Kind
+		Kind() watch.Kind
 	}{c.policies, c.pods, c.namespaces, c.services, c.slices} {
 		if r.HasSynced() {
 			continue

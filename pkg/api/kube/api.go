@@ -78,65 +78,6 @@ func (c *Client) PodAnnotations(ctx context.Context, namespace, name string) (ma
 	return ann, obj.Metadata.UID, nil
 }
 
-// NodePodCIDRs returns the pod CIDRs the control plane assigned to a node
-// (RBAC: get nodes), IPv4 and IPv6 as the node lists them. A node without
-// any gives an empty list and no error.
-func (c *Client) NodePodCIDRs(ctx context.Context, node string) ([]string, error) {
-	if err := needNames("get nodes", node); err != nil {
-		return nil, err
-	}
-	r := request{
-		method: http.MethodGet, verb: "get", resource: "nodes", name: node,
-		path: objectPath("/api/v1", "", "nodes", node),
-	}
-	var obj struct {
-		Spec struct {
-			PodCIDR  string   `json:"podCIDR"`
-			PodCIDRs []string `json:"podCIDRs"`
-		} `json:"spec"`
-	}
-	if err := c.do(ctx, r, &obj); err != nil {
-		return nil, err
-	}
-	if len(obj.Spec.PodCIDRs) > 0 {
-		return obj.Spec.PodCIDRs, nil
-	}
-	// podCIDR alone is what API servers before dual-stack (1.16) fill.
-	if obj.Spec.PodCIDR != "" {
-		return []string{obj.Spec.PodCIDR}, nil
-	}
-	return []string{}, nil
-}
-
-// DaemonSetExists says whether a DaemonSet exists and is not being
-// deleted (RBAC: get daemonsets.apps). The agent uses it to tell an
-// uninstall (its DaemonSet deleted, or marked for a foreground deletion)
-// from a restart or an upgrade.
-func (c *Client) DaemonSetExists(ctx context.Context, namespace, name string) (bool, error) {
-	if err := needNames("get daemonsets.apps", namespace, name); err != nil {
-		return false, err
-	}
-	r := request{
-		method: http.MethodGet, verb: "get", group: "apps", resource: "daemonsets",
-		namespace: namespace, name: name,
-		path:   objectPath("/apis/apps/v1", namespace, "daemonsets", name),
-		accept: metadataOnly,
-	}
-	var obj struct {
-		Metadata struct {
-			DeletionTimestamp *string `json:"deletionTimestamp"`
-		} `json:"metadata"`
-	}
-	err := c.do(ctx, r, &obj)
-	switch {
-	case err == nil:
-		return obj.Metadata.DeletionTimestamp == nil, nil
-	case errors.Is(err, ErrNotFound):
-		return false, nil
-	}
-	return false, err
-}
-
 // Event types, as kubectl shows them.
 const (
 	EventNormal  = "Normal"

@@ -110,6 +110,7 @@ func (c Config) Validate() error {
 
 // Client talks to one API server. It is safe for concurrent use.
 type Client struct {
+	cfg       Config // as given to New, for a caller that builds another client alike
 	base      *url.URL
 	http      *http.Client
 	token     tokenSource
@@ -170,6 +171,7 @@ func New(cfg Config) (*Client, error) {
 		ua = DefaultUserAgent
 	}
 	return &Client{
+		cfg:       cfg,
 		base:      base,
 		http:      &http.Client{Transport: transport},
 		token:     ts,
@@ -179,6 +181,11 @@ func New(cfg Config) (*Client, error) {
 
 // Server returns the API server URL the client talks to.
 func (c *Client) Server() string { return c.base.String() }
+
+// Config is the configuration c was made from: the node agent's watches
+// (client-go, which this package must not link) reach the same server
+// with the same credentials.
+func (c *Client) Config() Config { return c.cfg }
 
 // request describes one call, for building it and for naming it in errors
 // (the verb and resource are what an RBAC rule must grant).

@@ -120,11 +120,8 @@ func TestEmptyNamesSendNothing(t *testing.T) {
 	if _, _, err := c.PodAnnotations(ctx, "", "p"); err == nil {
 		t.Error("PodAnnotations with empty namespace: got nil error")
 	}
-	if _, err := c.NodePodCIDRs(ctx, ""); err == nil {
-		t.Error("NodePodCIDRs with empty node: got nil error")
-	}
-	if _, err := c.DaemonSetExists(ctx, "ns", ""); err == nil {
-		t.Error("DaemonSetExists with empty name: got nil error")
+	if _, _, err := c.PodAnnotations(ctx, "ns", ""); err == nil {
+		t.Error("PodAnnotations with empty name: got nil error")
 	}
 	if calls != 0 {
 		t.Errorf("requests sent: got %d, want 0", calls)
@@ -351,64 +348,6 @@ func TestEventName(t *testing.T) {
 	}
 }
 
-func TestNodePodCIDRs(t *testing.T) {
-	for _, tc := range []struct {
-		name, spec string
-		want       []string
-	}{
-		{"dual stack", `{"podCIDR":"10.244.1.0/24","podCIDRs":["10.244.1.0/24","fd00:10:244:1::/64"]}`, []string{"10.244.1.0/24", "fd00:10:244:1::/64"}},
-		{"podCIDR only", `{"podCIDR":"10.244.2.0/24"}`, []string{"10.244.2.0/24"}},
-		{"none", `{}`, []string{}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			_, cfg := newServer(t, func(w http.ResponseWriter, r *http.Request) {
-				if r.URL.Path != "/api/v1/nodes/node-1" {
-					http.NotFound(w, r)
-					return
-				}
-				fmt.Fprintf(w, `{"kind":"Node","metadata":{"name":"node-1"},"spec":%s}`, tc.spec)
-			})
-			got, err := newClient(t, cfg).NodePodCIDRs(ctxTimeout(t, 2*time.Second), "node-1")
-			if err != nil {
-				t.Fatalf("NodePodCIDRs: %v", err)
-			}
-			if !reflect.DeepEqual(got, tc.want) {
-				t.Errorf("got %#v, want %#v", got, tc.want)
-			}
-		})
-	}
-}
-
-func TestDaemonSetExists(t *testing.T) {
-	_, cfg := newServer(t, func(w http.ResponseWriter, r *http.Request) {
-		switch r.URL.Path {
-		case "/apis/apps/v1/namespaces/kube-system/daemonsets/cni-usernet":
-			fmt.Fprint(w, `{"metadata":{"name":"cni-usernet","namespace":"kube-system","uid":"d1"}}`)
-		case "/apis/apps/v1/namespaces/kube-system/daemonsets/deleting":
-			fmt.Fprint(w, `{"metadata":{"name":"deleting","uid":"d2","deletionTimestamp":"2026-11-30T07:00:00Z"}}`)
-		case "/apis/apps/v1/namespaces/kube-system/daemonsets/secret":
-			writeStatus(w, 403, "Forbidden", "no")
-		default:
-			writeStatus(w, 404, "NotFound", "not found")
-		}
-	})
-	c := newClient(t, cfg)
-	ctx := ctxTimeout(t, 2*time.Second)
-	if ok, err := c.DaemonSetExists(ctx, "kube-system", "cni-usernet"); !ok || err != nil {
-		t.Errorf("existing: got %v, %v, want true, nil", ok, err)
-	}
-	if ok, err := c.DaemonSetExists(ctx, "kube-system", "deleting"); ok || err != nil {
-		t.Errorf("foreground deletion in progress: got %v, %v, want false, nil", ok, err)
-	}
-	if ok, err := c.DaemonSetExists(ctx, "kube-system", "gone"); ok || err != nil {
-		t.Errorf("missing: got %v, %v, want false, nil", ok, err)
-	}
-	ok, err := c.DaemonSetExists(ctx, "kube-system", "secret")
-	if ok || !errors.Is(err, ErrForbidden) || !strings.Contains(err.Error(), `API group "apps"`) {
-		t.Errorf("forbidden: got %v, %v, want false and a forbidden error naming group apps", ok, err)
-	}
-}
-
 // tokenServer accepts only the tokens in valid and records what it got.
 type tokenServer struct {
 	mu    sync.Mutex
@@ -557,31 +496,5 @@ func TestServerPathPrefix(t *testing.T) {
 	}
 	if want := "/k8s/api/v1/namespaces/n/pods/p"; path != want {
 		t.Errorf("path: got %q, want %q", path, want)
-	}
-}
-
-func TestInClusterConfig(t *testing.T) {
-	dir := t.TempDir()
-	ca := newTestCA(t)
-	if err := os.WriteFile(filepath.Join(dir, "ca.crt"), ca.certPEM, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "token"), []byte("sa-token"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	env := map[string]string{"KUBERNETES_SERVICE_HOST": "fd00:96::1", "KUBERNETES_SERVICE_PORT": "443"}
-	cfg, err := inClusterConfig(dir, func(k string) string { return env[k] })
-	if err != nil {
-		t.Fatalf("inClusterConfig: %v", err)
-	}
-	if cfg.Server != "https://[fd00:96::1]:443" || cfg.TokenFile != filepath.Join(dir, "token") || string(cfg.CAPEM) != string(ca.certPEM) {
-		t.Errorf("got %+v, want server https://[fd00:96::1]:443, the token file and the CA", cfg)
-	}
-	if _, err := New(cfg); err != nil {
-		t.Errorf("New from in-cluster config: %v", err)
-	}
-	delete(env, "KUBERNETES_SERVICE_PORT")
-	if _, err := inClusterConfig(dir, func(k string) string { return env[k] }); err == nil {
-		t.Error("without KUBERNETES_SERVICE_PORT: got nil error")
 	}
 }

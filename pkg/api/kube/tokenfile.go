@@ -1,68 +1,11 @@
 package kube
 
 import (
-	"errors"
 	"fmt"
-	"net"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 )
-
-// ServiceAccountDir is where kubelet mounts a pod's service account
-// token, CA bundle and namespace.
-const ServiceAccountDir = "/var/run/secrets/kubernetes.io/serviceaccount"
-
-// Files inside ServiceAccountDir.
-const (
-	tokenFileName     = "token"
-	caFileName        = "ca.crt"
-	namespaceFileName = "namespace"
-)
-
-// InCluster builds a client from the pod's service account, for the node
-// agent. The token file is re-read whenever kubelet rotates it.
-func InCluster() (*Client, error) {
-	cfg, err := InClusterConfig()
-	if err != nil {
-		return nil, err
-	}
-	return New(cfg)
-}
-
-// InClusterConfig is the Config InCluster uses, for a caller that wants to
-// change something first (the agent may point at another server address;
-// see docs/kube.md).
-func InClusterConfig() (Config, error) {
-	return inClusterConfig(ServiceAccountDir, os.Getenv)
-}
-
-func inClusterConfig(dir string, getenv func(string) string) (Config, error) {
-	host, port := getenv("KUBERNETES_SERVICE_HOST"), getenv("KUBERNETES_SERVICE_PORT")
-	if host == "" || port == "" {
-		return Config{}, errors.New("not running in a pod: KUBERNETES_SERVICE_HOST or KUBERNETES_SERVICE_PORT is not set")
-	}
-	ca, err := os.ReadFile(filepath.Join(dir, caFileName))
-	if err != nil {
-		return Config{}, fmt.Errorf("reading the service account CA: %w", err)
-	}
-	return Config{
-		// JoinHostPort brackets an IPv6 service address.
-		Server:    "https://" + net.JoinHostPort(host, port),
-		CAPEM:     ca,
-		TokenFile: filepath.Join(dir, tokenFileName),
-	}, nil
-}
-
-// InClusterNamespace returns the namespace the agent's pod runs in.
-func InClusterNamespace() (string, error) {
-	b, err := os.ReadFile(filepath.Join(ServiceAccountDir, namespaceFileName))
-	if err != nil {
-		return "", fmt.Errorf("reading the pod's namespace: %w", err)
-	}
-	return strings.TrimSpace(string(b)), nil
-}
 
 // tokenSource supplies the bearer token for each request.
 type tokenSource interface {

@@ -1,0 +1,280 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"k8s.io/apimachinery/pkg/types"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/client-go/rest"
+
+	"github.com/cni-usernet/cni-usernet/pkg/agent/noderoutes"
+	"github.com/cni-usernet/cni-usernet/pkg/api/kube"
+)
+
+// serviceAccountDir is where kubelet mounts the agent pod's service
+// account: its namespace is read there (rest.InClusterConfig reads the
+// token and CA).
+const serviceAccountDir = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+// apiClient is the agent's own calls to the API server, through
+// client-go's REST clients of the two groups it reads. Not the typed
+// clientset: its scheme registers every API group and, with its apply
+// configurations and discovery, doubles the agent's binary.
+type apiClient struct {
+	rest *rest.Config
+	core *rest.RESTClient // core/v1
+	apps *rest.RESTClient // apps/v1
+	// kube is the same server and credentials for the policy
+	// controller, whose Options take a kube.Client.
+	kube *kube.Client
+	// caPEM is the service account's CA, written into the plugin's
+	// kubeconfig.
+	caPEM []byte
+}
+
+// inCluster builds the client from the pod's service account.
+func inCluster() (*apiClient, error) {
+	cfg, err := rest.InClusterConfig()
+	if err != nil {
+		return nil, fmt.Errorf("reading the service account: %w", err)
+	}
+	cfg.UserAgent = "cni-usernet-agent"
+	ca, err := os.ReadFile(cfg.TLSClientConfig.CAFile)
+	if err != nil {
+		return nil, fmt.Errorf("reading the service account CA: %w", err)
+	}
+	return newAPIClient(cfg, ca)
+}
+
+// newAPIClient is the client for cfg, whose server's CA is ca.
+func newAPIClient(cfg *rest.Config, ca []byte) (*apiClient, error) {
+	c := &apiClient{rest: cfg, caPEM: ca}
+	var err error
+	if c.core, err = groupClient(cfg, corev1.SchemeGroupVersion); err != nil {
+		return nil, fmt.Errorf("connecting to the API server: %w", err)
+	}
+	if c.apps, err = groupClient(cfg, appsv1.SchemeGroupVersion); err != nil {
+		return nil, fmt.Errorf("connecting to the API server: %w", err)
+	}
+	c.kube, err = kube.New(kube.Config{Server: cfg.Host, CAPEM: ca, Token: cfg.BearerToken, TokenFile: cfg.BearerTokenFile, UserAgent: cfg.UserAgent})
+	if err != nil {
+		return nil, fmt.Errorf("connecting to the API server: %w", err)
+	}
+	return c, nil
+}
+
+// scheme is the two groups the agent's own calls read and write.
+var (
+	scheme         = runtime.NewScheme()
+	codecs         = serializer.NewCodecFactory(scheme)
+	parameterCodec = runtime.NewParameterCodec(scheme)
+)
+
+func init() {
+	utilruntime.Must(corev1.AddToScheme(scheme))
+	utilruntime.Must(appsv1.AddToScheme(scheme))
+}
+
+// groupClient is a JSON client for the collections of gv.
+func groupClient(cfg *rest.Config, gv schema.GroupVersion) (*rest.RESTClient, error) {
+	c := rest.CopyConfig(cfg)
+	c.GroupVersion = &gv
+	c.APIPath = "/apis"
+	if gv.Group == "" {
+		c.APIPath = "/api"
+	}
+	c.ContentType = runtime.ContentTypeJSON
+	c.NegotiatedSerializer = codecs.WithoutConversion()
+	return rest.RESTClientFor(c)
+}
+
+// inClusterNamespace is the namespace the agent's pod runs in.
+func inClusterNamespace() (string, error) {
+	b, err := os.ReadFile(filepath.Join(serviceAccountDir, "namespace"))
+	if err != nil {
+		return "", fmt.Errorf("reading the pod's namespace: %w", err)
+	}
+	return strings.TrimSpace(string(b)), nil
+}
+
+// nodePodCIDRs returns the pod CIDRs the control plane assigned to a node
+// (RBAC: get nodes); empty until it has.
+func (c *apiClient) nodePodCIDRs(ctx context.Context, node string) ([]string, error) {
+	n := &corev1.Node{}
+	if err := c.core.Get().Resource("nodes").Name(node).Do(ctx).Into(n); err != nil {
+		return nil, fmt.Errorf("reading node %s: %w", node, err)
+	}
+	if len(n.Spec.PodCIDRs) > 0 {
+		return n.Spec.PodCIDRs, nil
+	}
+	// podCIDR alone is what API servers before dual stack (1.16) fill.
+	if n.Spec.PodCIDR != "" {
+		return []string{n.Spec.PodCIDR}, nil
+	}
+	return []string{}, nil
+}
+
+// nodeListPage bounds one page of the node list: a Node with many images
+// is tens of KiB.
+const nodeListPage = 50
+
+// listNodes returns every node as routing between nodes needs it (RBAC:
+// list nodes), page by page. Unparsable addresses and CIDRs are left out.
+func (c *apiClient) listNodes(ctx context.Context) ([]noderoutes.Node, error) {
+	var out []noderoutes.Node
+	opts := metav1.ListOptions{Limit: nodeListPage}
+	for {
+		list := &corev1.NodeList{}
+		err := c.core.Get().Resource("nodes").VersionedParams(&opts, parameterCodec).Do(ctx).Into(list)
+		if err != nil {
+			return nil, fmt.Errorf("listing nodes: %w", err)
+		}
+		for _, it := range list.Items {
+			n := noderoutes.Node{Name: it.Name}
+			cidrs := it.Spec.PodCIDRs
+			if len(cidrs) == 0 && it.Spec.PodCIDR != "" {
+				cidrs = []string{it.Spec.PodCIDR}
+			}
+			for _, s := range cidrs {
+				if p, err := netip.ParsePrefix(s); err == nil {
+					n.PodCIDRs = append(n.PodCIDRs, p)
+				}
+			}
+			for _, a := range it.Status.Addresses {
+				if a.Type != corev1.NodeInternalIP {
+					continue
+				}
+				if ip, err := netip.ParseAddr(a.Address); err == nil {
+					n.InternalIPs = append(n.InternalIPs, ip)
+				}
+			}
+			out = append(out, n)
+		}
+		if opts.Continue = list.Continue; opts.Continue == "" {
+			return out, nil
+		}
+	}
+}
+
+// daemonSetExists says whether a DaemonSet exists and is not being
+// deleted (RBAC: get daemonsets.apps): an uninstall (its DaemonSet
+// deleted, or marked for a foreground deletion) or a restart.
+func (c *apiClient) daemonSetExists(ctx context.Context, namespace, name string) (bool, error) {
+	ds := &appsv1.DaemonSet{}
+	err := c.apps.Get().Namespace(namespace).Resource("daemonsets").Name(name).Do(ctx).Into(ds)
+	switch {
+	case err == nil:
+		return ds.DeletionTimestamp == nil, nil
+	case apierrors.IsNotFound(err):
+		return false, nil
+	}
+	return false, fmt.Errorf("reading DaemonSet %s/%s: %w", namespace, name, err)
+}
+
+// podUID is a pod's UID (RBAC: get pods), which its Events need.
+func (c *apiClient) podUID(ctx context.Context, namespace, name string) (string, error) {
+	p := &corev1.Pod{}
+	if err := c.core.Get().Namespace(namespace).Resource("pods").Name(name).Do(ctx).Into(p); err != nil {
+		return "", fmt.Errorf("reading pod %s/%s: %w", namespace, name, err)
+	}
+	return string(p.UID), nil
+}
+
+// Limits the API server enforces on events (or, for the message, that
+// events.k8s.io enforces and kubectl's columns assume).
+const (
+	maxEventMessage  = 1024
+	maxEventInstance = 128
+)
+
+// event posts e as a core/v1 Event on its pod (RBAC: create events), as
+// kube.Client.Event does for the plugin: a legacy event, which kubectl
+// describe and every version's aggregation understand.
+func (c *apiClient) event(ctx context.Context, e kube.Event) error {
+	if err := e.Validate(); err != nil {
+		return fmt.Errorf("posting an event: %w", err)
+	}
+	t := e.Time
+	if t.IsZero() {
+		t = time.Now()
+	}
+	comp := e.Component
+	if comp == "" {
+		comp = kube.DefaultComponent
+	}
+	ts := metav1.NewTime(t)
+	ev := &corev1.Event{
+		// client-go's recorder names them so: unique, sorted by time.
+		ObjectMeta: metav1.ObjectMeta{Name: eventName(e.PodName, t), Namespace: e.Namespace},
+		InvolvedObject: corev1.ObjectReference{
+			APIVersion: "v1", Kind: "Pod",
+			Namespace: e.Namespace, Name: e.PodName, UID: types.UID(e.PodUID),
+		},
+		Reason: e.Reason, Message: truncate(e.Message, maxEventMessage), Type: e.Type, Action: e.Action,
+		Count: 1, FirstTimestamp: ts, LastTimestamp: ts,
+		Source:              corev1.EventSource{Component: comp, Host: e.Node},
+		ReportingController: comp, ReportingInstance: truncate(e.Node, maxEventInstance),
+	}
+	if err := c.core.Post().Namespace(e.Namespace).Resource("events").Body(ev).Do(ctx).Error(); err != nil {
+		return fmt.Errorf("posting event %s on pod %s/%s: %w", e.Reason, e.Namespace, e.PodName, err)
+	}
+	return nil
+}
+
+// eventName is the pod's name then the time in hex; a pod name near the
+// 253-byte limit is shortened to keep it a valid DNS subdomain.
+func eventName(pod string, t time.Time) string {
+	suffix := fmt.Sprintf(".%x", t.UnixNano())
+	if max := 253 - len(suffix); len(pod) > max {
+		pod = strings.TrimRight(pod[:max], "-.")
+	}
+	return pod + suffix
+}
+
+// truncate cuts s to at most n bytes without splitting a UTF-8 sequence.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	const ellipsis = "..."
+	cut := n - len(ellipsis)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + ellipsis
+}
+
+// Why a request failed, in client-go's errors and in pkg/api/kube's (the
+// policy controller's Events).
+func isUnauthorized(err error) bool {
+	return apierrors.IsUnauthorized(err) || errors.Is(err, kube.ErrUnauthorized)
+}
+
+func isForbidden(err error) bool {
+	return apierrors.IsForbidden(err) || errors.Is(err, kube.ErrForbidden)
+}
+
+func isNotFound(err error) bool {
+	return apierrors.IsNotFound(err) || errors.Is(err, kube.ErrNotFound)
+}
+
+func isUnreachable(err error) bool {
+	return errors.Is(err, kube.ErrUnreachable) || errors.Is(err, context.DeadlineExceeded) ||
+		apierrors.IsServiceUnavailable(err) || apierrors.IsTooManyRequests(err) ||
+		apierrors.IsServerTimeout(err) || apierrors.IsTimeout(err) || apierrors.IsInternalError(err)
+}

@@ -1,0 +1,446 @@
+package watch
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"encoding/pem"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer/streaming"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
+
+	"github.com/cni-usernet/cni-usernet/pkg/agent/netpolicy"
+	"github.com/cni-usernet/cni-usernet/pkg/api/kube"
+)
+
+// fakePods is an API server for the pods collection: lists, watches from
+// a shared history, in JSON without kinds (as a minimal server answers)
+// or in protobuf (as the API server does), and a switch to be away.
+type fakePods struct {
+	t     *testing.T
+	proto bool
+
+	mu      sync.Mutex
+	rv      int
+	pods    map[string]*corev1.Pod
+	history []fakeEvent
+	wake    chan struct{}
+	down    bool
+	lists   int
+}
+
+type fakeEvent struct {
+	rv  int
+	typ string
+	pod *corev1.Pod
+}
+
+func newFakePods(t *testing.T, proto bool) (*fakePods, *rest.Config) {
+	f := &fakePods{t: t, proto: proto, pods: map[string]*corev1.Pod{}, wake: make(chan struct{})}
+	srv := httptest.NewTLSServer(f)
+	t.Cleanup(func() { f.setDown(true); srv.Close() })
+	ca := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw})
+	return f, RESTConfig(kube.Config{Server: srv.URL, CAPEM: ca, Token: "tok"})
+}
+
+func (f *fakePods) notify() { close(f.wake); f.wake = make(chan struct{}) }
+
+func (f *fakePods) setDown(down bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.down = down
+	f.notify()
+}
+
+func (f *fakePods) put(p *corev1.Pod) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	p = p.DeepCopy()
+	f.rv++
+	p.ResourceVersion = strconv.Itoa(f.rv)
+	typ := "MODIFIED"
+	if _, ok := f.pods[p.Namespace+"/"+p.Name]; !ok {
+		typ = "ADDED"
+	}
+	f.pods[p.Namespace+"/"+p.Name] = p
+	f.history = append(f.history, fakeEvent{f.rv, typ, p})
+	f.notify()
+}
+
+func (f *fakePods) del(key string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	p := f.pods[key]
+	delete(f.pods, key)
+	f.rv++
+	f.history = append(f.history, fakeEvent{f.rv, "DELETED", p})
+	f.notify()
+}
+
+// delQuietly removes a pod without a watch event: only a list shows it.
+func (f *fakePods) delQuietly(key string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.pods, key)
+	f.rv++
+}
+
+func (f *fakePods) listCount() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.lists
+}
+
+func (f *fakePods) encode(obj runtime.Object) []byte {
+	if !f.proto {
+		b, err := json.Marshal(obj)
+		if err != nil {
+			f.t.Error(err)
+		}
+		return b
+	}
+	info, _ := runtime.SerializerInfoForMediaType(codecs.SupportedMediaTypes(), runtime.ContentTypeProtobuf)
+	b, err := runtime.Encode(codecs.EncoderForVersion(info.Serializer, corev1.SchemeGroupVersion), obj)
+	if err != nil {
+		f.t.Error(err)
+	}
+	return b
+}
+
+func (f *fakePods) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	f.mu.Lock()
+	if f.down {
+		f.mu.Unlock()
+		w.WriteHeader(http.StatusServiceUnavailable)
+		return
+	}
+	if r.URL.Path != "/api/v1/pods" {
+		f.mu.Unlock()
+		http.NotFound(w, r)
+		return
+	}
+	if f.proto && !strings.Contains(r.Header.Get("Accept"), runtime.ContentTypeProtobuf) {
+		f.t.Errorf("Accept %q: want protobuf first", r.Header.Get("Accept"))
+	}
+	if r.URL.Query().Get("watch") == "" {
+		f.lists++
+		list := &corev1.PodList{ListMeta: metav1.ListMeta{ResourceVersion: strconv.Itoa(f.rv)}}
+		for _, p := range f.pods {
+			list.Items = append(list.Items, *p)
+		}
+		f.mu.Unlock()
+		if f.proto {
+			list.APIVersion, list.Kind = "v1", "PodList"
+			w.Header().Set("Content-Type", runtime.ContentTypeProtobuf)
+		}
+		w.Write(f.encode(list))
+		return
+	}
+	from, _ := strconv.Atoi(r.URL.Query().Get("resourceVersion"))
+	f.mu.Unlock()
+	if f.proto {
+		w.Header().Set("Content-Type", runtime.ContentTypeProtobuf+";stream=watch")
+	}
+	w.WriteHeader(http.StatusOK)
+	w.(http.Flusher).Flush()
+	var enc interface{ Encode(runtime.Object) error }
+	if f.proto {
+		info, _ := runtime.SerializerInfoForMediaType(codecs.SupportedMediaTypes(), runtime.ContentTypeProtobuf)
+		enc = streaming.NewEncoder(info.StreamSerializer.Framer.NewFrameWriter(w), info.StreamSerializer.Serializer)
+	}
+	for {
+		f.mu.Lock()
+		if f.down {
+			f.mu.Unlock()
+			return
+		}
+		var send []fakeEvent
+		for _, e := range f.history {
+			if e.rv > from {
+				send = append(send, e)
+			}
+		}
+		from = f.rv
+		wake := f.wake
+		f.mu.Unlock()
+		for _, e := range send {
+			p := e.pod.DeepCopy()
+			if f.proto {
+				p.APIVersion, p.Kind = "v1", "Pod"
+				enc.Encode(&metav1.WatchEvent{Type: e.typ, Object: runtime.RawExtension{Raw: f.encode(p)}})
+			} else {
+				json.NewEncoder(w).Encode(map[string]any{"type": e.typ, "object": json.RawMessage(f.encode(p))})
+			}
+		}
+		w.(http.Flusher).Flush()
+		select {
+		case <-wake:
+		case <-r.Context().Done():
+			return
+		}
+	}
+}
+
+// changes records OnChange's calls as "add ns/name", "update ns/name",
+// "delete ns/name".
+type changes struct {
+	mu  sync.Mutex
+	got []string
+}
+
+func (c *changes) record(old, new *netpolicy.Pod) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case old == nil:
+		c.got = append(c.got, "add "+new.Metadata.Namespace+"/"+new.Metadata.Name)
+	case new == nil:
+		c.got = append(c.got, "delete "+old.Metadata.Namespace+"/"+old.Metadata.Name)
+	default:
+		c.got = append(c.got, "update "+new.Metadata.Namespace+"/"+new.Metadata.Name+" "+old.Metadata.Labels["v"]+">"+new.Metadata.Labels["v"])
+	}
+}
+
+func (c *changes) has(s string) func() bool {
+	return func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		for _, g := range c.got {
+			if g == s {
+				return true
+			}
+		}
+		return false
+	}
+}
+
+func (c *changes) count() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.got)
+}
+
+func runPods(t *testing.T, cfg *rest.Config, backoff time.Duration, logs *logBuf, ch *changes) *Informer[netpolicy.Pod] {
+	t.Helper()
+	log := slog.New(slog.NewTextHandler(logs, nil))
+	i, err := New(Options[netpolicy.Pod]{Config: cfg, Kind: Pods, OnChange: ch.record, Log: log, Backoff: backoff, MaxBackoff: backoff})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { i.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return i
+}
+
+// logBuf is a log's lines, safe to read while the informer writes.
+type logBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuf) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuf) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}
+
+func testPod(name, v string) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace: "ns", Name: name, UID: types.UID("uid-" + name), Labels: map[string]string{"v": v},
+			Annotations:   map[string]string{"big": strings.Repeat("x", 1000)},
+			ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubectl"}},
+		},
+		Spec: corev1.PodSpec{
+			NodeName: "node-1",
+			Containers: []corev1.Container{{
+				Name: "c", Image: "registry.example/app:1", Args: []string{"--serve"},
+				Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8080, Protocol: corev1.ProtocolTCP}},
+			}},
+		},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIPs: []corev1.PodIP{{IP: "10.0.0.1"}}},
+	}
+}
+
+// OnChange tells each add, update and delete, typed, with the old and
+// the new object; in JSON without kinds and in protobuf.
+func TestInformerOnChange(t *testing.T) {
+	for _, proto := range []bool{false, true} {
+		t.Run(map[bool]string{false: "json", true: "protobuf"}[proto], func(t *testing.T) {
+			f, cfg := newFakePods(t, proto)
+			f.put(testPod("a", "1"))
+			ch := &changes{}
+			i := runPods(t, cfg, 20*time.Millisecond, &logBuf{}, ch)
+			eventually(t, "synced", i.HasSynced)
+			<-i.Synced()
+			eventually(t, "a listed", ch.has("add ns/a"))
+			f.put(testPod("b", "1"))
+			eventually(t, "b added", ch.has("add ns/b"))
+			f.put(testPod("a", "2"))
+			eventually(t, "a updated", ch.has("update ns/a 1>2"))
+			f.del("ns/b")
+			eventually(t, "b deleted", ch.has("delete ns/b"))
+			if _, ok := i.Get("ns/b"); ok || i.Len() != 1 {
+				t.Errorf("after the deletion: %d cached, b there: %v; want only a", i.Len(), ok)
+			}
+			if p, _ := i.Get("ns/a"); p == nil || p.Metadata.Labels["v"] != "2" {
+				t.Errorf("a: got %+v, want the update", p)
+			}
+		})
+	}
+}
+
+// What the cache keeps is the compiler's type: annotations, managed
+// fields, images and arguments are gone; labels, ports by name, phase and
+// addresses stay.
+func TestInformerTransformTrims(t *testing.T) {
+	f, cfg := newFakePods(t, false)
+	f.put(testPod("a", "1"))
+	i := runPods(t, cfg, 20*time.Millisecond, &logBuf{}, &changes{})
+	eventually(t, "synced", i.HasSynced)
+	p, _ := i.Get("ns/a")
+	want := &netpolicy.Pod{
+		Metadata: netpolicy.ObjectMeta{Namespace: "ns", Name: "a", UID: "uid-a", ResourceVersion: "1", Labels: map[string]string{"v": "1"}},
+		Spec:     netpolicy.PodSpec{NodeName: "node-1", Containers: []netpolicy.Container{{Ports: []netpolicy.ContainerPort{{Name: "http", ContainerPort: 8080, Protocol: "TCP"}}}}},
+		Status:   netpolicy.PodStatus{Phase: "Running", PodIPs: []netpolicy.PodIP{{IP: "10.0.0.1"}}},
+	}
+	got, _ := json.Marshal(p)
+	wantJSON, _ := json.Marshal(want)
+	if !bytes.Equal(got, wantJSON) {
+		t.Errorf("cached:\n got %s\nwant %s", got, wantJSON)
+	}
+}
+
+// A relist (the watch lost, the server back) tells what changed while the
+// informer was not looking, and nothing for what did not.
+func TestInformerRelistTellsTheDifference(t *testing.T) {
+	f, cfg := newFakePods(t, false)
+	f.put(testPod("a", "1"))
+	f.put(testPod("b", "1"))
+	f.put(testPod("c", "1"))
+	ch := &changes{}
+	logs := &logBuf{}
+	i := runPods(t, cfg, 20*time.Millisecond, logs, ch)
+	eventually(t, "synced", i.HasSynced)
+	eventually(t, "three adds", func() bool { return ch.count() == 3 })
+
+	f.setDown(true)
+	eventually(t, "Err while the server is away", func() bool { return i.Err() != nil })
+	if i.Len() != 3 {
+		t.Errorf("while away: %d cached, want the last view's 3", i.Len())
+	}
+	// Changes the informer can only learn of by listing again.
+	f.mu.Lock()
+	f.history = nil
+	f.mu.Unlock()
+	f.put(testPod("a", "2"))
+	f.delQuietly("ns/b")
+	f.put(testPod("d", "1"))
+	f.mu.Lock()
+	f.history = nil
+	f.mu.Unlock()
+	lists := f.listCount()
+	f.setDown(false)
+	eventually(t, "a relist", func() bool { return f.listCount() > lists })
+	eventually(t, "the relist's changes", func() bool {
+		return ch.has("update ns/a 1>2")() && ch.has("delete ns/b")() && ch.has("add ns/d")()
+	})
+	eventually(t, "Err cleared", func() bool { return i.Err() == nil })
+	if n := ch.count(); n != 6 {
+		t.Errorf("changes: got %d %v, want 6 (c unchanged is not told)", n, ch.got)
+	}
+	if !strings.Contains(logs.String(), "keeping the last cache") || !strings.Contains(logs.String(), "API server reachable again") {
+		t.Errorf("log: want the outage and the recovery:\n%s", logs)
+	}
+}
+
+// Err names the failure while the server cannot be reached at the
+// start, and nothing is synced.
+func TestInformerErrBeforeSync(t *testing.T) {
+	f, cfg := newFakePods(t, false)
+	f.setDown(true)
+	logs := &logBuf{}
+	i := runPods(t, cfg, 20*time.Millisecond, logs, &changes{})
+	eventually(t, "Err", func() bool { return i.Err() != nil })
+	if i.HasSynced() {
+		t.Error("synced without a list")
+	}
+	if !strings.Contains(i.Err().Error(), "pods") {
+		t.Errorf("Err %q: want it to name the resource", i.Err())
+	}
+	time.Sleep(200 * time.Millisecond)
+	if c := strings.Count(logs.String(), "nothing cached yet"); c != 1 {
+		t.Errorf("log lines about the failures: got %d, want 1 (rate-limited):\n%s", c, logs)
+	}
+	f.setDown(false)
+	eventually(t, "synced once back", i.HasSynced)
+	eventually(t, "Err cleared", func() bool { return i.Err() == nil })
+}
+
+// Retry starts the next list at once when a long backoff would otherwise
+// keep the cache stale after the server came back.
+func TestInformerRetryCutsTheBackoff(t *testing.T) {
+	f, cfg := newFakePods(t, false)
+	f.setDown(true)
+	i := runPods(t, cfg, time.Minute, &logBuf{}, &changes{})
+	eventually(t, "Err", func() bool { return i.Err() != nil })
+	f.put(testPod("a", "1"))
+	f.setDown(false)
+	time.Sleep(200 * time.Millisecond)
+	if i.HasSynced() {
+		t.Fatal("synced within the backoff: the test does not test Retry")
+	}
+	start := time.Now()
+	i.Retry()
+	eventually(t, "synced after Retry", i.HasSynced)
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("Retry took %s", d)
+	}
+	if _, ok := i.Get("ns/a"); !ok {
+		t.Error("a not cached after Retry")
+	}
+	// While the watch works, Retry lists nothing again.
+	lists := f.listCount()
+	i.Retry()
+	time.Sleep(200 * time.Millisecond)
+	if n := f.listCount(); n != lists {
+		t.Errorf("Retry while healthy: %d lists, want %d", n, lists)
+	}
+}
+
+// A kind the agent does not keep as T is refused at New.
+func TestNewRefusesAMismatch(t *testing.T) {
+	_, err := New(Options[netpolicy.Service]{Config: &rest.Config{Host: "https://127.0.0.1"}, Kind: Pods})
+	if err == nil || !strings.Contains(err.Error(), "pods") {
+		t.Errorf("pods as Services: got %v, want a refusal naming pods", err)
+	}
+}
