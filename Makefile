@@ -75,7 +75,7 @@ bench-quick:
 # The policy scale benchmark (hack/bench/policyscale, docs/policy.md "At
 # scale"): the node agent of this tree and of BASELINE, each as a process
 # against a fake API server holding clusters of 10k and 100k pods with 100
-# local pods, in one run (~10 min). BASELINE defaults to the revision the
+# local pods, in one run (~7 min on 2 vCPUs). BASELINE defaults to the revision the
 # benchmark was written against (the tree before the policy controller's
 # rework); BASELINE= runs this tree alone. BENCH_POLICY_FLAGS passes more
 # flags, e.g. --clusters 10k --reps 3.

@@ -53,11 +53,10 @@ func agentFlags(cmd []string) (map[string]bool, error) {
 
 // agentOptions are what one agent run is given.
 type agentOptions struct {
-	cmd               []string
-	stateDir, runDir  string
-	apiHost, apiPort  string
-	logPath           string
-	reconcileInterval time.Duration // zero: the agent's default
+	cmd              []string
+	stateDir, runDir string
+	apiHost, apiPort string
+	logPath          string
 }
 
 // agentProc is a running agent.
@@ -85,9 +84,6 @@ func startAgent(o agentOptions) (*agentProc, error) {
 			args = append(args, f)
 		}
 	}
-	if o.reconcileInterval > 0 && known["reconcile-interval"] {
-		args = append(args, "--reconcile-interval="+o.reconcileInterval.String())
-	}
 	lf, err := os.Create(o.logPath)
 	if err != nil {
 		return nil, err
@@ -96,10 +92,7 @@ func startAgent(o agentOptions) (*agentProc, error) {
 	c.Stdout, c.Stderr = lf, lf
 	c.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root",
 		"KUBERNETES_SERVICE_HOST=" + o.apiHost, "KUBERNETES_SERVICE_PORT=" + o.apiPort,
-		"NODE_NAME=" + nodeName, "POD_NAMESPACE=kube-system", "GOMAXPROCS=" + os.Getenv("POLICYSCALE_AGENT_GOMAXPROCS")}
-	if os.Getenv("POLICYSCALE_AGENT_GOMAXPROCS") == "" {
-		c.Env = c.Env[:len(c.Env)-1]
-	}
+		"NODE_NAME=" + nodeName, "POD_NAMESPACE=kube-system"}
 	c.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	fmt.Fprintf(lf, "# %s %s\n", o.cmd[0], strings.Join(args, " "))
 	if err := c.Start(); err != nil {

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"slices"
@@ -66,15 +67,7 @@ func (a *apiServer) count(m map[string]int, k string) {
 func (a *apiServer) counts() (requests, unknown map[string]int, events int) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return maps2(a.requests), maps2(a.unknown), a.events
-}
-
-func maps2(m map[string]int) map[string]int {
-	out := make(map[string]int, len(m))
-	for k, v := range m {
-		out[k] = v
-	}
-	return out
+	return maps.Clone(a.requests), maps.Clone(a.unknown), a.events
 }
 
 // route is a request's path, read: /api/v1/…, /apis/GROUP/VERSION/…, with

@@ -57,7 +57,8 @@ func (r *report) markdown() string {
 		"holding a synthetic cluster, with 100 local pods whose stacks are fake control sockets. " +
 		"Every local pod is egress-isolated (a default-deny-egress-but-DNS policy in every namespace). " +
 		"An event's CPU is the agent's utime+stime from the injection until no push for the quiet time and its CPU back at idle, " +
-		"less its idle rate over that window, the mean of the repetitions (ticks of 10 ms; the threads' run time beside it); " +
+		"less its idle rate over that window, the mean of the repetitions: from ticks of 10 ms, so a few ms either way (even below zero) " +
+		"for an event that costs next to nothing; the threads' run time beside it is exact to the nanosecond. " +
 		"pods touched and the largest push are the most any repetition saw.\n\n")
 	seen := map[string]bool{}
 	for _, x := range r.runs {

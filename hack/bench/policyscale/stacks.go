@@ -25,10 +25,9 @@ import (
 // attachment records (StackPID, StackStartTime), so the agent's supervisor
 // sees them alive and leaves them be.
 type fakeStacks struct {
-	mu    sync.Mutex // guards the fields below
-	pods  []*fakeStack
-	log   []push // every push, in arrival order
-	close []func()
+	mu   sync.Mutex // guards the fields below
+	pods []*fakeStack
+	log  []push // every push, in arrival order
 }
 
 // push is one PUT /policy a stack took.
@@ -39,11 +38,10 @@ type push struct {
 }
 
 type fakeStack struct {
-	name string
-	gen  uint64 // the generation in force; guarded by fakeStacks.mu
+	gen uint64 // the generation in force; guarded by fakeStacks.mu
 }
 
-// stackFiles are the record and socket of local pod i.
+// localAttachment is what a local pod's attachment record names.
 type localAttachment struct {
 	containerID string
 	ns, name    string
@@ -78,19 +76,19 @@ func (f *fakeStacks) start(ctx context.Context, stateDir, runDir string, pods []
 		if err := store.Save(a); err != nil {
 			return err
 		}
-		if err := f.serve(ctx, i, p.ns+"/"+p.name, sock); err != nil {
+		if err := f.serve(ctx, i, sock); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-func (f *fakeStacks) serve(ctx context.Context, i int, name, sock string) error {
+func (f *fakeStacks) serve(ctx context.Context, i int, sock string) error {
 	ln, err := net.Listen("unix", sock)
 	if err != nil {
 		return fmt.Errorf("listening on %s: %w", sock, err)
 	}
-	st := &fakeStack{name: name}
+	st := &fakeStack{}
 	f.mu.Lock()
 	f.pods = append(f.pods, st)
 	f.mu.Unlock()

@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strconv"
@@ -117,7 +118,7 @@ func (s *store) writeLocked(resource, typ string, o object) (*stored, error) {
 	if err != nil {
 		return nil, fmt.Errorf("encoding %s %s/%s: %w", resource, m.Namespace, m.Name, err)
 	}
-	st := &stored{ns: m.Namespace, name: m.Name, labels: maps(m.Labels), nodeName: nodeNameOf(o), rv: s.rv, raw: raw}
+	st := &stored{ns: m.Namespace, name: m.Name, labels: maps.Clone(m.Labels), nodeName: nodeNameOf(o), rv: s.rv, raw: raw}
 	_, had := coll[st.key()]
 	switch typ {
 	case "ADDED", "MODIFIED":
@@ -132,14 +133,6 @@ func (s *store) writeLocked(resource, typ string, o object) (*stored, error) {
 		return nil, fmt.Errorf("change of unknown type %q", typ)
 	}
 	return st, nil
-}
-
-func maps(m map[string]string) map[string]string {
-	out := make(map[string]string, len(m))
-	for k, v := range m {
-		out[k] = v
-	}
-	return out
 }
 
 // page is the objects of resource that match sel, in key order, from the
