@@ -2,6 +2,8 @@ package main
 
 import (
 	"net/netip"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 )
@@ -181,5 +183,27 @@ func TestTally(t *testing.T) {
 	got := tally([]push{{0, 100, now}, {1, 300, now.Add(time.Second)}, {0, 200, now.Add(2 * time.Second)}})
 	if got.pushes != 3 || got.pods != 2 || got.bytes != 600 || got.max != 300 || !got.last.Equal(now.Add(2*time.Second)) {
 		t.Errorf("tally: %+v", got)
+	}
+}
+
+// The agent's command: cni-usernet-agent where a build has it, else
+// `cni-usernet agent`.
+func TestAgentCommand(t *testing.T) {
+	dir := t.TempDir()
+	if _, err := agentCommand(dir); err == nil {
+		t.Errorf("an empty directory: no error")
+	}
+	write := func(name string) {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte("#!/bin/sh\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("cni-usernet")
+	if got, _ := agentCommand(dir); len(got) != 2 || got[1] != "agent" {
+		t.Errorf("with cni-usernet: %q, want [cni-usernet agent]", got)
+	}
+	write("cni-usernet-agent")
+	if got, _ := agentCommand(dir); len(got) != 1 || filepath.Base(got[0]) != "cni-usernet-agent" {
+		t.Errorf("with cni-usernet-agent: %q, want it alone", got)
 	}
 }
