@@ -3,7 +3,7 @@ GO ?= go
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X github.com/cni-usernet/cni-usernet/pkg/cni.Version=$(VERSION)
 
-.PHONY: build deps demo test test-unit test-root fuzz lint bench bench-quick clean gvisor release
+.PHONY: build deps demo test test-unit test-root fuzz lint bench bench-quick bench-policy clean gvisor release
 
 # third_party/gvisor: the pinned gVisor with hack/gvisor/patches applied,
 # which go.mod's replace points at (docs/gvisor-patches.md). Generated, not
@@ -71,6 +71,17 @@ bench:
 # CI smoke: one short round of our configurations, no peers, no scale.
 bench-quick:
 	hack/bench/run.sh --quick
+
+# The policy scale benchmark (hack/bench/policyscale, docs/policy.md "At
+# scale"): the node agent of this tree and of BASELINE, each as a process
+# against a fake API server holding clusters of 10k and 100k pods with 100
+# local pods, in one run (~7 min on 2 vCPUs). BASELINE defaults to the revision the
+# benchmark was written against (the tree before the policy controller's
+# rework); BASELINE= runs this tree alone. BENCH_POLICY_FLAGS passes more
+# flags, e.g. --clusters 10k --reps 3.
+BASELINE ?= 8eeaa0d0adea7575705009ed9c6047b09809af9b
+bench-policy:
+	hack/bench/policyscale/run.sh $(if $(BASELINE),--baseline $(BASELINE)) $(BENCH_POLICY_FLAGS)
 
 # promtool, from its own module (hack/promtool): the metrics tests run
 # `promtool check metrics` on the agent's scrape when bin/promtool exists
