@@ -14,6 +14,7 @@ gvisor:
 build: gvisor
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/cni-usernet ./cmd/cni-usernet
 	CGO_ENABLED=0 $(GO) build -trimpath -o bin/cni-usernet-stack ./cmd/cni-usernet-stack
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/cni-usernet-agent ./cmd/cni-usernet-agent
 	mkdir -p bin/cni
 	# a running stack keeps the old file
 	for b in cni-usernet-stack cni-usernet; do cp bin/$$b bin/cni/.$$b.new && mv -f bin/cni/.$$b.new bin/cni/$$b || exit 1; done

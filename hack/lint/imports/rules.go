@@ -54,9 +54,9 @@ func prefix(ps ...string) func(string) bool {
 }
 
 var rules = []rule{
-	{under("cmd/cni-usernet", "pkg/cni", "pkg/agent", "pkg/api", "pkg/node", "pkg/cli", "pkg/util"), under("pkg/stack"),
+	{under("cmd/cni-usernet", "cmd/cni-usernet-agent", "pkg/cni", "pkg/agent", "pkg/api", "pkg/node", "pkg/cli", "pkg/util"), under("pkg/stack"),
 		"host-side code talks to a stack through pkg/api, never through the stack's packages"},
-	{under("cmd/cni-usernet", "pkg/cni", "pkg/agent", "pkg/api", "pkg/node", "pkg/cli", "pkg/util"), prefix("gvisor.dev/gvisor"),
+	{under("cmd/cni-usernet", "cmd/cni-usernet-agent", "pkg/cni", "pkg/agent", "pkg/api", "pkg/node", "pkg/cli", "pkg/util"), prefix("gvisor.dev/gvisor"),
 		"netstack and the sandbox belong to the stack's binary alone"},
 	{under("cmd/cni-usernet", "pkg/cni"), prefix("k8s.io/client-go"),
 		"the binary the runtime runs at every ADD stays small: no client-go"},
