@@ -71,7 +71,14 @@ func newAPIClient(cfg *rest.Config, ca []byte) (*apiClient, error) {
 	if c.apps, err = groupClient(cfg, appsv1.SchemeGroupVersion); err != nil {
 		return nil, fmt.Errorf("connecting to the API server: %w", err)
 	}
-	c.kube, err = kube.New(kube.Config{Server: cfg.Host, CAPEM: ca, Token: cfg.BearerToken, TokenFile: cfg.BearerTokenFile, UserAgent: cfg.UserAgent})
+	// In-cluster, rest.InClusterConfig gives the token it read and its
+	// file: the file alone, re-read as kubelet rotates it (kube.Config
+	// takes one or the other).
+	token := cfg.BearerToken
+	if cfg.BearerTokenFile != "" {
+		token = ""
+	}
+	c.kube, err = kube.New(kube.Config{Server: cfg.Host, CAPEM: ca, Token: token, TokenFile: cfg.BearerTokenFile, UserAgent: cfg.UserAgent})
 	if err != nil {
 		return nil, fmt.Errorf("connecting to the API server: %w", err)
 	}

@@ -6,6 +6,8 @@ import (
 	"encoding/pem"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -148,5 +150,19 @@ func TestAPIClientEvent(t *testing.T) {
 	}
 	if err := c.event(ctx, kube.Event{Namespace: "ns", PodName: "p", Type: kube.EventWarning, Reason: "X", Node: "n"}); err == nil {
 		t.Error("an event without the pod's UID: got nil error")
+	}
+}
+
+// TestAPIClientInCluster: rest.InClusterConfig gives the token it read
+// and its file; the client takes them (the file alone for the plugin's
+// kube.Client, which refuses both). The agent did not start in a cluster
+// without this.
+func TestAPIClientInCluster(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(file, []byte("tok"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := newAPIClient(&rest.Config{Host: "https://10.96.0.1:443", BearerToken: "tok", BearerTokenFile: file}, nil); err != nil {
+		t.Fatalf("the in-cluster configuration refused: %v", err)
 	}
 }
