@@ -93,6 +93,13 @@ func startAgent(o agentOptions) (*agentProc, error) {
 	c.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root",
 		"KUBERNETES_SERVICE_HOST=" + o.apiHost, "KUBERNETES_SERVICE_PORT=" + o.apiPort,
 		"NODE_NAME=" + nodeName, "POD_NAMESPACE=kube-system"}
+	// The Go runtime's knobs pass through, to measure the agent's memory
+	// under a collector setting (GOGC=50, GOMEMLIMIT=250MiB) without a build.
+	for _, k := range []string{"GOGC", "GOMEMLIMIT"} {
+		if v, ok := os.LookupEnv(k); ok {
+			c.Env = append(c.Env, k+"="+v)
+		}
+	}
 	c.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	fmt.Fprintf(lf, "# %s %s\n", o.cmd[0], strings.Join(args, " "))
 	if err := c.Start(); err != nil {
