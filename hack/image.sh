@@ -21,17 +21,6 @@ arch=$($GO env GOARCH)
 
 rootfs=$(mktemp -d)
 trap 'rm -rf "$rootfs"' EXIT
-chmod 0755 "$rootfs"   # the image's / (mktemp makes it 0700)
-CGO_ENABLED=0 GOOS=linux $GO build -trimpath \
-  -ldflags "-s -w -X github.com/cni-usernet/cni-usernet/pkg/cni.Version=$version" \
-  -o "$rootfs/cni-usernet" ./cmd/cni-usernet
-CGO_ENABLED=0 GOOS=linux $GO build -trimpath -ldflags "-s -w" \
-  -o "$rootfs/cni-usernet-stack" ./cmd/cni-usernet-stack
-CGO_ENABLED=0 GOOS=linux $GO build -trimpath -ldflags "-s -w" \
-  -o "$rootfs/cni-usernet-agent" ./cmd/cni-usernet-agent
-CGO_ENABLED=0 GOOS=linux $GO build -trimpath -ldflags "-s -w" -o "$rootfs/" \
-  github.com/containernetworking/plugins/plugins/meta/portmap \
-  github.com/containernetworking/plugins/plugins/meta/bandwidth
-chmod 0755 "$rootfs/cni-usernet" "$rootfs/cni-usernet-stack" "$rootfs/cni-usernet-agent" "$rootfs/portmap" "$rootfs/bandwidth"
+GO=$GO VERSION=$version hack/rootfs.sh "$rootfs"
 mkdir -p "$(dirname "$out")"
 ARCH=$arch hack/k8s/images/mkimage.sh "$IMAGE" "$rootfs" "$out" '["/cni-usernet"]'

@@ -49,19 +49,7 @@ mkdir -p "$layout/blobs/sha256"
 manifests=()
 for arch in amd64 arm64; do
   root="$work/rootfs-$arch"
-  mkdir -p "$root"
-  chmod 0755 "$root"
-  CGO_ENABLED=0 GOOS=linux GOARCH=$arch $GO build -trimpath \
-    -ldflags "-s -w -X github.com/cni-usernet/cni-usernet/pkg/cni.Version=$version" \
-    -o "$root/cni-usernet" ./cmd/cni-usernet
-  CGO_ENABLED=0 GOOS=linux GOARCH=$arch $GO build -trimpath -ldflags "-s -w" \
-    -o "$root/cni-usernet-stack" ./cmd/cni-usernet-stack
-  CGO_ENABLED=0 GOOS=linux GOARCH=$arch $GO build -trimpath -ldflags "-s -w" \
-    -o "$root/cni-usernet-agent" ./cmd/cni-usernet-agent
-  CGO_ENABLED=0 GOOS=linux GOARCH=$arch $GO build -trimpath -ldflags "-s -w" -o "$root/" \
-    github.com/containernetworking/plugins/plugins/meta/portmap \
-    github.com/containernetworking/plugins/plugins/meta/bandwidth
-  chmod 0755 "$root"/*
+  GO=$GO GOARCH=$arch VERSION=$version hack/rootfs.sh "$root"
   tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner -C "$root" -czf "$out/cni-usernet-$version-linux-$arch.tar.gz" .
   # The image for this architecture, then its blobs into the shared layout.
   ARCH=$arch hack/k8s/images/mkimage.sh "$image" "$root" "$work/image-$arch.tar" '["/cni-usernet"]' >&2

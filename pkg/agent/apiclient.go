@@ -8,8 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"time"
-	"unicode/utf8"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -18,7 +16,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
-	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/client-go/rest"
 
@@ -202,68 +199,11 @@ func (c *apiClient) podUID(ctx context.Context, namespace, name string) (string,
 	return string(p.UID), nil
 }
 
-// Limits the API server enforces on events (or, for the message, that
-// events.k8s.io enforces and kubectl's columns assume).
-const (
-	maxEventMessage  = 1024
-	maxEventInstance = 128
-)
-
-// event posts e as a core/v1 Event on its pod (RBAC: create events), as
-// kube.Client.Event does for the plugin: a legacy event, which kubectl
-// describe and every version's aggregation understand.
+// event posts e as a core/v1 Event on its pod (RBAC: create events)
+// through the same client the plugin uses, so that the agent's and the
+// plugin's Events are built one way.
 func (c *apiClient) event(ctx context.Context, e kube.Event) error {
-	if err := e.Validate(); err != nil {
-		return fmt.Errorf("posting an event: %w", err)
-	}
-	t := e.Time
-	if t.IsZero() {
-		t = time.Now()
-	}
-	comp := e.Component
-	if comp == "" {
-		comp = kube.DefaultComponent
-	}
-	ts := metav1.NewTime(t)
-	ev := &corev1.Event{
-		// client-go's recorder names them so: unique, sorted by time.
-		ObjectMeta: metav1.ObjectMeta{Name: eventName(e.PodName, t), Namespace: e.Namespace},
-		InvolvedObject: corev1.ObjectReference{
-			APIVersion: "v1", Kind: "Pod",
-			Namespace: e.Namespace, Name: e.PodName, UID: types.UID(e.PodUID),
-		},
-		Reason: e.Reason, Message: truncate(e.Message, maxEventMessage), Type: e.Type, Action: e.Action,
-		Count: 1, FirstTimestamp: ts, LastTimestamp: ts,
-		Source:              corev1.EventSource{Component: comp, Host: e.Node},
-		ReportingController: comp, ReportingInstance: truncate(e.Node, maxEventInstance),
-	}
-	if err := c.core.Post().Namespace(e.Namespace).Resource("events").Body(ev).Do(ctx).Error(); err != nil {
-		return fmt.Errorf("posting event %s on pod %s/%s: %w", e.Reason, e.Namespace, e.PodName, err)
-	}
-	return nil
-}
-
-// eventName is the pod's name then the time in hex; a pod name near the
-// 253-byte limit is shortened to keep it a valid DNS subdomain.
-func eventName(pod string, t time.Time) string {
-	suffix := fmt.Sprintf(".%x", t.UnixNano())
-	if max := 253 - len(suffix); len(pod) > max {
-		pod = strings.TrimRight(pod[:max], "-.")
-	}
-	return pod + suffix
-}
-
-// truncate cuts s to at most n bytes without splitting a UTF-8 sequence.
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	const ellipsis = "..."
-	cut := n - len(ellipsis)
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut] + ellipsis
+	return c.kube.Event(ctx, e)
 }
 
 // Why a request failed, in client-go's errors and in pkg/api/kube's (the

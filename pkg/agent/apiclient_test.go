@@ -114,6 +114,9 @@ func TestAPIClientDaemonSetExists(t *testing.T) {
 	}
 }
 
+// maxEventMessage is the longest message kube.Client.Event posts.
+const maxEventMessage = 1024
+
 func TestAPIClientEvent(t *testing.T) {
 	var got map[string]any
 	c := apiServer(t, func(w http.ResponseWriter, r *http.Request) {

@@ -132,7 +132,7 @@ func checkReinstallDuringDeferredUninstall(t *testing.T, manifest string, chaine
 		took = time.Since(start)
 		return nil
 	})
-	t.Logf("re-installed during the deferred uninstall: new agents ready on all nodes and the old ones gone %.1f s after kubectl apply (issue #29 asks <= %s)",
+	t.Logf("re-installed during the deferred uninstall: new agents ready on all nodes and the old ones gone %.1f s after kubectl apply (the target is <= %s)",
 		took.Seconds(), reinstallConverges)
 	for a, out := range logsOf {
 		for _, l := range strings.Split(out, "\n") {

@@ -2,8 +2,6 @@ package watch
 
 import (
 	"encoding/json"
-	"os"
-	"path/filepath"
 	"reflect"
 	"testing"
 	"time"
@@ -13,10 +11,8 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"k8s.io/client-go/rest"
 
 	"github.com/cni-usernet/cni-usernet/pkg/agent/netpolicy"
-	"github.com/cni-usernet/cni-usernet/pkg/api/kube"
 )
 
 // asDecoded is what the compiler's type holds of an API object when it
@@ -93,24 +89,3 @@ func ptr[T any](v T) *T { return &v }
 
 // pod2 is pod under another name: the test's variable pod shadows it.
 var pod2 = pod
-
-// TestRESTConfigInCluster: the in-cluster configuration carries the token
-// and its file; client-go refuses both, so the file alone stays (and is
-// re-read as kubelet rotates it). The agent failed to start its watches
-// in a cluster without this.
-func TestRESTConfigInCluster(t *testing.T) {
-	file := filepath.Join(t.TempDir(), "token")
-	if err := os.WriteFile(file, []byte("t"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	c := RESTConfig(kube.Config{Server: "https://10.96.0.1:443", Token: "t", TokenFile: file})
-	if c.BearerToken != "" || c.BearerTokenFile == "" {
-		t.Errorf("token %q, file %q: want the file alone", c.BearerToken, c.BearerTokenFile)
-	}
-	if _, err := rest.HTTPClientFor(c); err != nil {
-		t.Errorf("client-go refuses the configuration: %v", err)
-	}
-	if c := RESTConfig(kube.Config{Server: "https://h", Token: "t"}); c.BearerToken != "t" {
-		t.Errorf("a token without a file was dropped")
-	}
-}

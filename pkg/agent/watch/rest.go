@@ -32,16 +32,11 @@ func init() {
 // RESTConfig is client-go's configuration for the server and credentials
 // of c. A token file stays a file: client-go re-reads it, as kubelet
 // rotates projected service account tokens in place.
-// A configuration with both (in-cluster: the token read once, and its
-// file) keeps the file alone: client-go refuses the two together.
+// (kube.Config holds one or the other, as client-go wants.)
 func RESTConfig(c kube.Config) *rest.Config {
-	token := c.Token
-	if c.TokenFile != "" {
-		token = ""
-	}
 	return &rest.Config{
 		Host:            c.Server,
-		BearerToken:     token,
+		BearerToken:     c.Token,
 		BearerTokenFile: c.TokenFile,
 		TLSClientConfig: rest.TLSClientConfig{
 			CAData: c.CAPEM, ServerName: c.TLSServerName,
