@@ -60,6 +60,7 @@ type agentFlags struct {
 	nodeRoutes         string
 	nodeRoutesInterval time.Duration
 	metricsAddress     string
+	pprofAddress       string
 	portMap            bool
 	bandwidth          bool
 	networkPolicy      bool
@@ -93,6 +94,7 @@ func parseAgentFlags(args []string) (*agentFlags, error) {
 	fs.StringVar(&f.nodeRoutes, "node-routes", "auto", "route other nodes' pod CIDRs via their InternalIP (host-gw): auto (standalone mode, installing), true, false")
 	fs.DurationVar(&f.nodeRoutesInterval, "node-routes-interval", 10*time.Second, "how often the node list is read for --node-routes")
 	fs.StringVar(&f.metricsAddress, "metrics-address", defaultMetricsAddress, "serve Prometheus metrics on this address at /metrics; empty: none")
+	fs.StringVar(&f.pprofAddress, "pprof-address", "", "serve Go's runtime profiles at /debug/pprof/ on this loopback address (e.g. 127.0.0.1:6060); empty: none")
 	fs.BoolVar(&f.portMap, "port-map", true, "chain the portmap plugin after cni-usernet (pods' hostPort); in chain mode only when the node's conflist has none")
 	fs.BoolVar(&f.bandwidth, "bandwidth", true, "chain the bandwidth plugin after cni-usernet (kubernetes.io/ingress-bandwidth, egress-bandwidth); in chain mode only when the node's conflist has none")
 	fs.BoolVar(&f.networkPolicy, "network-policy", true, "enforce NetworkPolicy in each pod's stack: watch the API server, compile and push each local pod's policy, and mark the conflist so that ADD waits for it (false: the primary CNI enforces policy, e.g. Calico or Cilium)")
@@ -184,6 +186,11 @@ func Run(args []string) error {
 		// Metrics are for watching the node, never a reason not to serve it.
 		if err := serveMetrics(ctx, f.metricsAddress, state.Store{Dir: f.stateDir}, sup.Stats(), polMetrics, log); err != nil {
 			log.Error("no metrics", "err", err)
+		}
+	}
+	if f.pprofAddress != "" {
+		if err := servePprof(ctx, f.pprofAddress, log); err != nil {
+			return err
 		}
 	}
 	ready := make(chan struct{})

@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -66,6 +69,9 @@ type agentProc struct {
 	log     *os.File
 	done    chan struct{}
 	err     error // the exit, once done is closed
+	// pprofAddr is where the agent serves its profiles; empty: a build
+	// without them.
+	pprofAddr string
 }
 
 func startAgent(o agentOptions) (*agentProc, error) {
@@ -83,6 +89,16 @@ func startAgent(o agentOptions) (*agentProc, error) {
 		if known[name] {
 			args = append(args, f)
 		}
+	}
+	// Profiles where the build serves them: the live heap after a
+	// collection says what the agent keeps, which its RSS (pages the
+	// runtime has not yet handed back) does not.
+	var pprofAddr string
+	if known["pprof-address"] {
+		if pprofAddr, err = freeLoopbackPort(); err != nil {
+			return nil, err
+		}
+		args = append(args, "--pprof-address="+pprofAddr)
 	}
 	lf, err := os.Create(o.logPath)
 	if err != nil {
@@ -106,7 +122,7 @@ func startAgent(o agentOptions) (*agentProc, error) {
 		lf.Close()
 		return nil, fmt.Errorf("starting the agent: %w", err)
 	}
-	p := &agentProc{cmd: c, started: time.Now(), log: lf, done: make(chan struct{})}
+	p := &agentProc{cmd: c, started: time.Now(), log: lf, done: make(chan struct{}), pprofAddr: pprofAddr}
 	go func() { p.err = c.Wait(); close(p.done) }()
 	return p, nil
 }
@@ -212,3 +228,52 @@ func (p *agentProc) memory() (rss, hwm float64, err error) {
 	}
 	return rss, hwm, nil
 }
+
+func freeLoopbackPort() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", fmt.Errorf("finding a port for the agent's profiles: %w", err)
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
+}
+
+// heapProfile saves the agent's heap profile, taken after a collection,
+// to path and returns its live heap (HeapAlloc) in MiB; 0 and no file for
+// a build that serves no profiles.
+func (p *agentProc) heapProfile(path string) (float64, error) {
+	if p.pprofAddr == "" {
+		return 0, nil
+	}
+	get := func(query string) ([]byte, error) {
+		resp, err := http.Get("http://" + p.pprofAddr + "/debug/pprof/heap?" + query)
+		if err != nil {
+			return nil, fmt.Errorf("the agent's heap profile: %w", err)
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if err == nil && resp.StatusCode != http.StatusOK {
+			err = fmt.Errorf("the agent's heap profile: %s", resp.Status)
+		}
+		return b, err
+	}
+	b, err := get("gc=1")
+	if err != nil {
+		return 0, err
+	}
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		return 0, err
+	}
+	// The text form ends with the runtime's MemStats, HeapAlloc among them.
+	if b, err = get("debug=1"); err != nil {
+		return 0, err
+	}
+	m := heapAlloc.FindSubmatch(b)
+	if m == nil {
+		return 0, errors.New("the agent's heap profile has no HeapAlloc")
+	}
+	n, err := strconv.ParseFloat(string(m[1]), 64)
+	return n / (1 << 20), err
+}
+
+var heapAlloc = regexp.MustCompile(`(?m)^# HeapAlloc = (\d+)`)

@@ -173,6 +173,7 @@ type runResult struct {
 	sync      window
 	syncCPUMS float64 // utime+stime over the sync, idle included
 	rssMiB    float64 // VmRSS after the sync settled
+	heapMiB   float64 // live heap after the sync, after a collection; 0: not served
 	hwmMiB    float64 // VmHWM at the end
 	endRSSMiB float64 // VmRSS at the end
 	idleMSs   float64 // idle CPU, ms per second (threads' run time)
@@ -243,6 +244,9 @@ func runOne(ctx context.Context, o *options, cname string, b build, token string
 	if res.rssMiB, _, err = agent.memory(); err != nil {
 		return nil, err
 	}
+	if res.heapMiB, err = agent.heapProfile(filepath.Join(o.out, "logs", fmt.Sprintf("heap-%s-%s.pb.gz", cname, b.name))); err != nil {
+		return nil, err
+	}
 	if err := m.measureIdle(ctx, 3*time.Second); err != nil {
 		return nil, err
 	}
@@ -258,6 +262,11 @@ func runOne(ctx context.Context, o *options, cname string, b build, token string
 		res.events = append(res.events, er)
 	}
 	res.endRSSMiB, res.hwmMiB, _ = agent.memory()
+	// The profile at the end, beside the one after the sync: the events'
+	// allocations are the difference (go tool pprof -diff_base).
+	if _, err := agent.heapProfile(filepath.Join(o.out, "logs", fmt.Sprintf("heap-%s-%s-end.pb.gz", cname, b.name))); err != nil {
+		return nil, err
+	}
 	reqs, unknown, evs := api.counts()
 	res.requests, res.unknown, res.evPosted = sortedCounts(reqs), sortedCounts(unknown), evs
 	res.took = time.Since(start)

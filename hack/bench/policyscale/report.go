@@ -33,8 +33,8 @@ func (r *report) lines() string {
 	for _, x := range r.runs {
 		head := fmt.Sprintf("policy-scale build=%s rev=%s pods=%d services=%d endpoints=%d policies=%d local=%d",
 			x.build.name, orDash(x.build.rev), x.spec.Pods, x.spec.Services, x.spec.Services*x.spec.Endpoints, x.spec.Policies, x.spec.Local)
-		fmt.Fprintf(&b, "%s event=initial-sync sync_ms=%s cpu_ms=%.0f pods_touched=%d pushes=%d push_bytes_total=%d push_bytes_max=%d agent_rss_mib=%.1f settled=%t\n",
-			head, ms(x.sync.took), x.syncCPUMS, x.sync.pushes.pods, x.sync.pushes.pushes, x.sync.pushes.bytes, x.sync.pushes.max, x.rssMiB, x.sync.settled)
+		fmt.Fprintf(&b, "%s event=initial-sync sync_ms=%s cpu_ms=%.0f pods_touched=%d pushes=%d push_bytes_total=%d push_bytes_max=%d agent_rss_mib=%.1f agent_heap_mib=%.1f settled=%t\n",
+			head, ms(x.sync.took), x.syncCPUMS, x.sync.pushes.pods, x.sync.pushes.pushes, x.sync.pushes.bytes, x.sync.pushes.max, x.rssMiB, x.heapMiB, x.sync.settled)
 		for _, e := range x.events {
 			fmt.Fprintf(&b, "%s event=%s cpu_ms=%.1f sched_cpu_ms=%.1f pods_touched=%d pushes=%d push_bytes_max=%d last_push_ms=%.0f agent_rss_mib=%.1f reps=%d settled=%t\n",
 				head, e.kind, e.cpuMS, e.schedMS, e.touched, e.pushes, e.maxPush, e.tookMS, x.rssMiB, len(e.reps), e.settled)
@@ -70,15 +70,15 @@ func (r *report) markdown() string {
 		fmt.Fprintf(&b, "## %d pods, %d Services, %d endpoints, %d policies\n\n", s.Pods, s.Services, s.Services*s.Endpoints, s.Policies)
 		fmt.Fprintf(&b, "%d namespaces, %d local pods, %d ready endpoints a Service.\n\n", s.Namespaces, s.Local, s.Endpoints)
 		b.WriteString("Initial sync (agent start to the last of the first pushes):\n\n")
-		b.WriteString("| build | revision | command | sync (ms) | CPU (ms) | pushes | bytes pushed (MiB) | largest push (KiB) | RSS after sync (MiB) | RSS at end / peak (MiB) | idle CPU (ms/s) | run took (s) |\n")
-		b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+		b.WriteString("| build | revision | command | sync (ms) | CPU (ms) | pushes | bytes pushed (MiB) | largest push (KiB) | RSS after sync (MiB) | live heap after sync (MiB) | RSS at end / peak (MiB) | idle CPU (ms/s) | run took (s) |\n")
+		b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 		for _, y := range r.runs {
 			if y.cluster != x.cluster {
 				continue
 			}
-			fmt.Fprintf(&b, "| %s | %s | `%s` | %s | %.0f | %d | %s | %s | %.0f | %.0f / %.0f | %.1f | %.0f |\n",
+			fmt.Fprintf(&b, "| %s | %s | `%s` | %s | %.0f | %d | %s | %s | %.0f | %s | %.0f / %.0f | %.1f | %.0f |\n",
 				y.build.name, orDash(y.build.rev), y.command, ms(y.sync.took), y.syncCPUMS, y.sync.pushes.pushes,
-				mib(y.sync.pushes.bytes), kib(y.sync.pushes.max), y.rssMiB, y.endRSSMiB, y.hwmMiB, y.idleMSs, y.took.Seconds())
+				mib(y.sync.pushes.bytes), kib(y.sync.pushes.max), y.rssMiB, heapOrDash(y.heapMiB), y.endRSSMiB, y.hwmMiB, y.idleMSs, y.took.Seconds())
 		}
 		b.WriteString("\nEvents:\n\n")
 		b.WriteString("| event | build | CPU (ms) | CPU, threads (ms) | pods touched | pushes | largest push (KiB) | to last push (ms) | settled |\n")
@@ -110,4 +110,11 @@ func (r *report) markdown() string {
 		fmt.Fprintf(&b, "Whole run: %s.\n", r.finished.Sub(r.started).Round(time.Second))
 	}
 	return b.String()
+}
+
+func heapOrDash(m float64) string {
+	if m == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.0f", m)
 }
