@@ -18,6 +18,9 @@ type ObjectMeta struct {
 	Labels          map[string]string `json:"labels,omitempty"`
 	// DeletionTimestamp is set on an object being deleted.
 	DeletionTimestamp *string `json:"deletionTimestamp,omitempty"`
+	// labelSet keeps Labels' entry in the interned sets while this
+	// object holds them (InternLabels); nil when they are not interned.
+	labelSet *labelSet
 }
 
 // LabelSelector is metav1.LabelSelector.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"encoding/pem"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -316,6 +317,49 @@ func TestInformerOnChange(t *testing.T) {
 				t.Errorf("a: got %+v, want the update", p)
 			}
 		})
+	}
+}
+
+// The first list is told whole before the informer says it synced: a
+// caller that keeps an index of its own from OnChange (the policy
+// controller's peers) and starts compiling at Synced sees every object.
+func TestInformerSyncedAfterTheFirstListIsTold(t *testing.T) {
+	f, cfg := newFakePods(t, false)
+	const n = 200
+	for k := range n {
+		f.put(testPod(fmt.Sprint("p", k), "1"))
+	}
+	var (
+		mu          sync.Mutex
+		told, after int
+		i           *Informer[netpolicy.Pod]
+	)
+	ready := make(chan struct{})
+	onChange := func(old, new *netpolicy.Pod) {
+		<-ready
+		mu.Lock()
+		defer mu.Unlock()
+		told++
+		if i.HasSynced() {
+			after++
+		}
+		time.Sleep(100 * time.Microsecond) // a slow listener widens the window
+	}
+	i, err := New(Options[netpolicy.Pod]{Config: cfg, Kind: Pods, OnChange: onChange, Log: slog.New(slog.DiscardHandler),
+		Backoff: 20 * time.Millisecond, MaxBackoff: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	close(ready)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { i.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	<-i.Synced()
+	mu.Lock()
+	defer mu.Unlock()
+	if told != n || after != 0 {
+		t.Errorf("at Synced %d of %d objects were told, %d of them after HasSynced", told, n, after)
 	}
 }
 

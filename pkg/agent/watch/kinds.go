@@ -76,10 +76,24 @@ func typed[A any, T any](f func(*A) *T) func(runtime.Object) (*T, error) {
 	}
 }
 
+// objectMeta is the metadata the cache keeps. Labels are kept, interned,
+// only for the kinds whose labels the compiler reads (pods and
+// namespaces, which selectors select); see sliceMeta and bareMeta for the
+// others.
 func objectMeta(m *metav1.ObjectMeta) netpolicy.ObjectMeta {
+	om := bareMeta(m)
+	om.Labels = m.Labels
+	om.InternLabels()
+	return om
+}
+
+// bareMeta is metadata without labels: a Service's or a NetworkPolicy's
+// labels select nothing the compiler looks at, and at 10k Services
+// holding them cost more than any other field.
+func bareMeta(m *metav1.ObjectMeta) netpolicy.ObjectMeta {
 	om := netpolicy.ObjectMeta{
-		Name: m.Name, Namespace: m.Namespace, UID: string(m.UID),
-		ResourceVersion: m.ResourceVersion, Labels: m.Labels,
+		Name: m.Name, Namespace: netpolicy.Intern(m.Namespace), UID: string(m.UID),
+		ResourceVersion: m.ResourceVersion,
 	}
 	if m.DeletionTimestamp != nil {
 		ts := m.DeletionTimestamp.UTC().Format(time.RFC3339)
@@ -91,8 +105,8 @@ func objectMeta(m *metav1.ObjectMeta) netpolicy.ObjectMeta {
 func pod(p *corev1.Pod) *netpolicy.Pod {
 	out := &netpolicy.Pod{
 		Metadata: objectMeta(&p.ObjectMeta),
-		Spec:     netpolicy.PodSpec{NodeName: p.Spec.NodeName, HostNetwork: p.Spec.HostNetwork},
-		Status:   netpolicy.PodStatus{Phase: string(p.Status.Phase)},
+		Spec:     netpolicy.PodSpec{NodeName: netpolicy.Intern(p.Spec.NodeName), HostNetwork: p.Spec.HostNetwork},
+		Status:   netpolicy.PodStatus{Phase: netpolicy.Intern(string(p.Status.Phase))},
 	}
 	for _, c := range p.Spec.Containers {
 		// Only named ports matter (a policy's named port resolves through
@@ -100,7 +114,7 @@ func pod(p *corev1.Pod) *netpolicy.Pod {
 		// API lists it.
 		var ports []netpolicy.ContainerPort
 		for _, cp := range c.Ports {
-			ports = append(ports, netpolicy.ContainerPort{Name: cp.Name, ContainerPort: cp.ContainerPort, Protocol: string(cp.Protocol)})
+			ports = append(ports, netpolicy.ContainerPort{Name: netpolicy.Intern(cp.Name), ContainerPort: cp.ContainerPort, Protocol: netpolicy.Intern(string(cp.Protocol))})
 		}
 		out.Spec.Containers = append(out.Spec.Containers, netpolicy.Container{Ports: ports})
 	}
@@ -123,11 +137,13 @@ func namespace(o runtime.Object) (*netpolicy.Namespace, error) {
 	if err != nil {
 		return nil, fmt.Errorf("a namespace's metadata: %w", err)
 	}
-	return &netpolicy.Namespace{Metadata: netpolicy.ObjectMeta{Name: m.GetName(), UID: string(m.GetUID()), ResourceVersion: m.GetResourceVersion(), Labels: m.GetLabels()}}, nil
+	om := netpolicy.ObjectMeta{Name: m.GetName(), UID: string(m.GetUID()), ResourceVersion: m.GetResourceVersion(), Labels: m.GetLabels()}
+	om.InternLabels()
+	return &netpolicy.Namespace{Metadata: om}, nil
 }
 
 func service(s *corev1.Service) *netpolicy.Service {
-	out := &netpolicy.Service{Metadata: objectMeta(&s.ObjectMeta), Spec: netpolicy.ServiceSpec{
+	out := &netpolicy.Service{Metadata: bareMeta(&s.ObjectMeta), Spec: netpolicy.ServiceSpec{
 		Type: string(s.Spec.Type), ClusterIPs: s.Spec.ClusterIPs, ExternalIPs: s.Spec.ExternalIPs,
 	}}
 	if len(out.Spec.ClusterIPs) == 0 && s.Spec.ClusterIP != "" {
@@ -146,8 +162,19 @@ func service(s *corev1.Service) *netpolicy.Service {
 	return out
 }
 
+// sliceMeta is an EndpointSlice's metadata with the one label the
+// compiler reads: its Service's name (one Service's slices alone share
+// it: not worth interning).
+func sliceMeta(m *metav1.ObjectMeta) netpolicy.ObjectMeta {
+	om := bareMeta(m)
+	if svc, ok := m.Labels[netpolicy.ServiceNameLabel]; ok {
+		om.Labels = map[string]string{netpolicy.ServiceNameLabel: svc}
+	}
+	return om
+}
+
 func endpointSlice(s *discoveryv1.EndpointSlice) *netpolicy.EndpointSlice {
-	out := &netpolicy.EndpointSlice{Metadata: objectMeta(&s.ObjectMeta), AddressType: string(s.AddressType)}
+	out := &netpolicy.EndpointSlice{Metadata: sliceMeta(&s.ObjectMeta), AddressType: string(s.AddressType)}
 	for _, e := range s.Endpoints {
 		out.Endpoints = append(out.Endpoints, netpolicy.Endpoint{Addresses: e.Addresses, Conditions: netpolicy.EndpointConditions{Ready: e.Conditions.Ready}})
 	}
@@ -164,7 +191,7 @@ func endpointSlice(s *discoveryv1.EndpointSlice) *netpolicy.EndpointSlice {
 
 func networkPolicy(np *networkingv1.NetworkPolicy) *netpolicy.NetworkPolicy {
 	out := &netpolicy.NetworkPolicy{
-		Metadata: objectMeta(&np.ObjectMeta),
+		Metadata: bareMeta(&np.ObjectMeta),
 		Spec:     netpolicy.NetworkPolicySpec{PodSelector: selector(np.Spec.PodSelector)},
 	}
 	for _, t := range np.Spec.PolicyTypes {

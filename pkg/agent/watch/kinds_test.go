@@ -54,7 +54,9 @@ func TestConvertersKeepEveryCompiledField(t *testing.T) {
 		Spec: corev1.PodSpec{NodeName: "node", HostNetwork: true, Containers: []corev1.Container{
 			{Name: "c", Image: "dropped", Ports: []corev1.ContainerPort{{Name: "web", ContainerPort: 8080, Protocol: tcp}, {ContainerPort: 53, Protocol: udp}}}, {Name: "d"}}},
 		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIPs: []corev1.PodIP{{IP: "10.1.0.5"}, {IP: "fd01::5"}}}}
-	slice := &discoveryv1.EndpointSlice{ObjectMeta: fullMeta(), AddressType: discoveryv1.AddressTypeIPv4,
+	sliceMeta := fullMeta()
+	sliceMeta.Labels[netpolicy.ServiceNameLabel] = "svc"
+	slice := &discoveryv1.EndpointSlice{ObjectMeta: sliceMeta, AddressType: discoveryv1.AddressTypeIPv4,
 		Endpoints: []discoveryv1.Endpoint{{Addresses: []string{"10.1.0.5"}, Conditions: discoveryv1.EndpointConditions{Ready: &ready}}, {Addresses: []string{"10.1.0.6"}}},
 		Ports:     []discoveryv1.EndpointPort{{Name: ptr("http"), Protocol: &tcp, Port: &port}}}
 	np := &networkingv1.NetworkPolicy{ObjectMeta: fullMeta(), Spec: networkingv1.NetworkPolicySpec{
@@ -67,15 +69,27 @@ func TestConvertersKeepEveryCompiledField(t *testing.T) {
 		}},
 		Egress: []networkingv1.NetworkPolicyEgressRule{{To: []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: "0.0.0.0/0"}}}}},
 	}}
+	// Labels are kept where the compiler reads them: a pod's, and an
+	// EndpointSlice's Service name.
+	decodedSvc := asDecoded[netpolicy.Service](t, svc)
+	decodedSvc.Metadata.Labels = nil
+	decodedSlice := asDecoded[netpolicy.EndpointSlice](t, slice)
+	decodedSlice.Metadata.Labels = map[string]string{netpolicy.ServiceNameLabel: "svc"}
+	decodedNP := asDecoded[netpolicy.NetworkPolicy](t, np)
+	decodedNP.Metadata.Labels = nil
+	// A pod's labels are interned: so are the decoded ones, for
+	// DeepEqual to compare what they hold.
+	decodedPod := asDecoded[netpolicy.Pod](t, pod)
+	decodedPod.Metadata.InternLabels()
 	for _, c := range []struct {
 		name      string
 		converted any
 		decoded   any
 	}{
-		{"Service", service(svc), asDecoded[netpolicy.Service](t, svc)},
-		{"Pod", pod2(pod), asDecoded[netpolicy.Pod](t, pod)},
-		{"EndpointSlice", endpointSlice(slice), asDecoded[netpolicy.EndpointSlice](t, slice)},
-		{"NetworkPolicy", networkPolicy(np), asDecoded[netpolicy.NetworkPolicy](t, np)},
+		{"Service", service(svc), decodedSvc},
+		{"Pod", pod2(pod), decodedPod},
+		{"EndpointSlice", endpointSlice(slice), decodedSlice},
+		{"NetworkPolicy", networkPolicy(np), decodedNP},
 	} {
 		if !reflect.DeepEqual(c.converted, c.decoded) {
 			got, _ := json.Marshal(c.converted)

@@ -80,14 +80,19 @@ func (s *store[T]) Replace(list []any, _ string) error {
 		}
 	}
 	s.items = items
+	s.mu.Unlock()
+	// Synced only once OnChange has heard of the whole list: a caller
+	// that keeps its own index from the changes (the policy controller's
+	// peers) must not compile against half of the first list.
+	for _, c := range changes {
+		s.tell(c)
+	}
+	s.mu.Lock()
 	first := !s.synced
 	s.synced = true
 	s.mu.Unlock()
 	if first {
 		close(s.syncedCh)
-	}
-	for _, c := range changes {
-		s.tell(c)
 	}
 	return nil
 }
