@@ -1,7 +1,6 @@
 package netpolicy
 
 import (
-	"cmp"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -40,14 +39,11 @@ func Compile(snap *Snapshot, pod LocalPod, node []netip.Addr, generation uint64)
 // new Compiler after each batch of changes, compiles every local pod and
 // pushes the policies that are not policy.Equal to the one the stack has.
 type Compiler struct {
-	// nsLabels are the namespaces' labels, with the API server's
-	// kubernetes.io/metadata.name label added where the object lacks it,
-	// also for namespaces known only from their pods.
-	nsLabels map[string]map[string]string
-	nsNames  []string // sorted
-	// pods are the pods a peer can select, by key and by namespace.
-	pods     []*peerPod
-	podsByNs map[string][]*peerPod
+	// podView is the pods a peer can select, by namespace, and the
+	// namespaces' labels (with the API server's kubernetes.io/metadata.name
+	// label added where the object lacks it, also for namespaces known
+	// only from their pods).
+	*podView
 	// policies are the policies of each namespace, sorted by name.
 	policies map[string][]*compiledPolicy
 	snap     *Snapshot
@@ -63,6 +59,7 @@ type Compiler struct {
 
 	servicesOnce sync.Once
 	services     *serviceTable
+	tables       *ServiceTables // nil: the table is the Compiler's own
 	// egressOf is the egress matcher and Services of each set of
 	// egress-isolating policies (a pod's egress rules are its policies',
 	// whatever the pod): replicas share them. Guarded by mu.
@@ -98,9 +95,28 @@ func NewCompiler(snap *Snapshot, local []LocalPod) *Compiler {
 	if snap == nil {
 		snap = &Snapshot{}
 	}
+	return NewIndexedCompiler(Indexes{Pods: indexOf(snap)}, snap, local)
+}
+
+// Indexes are what an agent's compilations share, kept from one to the
+// next rather than made anew from each snapshot.
+type Indexes struct {
+	// Pods are the cluster's pods and namespaces, kept up to date by
+	// the caller.
+	Pods *PodIndex
+	// Services, when set, keeps the service table between compilations
+	// of the same Services and EndpointSlices.
+	Services *ServiceTables
+}
+
+// NewIndexedCompiler is NewCompiler with the pods and namespaces taken from
+// idx.Pods rather than from snap (whose Pods and Namespaces it does not
+// read): an agent's rounds then share the index of the cluster's pods
+// instead of making it anew.
+func NewIndexedCompiler(idx Indexes, snap *Snapshot, local []LocalPod) *Compiler {
 	c := &Compiler{
-		nsLabels:    make(map[string]map[string]string),
-		podsByNs:    make(map[string][]*peerPod),
+		podView:     idx.Pods.view().withLocal(local),
+		tables:      idx.Services,
 		policies:    make(map[string][]*compiledPolicy),
 		podSets:     make(map[string][]*peerPod),
 		peerSets:    make(map[string]*peerSet),
@@ -108,50 +124,6 @@ func NewCompiler(snap *Snapshot, local []LocalPod) *Compiler {
 		egressOf:    make(map[string]*egressResult),
 		snap:        snap,
 	}
-	for key, ns := range snap.Namespaces {
-		if ns == nil {
-			continue
-		}
-		name := cmp.Or(ns.Metadata.Name, key)
-		c.nsLabels[name] = namespaceLabels(name, ns.Metadata.Labels)
-	}
-
-	localIPs := make(map[string][]netip.Addr, len(local))
-	for _, lp := range local {
-		if lp.Pod != nil {
-			localIPs[objectKey(lp.Pod.Metadata, "")] = lp.IPs
-		}
-	}
-	seen := make(map[string]bool, len(snap.Pods))
-	for key, pod := range snap.Pods {
-		if pod == nil {
-			continue
-		}
-		k := objectKey(pod.Metadata, key)
-		seen[k] = true
-		c.addPeerPod(k, pod, localIPs[k])
-	}
-	for _, lp := range local {
-		if lp.Pod == nil {
-			continue
-		}
-		if k := objectKey(lp.Pod.Metadata, ""); !seen[k] {
-			seen[k] = true
-			c.addPeerPod(k, lp.Pod, lp.IPs)
-		}
-	}
-	slices.SortFunc(c.pods, func(a, b *peerPod) int { return strings.Compare(a.key, b.key) })
-	for _, p := range c.pods {
-		c.podsByNs[p.ns] = append(c.podsByNs[p.ns], p)
-		if c.nsLabels[p.ns] == nil {
-			c.nsLabels[p.ns] = namespaceLabels(p.ns, nil)
-		}
-	}
-	for name := range c.nsLabels {
-		c.nsNames = append(c.nsNames, name)
-	}
-	slices.Sort(c.nsNames)
-
 	for key, np := range snap.Policies {
 		if np == nil {
 			continue
@@ -209,9 +181,11 @@ func objectKey(m ObjectMeta, fallback string) string {
 	return m.Namespace + "/" + m.Name
 }
 
-func (c *Compiler) addPeerPod(key string, pod *Pod, extra []netip.Addr) {
+// newPeerPod is pod as a peer, with extra addresses besides the API's;
+// nil when it cannot be one.
+func newPeerPod(key string, pod *Pod, extra []netip.Addr) *peerPod {
 	if !peerEligible(pod) {
-		return
+		return nil
 	}
 	var addrs []netip.Addr
 	for _, ip := range pod.Status.PodIPs {
@@ -221,15 +195,15 @@ func (c *Compiler) addPeerPod(key string, pod *Pod, extra []netip.Addr) {
 	}
 	addrs = cleanAddrs(append(addrs, extra...))
 	if len(addrs) == 0 {
-		return
+		return nil
 	}
-	c.pods = append(c.pods, &peerPod{
+	return &peerPod{
 		key:        key,
 		ns:         pod.Metadata.Namespace,
 		labels:     pod.Metadata.Labels,
 		addrs:      addrs,
 		containers: pod.Spec.Containers,
-	})
+	}
 }
 
 // peerEligible says whether pod can be a peer at all (the addresses

@@ -150,11 +150,11 @@ func (c *Compiler) selectPods(ns string, ps peerSelectors) []*peerPod {
 		}
 	}
 	if ps.ns == nil {
-		pick(c.podsByNs[ns])
+		pick(c.byNs[ns])
 	} else {
 		for _, name := range c.nsNames {
 			if ps.ns.matches(c.nsLabels[name]) {
-				pick(c.podsByNs[name])
+				pick(c.byNs[name])
 			}
 		}
 		slices.SortFunc(pods, func(a, b *peerPod) int { return strings.Compare(a.key, b.key) })
@@ -206,15 +206,13 @@ func (c *Compiler) resolveNamed(peers *peerSet, named []namedPort) []portGroup {
 		}
 	}
 	if peers.all {
-		for _, p := range c.pods {
-			add(p, p.addrs)
-		}
+		c.eachPod(func(p *peerPod) { add(p, p.addrs) })
 	} else {
 		for _, p := range peers.pods {
 			add(p, p.addrs)
 		}
 		if len(peers.blocks) > 0 {
-			for _, p := range c.pods {
+			c.eachPod(func(p *peerPod) {
 				var in []netip.Addr
 				for _, a := range p.addrs {
 					if slices.ContainsFunc(peers.blocks, func(b policy.Peer) bool { return peerContains(b, a) }) {
@@ -224,7 +222,7 @@ func (c *Compiler) resolveNamed(peers *peerSet, named []namedPort) []portGroup {
 				if len(in) > 0 {
 					add(p, in)
 				}
-			}
+			})
 		}
 	}
 	ports := make([]policy.PortRange, 0, len(byPort))

@@ -23,6 +23,9 @@ type cache struct {
 	slices     *watch.Informer[netpolicy.EndpointSlice]
 	// synced is called once every collection has listed once.
 	synced func()
+	// indexes are what rounds share: the pods and namespaces as peers,
+	// kept up to date from their changes, and the last service table.
+	indexes netpolicy.Indexes
 
 	// podChanged wakes the callers waiting for a pod (waitPod): closed
 	// and made anew at each change of the pods.
@@ -43,10 +46,14 @@ type changes interface {
 // newCache makes the reflectors; ch is told of every change, synced once
 // every collection has listed.
 func newCache(o Options, ch changes, synced func()) (*cache, error) {
-	c := &cache{podChanged: make(chan struct{}), synced: synced}
+	c := &cache{podChanged: make(chan struct{}), synced: synced,
+		indexes: netpolicy.Indexes{Pods: netpolicy.NewPodIndex(), Services: &netpolicy.ServiceTables{}}}
 	var err error
 	log := o.Log.With("component", "policy-watch")
+	// The index first: a change the index then passes on may start a
+	// round, which must see it among the peers.
 	onPod := func(old, new *netpolicy.Pod) {
+		c.indexes.Pods.Pod(old, new)
 		ch.pod(old, new)
 		c.podMu.Lock()
 		close(c.podChanged)
@@ -59,7 +66,11 @@ func newCache(o Options, ch changes, synced func()) (*cache, error) {
 	if c.pods, err = newReflector(o, watch.Pods, onPod, log); err != nil {
 		return nil, err
 	}
-	if c.namespaces, err = newReflector(o, watch.Namespaces, ch.namespace, log); err != nil {
+	onNamespace := func(old, new *netpolicy.Namespace) {
+		c.indexes.Pods.Namespace(old, new)
+		ch.namespace(old, new)
+	}
+	if c.namespaces, err = newReflector(o, watch.Namespaces, onNamespace, log); err != nil {
 		return nil, err
 	}
 	if c.services, err = newReflector(o, watch.Services, ch.service, log); err != nil {
@@ -148,15 +159,22 @@ func (c *cache) waitSynced(ctx context.Context, wait time.Duration) error {
 	}
 }
 
-// snapshot is the cache as the compiler reads it.
+// snapshot is the cache as the compiler reads it, but for the pods and
+// namespaces: those it takes from indexes (netpolicy.NewIndexedCompiler),
+// and a round looks a local pod up with pod.
 func (c *cache) snapshot() *netpolicy.Snapshot {
 	return &netpolicy.Snapshot{
 		Policies:       c.policies.List(),
-		Pods:           c.pods.List(),
-		Namespaces:     c.namespaces.List(),
 		Services:       c.services.List(),
 		EndpointSlices: c.slices.List(),
 	}
+}
+
+// pod is the cached pod of key ("namespace/name"); nil when the cache
+// does not hold it.
+func (c *cache) pod(key string) *netpolicy.Pod {
+	p, _ := c.pods.Get(key)
+	return p
 }
 
 // namespaceLabels are the cached labels of namespace ns; nil when it is

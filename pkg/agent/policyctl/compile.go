@@ -13,28 +13,30 @@ import (
 // done once, when the round is made; compile then does each pod's own.
 type round struct {
 	snap     *netpolicy.Snapshot
+	pods     func(key string) *netpolicy.Pod
 	node     []netip.Addr
 	compiler *netpolicy.Compiler
 	warnings *warnings
 }
 
-// newRound prepares the compilation of targets against snap. Every target
-// whose pod the snapshot holds is a local pod of the round, so that one
-// the API shows no address for yet (during its ADD) is already a peer of
-// the others.
-func newRound(snap *netpolicy.Snapshot, node []netip.Addr, targets []target, w *warnings) *round {
+// newRound prepares the compilation of targets against snap, with the
+// cluster's pods and namespaces from idx and the local pods' objects
+// from pods. Every target whose pod is known is a local pod of the round,
+// so that one the API shows no address for yet (during its ADD) is
+// already a peer of the others.
+func newRound(snap *netpolicy.Snapshot, idx netpolicy.Indexes, pods func(key string) *netpolicy.Pod, node []netip.Addr, targets []target, w *warnings) *round {
 	var local []netpolicy.LocalPod
 	for _, t := range targets {
-		if pod := snap.Pods[t.podKey()]; pod != nil {
+		if pod := pods(t.podKey()); pod != nil {
 			local = append(local, netpolicy.LocalPod{Pod: pod, IPs: t.ips})
 		}
 	}
-	return &round{snap: snap, node: node, compiler: netpolicy.NewCompiler(snap, local), warnings: w}
+	return &round{snap: snap, pods: pods, node: node, compiler: netpolicy.NewIndexedCompiler(idx, snap, local), warnings: w}
 }
 
-// pod is t's pod in the round's snapshot; nil when the cache does not
-// hold it (yet, or any more).
-func (r *round) pod(t target) *netpolicy.Pod { return r.snap.Pods[t.podKey()] }
+// pod is t's pod; nil when the cache does not hold it (yet, or any
+// more).
+func (r *round) pod(t target) *netpolicy.Pod { return r.pods(t.podKey()) }
 
 // compile is t's policy (generation 0: not numbered yet) and what it
 // depends on; its pod is r.pod(t).

@@ -30,7 +30,9 @@ func TestCompileWarningsOncePerChange(t *testing.T) {
 	}
 	tg := target{key: state.Key("c-a", "eth0"), namespace: "x", pod: "a", ips: []netip.Addr{netip.MustParseAddr("10.244.1.10")}}
 	for range 3 {
-		r := newRound(snap, testNode, []target{tg}, w)
+		peers := netpolicy.NewPodIndex()
+		peers.Pod(nil, pod)
+		r := newRound(snap, netpolicy.Indexes{Pods: peers, Services: &netpolicy.ServiceTables{}}, func(k string) *netpolicy.Pod { return snap.Pods[k] }, testNode, []target{tg}, w)
 		p := r.compile(r.pod(tg), tg).Policy
 		if !p.Ingress.Isolated || len(ingressPeers(p)) != 0 {
 			t.Fatalf("the bad ipBlock opened something: %+v", p.Ingress)

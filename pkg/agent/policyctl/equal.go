@@ -1,34 +1,127 @@
 package policyctl
 
 import (
-	"slices"
+	"crypto/sha256"
+	"encoding/binary"
+	"hash"
+	"net/netip"
 
 	"github.com/cni-usernet/cni-usernet/pkg/api/policy"
 )
 
-// samePolicy reports whether a and b enforce the same thing (Generation
-// aside), field by field: a round compares every compiled pod's policy
-// with what its stack holds, and policy.Equal encodes both to JSON for
-// it, two encodings of a policy that can be large per pod and round.
-// Compiled policies are sorted throughout, so the same rules are in the
-// same order.
-func samePolicy(a, b *policy.PodPolicy) bool {
-	return a.Version == b.Version && sameDirection(&a.Ingress, &b.Ingress) && sameDirection(&a.Egress, &b.Egress) &&
-		slices.Equal(a.Node, b.Node) && slices.EqualFunc(a.Services, b.Services, sameService)
+// policyDigest identifies what a policy enforces (its generation aside):
+// two policies with the same digest enforce the same thing.
+//
+// The controller keeps a digest of what each stack holds, not the policy:
+// at 100k pods a pod's rules can admit 10,000 addresses, and 100 local
+// pods' policies held whole were a third of the agent's live heap. The
+// digest is SHA-256 over every field, each string and list preceded by
+// its length, so that no two policies share an input; a change a pod's
+// neighbours could craft to collide with another would need a SHA-256
+// collision. It walks the compiled policy (no encoding to JSON, which
+// policy.Equal does), once per compiled pod and round.
+type policyDigest [sha256.Size]byte
+
+func digestOf(p *policy.PodPolicy) policyDigest {
+	d := digester{h: sha256.New()}
+	d.int(uint64(p.Version))
+	d.direction(&p.Ingress)
+	d.direction(&p.Egress)
+	d.int(uint64(len(p.Node)))
+	for _, a := range p.Node {
+		d.addr(a)
+	}
+	d.int(uint64(len(p.Services)))
+	for i := range p.Services {
+		s := &p.Services[i]
+		d.str(s.Name)
+		d.str(string(s.Protocol))
+		d.addrPort(s.VIP)
+		d.int(uint64(len(s.Backends)))
+		for _, b := range s.Backends {
+			d.addrPort(b.Addr)
+		}
+	}
+	d.flush()
+	var out policyDigest
+	d.h.Sum(out[:0])
+	return out
 }
 
-func sameDirection(a, b *policy.Direction) bool {
-	return a.Isolated == b.Isolated && slices.Equal(a.Policies, b.Policies) && slices.EqualFunc(a.Rules, b.Rules, sameRule)
+// digester writes fields into h, each in a form that cannot run into the
+// next; buf is reused across writes.
+type digester struct {
+	h   hash.Hash
+	buf []byte
 }
 
-func sameRule(a, b policy.Rule) bool {
-	return a.Policy == b.Policy && slices.Equal(a.Ports, b.Ports) && slices.EqualFunc(a.Peers, b.Peers, samePeer)
+func (d *digester) flush() {
+	d.h.Write(d.buf)
+	d.buf = d.buf[:0]
 }
 
-func samePeer(a, b policy.Peer) bool {
-	return a.CIDR == b.CIDR && slices.Equal(a.Except, b.Except)
+func (d *digester) int(n uint64) {
+	d.buf = binary.AppendUvarint(d.buf, n)
+	if len(d.buf) > 4096 {
+		d.flush()
+	}
 }
 
-func sameService(a, b policy.Service) bool {
-	return a.Name == b.Name && a.Protocol == b.Protocol && a.VIP == b.VIP && slices.Equal(a.Backends, b.Backends)
+func (d *digester) str(s string) {
+	d.int(uint64(len(s)))
+	d.buf = append(d.buf, s...)
+}
+
+func (d *digester) addr(a netip.Addr) {
+	b, _ := a.MarshalBinary() // never fails
+	d.int(uint64(len(b)))
+	d.buf = append(d.buf, b...)
+}
+
+func (d *digester) addrPort(a netip.AddrPort) {
+	d.addr(a.Addr())
+	d.int(uint64(a.Port()))
+}
+
+func (d *digester) prefix(p netip.Prefix) {
+	d.addr(p.Addr())
+	d.int(uint64(p.Bits() + 1)) // an invalid prefix's -1 included
+}
+
+func (d *digester) direction(dir *policy.Direction) {
+	if dir.Isolated {
+		d.int(1)
+	} else {
+		d.int(0)
+	}
+	d.int(uint64(len(dir.Policies)))
+	for _, s := range dir.Policies {
+		d.str(s)
+	}
+	d.int(uint64(len(dir.Rules)))
+	for i := range dir.Rules {
+		r := &dir.Rules[i]
+		d.str(r.Policy)
+		d.int(uint64(len(r.Ports)))
+		for _, p := range r.Ports {
+			d.str(string(p.Protocol))
+			d.int(uint64(p.First))
+			d.int(uint64(p.Last))
+		}
+		d.int(uint64(len(r.Peers)))
+		for _, p := range r.Peers {
+			d.prefix(p.CIDR)
+			d.int(uint64(len(p.Except)))
+			for _, e := range p.Except {
+				d.prefix(e)
+			}
+		}
+	}
+	d.flush()
+}
+
+// heldPolicy is what a stack holds, as the controller remembers it.
+type heldPolicy struct {
+	digest     policyDigest
+	generation uint64
 }

@@ -37,7 +37,7 @@ type podState struct {
 	mu sync.Mutex
 	// applied is what the stack holds; nil: not known (this agent has
 	// not pushed to it yet).
-	applied *policy.PodPolicy
+	applied *heldPolicy
 	// failures is the run of failed pushes the reporter tells of.
 	failures failures
 }
@@ -126,14 +126,15 @@ func (p *pusher) forget(live map[string]bool) {
 // pol: nothing to do when it holds it already (false), else written and
 // pushed (true). A policy without a generation is given one.
 func (p *pusher) push(ps *podState, t target, pol *policy.PodPolicy) (bool, error) {
-	if ps.applied != nil && samePolicy(ps.applied, pol) {
+	digest := digestOf(pol)
+	if ps.applied != nil && ps.applied.digest == digest {
 		return false, nil
 	}
 	if ps.applied == nil {
 		// This agent never pushed to the stack: the file holds what the
 		// last agent decided, pushed or not (killed in between). The same
 		// policy keeps its generation; the push goes out regardless.
-		if old, err := policy.ReadFile(t.file); err == nil && samePolicy(old, pol) {
+		if old, err := policy.ReadFile(t.file); err == nil && digestOf(old) == digest {
 			pol.Generation = old.Generation
 		}
 	}
@@ -157,7 +158,7 @@ func (p *pusher) push(ps *podState, t target, pol *policy.PodPolicy) (bool, erro
 		ps.applied = nil
 		return false, err
 	}
-	ps.applied = pol
+	ps.applied = &heldPolicy{digest: digest, generation: pol.Generation}
 	return true, nil
 }
 
