@@ -120,7 +120,7 @@ func (c *Compiler) resolvePeers(ns string, peers []NetworkPolicyPeer, where stri
 			prefixes = append(prefixes, hostPeer(a))
 		}
 	}
-	s.prefixes = sortPeers(prefixes)
+	s.prefixes = policy.Aggregate(prefixes)
 	c.mu.Lock()
 	c.peerSets[k] = s
 	c.mu.Unlock()
@@ -236,7 +236,7 @@ func (c *Compiler) resolveNamed(peers *peerSet, named []namedPort) []portGroup {
 		for _, a := range byPort[pr] {
 			ps = append(ps, hostPeer(a))
 		}
-		groups = append(groups, portGroup{peers: sortPeers(ps), ports: []policy.PortRange{pr}})
+		groups = append(groups, portGroup{peers: policy.Aggregate(ps), ports: []policy.PortRange{pr}})
 	}
 	return groups
 }
@@ -277,15 +277,6 @@ func hostPeer(a netip.Addr) policy.Peer {
 
 func comparePrefixes(a, b netip.Prefix) int {
 	return cmp.Or(a.Addr().Compare(b.Addr()), cmp.Compare(a.Bits(), b.Bits()))
-}
-
-func sortPeers(ps []policy.Peer) []policy.Peer {
-	slices.SortFunc(ps, func(a, b policy.Peer) int {
-		return cmp.Or(comparePrefixes(a.CIDR, b.CIDR), slices.CompareFunc(a.Except, b.Except, comparePrefixes))
-	})
-	return slices.CompactFunc(ps, func(a, b policy.Peer) bool {
-		return a.CIDR == b.CIDR && slices.Equal(a.Except, b.Except)
-	})
 }
 
 func comparePorts(a, b policy.PortRange) int {
