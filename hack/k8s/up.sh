@@ -25,21 +25,22 @@ set -euo pipefail
 
 LAB=$(cd "$(dirname "$0")" && pwd)
 . "$LAB/lib/common.sh"
-lab_lock
-
-# kube-proxy's mode on both nodes. IPVS needs the kernel's ip_vs, which this
-# machine kind's kernel lacks (no /proc/net/ip_vs, no modules to load).
+# kube-proxy's mode on both nodes. Not IPVS: it needs the kernel's ip_vs,
+# which this machine kind's kernel lacks (no /proc/net/ip_vs, no modules
+# to load), so the lab has never run it.
 PROXY_MODE=${K8S_LAB_PROXY_MODE:-iptables}
 case "$PROXY_MODE" in
   iptables | nftables) ;;
-  ipvs) [ -e /proc/net/ip_vs ] || die "K8S_LAB_PROXY_MODE=ipvs: this kernel has no IPVS (no /proc/net/ip_vs)" ;;
-  *) die "K8S_LAB_PROXY_MODE=$PROXY_MODE: iptables (the default), nftables or ipvs" ;;
+  ipvs) die "K8S_LAB_PROXY_MODE=ipvs: not on this lab, $([ -e /proc/net/ip_vs ] && echo "never tested here" || echo "the kernel has no IPVS (no /proc/net/ip_vs)")" ;;
+  *) die "K8S_LAB_PROXY_MODE=$PROXY_MODE: iptables (the default) or nftables" ;;
 esac
 if [ "$PROXY_MODE" = nftables ]; then
   # (kube-proxy's own check is the kernel's version, 5.13; knftables runs
   # the nft binary, which must be 1.0.1 or later)
   command -v nft >/dev/null || die "kube-proxy's nftables mode needs the nft binary (Debian's nftables)"
 fi
+
+lab_lock
 
 t0=$(date +%s)
 log "k8s-lab setup: Kubernetes $K8S_VERSION, node $NODE ($NODE_IP), pods $POD_CIDR"
