@@ -151,3 +151,11 @@ e2e-churn:
 .PHONY: e2e-containerd2
 e2e-containerd2:
 	K8S_LAB_CONTAINERD=2 E2E_MODES=standalone E2E_RUN='TestKubernetes$$|TestKubernetesStackCgroupSource$$' hack/k8s/e2e.sh
+
+# kube-proxy in nftables mode on both nodes instead of iptables (its own
+# `kube-proxy` nft tables), and the whole standalone suite on it: Services,
+# NodePort, hostPort, policy, hairpin (hack/k8s/README.md). IPVS cannot
+# run on this machine kind's kernel (no ip_vs).
+.PHONY: e2e-nftables
+e2e-nftables:
+	K8S_LAB_PROXY_MODE=nftables E2E_MODES=standalone hack/k8s/e2e.sh

@@ -1,7 +1,7 @@
 #!/bin/bash
 # down.sh — stop the cluster started by up.sh and undo its host changes: pods
 # and their veths/netns, cni-usernet (uninstalled through its DaemonSet when it
-# is still there), iptables rules, the lo address, sysctls, and the CNI
+# is still there), iptables rules, kube-proxy's nft tables, the lo address, sysctls, and the CNI
 # directories as up.sh found them.
 #   hack/k8s/down.sh          stop everything, keep cluster state (etcd data, PKI)
 #   hack/k8s/down.sh --purge  also delete cluster state, containerd's store and logs
@@ -70,7 +70,14 @@ fi
 "$LAB/flannel.sh" down || log "flannel teardown reported errors"
 # 3. the rest of the control plane.
 stop_daemon kube-proxy 20
+# --cleanup removes every mode's rules whatever the mode was: iptables'
+# KUBE-* chains, IPVS' (none on this kernel), and nftables mode's
+# `kube-proxy` tables (ip, ip6). Node 2's go with its namespace.
 [ -x "$BIN/kube-proxy" ] && "$BIN/kube-proxy" --cleanup >/dev/null 2>&1 || true
+for fam in ip ip6; do
+  nft list table "$fam" kube-proxy >/dev/null 2>&1 || continue
+  nft delete table "$fam" kube-proxy && log "removed the nft table $fam kube-proxy (kube-proxy --cleanup left it)"
+done
 stop_daemon kube-scheduler 20
 stop_daemon kube-controller-manager 20
 stop_daemon kube-apiserver 30

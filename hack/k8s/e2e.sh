@@ -5,7 +5,8 @@
 # runs one; E2E_RUN is go test's -run), and tear the cluster down again, also
 # when something failed (E2E_KEEP_CLUSTER=1 keeps it, for iterating).
 # K8S_LAB_CONTAINERD=2 runs the lab on containerd 2 instead of Debian's 1.6
-# (lib/common.sh). Exits non-zero when anything failed.
+# (lib/common.sh); K8S_LAB_PROXY_MODE=nftables runs kube-proxy in nftables
+# mode (up.sh). Exits non-zero when anything failed.
 set -uo pipefail
 LAB=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$LAB/../.." && pwd)
@@ -50,6 +51,7 @@ dump_logs() {
 lab_containerd
 export KUBECONFIG=$STATE/admin.kubeconfig CNI_USERNET_E2E=1 E2E_NODE1=$NODE E2E_CONTAINERD=$CONTAINERD_VARIANT
 log "containerd: $("$CONTAINERD" --version)"
+log "kube-proxy: mode $(sed -n 's/^mode: //p' "$ETC/kube-proxy.yaml" 2>/dev/null)"
 hack/image.sh || { rc=1; exit; }
 # TestKubernetesRelease installs, upgrades and uninstalls a release's chart
 # package with it, as a user would.

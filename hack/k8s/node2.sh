@@ -170,6 +170,9 @@ up() {
       -e "s#^bindAddress: .*#bindAddress: $NODE2_IP#" \
       -e "s#^nodePortAddresses: .*#nodePortAddresses: [\"$NODE2_IP/32\"]#" \
       "$ETC/kube-proxy.yaml" >"$ETC/kube-proxy-$NODE2.yaml.new"
+  # (a changed file, such as up.sh's K8S_LAB_PROXY_MODE on a running lab:
+  # the running one stopped first, as up.sh does on node 1)
+  cmp -s "$ETC/kube-proxy-$NODE2.yaml.new" "$ETC/kube-proxy-$NODE2.yaml" || stop_daemon kube-proxy-node2 20
   replace_if_changed "$ETC/kube-proxy-$NODE2.yaml.new" "$ETC/kube-proxy-$NODE2.yaml"
   n2_start_daemon kube-proxy-node2 "$BIN/kube-proxy" --config="$ETC/kube-proxy-$NODE2.yaml" --v=1
 

@@ -16,12 +16,30 @@
 #                                                 (and smoke-test a pod on it)
 #        K8S_LAB_CONTAINERD=2 hack/k8s/up.sh    containerd 2 (containerd2/go.mod) on both
 #                                                 nodes instead of Debian's 1.6
+#        K8S_LAB_PROXY_MODE=nftables hack/k8s/up.sh   kube-proxy in nftables mode on both
+#                                                 nodes (default iptables; a running lab
+#                                                 switches, see "kube-proxy" below)
 # Afterwards:  export KUBECONFIG=/var/lib/k8s-lab/admin.kubeconfig PATH=/opt/k8s-lab/bin:$PATH
 # Stop with hack/k8s/down.sh (restores the machine; built binaries stay in /opt/k8s-lab).
 set -euo pipefail
 
 LAB=$(cd "$(dirname "$0")" && pwd)
 . "$LAB/lib/common.sh"
+# kube-proxy's mode on both nodes. Not IPVS: it needs the kernel's ip_vs,
+# which this machine kind's kernel lacks (no /proc/net/ip_vs, no modules
+# to load), so the lab has never run it.
+PROXY_MODE=${K8S_LAB_PROXY_MODE:-iptables}
+case "$PROXY_MODE" in
+  iptables | nftables) ;;
+  ipvs) die "K8S_LAB_PROXY_MODE=ipvs: not on this lab, $([ -e /proc/net/ip_vs ] && echo "never tested here" || echo "the kernel has no IPVS (no /proc/net/ip_vs)")" ;;
+  *) die "K8S_LAB_PROXY_MODE=$PROXY_MODE: iptables (the default) or nftables" ;;
+esac
+if [ "$PROXY_MODE" = nftables ]; then
+  # (kube-proxy's own check is the kernel's version, 5.13; knftables runs
+  # the nft binary, which must be 1.0.1 or later)
+  command -v nft >/dev/null || die "kube-proxy's nftables mode needs the nft binary (Debian's nftables)"
+fi
+
 lab_lock
 
 t0=$(date +%s)
@@ -283,12 +301,17 @@ start_daemon kubelet "$BIN/kubelet" \
 if [ -x "$BIN/kube-proxy" ]; then
   # Replaced only when it changes: kube-proxy exits when its configuration
   # file is written to, and a running one would be left dead behind
-  # start_daemon's "already running".
+  # start_daemon's "already running". When it changes (K8S_LAB_PROXY_MODE
+  # on a running lab) the running one is stopped first; the new one
+  # removes the other mode's rules as it starts (kube-proxy's
+  # platformCleanup: iptables' and IPVS' when in nftables mode, the
+  # kube-proxy nft tables when in iptables mode). node2.sh does the same
+  # with node 2's copy.
   cat >"$ETC/kube-proxy.yaml.new" <<EOF
 apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
 clientConnection: {kubeconfig: $STATE/kube-proxy.kubeconfig}
-mode: iptables
+mode: $PROXY_MODE
 clusterCIDR: $POD_NET
 hostnameOverride: $NODE
 bindAddress: $NODE_IP
@@ -299,6 +322,10 @@ iptables: {localhostNodePorts: false}
 conntrack: {maxPerCore: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}   # leave host conntrack sysctls alone
 oomScoreAdj: 0
 EOF
+  if ! cmp -s "$ETC/kube-proxy.yaml.new" "$ETC/kube-proxy.yaml"; then
+    [ -f "$ETC/kube-proxy.yaml" ] && log "kube-proxy's configuration changed (mode $PROXY_MODE): restarting it"
+    stop_daemon kube-proxy 20
+  fi
   replace_if_changed "$ETC/kube-proxy.yaml.new" "$ETC/kube-proxy.yaml"
   start_daemon kube-proxy "$BIN/kube-proxy" --config="$ETC/kube-proxy.yaml" --v=1
 fi
