@@ -3,8 +3,9 @@
 // against the cluster's pods, Services resolved to their endpoints.
 //
 // Its input types are the API objects trimmed to the fields the compiler
-// reads, with the API's JSON names, so that the agent's watches (pkg/api/kube)
-// decode straight into them and keep nothing else in memory.
+// reads, with the API's JSON names: the agent's watches (pkg/agent/watch)
+// convert each object into them and keep nothing else in memory, and
+// tests write them as JSON.
 package netpolicy
 
 import "net/netip"
