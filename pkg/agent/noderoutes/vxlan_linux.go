@@ -204,9 +204,12 @@ func (m *Manager) syncPeers(link, fam int, routes []kernelRoute) error {
 		return fmt.Errorf("listing the neighbours of the VXLAN device: %w", err)
 	}
 	for _, n := range neighs {
+		if n.State&netlink.NUD_PERMANENT == 0 {
+			continue // the kernel's own (IPv6 multicast): a wanted one is set below
+		}
 		ip, _ := netip.AddrFromSlice(n.IP)
 		ip = ip.Unmap()
-		if mac, ok := wantNeigh[ip]; ok && n.HardwareAddr.String() == mac && n.State&netlink.NUD_PERMANENT != 0 {
+		if mac, ok := wantNeigh[ip]; ok && n.HardwareAddr.String() == mac {
 			delete(wantNeigh, ip)
 			continue
 		}

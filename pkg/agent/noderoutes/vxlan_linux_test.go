@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"reflect"
@@ -19,6 +20,7 @@ import (
 // pod behind it, all in namespaces the test made and removes:
 //
 //	podA 10.244.1.5 -- nodeA 10.10.1.2/24 -- router 10.10.1.1, 10.10.2.1 -- nodeB 10.10.2.2/24 -- podB 10.244.2.5
+//	fd10:0:0:1::5      fd01::2/64            fd01::1, fd02::1            fd02::2/64            fd10:0:0:2::5
 //
 // The router forwards between the node subnets and knows nothing of the
 // pod CIDRs: only an overlay carries pod traffic across it.
@@ -67,32 +69,42 @@ func newLab(t *testing.T) *lab {
 	for _, n := range []ns.NetNS{l.nodeA, l.nodeB, l.podA, l.podB, router} {
 		mustIn(t, n, "ip", "link", "set", "lo", "up")
 	}
+	for _, n := range []ns.NetNS{router, l.nodeA, l.nodeB, l.podA, l.podB} {
+		// no duplicate address detection: addresses are usable at once
+		mustIn(t, n, "sysctl", "-qw", "net.ipv6.conf.default.accept_dad=0")
+	}
 	for _, n := range []ns.NetNS{router, l.nodeA, l.nodeB} {
 		mustIn(t, n, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+		mustIn(t, n, "sysctl", "-qw", "net.ipv6.conf.all.forwarding=1")
 	}
 	veth(l.nodeA, "ul", router, "ra")
 	veth(l.nodeB, "ul", router, "rb")
-	mustIn(t, router, "ip", "addr", "add", "10.10.1.1/24", "dev", "ra")
-	mustIn(t, router, "ip", "addr", "add", "10.10.2.1/24", "dev", "rb")
+	for _, a := range [][]string{{"10.10.1.1/24", "ra"}, {"10.10.2.1/24", "rb"}, {"fd01::1/64", "ra"}, {"fd02::1/64", "rb"}} {
+		mustIn(t, router, "ip", "addr", "add", a[0], "dev", a[1], "nodad")
+	}
 	for _, s := range []struct {
 		node, pod      ns.NetNS
-		underlay, gw   string
-		podGW, podAddr string
+		underlay, gw   []string
+		podGW, podAddr []string
 	}{
-		{l.nodeA, l.podA, "10.10.1.2/24", "10.10.1.1", "10.244.1.1/24", "10.244.1.5/24"},
-		{l.nodeB, l.podB, "10.10.2.2/24", "10.10.2.1", "10.244.2.1/24", "10.244.2.5/24"},
+		{l.nodeA, l.podA, []string{"10.10.1.2/24", "fd01::2/64"}, []string{"10.10.1.1", "fd01::1"},
+			[]string{"10.244.1.1/24", "fd10:0:0:1::1/64"}, []string{"10.244.1.5/24", "fd10:0:0:1::5/64"}},
+		{l.nodeB, l.podB, []string{"10.10.2.2/24", "fd02::2/64"}, []string{"10.10.2.1", "fd02::1"},
+			[]string{"10.244.2.1/24", "fd10:0:0:2::1/64"}, []string{"10.244.2.5/24", "fd10:0:0:2::5/64"}},
 	} {
-		mustIn(t, s.node, "ip", "addr", "add", s.underlay, "dev", "ul")
-		mustIn(t, s.node, "ip", "route", "add", "default", "via", s.gw)
 		veth(s.node, "pod", s.pod, "eth0")
-		mustIn(t, s.node, "ip", "addr", "add", s.podGW, "dev", "pod")
-		mustIn(t, s.pod, "ip", "addr", "add", s.podAddr, "dev", "eth0")
-		mustIn(t, s.pod, "ip", "route", "add", "default", "via", strings.TrimSuffix(s.podGW, "/24"))
+		for i := range 2 {
+			mustIn(t, s.node, "ip", "addr", "add", s.underlay[i], "dev", "ul", "nodad")
+			mustIn(t, s.node, "ip", "route", "add", "default", "via", s.gw[i])
+			mustIn(t, s.node, "ip", "addr", "add", s.podGW[i], "dev", "pod", "nodad")
+			mustIn(t, s.pod, "ip", "addr", "add", s.podAddr[i], "dev", "eth0", "nodad")
+			mustIn(t, s.pod, "ip", "route", "add", "default", "via", strings.Split(s.podGW[i], "/")[0])
+		}
 	}
 	return l
 }
 
-// manager runs New and every call on m in the namespace n.
+// nsManager runs every call on its Manager in the namespace n.
 type nsManager struct {
 	t   *testing.T
 	n   ns.NetNS
@@ -138,7 +150,9 @@ func (r *recorder) Enabled(context.Context, slog.Level) bool { return true }
 func (r *recorder) Handle(_ context.Context, rec slog.Record) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.msgs = append(r.msgs, rec.Message)
+	msg := rec.Message
+	rec.Attrs(func(a slog.Attr) bool { msg += " " + a.String(); return true })
+	r.msgs = append(r.msgs, msg)
 	return nil
 }
 func (r *recorder) WithAttrs([]slog.Attr) slog.Handler { return r }
@@ -282,5 +296,44 @@ func TestVXLANDeviceOnlyWhenNeeded(t *testing.T) {
 	mV := l.manager(t, l.nodeA, "a", Options{Encapsulation: EncapVXLAN})
 	if st := mV.sync(a, c); !reflect.DeepEqual(kinds(st), map[string]Kind{"c": VXLAN}) {
 		t.Errorf("encapsulation vxlan: routes %+v, problems %v", st.Routes, st.Problems)
+	}
+}
+
+// TestVXLANIPv6 is the same overlay on an IPv6 underlay, dual stack.
+func TestVXLANIPv6(t *testing.T) {
+	l := newLab(t)
+	a := node("a", []string{"10.10.1.2", "fd01::2"}, "10.244.1.0/24", "fd10:0:0:1::/64")
+	b := node("b", []string{"10.10.2.2", "fd02::2"}, "10.244.2.0/24", "fd10:0:0:2::/64")
+	mA := l.manager(t, l.nodeA, "a", Options{PodMTU: 1500})
+	mB := l.manager(t, l.nodeB, "b", Options{})
+	if out, err := in(l.podA, "ping", "-c", "1", "-W", "1", "fd10:0:0:2::5"); err == nil {
+		t.Fatalf("pod B reached with no route to it: the lab is wrong\n%s", out)
+	}
+	for _, m := range []*nsManager{mA, mB} {
+		if st := m.sync(a, b); len(st.Routes) != 2 || len(st.Problems) != 0 {
+			t.Fatalf("status %+v", st)
+		}
+	}
+	ping(t, l.podA, "fd10:0:0:2::5")
+	ping(t, l.podB, "fd10:0:0:1::5")
+	ping(t, l.podA, "10.244.2.5")
+	mA.log.take()
+	mA.sync(a, b)
+	if msgs := mA.log.take(); len(msgs) != 0 {
+		t.Errorf("second sync logged %q, want nothing", msgs)
+	}
+
+	dev := mustIn(t, l.nodeA, "ip", "-d", "link", "show", "usernet.vxlan6")
+	for _, want := range []string{"mtu 1430", "link/ether " + macOf(netip.MustParseAddr("fd01::2")).String(), "vxlan id 4097", "local fd01::2", "dstport 4789", "nolearning"} {
+		if !strings.Contains(dev, want) {
+			t.Errorf("device lacks %q:\n%s", want, dev)
+		}
+	}
+	if r := mustIn(t, l.nodeA, "ip", "-6", "route", "show", "fd10:0:0:2::/64"); !strings.Contains(r, "via fd10:0:0:2:: dev usernet.vxlan6 proto 117") {
+		t.Errorf("route to B's pods: %q", r)
+	}
+	mA.do(func() error { return mA.m.RemoveAll() })
+	if out, err := in(l.nodeA, "ip", "link", "show", "usernet.vxlan6"); err == nil {
+		t.Errorf("device left after RemoveAll:\n%s", out)
 	}
 }
