@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"slices"
 	"sort"
 
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
@@ -137,6 +138,15 @@ func (m *Manager) Sync(nodes []Node) (Status, error) {
 	}
 	planned, probs := Plan(m.opts.Self, nodes, nw)
 	var errs []error
+	// The port is kept to the other nodes before a device listens on it.
+	if slices.ContainsFunc(planned, func(r Route) bool { return r.Kind == VXLAN }) {
+		err = m.syncGuard(guardFor(m.opts.Self, nodes, m.opts.VXLANPort))
+	} else {
+		err = m.removeGuard()
+	}
+	if err != nil {
+		errs = append(errs, err)
+	}
 	devs, vprobs, derr := m.vteps(nodes, planned)
 	probs = append(probs, vprobs...)
 	if derr != nil {
@@ -423,6 +433,9 @@ func (m *Manager) RemoveAll() error {
 		if err := m.removeVTEP(name); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	if err := m.removeGuard(); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }

@@ -25,7 +25,7 @@ import (
 // The router forwards between the node subnets and knows nothing of the
 // pod CIDRs: only an overlay carries pod traffic across it.
 type lab struct {
-	nodeA, nodeB, podA, podB ns.NetNS
+	nodeA, nodeB, podA, podB, router ns.NetNS
 }
 
 func newNS(t *testing.T) ns.NetNS {
@@ -60,6 +60,7 @@ func newLab(t *testing.T) *lab {
 	}
 	l := &lab{nodeA: newNS(t), nodeB: newNS(t), podA: newNS(t), podB: newNS(t)}
 	router := newNS(t)
+	l.router = router
 	// veth joins a in namespace an to b in namespace bn.
 	veth := func(an ns.NetNS, a string, bn ns.NetNS, b string) {
 		mustIn(t, an, "ip", "link", "add", a, "type", "veth", "peer", "name", b, "netns", bn.Path())
@@ -189,6 +190,7 @@ func TestVXLANAcrossSubnets(t *testing.T) {
 	c := node("c", []string{"10.10.1.3"}, "10.244.3.0/24")
 	mA := l.manager(t, l.nodeA, "a", Options{PodMTU: 1500})
 	mB := l.manager(t, l.nodeB, "b", Options{})
+	router := l.router
 	// Without the overlay the router drops pod traffic.
 	if out, err := in(l.podA, "ping", "-c", "1", "-W", "1", "10.244.2.5"); err == nil {
 		t.Fatalf("pod B reached with no route to it: the lab is wrong\n%s", out)
@@ -215,6 +217,19 @@ func TestVXLANAcrossSubnets(t *testing.T) {
 	}
 	if r := mustIn(t, l.nodeA, "ip", "route", "show", "10.244.2.0/24"); !strings.Contains(r, "via 10.244.2.0 dev usernet.vxlan proto 117 onlink") {
 		t.Errorf("route to B's pods: %q", r)
+	}
+	// The port takes datagrams from the other nodes only: one from the
+	// router is dropped (counted), B's tunnel still works.
+	guard := mustIn(t, l.nodeA, "nft", "list", "table", "inet", GuardTable)
+	for _, want := range []string{"4789", "10.10.1.3", "10.10.2.2", "counter packets 0"} {
+		if !strings.Contains(guard, want) {
+			t.Errorf("guard lacks %q:\n%s", want, guard)
+		}
+	}
+	mustIn(t, router, "python3", "-c", `import socket; socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b"\x08"+b"\x00"*15, ("10.10.1.2", 4789))`)
+	ping(t, l.podB, "10.244.1.5")
+	if guard := mustIn(t, l.nodeA, "nft", "list", "chain", "inet", GuardTable, "input"); !strings.Contains(guard, "counter packets 1 ") {
+		t.Errorf("the router's datagram was not dropped:\n%s", guard)
 	}
 	if len(stA.Notes) != 1 || stA.Notes[0].Topic != "mtu" || !strings.Contains(stA.Notes[0].Message, "--mtu to 1450") {
 		t.Errorf("notes %+v, want one on the MTU", stA.Notes)
@@ -265,6 +280,9 @@ func TestVXLANAcrossSubnets(t *testing.T) {
 	if routes := mustIn(t, l.nodeA, "ip", "route", "show", "proto", "117"); routes != "" {
 		t.Errorf("routes left after RemoveAll:\n%s", routes)
 	}
+	if out, err := in(l.nodeA, "nft", "list", "table", "inet", GuardTable); err == nil {
+		t.Errorf("guard left after RemoveAll:\n%s", out)
+	}
 }
 
 // TestVXLANDeviceOnlyWhenNeeded: peers all on-link make no device, and
@@ -283,6 +301,9 @@ func TestVXLANDeviceOnlyWhenNeeded(t *testing.T) {
 	mA.sync(a, c)
 	if exists() {
 		t.Error("device made with no peer behind a router")
+	}
+	if out, err := in(l.nodeA, "nft", "list", "table", "inet", GuardTable); err == nil {
+		t.Errorf("guard with no VXLAN peer:\n%s", out)
 	}
 	mA.sync(a, b, c)
 	if !exists() {
