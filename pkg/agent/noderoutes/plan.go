@@ -11,7 +11,10 @@
 // the kernel's table is the only record: a sync lists what is ours by that
 // number, adds what is missing, replaces what changed and deletes what is
 // no longer wanted, and RemoveAll takes every one of them away on
-// uninstall. Routes of any other protocol are never changed.
+// uninstall. Routes of any other protocol are never changed. The VXLAN
+// devices are ours whole: their permanent neighbour and FDB entries are
+// kept the same way, and an nftables table (GuardTable) keeps their port
+// to the other nodes' InternalIPs.
 //
 // Plan is pure (table-tested); Manager applies a plan with netlink.
 package noderoutes

@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
-	"slices"
 	"sort"
 
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
@@ -137,22 +136,34 @@ func (m *Manager) Sync(nodes []Node) (Status, error) {
 		return Status{}, err
 	}
 	planned, probs := Plan(m.opts.Self, nodes, nw)
-	var errs []error
-	// The port is kept to the other nodes before a device listens on it.
-	if slices.ContainsFunc(planned, func(r Route) bool { return r.Kind == VXLAN }) {
-		err = m.syncGuard(guardFor(m.opts.Self, nodes, m.opts.VXLANPort))
-	} else {
-		err = m.removeGuard()
-	}
-	if err != nil {
-		errs = append(errs, err)
-	}
-	devs, vprobs, derr := m.vteps(nodes, planned)
+	devs, vprobs, err := m.overlay(nodes, planned)
 	probs = append(probs, vprobs...)
-	if derr != nil {
-		errs = append(errs, derr)
+	errs := []error{err}
+	want, wprobs := m.resolve(planned, devs)
+	probs = append(probs, wprobs...)
+	for v4, d := range devs {
+		var peers []kernelRoute
+		for _, w := range want {
+			if w.Kind == VXLAN && w.Dst.Addr().Is4() == v4 {
+				peers = append(peers, w)
+			}
+		}
+		errs = append(errs, m.syncPeers(d.link, d.fam, peers))
 	}
+	st, aprobs, err := m.apply(want)
+	st.Problems = append(probs, aprobs...)
+	st.Notes = m.mtuNotes(devs)
+	m.report(st.Problems)
+	m.remark(st.Notes)
+	return st, errors.Join(append(errs, err)...)
+}
+
+// resolve turns planned routes into kernel routes: a direct one's next
+// hop must be on a link, a VXLAN one's InternalIP reachable and its
+// family's device in place, and no route of someone else's in the way.
+func (m *Manager) resolve(planned []Route, devs map[bool]device) ([]kernelRoute, []Problem) {
 	var want []kernelRoute
+	var probs []Problem
 	for _, r := range planned {
 		var k kernelRoute
 		var why string
@@ -176,22 +187,18 @@ func (m *Manager) Sync(nodes []Node) (Status, error) {
 		}
 		want = append(want, k)
 	}
-	for v4, d := range devs {
-		var peers []kernelRoute
-		for _, w := range want {
-			if w.Kind == VXLAN && w.Dst.Addr().Is4() == v4 {
-				peers = append(peers, w)
-			}
-		}
-		if err := m.syncPeers(d.link, d.fam, peers); err != nil {
-			errs = append(errs, err)
-		}
-	}
+	return want, probs
+}
+
+// apply makes our routes exactly want: deletes the others, replaces the
+// changed. A route the kernel refuses is a problem as well as an error.
+func (m *Manager) apply(want []kernelRoute) (Status, []Problem, error) {
 	have, err := m.list()
 	if err != nil {
-		return Status{Problems: probs}, errors.Join(append(errs, err)...)
+		return Status{}, nil, err
 	}
-
+	var errs []error
+	var probs []Problem
 	wanted := map[netip.Prefix]kernelRoute{}
 	for _, w := range want {
 		wanted[w.Dst] = w
@@ -220,11 +227,7 @@ func (m *Manager) Sync(nodes []Node) (Status, error) {
 		m.log.Info("route added", "dst", w.Dst, "via", w.Via, "node", w.Node, "kind", w.Kind, "reason", w.Reason)
 		st.Routes = append(st.Routes, w.Route)
 	}
-	st.Problems = probs
-	st.Notes = m.mtuNotes(devs)
-	m.report(probs)
-	m.remark(st.Notes)
-	return st, errors.Join(errs...)
+	return st, probs, errors.Join(errs...)
 }
 
 // network reads what Plan needs of this node: its connected subnets,
@@ -250,84 +253,6 @@ func (m *Manager) network() (Network, error) {
 		}
 	}
 	return nw, nil
-}
-
-// device is a VXLAN device in place.
-type device struct {
-	link, fam, mtu int
-	name           string
-}
-
-// vteps makes the VXLAN device of each family some planned route needs
-// and removes the others. A family whose device cannot be had gives a
-// problem per route of it.
-func (m *Manager) vteps(nodes []Node, planned []Route) (map[bool]device, []Problem, error) {
-	var self Node
-	for _, n := range nodes {
-		if n.Name == m.opts.Self {
-			self.InternalIPs = append(self.InternalIPs, n.InternalIPs...)
-			self.PodCIDRs = append(self.PodCIDRs, n.PodCIDRs...)
-		}
-	}
-	devs := map[bool]device{}
-	var probs []Problem
-	var errs []error
-	for _, v4 := range []bool{true, false} {
-		var need []Route
-		for _, r := range planned {
-			if r.Kind == VXLAN && r.Dst.Addr().Is4() == v4 {
-				need = append(need, r)
-			}
-		}
-		if len(need) == 0 {
-			if err := m.removeVTEP(vxlanName(v4)); err != nil {
-				errs = append(errs, err)
-			}
-			continue
-		}
-		v, why := m.wantVTEP(self, v4)
-		if why == "" {
-			link, err := m.ensureVTEP(v)
-			if err == nil {
-				devs[v4] = device{link: link, fam: v.fam, mtu: v.mtu, name: v.name}
-				continue
-			}
-			errs = append(errs, err)
-			why = "setting up the VXLAN device failed: " + err.Error()
-		}
-		for _, r := range need {
-			probs = append(probs, Problem{Node: r.Node, Dst: r.Dst, Reason: r.Reason + ", but " + why})
-		}
-	}
-	return devs, probs, errors.Join(errs...)
-}
-
-// underlayHop says why the tunnel cannot reach a peer's InternalIP, or
-// "" when it can.
-func (m *Manager) underlayHop(ip netip.Addr) string {
-	rs, err := netlink.RouteGet(net.IP(ip.AsSlice()))
-	if err != nil || len(rs) == 0 {
-		return fmt.Sprintf("no route to its InternalIP %s (%v)", ip, err)
-	}
-	if rs[0].Type == unix.RTN_LOCAL {
-		return fmt.Sprintf("its InternalIP %s is an address of this node", ip)
-	}
-	return ""
-}
-
-// mtuNotes says when the pods' MTU is larger than a VXLAN device's.
-func (m *Manager) mtuNotes(devs map[bool]device) []Note {
-	var notes []Note
-	for _, v4 := range []bool{true, false} {
-		d, ok := devs[v4]
-		if !ok || m.opts.PodMTU <= d.mtu {
-			continue
-		}
-		notes = append(notes, Note{Topic: "mtu", Message: fmt.Sprintf(
-			"the pods' MTU %d is larger than the VXLAN device %s's %d: set the agent's --mtu to %d, or packets to pods on nodes reached through VXLAN are fragmented or dropped",
-			m.opts.PodMTU, d.name, d.mtu, d.mtu)})
-	}
-	return notes
 }
 
 // remark logs each note once.

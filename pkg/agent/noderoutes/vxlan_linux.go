@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
@@ -184,6 +185,97 @@ func (m *Manager) removeVTEP(name string) error {
 	}
 	m.log.Info("VXLAN device removed", "dev", name)
 	return nil
+}
+
+// overlay keeps the VXLAN side in step with the plan: the port guard
+// (before a device listens on the port) and each family's device.
+func (m *Manager) overlay(nodes []Node, planned []Route) (map[bool]device, []Problem, error) {
+	var err error
+	if slices.ContainsFunc(planned, func(r Route) bool { return r.Kind == VXLAN }) {
+		err = m.syncGuard(guardFor(m.opts.Self, nodes, m.opts.VXLANPort))
+	} else {
+		err = m.removeGuard()
+	}
+	devs, probs, derr := m.vteps(nodes, planned)
+	return devs, probs, errors.Join(err, derr)
+}
+
+// device is a VXLAN device in place.
+type device struct {
+	link, fam, mtu int
+	name           string
+}
+
+// vteps makes the VXLAN device of each family some planned route needs
+// and removes the others. A family whose device cannot be had gives a
+// problem per route of it.
+func (m *Manager) vteps(nodes []Node, planned []Route) (map[bool]device, []Problem, error) {
+	var self Node
+	for _, n := range nodes {
+		if n.Name == m.opts.Self {
+			self.InternalIPs = append(self.InternalIPs, n.InternalIPs...)
+			self.PodCIDRs = append(self.PodCIDRs, n.PodCIDRs...)
+		}
+	}
+	devs := map[bool]device{}
+	var probs []Problem
+	var errs []error
+	for _, v4 := range []bool{true, false} {
+		var need []Route
+		for _, r := range planned {
+			if r.Kind == VXLAN && r.Dst.Addr().Is4() == v4 {
+				need = append(need, r)
+			}
+		}
+		if len(need) == 0 {
+			if err := m.removeVTEP(vxlanName(v4)); err != nil {
+				errs = append(errs, err)
+			}
+			continue
+		}
+		v, why := m.wantVTEP(self, v4)
+		if why == "" {
+			link, err := m.ensureVTEP(v)
+			if err == nil {
+				devs[v4] = device{link: link, fam: v.fam, mtu: v.mtu, name: v.name}
+				continue
+			}
+			errs = append(errs, err)
+			why = "setting up the VXLAN device failed: " + err.Error()
+		}
+		for _, r := range need {
+			probs = append(probs, Problem{Node: r.Node, Dst: r.Dst, Reason: r.Reason + ", but " + why})
+		}
+	}
+	return devs, probs, errors.Join(errs...)
+}
+
+// underlayHop says why the tunnel cannot reach a peer's InternalIP, or
+// "" when it can.
+func (m *Manager) underlayHop(ip netip.Addr) string {
+	rs, err := netlink.RouteGet(net.IP(ip.AsSlice()))
+	if err != nil || len(rs) == 0 {
+		return fmt.Sprintf("no route to its InternalIP %s (%v)", ip, err)
+	}
+	if rs[0].Type == unix.RTN_LOCAL {
+		return fmt.Sprintf("its InternalIP %s is an address of this node", ip)
+	}
+	return ""
+}
+
+// mtuNotes says when the pods' MTU is larger than a VXLAN device's.
+func (m *Manager) mtuNotes(devs map[bool]device) []Note {
+	var notes []Note
+	for _, v4 := range []bool{true, false} {
+		d, ok := devs[v4]
+		if !ok || m.opts.PodMTU <= d.mtu {
+			continue
+		}
+		notes = append(notes, Note{Topic: "mtu", Message: fmt.Sprintf(
+			"the pods' MTU %d is larger than the VXLAN device %s's %d: set the agent's --mtu to %d, or packets to pods on nodes reached through VXLAN are fragmented or dropped",
+			m.opts.PodMTU, d.name, d.mtu, d.mtu)})
+	}
+	return notes
 }
 
 // syncPeers makes the device's permanent neighbour and FDB entries
