@@ -95,7 +95,7 @@ func parseAgentFlags(args []string) (*agentFlags, error) {
 	fs.DurationVar(&f.backoff, "restart-backoff", time.Second, "delay before the second quick restart of a stack, doubling up to 60s")
 	fs.DurationVar(&f.stableAfter, "stable-after", 60*time.Second, "how long a stack must run for its crashes to be forgotten")
 	fs.IntVar(&f.crashLoop, "crash-loop-after", 5, "consecutive quick exits after which a stack is reported unhealthy")
-	fs.StringVar(&f.nodeRoutes, "node-routes", "auto", "route other nodes' pod CIDRs via their InternalIP (host-gw): auto (standalone mode, installing), true, false")
+	fs.StringVar(&f.nodeRoutes, "node-routes", "auto", "route other nodes' pod CIDRs, directly via their InternalIP or through VXLAN (--encapsulation): auto (standalone mode, installing), true, false")
 	fs.DurationVar(&f.nodeRoutesInterval, "node-routes-interval", 10*time.Second, "how often the node list is read for --node-routes")
 	fs.StringVar(&f.encapsulation, "encapsulation", "auto", "how --node-routes reaches another node's pods: auto (direct when the node's InternalIP is on a subnet of this node, VXLAN otherwise), vxlan (always VXLAN), never (direct only: a node behind a router is a problem)")
 	fs.IntVar(&f.vxlanPort, "vxlan-port", noderoutes.DefaultVXLANPort, "UDP port of the VXLAN between nodes (--encapsulation)")
