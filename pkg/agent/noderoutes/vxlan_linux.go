@@ -242,6 +242,8 @@ func (m *Manager) vteps(nodes []Node, planned []Route) (map[bool]device, []Probl
 			}
 			errs = append(errs, err)
 			why = "setting up the VXLAN device failed: " + err.Error()
+		} else if err := m.removeVTEP(vxlanName(v4)); err != nil {
+			errs = append(errs, err) // a device of an earlier setup would carry stale peers
 		}
 		for _, r := range need {
 			probs = append(probs, Problem{Node: r.Node, Dst: r.Dst, Reason: r.Reason + ", but " + why})

@@ -318,6 +318,25 @@ func TestVXLANDeviceOnlyWhenNeeded(t *testing.T) {
 	if st := mV.sync(a, c); !reflect.DeepEqual(kinds(st), map[string]Kind{"c": VXLAN}) {
 		t.Errorf("encapsulation vxlan: routes %+v, problems %v", st.Routes, st.Problems)
 	}
+	// Other tunnel parameters make the device anew, peers and all.
+	mN := l.manager(t, l.nodeA, "a", Options{Encapsulation: EncapVXLAN, VXLANVNI: 77, VXLANPort: 8472})
+	mN.sync(a, c)
+	dev := mustIn(t, l.nodeA, "ip", "-d", "link", "show", "usernet.vxlan")
+	if !strings.Contains(dev, "vxlan id 77 ") || !strings.Contains(dev, "dstport 8472") {
+		t.Errorf("device after the VNI and port changed:\n%s", dev)
+	}
+	if fdb := mustIn(t, l.nodeA, "bridge", "fdb", "show", "dev", "usernet.vxlan"); !strings.Contains(fdb, "0a:58:0a:0a:01:03 dst 10.10.1.3") {
+		t.Errorf("FDB of the new device:\n%s", fdb)
+	}
+	if guard := mustIn(t, l.nodeA, "nft", "list", "set", "inet", GuardTable, "port"); !strings.Contains(guard, "8472") {
+		t.Errorf("guard after the port changed:\n%s", guard)
+	}
+	// This node's InternalIP is on none of its links: no device can have
+	// that local end, and the one of the old address goes.
+	st := mN.sync(node("a", []string{"10.10.9.9"}, "10.244.1.0/24"), c)
+	if exists() || len(st.Problems) != 1 || !strings.Contains(st.Problems[0].Reason, "10.10.9.9 is on none of its links") {
+		t.Errorf("with an InternalIP on no link: device there %v, problems %v", exists(), st.Problems)
+	}
 }
 
 // TestVXLANIPv6 is the same overlay on an IPv6 underlay, dual stack.
