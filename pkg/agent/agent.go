@@ -21,6 +21,7 @@ import (
 
 	"k8s.io/klog/v2"
 
+	"github.com/cni-usernet/cni-usernet/pkg/agent/noderoutes"
 	"github.com/cni-usernet/cni-usernet/pkg/agent/policyctl"
 	"github.com/cni-usernet/cni-usernet/pkg/agent/supervisor"
 	"github.com/cni-usernet/cni-usernet/pkg/api/agentapi"
@@ -59,6 +60,9 @@ type agentFlags struct {
 	probe              bool
 	nodeRoutes         string
 	nodeRoutesInterval time.Duration
+	encapsulation      string
+	vxlanPort          int
+	vxlanVNI           int
 	metricsAddress     string
 	pprofAddress       string
 	portMap            bool
@@ -91,8 +95,11 @@ func parseAgentFlags(args []string) (*agentFlags, error) {
 	fs.DurationVar(&f.backoff, "restart-backoff", time.Second, "delay before the second quick restart of a stack, doubling up to 60s")
 	fs.DurationVar(&f.stableAfter, "stable-after", 60*time.Second, "how long a stack must run for its crashes to be forgotten")
 	fs.IntVar(&f.crashLoop, "crash-loop-after", 5, "consecutive quick exits after which a stack is reported unhealthy")
-	fs.StringVar(&f.nodeRoutes, "node-routes", "auto", "route other nodes' pod CIDRs via their InternalIP (host-gw): auto (standalone mode, installing), true, false")
+	fs.StringVar(&f.nodeRoutes, "node-routes", "auto", "route other nodes' pod CIDRs, directly via their InternalIP or through VXLAN (--encapsulation): auto (standalone mode, installing), true, false")
 	fs.DurationVar(&f.nodeRoutesInterval, "node-routes-interval", 10*time.Second, "how often the node list is read for --node-routes")
+	fs.StringVar(&f.encapsulation, "encapsulation", "auto", "how --node-routes reaches another node's pods: auto (direct when the node's InternalIP is on a subnet of this node, VXLAN otherwise), vxlan (always VXLAN), never (direct only: a node behind a router is a problem)")
+	fs.IntVar(&f.vxlanPort, "vxlan-port", noderoutes.DefaultVXLANPort, "UDP port of the VXLAN between nodes (--encapsulation)")
+	fs.IntVar(&f.vxlanVNI, "vxlan-vni", noderoutes.DefaultVXLANVNI, "VXLAN network identifier between nodes (--encapsulation); not flannel's 1, so that a chained flannel never shares it")
 	fs.StringVar(&f.metricsAddress, "metrics-address", defaultMetricsAddress, "serve Prometheus metrics on this address at /metrics; empty: none")
 	fs.StringVar(&f.pprofAddress, "pprof-address", "", "serve Go's runtime profiles at /debug/pprof/ on this loopback address (e.g. 127.0.0.1:6060); empty: none")
 	fs.BoolVar(&f.portMap, "port-map", true, "chain the portmap plugin after cni-usernet (pods' hostPort); in chain mode only when the node's conflist has none")
@@ -116,6 +123,9 @@ func parseAgentFlags(args []string) (*agentFlags, error) {
 	}
 	if f.nodeRoutesInterval <= 0 {
 		return nil, fmt.Errorf("--node-routes-interval %s: want a positive duration", f.nodeRoutesInterval)
+	}
+	if _, err := f.routeOptions(); err != nil {
+		return nil, err
 	}
 	return f, nil
 }

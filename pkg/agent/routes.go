@@ -14,8 +14,8 @@ import (
 )
 
 // nodeRoutes keeps this node's routes to the other nodes' pod CIDRs
-// (standalone mode: nothing else routes between nodes), polling the API
-// server's node list.
+// (standalone mode: nothing else routes between nodes), direct or through
+// VXLAN as --encapsulation says, polling the API server's node list.
 type nodeRoutes struct {
 	m        *noderoutes.Manager
 	api      *apiClient
@@ -39,11 +39,32 @@ func (f *agentFlags) wantNodeRoutes() (bool, error) {
 	return false, fmt.Errorf("--node-routes %q: want auto, true or false", f.nodeRoutes)
 }
 
+// routeOptions are the Manager's options from the flags, checked (the
+// node name aside: it may come later, from the environment).
+func (f *agentFlags) routeOptions() (noderoutes.Options, error) {
+	enc, err := noderoutes.ParseEncapsulation(f.encapsulation)
+	if err != nil {
+		return noderoutes.Options{}, fmt.Errorf("--encapsulation: %w", err)
+	}
+	if f.vxlanPort < 1 || f.vxlanPort > 65535 {
+		return noderoutes.Options{}, fmt.Errorf("--vxlan-port %d: want 1..65535", f.vxlanPort)
+	}
+	if f.vxlanVNI < 1 || f.vxlanVNI >= 1<<24 {
+		return noderoutes.Options{}, fmt.Errorf("--vxlan-vni %d: want 1..16777215", f.vxlanVNI)
+	}
+	return noderoutes.Options{Self: f.nodeName, Encapsulation: enc, VXLANPort: f.vxlanPort, VXLANVNI: f.vxlanVNI, PodMTU: f.mtu}, nil
+}
+
 func newNodeRoutes(f *agentFlags, c *apiClient, log *slog.Logger) (*nodeRoutes, error) {
 	if c == nil || f.nodeName == "" {
 		return nil, fmt.Errorf("--node-routes needs the agent in a cluster with --node-name")
 	}
-	m, err := noderoutes.New(noderoutes.Options{Self: f.nodeName, Log: log})
+	o, err := f.routeOptions()
+	if err != nil {
+		return nil, err
+	}
+	o.Log = log
+	m, err := noderoutes.New(o)
 	if err != nil {
 		return nil, err
 	}
@@ -88,7 +109,8 @@ func (r *nodeRoutes) syncOnce(ctx context.Context) error {
 	return err
 }
 
-// remove takes every route of ours away (uninstall).
+// remove takes every route of ours and the VXLAN devices away
+// (uninstall).
 func (r *nodeRoutes) remove() {
 	if err := r.m.RemoveAll(); err != nil {
 		r.log.Error("removing routes to other nodes", "err", err)

@@ -29,6 +29,16 @@ type Options struct {
 	// Log receives each route change and each problem (once, until it
 	// changes). Nil discards.
 	Log *slog.Logger
+	// Encapsulation decides which peers are reached through VXLAN. Zero:
+	// EncapAuto.
+	Encapsulation Encapsulation
+	// VXLANPort is the VXLAN devices' UDP port. Zero: DefaultVXLANPort.
+	VXLANPort int
+	// VXLANVNI is the VXLAN network identifier. Zero: DefaultVXLANVNI.
+	VXLANVNI int
+	// PodMTU is the pods' MTU (the agent's --mtu): a VXLAN device with a
+	// smaller MTU is noted in the Status. Zero: not checked.
+	PodMTU int
 }
 
 // Validate checks Options.
@@ -39,6 +49,15 @@ func (o Options) Validate() error {
 	if o.Protocol < 0 || o.Protocol > 255 || (o.Protocol > 0 && o.Protocol <= unix.RTPROT_STATIC) {
 		return fmt.Errorf("node routes: protocol %d: want 5..255 (0-4 belong to the kernel and iproute2)", o.Protocol)
 	}
+	if _, err := ParseEncapsulation(string(o.Encapsulation)); err != nil {
+		return fmt.Errorf("node routes: %w", err)
+	}
+	if o.VXLANPort < 0 || o.VXLANPort > 65535 {
+		return fmt.Errorf("node routes: VXLAN port %d: want 1..65535", o.VXLANPort)
+	}
+	if o.VXLANVNI < 0 || o.VXLANVNI >= 1<<24 {
+		return fmt.Errorf("node routes: VXLAN VNI %d: want 1..16777215", o.VXLANVNI)
+	}
 	return nil
 }
 
@@ -47,6 +66,16 @@ func (o Options) Validate() error {
 type Status struct {
 	Routes   []Route   `json:"routes"`
 	Problems []Problem `json:"problems,omitempty"`
+	// Notes are what works but wants the operator's attention.
+	Notes []Note `json:"notes,omitempty"`
+}
+
+// Note is a remark on a working setup: Topic "mtu" when the pods' MTU
+// is larger than a VXLAN device's (large packets to pods on VXLAN peers
+// are dropped or fragmented).
+type Note struct {
+	Topic   string `json:"topic"`
+	Message string `json:"message"`
 }
 
 // Manager keeps the node's routes to other nodes' pod CIDRs, in the
@@ -58,6 +87,8 @@ type Manager struct {
 	// reported holds the problems last logged, so that a steady problem
 	// is said once, not at every sync. Only Sync touches it.
 	reported map[Problem]bool
+	// noted holds the notes last logged, likewise.
+	noted map[Note]bool
 }
 
 // New returns a Manager; it changes nothing until Sync.
@@ -68,28 +99,85 @@ func New(o Options) (*Manager, error) {
 	if o.Protocol == 0 {
 		o.Protocol = DefaultProtocol
 	}
+	o.Encapsulation, _ = ParseEncapsulation(string(o.Encapsulation))
+	if o.VXLANPort == 0 {
+		o.VXLANPort = DefaultVXLANPort
+	}
+	if o.VXLANVNI == 0 {
+		o.VXLANVNI = DefaultVXLANVNI
+	}
 	log := o.Log
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Manager{opts: o, log: log.With("component", "noderoutes"), reported: map[Problem]bool{}}, nil
+	return &Manager{opts: o, log: log.With("component", "noderoutes"), reported: map[Problem]bool{}, noted: map[Note]bool{}}, nil
 }
 
 // kernelRoute is a planned route resolved against the node's links.
 type kernelRoute struct {
 	Route
-	link int
+	link   int
+	onlink bool
 }
 
-// Sync makes the node's routes of our protocol exactly those the nodes
-// call for: collect (plan, resolve each next hop, read our routes), then
-// act (delete, replace). It goes on past a failed change and returns all
-// failures; problems are not errors, they are in the Status and logged.
+func (k kernelRoute) same(h kernelRoute) bool {
+	return k.Via == h.Via && k.link == h.link && k.onlink == h.onlink
+}
+
+// Sync makes the node's routes of our protocol, and the VXLAN devices
+// with their peers, exactly those the nodes call for: collect (plan,
+// resolve each next hop, read our routes), then act (devices, their
+// peers, then delete and replace routes). It goes on past a failed change
+// and returns all failures; problems are not errors, they are in the
+// Status and logged.
 func (m *Manager) Sync(nodes []Node) (Status, error) {
-	planned, probs := Plan(m.opts.Self, nodes)
+	nw, err := m.network()
+	if err != nil {
+		return Status{}, err
+	}
+	planned, probs := Plan(m.opts.Self, nodes, nw)
+	devs, vprobs, err := m.overlay(nodes, planned)
+	probs = append(probs, vprobs...)
+	errs := []error{err}
+	want, wprobs := m.resolve(planned, devs)
+	probs = append(probs, wprobs...)
+	for v4, d := range devs {
+		var peers []kernelRoute
+		for _, w := range want {
+			if w.Kind == VXLAN && w.Dst.Addr().Is4() == v4 {
+				peers = append(peers, w)
+			}
+		}
+		errs = append(errs, m.syncPeers(d.link, d.fam, peers))
+	}
+	st, aprobs, err := m.apply(want)
+	st.Problems = append(probs, aprobs...)
+	st.Notes = m.mtuNotes(devs)
+	m.report(st.Problems)
+	m.remark(st.Notes)
+	return st, errors.Join(append(errs, err)...)
+}
+
+// resolve turns planned routes into kernel routes: a direct one's next
+// hop must be on a link, a VXLAN one's InternalIP reachable and its
+// family's device in place, and no route of someone else's in the way.
+func (m *Manager) resolve(planned []Route, devs map[bool]device) ([]kernelRoute, []Problem) {
 	var want []kernelRoute
+	var probs []Problem
 	for _, r := range planned {
-		link, why := m.nextHop(r.Via)
+		var k kernelRoute
+		var why string
+		if r.Kind == VXLAN {
+			d, ok := devs[r.Dst.Addr().Is4()]
+			if !ok {
+				continue // a problem of its family already
+			}
+			k = kernelRoute{r, d.link, true}
+			why = m.underlayHop(r.Underlay)
+		} else {
+			k.Route = r
+			k.link, why = m.nextHop(r.Via)
+		}
 		if why == "" {
 			why = m.foreignRoute(r.Dst)
 		}
@@ -97,24 +185,27 @@ func (m *Manager) Sync(nodes []Node) (Status, error) {
 			probs = append(probs, Problem{Node: r.Node, Dst: r.Dst, Reason: why})
 			continue
 		}
-		want = append(want, kernelRoute{r, link})
+		want = append(want, k)
 	}
+	return want, probs
+}
+
+// apply makes our routes exactly want: deletes the others, replaces the
+// changed. A route the kernel refuses is a problem as well as an error.
+func (m *Manager) apply(want []kernelRoute) (Status, []Problem, error) {
 	have, err := m.list()
 	if err != nil {
-		return Status{Problems: probs}, err
+		return Status{}, nil, err
 	}
-
 	var errs []error
+	var probs []Problem
 	wanted := map[netip.Prefix]kernelRoute{}
 	for _, w := range want {
 		wanted[w.Dst] = w
 	}
 	for dst, h := range have {
-		if w, ok := wanted[dst]; ok && w.Via == h.Via && w.link == h.link {
-			continue
-		}
 		if _, ok := wanted[dst]; ok {
-			continue // replaced below
+			continue // kept or replaced below
 		}
 		if err := m.del(h); err != nil {
 			errs = append(errs, err)
@@ -124,7 +215,7 @@ func (m *Manager) Sync(nodes []Node) (Status, error) {
 	}
 	var st Status
 	for _, w := range want {
-		if h, ok := have[w.Dst]; ok && h.Via == w.Via && h.link == w.link {
+		if h, ok := have[w.Dst]; ok && w.same(h) {
 			st.Routes = append(st.Routes, w.Route)
 			continue
 		}
@@ -133,12 +224,47 @@ func (m *Manager) Sync(nodes []Node) (Status, error) {
 			probs = append(probs, Problem{Node: w.Node, Dst: w.Dst, Reason: "adding the route failed: " + err.Error()})
 			continue
 		}
-		m.log.Info("route added", "dst", w.Dst, "via", w.Via, "node", w.Node)
+		m.log.Info("route added", "dst", w.Dst, "via", w.Via, "node", w.Node, "kind", w.Kind, "reason", w.Reason)
 		st.Routes = append(st.Routes, w.Route)
 	}
-	st.Problems = probs
-	m.report(probs)
-	return st, errors.Join(errs...)
+	return st, probs, errors.Join(errs...)
+}
+
+// network reads what Plan needs of this node: its connected subnets,
+// the prefixes of the addresses on its links (not our VXLAN devices').
+func (m *Manager) network() (Network, error) {
+	nw := Network{Encap: m.opts.Encapsulation}
+	addrs, err := netlinksafe.AddrList(nil, netlink.FAMILY_ALL)
+	if err != nil {
+		return nw, fmt.Errorf("listing this node's addresses: %w", err)
+	}
+	ours := map[int]bool{}
+	for _, name := range []string{vxlanName4, vxlanName6} {
+		if l, err := netlink.LinkByName(name); err == nil {
+			ours[l.Attrs().Index] = true
+		}
+	}
+	for _, a := range addrs {
+		if ours[a.LinkIndex] || a.IPNet == nil {
+			continue
+		}
+		if p, ok := netipPrefix(a.IPNet); ok && !p.Addr().IsLoopback() {
+			nw.OnLink = append(nw.OnLink, p)
+		}
+	}
+	return nw, nil
+}
+
+// remark logs each note once.
+func (m *Manager) remark(notes []Note) {
+	now := map[Note]bool{}
+	for _, n := range notes {
+		now[n] = true
+		if !m.noted[n] {
+			m.log.Warn(n.Message, "topic", n.Topic)
+		}
+	}
+	m.noted = now
 }
 
 // report logs each problem once, and says when one is gone.
@@ -213,8 +339,8 @@ func (m *Manager) Current() ([]Route, error) {
 	return out, nil
 }
 
-// RemoveAll deletes every route of our protocol (uninstall). Routes
-// already gone are success.
+// RemoveAll deletes every route of our protocol and the VXLAN devices
+// (uninstall). Routes and devices already gone are success.
 func (m *Manager) RemoveAll() error {
 	have, err := m.list()
 	if err != nil {
@@ -228,6 +354,14 @@ func (m *Manager) RemoveAll() error {
 			m.log.Info("route removed", "dst", h.Dst, "via", h.Via)
 		}
 	}
+	for _, name := range []string{vxlanName4, vxlanName6} {
+		if err := m.removeVTEP(name); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := m.removeGuard(); err != nil {
+		errs = append(errs, err)
+	}
 	return errors.Join(errs...)
 }
 
@@ -237,6 +371,12 @@ func (m *Manager) list() (map[netip.Prefix]kernelRoute, error) {
 		netlink.RT_FILTER_PROTOCOL|netlink.RT_FILTER_TABLE)
 	if err != nil {
 		return nil, fmt.Errorf("listing routes of protocol %d: %w", m.opts.Protocol, err)
+	}
+	tunnels := map[int]bool{}
+	for _, name := range []string{vxlanName4, vxlanName6} {
+		if l, err := netlink.LinkByName(name); err == nil {
+			tunnels[l.Attrs().Index] = true
+		}
 	}
 	out := map[netip.Prefix]kernelRoute{}
 	for _, r := range rs {
@@ -248,7 +388,11 @@ func (m *Manager) list() (map[netip.Prefix]kernelRoute, error) {
 			continue
 		}
 		via, _ := netip.AddrFromSlice(r.Gw)
-		out[dst] = kernelRoute{Route{Dst: dst, Via: via.Unmap()}, r.LinkIndex}
+		kind := Direct
+		if tunnels[r.LinkIndex] {
+			kind = VXLAN
+		}
+		out[dst] = kernelRoute{Route{Dst: dst, Via: via.Unmap(), Kind: kind}, r.LinkIndex, r.Flags&int(netlink.FLAG_ONLINK) != 0}
 	}
 	return out, nil
 }
@@ -271,6 +415,9 @@ func (m *Manager) nl(r kernelRoute) *netlink.Route {
 	}
 	if r.Via.IsValid() {
 		nr.Gw = net.IP(r.Via.AsSlice())
+	}
+	if r.onlink {
+		nr.Flags = int(netlink.FLAG_ONLINK)
 	}
 	return nr
 }

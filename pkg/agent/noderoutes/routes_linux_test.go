@@ -107,7 +107,7 @@ func TestSyncFollowsNodes(t *testing.T) {
 			t.Fatal(err)
 		}
 		got, _ := m.Current()
-		want := []Route{{netip.MustParsePrefix("10.244.2.0/24"), netip.MustParseAddr("10.9.0.3"), ""}}
+		want := []Route{{Dst: netip.MustParsePrefix("10.244.2.0/24"), Via: netip.MustParseAddr("10.9.0.3"), Kind: Direct}}
 		if !reflect.DeepEqual(got, want) {
 			t.Errorf("after the change: %v, want %v", got, want)
 		}
@@ -121,9 +121,11 @@ func TestSyncFollowsNodes(t *testing.T) {
 	})
 }
 
+// TestSyncReportsUnreachable is encapsulation never: a peer behind a
+// router gets no route (host-gw only).
 func TestSyncReportsUnreachable(t *testing.T) {
 	inNode(t, func() {
-		m, _ := New(Options{Self: "a"})
+		m, _ := New(Options{Self: "a", Encapsulation: EncapNever})
 		far := node("far", []string{"10.77.0.5", "fd77::5"}, "10.244.7.0/24", "fd10:0:0:7::/64")
 		lost := node("lost", []string{"192.0.2.9"}, "10.244.8.0/24")  // no route at all
 		me := node("me-again", []string{"10.9.0.1"}, "10.244.9.0/24") // claims our address
