@@ -252,6 +252,32 @@ func (m *Manager) network() (Network, error) {
 			nw.OnLink = append(nw.OnLink, p)
 		}
 	}
+	// A link route without a gateway reaches its destinations on the
+	// link as well: a node whose address is a /32 (on lo, or on a NIC)
+	// with a route to its neighbour over a link shares that link with
+	// it, whatever the prefixes of the addresses say.
+	routes, err := netlinksafe.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
+	if err != nil {
+		return nw, fmt.Errorf("listing this node's routes: %w", err)
+	}
+	links, err := netlinksafe.LinkList()
+	if err != nil {
+		return nw, fmt.Errorf("listing this node's links: %w", err)
+	}
+	loopback := map[int]bool{}
+	for _, l := range links {
+		if l.Attrs().Flags&net.FlagLoopback != 0 {
+			loopback[l.Attrs().Index] = true
+		}
+	}
+	for _, r := range routes {
+		if r.Gw != nil || len(r.MultiPath) > 0 || r.Scope != netlink.SCOPE_LINK || r.Dst == nil || ours[r.LinkIndex] || loopback[r.LinkIndex] {
+			continue
+		}
+		if p, ok := netipPrefix(r.Dst); ok {
+			nw.OnLink = append(nw.OnLink, p)
+		}
+	}
 	return nw, nil
 }
 

@@ -203,3 +203,32 @@ func TestRemoveAll(t *testing.T) {
 		}
 	})
 }
+
+// A node whose address is a /32 (on lo, as on the project's lab, or on a
+// NIC) and that reaches its neighbour by a link route shares that link
+// with it: auto routes the neighbour's pods directly, without VXLAN.
+func TestLinkRouteIsOnLink(t *testing.T) {
+	inNode(t, func() {
+		for _, c := range [][]string{
+			{"addr", "add", "10.242.0.1/32", "dev", "lo"},
+			{"route", "add", "10.242.0.2/32", "dev", "n1", "scope", "link", "src", "10.242.0.1"},
+		} {
+			ipRoutes(t, c...)
+		}
+		m, err := New(Options{Self: "one"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { m.RemoveAll() })
+		st, err := m.Sync([]Node{node("one", []string{"10.242.0.1"}, "10.244.0.0/24"), node("two", []string{"10.242.0.2"}, "10.244.1.0/24")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(st.Routes) != 1 || st.Routes[0].Kind != Direct || st.Routes[0].Via != netip.MustParseAddr("10.242.0.2") {
+			t.Fatalf("routes %+v (problems %v), want 10.244.1.0/24 directly via 10.242.0.2", st.Routes, st.Problems)
+		}
+		if _, err := netlink.LinkByName(vxlanName4); err == nil {
+			t.Error("a VXLAN device for a neighbour on a link")
+		}
+	})
+}
