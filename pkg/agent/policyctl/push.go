@@ -124,8 +124,9 @@ func (p *pusher) forget(live map[string]bool) {
 
 // push brings t's stack, whose state ps the caller holds locked, to hold
 // pol: nothing to do when it holds it already (false), else written and
-// pushed (true). A policy without a generation is given one.
-func (p *pusher) push(ps *podState, t target, pol *policy.PodPolicy) (bool, error) {
+// pushed (true). A policy without a generation is given one. cost
+// receives the time spent on the file and on the stack.
+func (p *pusher) push(ps *podState, t target, pol *policy.PodPolicy, cost *podCost) (bool, error) {
 	if ps.applied != nil && samePolicy(ps.applied, pol) {
 		return false, nil
 	}
@@ -140,7 +141,7 @@ func (p *pusher) push(ps *podState, t target, pol *policy.PodPolicy) (bool, erro
 	if pol.Generation == 0 {
 		pol.Generation = p.nextGeneration()
 	}
-	err := p.write(t, pol)
+	err := p.write(t, pol, cost)
 	var stale *staleError
 	if errors.As(err, &stale) {
 		// The stack holds a newer generation than ours (its file was
@@ -149,7 +150,7 @@ func (p *pusher) push(ps *podState, t target, pol *policy.PodPolicy) (bool, erro
 		p.gen = max(p.gen, stale.held)
 		p.mu.Unlock()
 		pol.Generation = p.nextGeneration()
-		err = p.write(t, pol)
+		err = p.write(t, pol, cost)
 	}
 	if err != nil {
 		// What the stack holds is not known any more (the PUT may have
@@ -176,14 +177,18 @@ func (e *staleError) Error() string {
 }
 
 // write puts pol in t's policy file, atomically, then in its stack.
-func (p *pusher) write(t target, pol *policy.PodPolicy) error {
+func (p *pusher) write(t target, pol *policy.PodPolicy, cost *podCost) error {
 	if t.file == "" {
 		return errors.New("the attachment has no policy file path")
 	}
+	begin := time.Now()
 	if err := policy.WriteFile(t.file, pol); err != nil {
 		return fmt.Errorf("writing %s: %w", t.file, err)
 	}
+	cost.file += time.Since(begin)
+	begin = time.Now()
 	gen, err := control.PutPolicy(t.socket, p.timeout, pol)
+	cost.put += time.Since(begin)
 	var refused *control.RefusedError
 	if errors.As(err, &refused) && refused.Status == http.StatusConflict {
 		// Older than what the stack holds, or the stack enforces no
