@@ -107,12 +107,8 @@ func (c *Controller) Run(ctx context.Context) {
 				continue
 			}
 		}
-		// Let the changes that come with this one arrive: a kubectl
-		// apply of a file of policies is many events within milliseconds.
-		select {
-		case <-ctx.Done():
+		if !c.settle(ctx) {
 			return
-		case <-time.After(c.o.Debounce):
 		}
 		select {
 		case <-c.kick:
@@ -130,6 +126,31 @@ func (c *Controller) Run(ctx context.Context) {
 			backoff = min(2*backoff, 30*time.Second)
 		} else {
 			backoff = c.o.Retry
+		}
+	}
+}
+
+// settle lets the changes that come with the one that woke the loop
+// arrive (a kubectl apply of a file of policies is many events within
+// milliseconds): it waits until none came for a fifth of the debounce,
+// or the whole debounce under a stream of them. It returns false when ctx
+// ended. A lone change so waits a fifth of the debounce, not all of it:
+// that wait is part of every change's time to be in force.
+func (c *Controller) settle(ctx context.Context) bool {
+	deadline := time.NewTimer(c.o.Debounce)
+	defer deadline.Stop()
+	quiet := time.NewTimer(c.o.Debounce / 5)
+	defer quiet.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-deadline.C:
+			return true
+		case <-quiet.C:
+			return true
+		case <-c.kick:
+			quiet.Reset(c.o.Debounce / 5)
 		}
 	}
 }

@@ -4,12 +4,15 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
 	"github.com/cni-usernet/cni-usernet/pkg/api/control"
 	"github.com/cni-usernet/cni-usernet/pkg/api/policy"
 	"github.com/cni-usernet/cni-usernet/pkg/api/state"
+	"github.com/cni-usernet/cni-usernet/pkg/util/atomicfile"
 )
 
 // pusher brings each stack to hold its pod's policy: it numbers the
@@ -182,7 +185,7 @@ func (p *pusher) write(t target, pol *policy.PodPolicy, cost *podCost) error {
 		return errors.New("the attachment has no policy file path")
 	}
 	begin := time.Now()
-	if err := policy.WriteFile(t.file, pol); err != nil {
+	if err := writePolicyFile(t.file, pol); err != nil {
 		return fmt.Errorf("writing %s: %w", t.file, err)
 	}
 	cost.file += time.Since(begin)
@@ -203,6 +206,42 @@ func (p *pusher) write(t target, pol *policy.PodPolicy, cost *podCost) error {
 	}
 	if gen != pol.Generation {
 		return fmt.Errorf("pushing generation %d: the stack answered %d", pol.Generation, gen)
+	}
+	return nil
+}
+
+// writePolicyFile replaces path with pol through a temporary file and a
+// rename, so that no reader sees a torn policy, but without syncing it
+// to disk: the file is read by processes of this boot only (a stack its
+// supervisor restarts, an agent started again), which the page cache
+// serves. A host that crashes takes every stack with it, and each pod's
+// stack is started again by an ADD that gets its policy from the agent,
+// not from the file. A sync per file costs a journal commit each: a round
+// that changes every local pod's policy spent more time in those than in
+// compiling and pushing.
+func writePolicyFile(path string, pol *policy.PodPolicy) error {
+	b, err := policy.Marshal(pol)
+	if err != nil {
+		return fmt.Errorf("encoding the policy: %w", err)
+	}
+	f, err := os.CreateTemp(filepath.Dir(path), atomicfile.TempPrefix(path)+"*")
+	if err != nil {
+		return fmt.Errorf("creating a temporary file: %w", err)
+	}
+	tmp := f.Name()
+	_, err = f.Write(b)
+	if err == nil {
+		err = f.Chmod(0o600)
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("writing through %s: %w", tmp, err)
 	}
 	return nil
 }
