@@ -412,6 +412,7 @@ spec:
 		for _, s := range stacks {
 			s.mark()
 		}
+		cpu0, busy0 := stacksCPU(stacks), machineBusy()
 		invoked := time.Now()
 		if del {
 			mustKubectl(t, "-n", ns, "delete", "networkpolicy", "deny-all")
@@ -422,7 +423,7 @@ spec:
 		inForce := make([]time.Time, len(stacks))
 		pending := len(stacks)
 		for pending > 0 && time.Since(invoked) < time.Minute {
-			time.Sleep(50 * time.Millisecond)
+			time.Sleep(100 * time.Millisecond)
 			for i, s := range stacks {
 				if !inForce[i].IsZero() {
 					continue
@@ -471,7 +472,14 @@ spec:
 		for _, node := range nodes {
 			t.Logf("%s: node %s: %d stacks, from the API server's answer: %s", what, node, len(byNode[node]), quantiles(byNode[node]))
 		}
-		logAgentRounds(t, what, invoked, acked, invoked.Add(slices.Max(fromInvoked)+time.Second))
+		last := invoked.Add(slices.Max(fromInvoked))
+		logAgentRounds(t, what, invoked, acked, last.Add(time.Second))
+		// What the stacks of node 1 (the test's PID namespace) spent
+		// meanwhile, and the machine's CPUs: whether the pushes wait for
+		// CPU, and how much of it the stacks take.
+		time.Sleep(time.Until(last.Add(time.Second)))
+		t.Logf("%s: CPU from kubectl invoked to the last stack's change and a second more: node %s's %d stacks %s, the machine's CPUs busy %s of %s",
+			what, node1(), len(byNode[node1()]), stacksCPU(stacks)-cpu0, machineBusy()-busy0, time.Since(invoked).Round(time.Millisecond))
 	}
 	measure("default deny applied", fmt.Sprintf(`apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy
@@ -498,6 +506,7 @@ func quantiles(ds []time.Duration) string {
 type propStack struct {
 	pod, node   string
 	socket, log string
+	pid         int // in node 1's PID namespace; 0: not known yet
 	offset      int64
 	partial     []byte
 }
@@ -533,6 +542,66 @@ func propagationStacks(t *testing.T, ns string) []*propStack {
 			socket: filepath.Join(runDir, filepath.Base(a.ControlSocket)), log: filepath.Join(logDir, filepath.Base(a.LogPath))})
 	}
 	return stacks
+}
+
+// stacksCPU is the CPU time the stacks of node 1 used so far (user and
+// system), from /proc (node 2's stacks log PIDs of its own namespace).
+func stacksCPU(stacks []*propStack) time.Duration {
+	var ticks int64
+	for _, s := range stacks {
+		if s.node != node1() {
+			continue
+		}
+		if s.pid == 0 {
+			s.pid = logPID(s.log)
+		}
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", s.pid))
+		if s.pid == 0 || err != nil {
+			continue
+		}
+		// The fields after the command's closing parenthesis: utime and
+		// stime are the 12th and 13th.
+		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+		for _, i := range []int{11, 12} {
+			if n, err := strconv.ParseInt(f[i], 10, 64); err == nil {
+				ticks += n
+			}
+		}
+	}
+	return time.Duration(ticks) * 10 * time.Millisecond // USER_HZ, 100 on Linux
+}
+
+// machineBusy is the CPU time the machine's CPUs spent not idle so far,
+// from /proc/stat.
+func machineBusy() time.Duration {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	var ticks int64
+	for i, f := range strings.Fields(line)[1:] {
+		if i == 3 || i == 4 { // idle, iowait
+			continue
+		}
+		n, _ := strconv.ParseInt(f, 10, 64)
+		ticks += n
+	}
+	return time.Duration(ticks) * 10 * time.Millisecond
+}
+
+// logPID is the PID a stack's log lines name, or 0.
+func logPID(path string) int {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	var l struct {
+		PID int `json:"pid"`
+	}
+	json.NewDecoder(f).Decode(&l)
+	return l.PID
 }
 
 // mark makes the next inForce read only what the stack logs from now on.
