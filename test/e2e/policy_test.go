@@ -418,7 +418,9 @@ spec:
 		cpu0, busy0 := stacksCPU(stacks), machineBusy()
 		invoked := time.Now()
 		if del {
-			mustKubectl(t, "-n", ns, "delete", "networkpolicy", "deny-all")
+			// Not waiting for the object to be gone: kubectl returns
+			// with the API server's answer, as apply does.
+			mustKubectl(t, "-n", ns, "delete", "networkpolicy", "deny-all", "--wait=false")
 		} else {
 			apply(t, manifest)
 		}
