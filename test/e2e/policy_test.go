@@ -711,10 +711,10 @@ const churnServices = 50
 var churned atomic.Int64
 
 // churnEvery paces the endpoint churn: each change moves one pod between
-// two Services. A label change by kubectl cost the machine a process of
-// its own (some 0.2 s of CPU on the lab's two); run back to back they
-// took a quarter of the CPUs the agents and stacks push with, and reached
-// about 3 changes a second. The churn goes through one API client
+// two Services. A label change by kubectl is a process of its own: run
+// back to back they reached about 3 changes a second and kept the lab's
+// two CPUs, the ones the agents and stacks push with, all but fully
+// busy while a change propagated. The churn goes through one API client
 // instead, at a steady rate above that.
 const churnEvery = 200 * time.Millisecond
 
