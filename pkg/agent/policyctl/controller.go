@@ -11,6 +11,7 @@ import (
 	"runtime/debug"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cni-usernet/cni-usernet/pkg/agent/netpolicy"
@@ -34,6 +35,10 @@ type Controller struct {
 
 	// kick asks for a round; one pending kick is enough.
 	kick chan struct{}
+	// changed is when the first change the next round covers arrived
+	// (Unix nanoseconds; 0: none yet), for the round's report of how
+	// long a change waited before it was compiled.
+	changed atomic.Int64
 	// node is the node's addresses the last round compiled with; a
 	// change makes the next round compile every pod. targets are the
 	// last round's local pods, by attachment key. Run's alone.
@@ -64,6 +69,7 @@ func New(o Options) (*Controller, error) {
 }
 
 func (c *Controller) trigger() {
+	c.changed.CompareAndSwap(0, time.Now().UnixNano())
 	select {
 	case c.kick <- struct{}{}:
 	default:
@@ -102,12 +108,8 @@ func (c *Controller) Run(ctx context.Context) {
 				continue
 			}
 		}
-		// Let the changes that come with this one arrive: a kubectl
-		// apply of a file of policies is many events within milliseconds.
-		select {
-		case <-ctx.Done():
+		if !c.settle(ctx) {
 			return
-		case <-time.After(c.o.Debounce):
 		}
 		select {
 		case <-c.kick:
@@ -120,13 +122,48 @@ func (c *Controller) Run(ctx context.Context) {
 			}
 			continue
 		}
-		if failed := c.sync(ctx); failed > 0 {
+		if failed := c.sync(ctx, c.takeChanged()); failed > 0 {
 			retry.Reset(backoff)
 			backoff = min(2*backoff, 30*time.Second)
 		} else {
 			backoff = c.o.Retry
 		}
 	}
+}
+
+// settle lets the changes that come with the one that woke the loop
+// arrive (a kubectl apply of a file of policies is many events within
+// milliseconds): it waits until none came for a fifth of the debounce,
+// or the whole debounce under a stream of them. It returns false when ctx
+// ended. A lone change so waits a fifth of the debounce, not all of it:
+// that wait is part of every change's time to be in force.
+func (c *Controller) settle(ctx context.Context) bool {
+	deadline := time.NewTimer(c.o.Debounce)
+	defer deadline.Stop()
+	quiet := time.NewTimer(c.o.Debounce / 5)
+	defer quiet.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-deadline.C:
+			return true
+		case <-quiet.C:
+			return true
+		case <-c.kick:
+			quiet.Reset(c.o.Debounce / 5)
+		}
+	}
+}
+
+// takeChanged returns when the first change since the last round arrived
+// (zero: none, the round is a retry, a resync or a node check), and
+// starts the count again for the next round.
+func (c *Controller) takeChanged() time.Time {
+	if n := c.changed.Swap(0); n != 0 {
+		return time.Unix(0, n)
+	}
+	return time.Time{}
 }
 
 // nodeAddrs are the node's addresses for a round; without them (logged)
@@ -144,7 +181,7 @@ func (c *Controller) nodeAddrs() []netip.Addr {
 // addresses), those this agent has not brought in step yet (new, or
 // failed), and pushes what changed. It returns how many pods could not be
 // brought in step.
-func (c *Controller) sync(ctx context.Context) int {
+func (c *Controller) sync(ctx context.Context, changed time.Time) int {
 	start := time.Now()
 	all, dirty := c.index.begin()
 	snap := c.cache.snapshot()
@@ -165,7 +202,7 @@ func (c *Controller) sync(ctx context.Context) int {
 	}
 	r := newRound(snap, c.cache.indexes, c.cache.pod, node, targets, c.warnings)
 
-	res := passResult{pods: len(targets), compiled: len(todo), full: all}
+	res := passResult{pods: len(targets), compiled: len(todo), full: all, changed: changed, start: start}
 	compiled := make(map[string]*netpolicy.Deps, len(todo))
 	var mu sync.Mutex // guards res and compiled
 	work := make(chan target)
@@ -175,8 +212,13 @@ func (c *Controller) sync(ctx context.Context) int {
 		go func() {
 			defer wg.Done()
 			for t := range work {
-				pushed, deps, err := c.syncPod(ctx, r, t)
+				var cost podCost
+				pushed, deps, err := c.syncPod(ctx, r, t, &cost)
 				mu.Lock()
+				res.cost.add(cost)
+				if pushed {
+					res.lastPush = time.Since(start)
+				}
 				compiled[t.podKey()] = deps
 				switch {
 				case errors.Is(err, errPodNotCached):
@@ -202,9 +244,9 @@ func (c *Controller) sync(ctx context.Context) int {
 	res.took = time.Since(start)
 	c.report.pass(res)
 	if all {
-		// A full pass (the first, after the initial lists, and then one
-		// every Resync) builds what it compiles against from the whole
-		// cache: hand what it took back to the node now rather than over
+		// A full pass (the first, right after the initial lists, and
+		// then one every Resync) compiles every local pod: hand what the
+		// lists and the pass took back to the node now rather than over
 		// the runtime's minutes of scavenging. At 100k pods this is one
 		// collection of a ~100 MiB heap every ten minutes.
 		debug.FreeOSMemory()
@@ -251,24 +293,32 @@ var errPodNotCached = errors.New("pod not in the agent's cache")
 // syncPod compiles t's pod in r and, when its policy changed (or the
 // stack's is not known), writes and pushes it. It returns whether it
 // pushed and what the policy depends on (nil: the pod is not cached).
-func (c *Controller) syncPod(ctx context.Context, r *round, t target) (bool, *netpolicy.Deps, error) {
-	pushed, _, deps, err := c.syncPodGen(ctx, r, t)
+// cost, when not nil, receives where the time went.
+func (c *Controller) syncPod(ctx context.Context, r *round, t target, cost *podCost) (bool, *netpolicy.Deps, error) {
+	pushed, _, deps, err := c.syncPodGen(ctx, r, t, cost)
 	return pushed, deps, err
 }
 
 // syncPodGen is syncPod that also returns the generation the stack holds.
-func (c *Controller) syncPodGen(ctx context.Context, r *round, t target) (bool, uint64, *netpolicy.Deps, error) {
+func (c *Controller) syncPodGen(ctx context.Context, r *round, t target, cost *podCost) (bool, uint64, *netpolicy.Deps, error) {
 	pod := r.pod(t)
 	if pod == nil {
 		return false, 0, nil, fmt.Errorf("%s: %w", t.podKey(), errPodNotCached)
 	}
+	if cost == nil {
+		cost = &podCost{}
+	}
+	begin := time.Now()
 	ps := c.push.lock(t.key)
 	defer ps.mu.Unlock()
+	cost.lock = time.Since(begin)
+	begin = time.Now()
 	res := r.compile(pod, t)
+	cost.compile = time.Since(begin)
 	if c.o.compiled != nil {
 		c.o.compiled(t.podKey())
 	}
-	pushed, err := c.push.push(ps, t, res.Policy)
+	pushed, err := c.push.push(ps, t, res.Policy, cost)
 	if err != nil {
 		c.report.pushFailed(ctx, &ps.failures, t, pod.Metadata.UID, err)
 		return false, 0, res.Deps, err
@@ -303,7 +353,7 @@ func (c *Controller) applyNow(ctx context.Context, t target, wait time.Duration)
 	start := time.Now()
 	node := c.nodeAddrs()
 	r := newRound(c.cache.snapshot(), c.cache.indexes, c.cache.pod, node, []target{t}, c.warnings)
-	_, gen, _, err := c.syncPodGen(ctx, r, t)
+	_, gen, _, err := c.syncPodGen(ctx, r, t, nil)
 	if err == nil {
 		c.report.added(time.Since(start))
 		// The next round compiles the pod again, against a snapshot

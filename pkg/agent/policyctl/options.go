@@ -25,16 +25,17 @@ type Options struct {
 	NodeAddrs func() ([]netip.Addr, error)
 	// Event posts an Event on a pod. Nil: Client.Event.
 	Event func(context.Context, kube.Event) error
-	// Debounce is how long a change waits for the ones that follow it
-	// (a kubectl apply of many objects) before the pods are compiled.
-	// Zero: 50 ms.
+	// Debounce is how long a change waits at most for the ones that
+	// follow it (a kubectl apply of many objects) before the pods are
+	// compiled; a change followed by none for a fifth of it waits only
+	// that. Zero: 50 ms.
 	Debounce time.Duration
 	// PushTimeout bounds one PUT /policy. Zero: 5 s.
 	PushTimeout time.Duration
 	// Retry is the first wait before a failed pod is tried again,
 	// doubled up to 30 s. Zero: 1 s.
 	Retry time.Duration
-	// Parallel is how many stacks are pushed to at once. Zero: 8.
+	// Parallel is how many stacks are pushed to at once. Zero: 32.
 	Parallel int
 	// Resync is how often every local pod is compiled, whatever
 	// changed: a round compiles only the pods a change can affect, and
@@ -87,7 +88,7 @@ func (o *Options) validate() error {
 		o.NodeCheck = 30 * time.Second
 	}
 	if o.Parallel == 0 {
-		o.Parallel = 8
+		o.Parallel = 32
 	}
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)

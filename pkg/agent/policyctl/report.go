@@ -74,6 +74,28 @@ type passResult struct {
 	pods, compiled, applied, pushed, failed, inStep int
 	full                                            bool
 	took                                            time.Duration
+	// changed is when the first change the round covers arrived (zero:
+	// the round answers no change), start when the round began;
+	// lastPush is how long after start its last push ended.
+	changed, start time.Time
+	lastPush       time.Duration
+	// cost sums where the round's workers spent their time.
+	cost podCost
+}
+
+// podCost is where the time of one pod's compile and push went.
+type podCost struct {
+	// lock is the wait for the pod's state (an ADD's push holding it);
+	// compile the compilation; file the policy file's write; put the
+	// PUT to the stack, its answer included.
+	lock, compile, file, put time.Duration
+}
+
+func (c *podCost) add(o podCost) {
+	c.lock += o.lock
+	c.compile += o.compile
+	c.file += o.file
+	c.put += o.put
 }
 
 // pass records a round.
@@ -82,8 +104,18 @@ func (r *reporter) pass(p passResult) {
 	r.metrics.pending.Set(float64(p.failed))
 	if p.pushed > 0 || p.failed > 0 {
 		r.metrics.duration.WithLabelValues("change").Observe(p.took.Seconds())
-		r.log.Info("policies pushed", "pods", p.pods, "compiled", p.compiled, "full", p.full,
-			"pushed", p.pushed, "failed", p.failed, "took", p.took.Round(time.Microsecond).String())
+		// The timings split a change's propagation: how long the change
+		// waited for the round (the debounce, a round in progress), then
+		// the workers' time summed over the pods by what it went to.
+		ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+		attrs := []any{"pods", p.pods, "compiled", p.compiled, "full", p.full,
+			"pushed", p.pushed, "failed", p.failed, "took", p.took.Round(time.Microsecond).String(),
+			"tookMs", ms(p.took), "lastPushMs", ms(p.lastPush),
+			"compileMs", ms(p.cost.compile), "fileMs", ms(p.cost.file), "putMs", ms(p.cost.put), "lockMs", ms(p.cost.lock)}
+		if !p.changed.IsZero() {
+			attrs = append(attrs, "changeSeen", p.changed, "waitedMs", ms(p.start.Sub(p.changed)))
+		}
+		r.log.Info("policies pushed", attrs...)
 	}
 }
 
