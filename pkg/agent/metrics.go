@@ -83,15 +83,20 @@ func serveMetricsOn(ctx context.Context, ln net.Listener, reg *prometheus.Regist
 		MaxRequestsInFlight: 2,
 		Timeout:             10 * time.Second,
 	}))
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	serveHTTP(ctx, ln, mux, "metrics", log)
+}
+
+// serveHTTP serves h on ln until ctx ends; what names it in the log.
+func serveHTTP(ctx context.Context, ln net.Listener, h http.Handler, what string, log *slog.Logger) {
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error("serving metrics", "err", err)
+			log.Error("serving "+what, "err", err)
 		}
 	}()
 	go func() {
 		<-ctx.Done()
 		srv.Close()
 	}()
-	log.Info("serving metrics", "address", ln.Addr().String())
+	log.Info("serving "+what, "address", ln.Addr().String())
 }

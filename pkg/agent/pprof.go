@@ -2,13 +2,11 @@ package agent
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/pprof"
-	"time"
 )
 
 // servePprof serves Go's runtime profiles (/debug/pprof/) on addr until
@@ -34,16 +32,6 @@ func servePprof(ctx context.Context, addr string, log *slog.Logger) error {
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error("serving profiles", "err", err)
-		}
-	}()
-	go func() {
-		<-ctx.Done()
-		srv.Close()
-	}()
-	log.Info("serving profiles", "address", ln.Addr().String())
+	serveHTTP(ctx, ln, mux, "profiles", log)
 	return nil
 }

@@ -516,19 +516,23 @@ type propStack struct {
 	partial     []byte
 }
 
+// podNodeList is a pod list as far as the propagation check reads it:
+// each pod's name and node.
+type podNodeList struct {
+	Items []struct {
+		Metadata struct {
+			Name string `json:"name"`
+		} `json:"metadata"`
+		Spec struct {
+			NodeName string `json:"nodeName"`
+		} `json:"spec"`
+	} `json:"items"`
+}
+
 // propagationStacks finds the stacks of the pods of ns on both nodes.
 func propagationStacks(t *testing.T, ns string) []*propStack {
 	t.Helper()
-	var list struct {
-		Items []struct {
-			Metadata struct {
-				Name string `json:"name"`
-			} `json:"metadata"`
-			Spec struct {
-				NodeName string `json:"nodeName"`
-			} `json:"spec"`
-		} `json:"items"`
-	}
+	var list podNodeList
 	if err := kubectlJSON(&list, "-n", ns, "get", "pods"); err != nil {
 		t.Fatal(err)
 	}
@@ -653,16 +657,7 @@ func (s *propStack) inForce(isolated bool) (time.Time, error) {
 // went (summed over its workers: compiling, the policy files, the PUTs).
 func logAgentRounds(t *testing.T, what string, from, acked, to time.Time) {
 	t.Helper()
-	var list struct {
-		Items []struct {
-			Metadata struct {
-				Name string `json:"name"`
-			} `json:"metadata"`
-			Spec struct {
-				NodeName string `json:"nodeName"`
-			} `json:"spec"`
-		} `json:"items"`
-	}
+	var list podNodeList
 	if err := kubectlJSON(&list, "-n", "kube-system", "get", "pods", "-l", "app.kubernetes.io/name=cni-usernet"); err != nil {
 		t.Logf("%s: listing the agents: %v", what, err)
 		return

@@ -1,11 +1,10 @@
 package policyctl
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"net/http"
-	"os"
-	"path/filepath"
 	"sync"
 	"time"
 
@@ -225,24 +224,5 @@ func writePolicyFile(path string, pol *policy.PodPolicy) error {
 	if err != nil {
 		return fmt.Errorf("encoding the policy: %w", err)
 	}
-	f, err := os.CreateTemp(filepath.Dir(path), atomicfile.TempPrefix(path)+"*")
-	if err != nil {
-		return fmt.Errorf("creating a temporary file: %w", err)
-	}
-	tmp := f.Name()
-	_, err = f.Write(b)
-	if err == nil {
-		err = f.Chmod(0o600)
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("writing through %s: %w", tmp, err)
-	}
-	return nil
+	return atomicfile.WriteFrom(path, bytes.NewReader(b), atomicfile.Meta{Mode: 0o600, UID: -1, GID: -1, Volatile: true})
 }

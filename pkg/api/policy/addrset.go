@@ -48,17 +48,7 @@ func spanOf(p netip.Prefix) span {
 	p = p.Masked()
 	first := toU128(p.Addr())
 	host := p.Addr().BitLen() - p.Bits() // bits of the host part
-	last := first
-	switch {
-	case host >= 64:
-		last.lo = ^uint64(0)
-		if host > 64 {
-			last.hi |= ^uint64(0) >> (128 - host)
-		}
-	case host > 0:
-		last.lo |= ^uint64(0) >> (64 - host)
-	}
-	return span{first, last}
+	return span{first, first.or(lowBits(host))}
 }
 
 // addrSet is a set of addresses as sorted, disjoint, non-adjacent spans

@@ -23,6 +23,10 @@ type Meta struct {
 	// UID and GID name the file's owner; -1 leaves the one the process
 	// gives it (as os.Chown does). The zero value means root.
 	UID, GID int
+	// Volatile skips the syncs, file and directory: for a file read only
+	// by processes of this boot, which the page cache serves, a rename
+	// still keeps readers from a torn write, and a crash may lose it.
+	Volatile bool
 }
 
 // TempPrefix is how the temporary file for path starts: dot-prefixed and
@@ -70,8 +74,10 @@ func WriteFrom(path string, r io.Reader, meta Meta) error {
 	if err := f.Chmod(meta.Mode); err != nil {
 		return fmt.Errorf("setting mode of %s to %v: %w", tmp, meta.Mode, err)
 	}
-	if err := f.Sync(); err != nil {
-		return fmt.Errorf("syncing %s: %w", tmp, err)
+	if !meta.Volatile {
+		if err := f.Sync(); err != nil {
+			return fmt.Errorf("syncing %s: %w", tmp, err)
+		}
 	}
 	if err := f.Close(); err != nil {
 		return fmt.Errorf("closing %s: %w", tmp, err)
@@ -80,6 +86,9 @@ func WriteFrom(path string, r io.Reader, meta Meta) error {
 		return fmt.Errorf("renaming %s to %s: %w", tmp, path, err)
 	}
 	done = true
+	if meta.Volatile {
+		return nil
+	}
 	return SyncDir(dir)
 }
 
