@@ -1,7 +1,6 @@
 package policyctl
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"net/http"
@@ -224,5 +223,5 @@ func writePolicyFile(path string, pol *policy.PodPolicy) error {
 	if err != nil {
 		return fmt.Errorf("encoding the policy: %w", err)
 	}
-	return atomicfile.WriteFrom(path, bytes.NewReader(b), atomicfile.Meta{Mode: 0o600, UID: -1, GID: -1, Volatile: true})
+	return atomicfile.WriteVolatile(path, b, 0o600)
 }

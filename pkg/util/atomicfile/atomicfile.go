@@ -23,10 +23,6 @@ type Meta struct {
 	// UID and GID name the file's owner; -1 leaves the one the process
 	// gives it (as os.Chown does). The zero value means root.
 	UID, GID int
-	// Volatile skips the syncs, file and directory: for a file read only
-	// by processes of this boot, which the page cache serves, a rename
-	// still keeps readers from a torn write, and a crash may lose it.
-	Volatile bool
 }
 
 // TempPrefix is how the temporary file for path starts: dot-prefixed and
@@ -44,11 +40,22 @@ func Write(path string, data []byte, perm fs.FileMode) error {
 	return WriteFrom(path, bytes.NewReader(data), Meta{Mode: perm, UID: -1, GID: -1})
 }
 
+// WriteVolatile is Write without the syncs, file and directory: for a
+// file read only by processes of this boot, which the page cache serves,
+// the rename still keeps readers from a torn write; a crash may lose it.
+func WriteVolatile(path string, data []byte, perm fs.FileMode) error {
+	return write(path, bytes.NewReader(data), Meta{Mode: perm, UID: -1, GID: -1}, false)
+}
+
 // WriteFrom replaces path with the bytes from r through a temporary file
 // in the same directory: written, given meta's owner and mode, synced,
 // renamed, and the directory synced so that the rename survives a crash.
 // The temporary file is removed on any error.
 func WriteFrom(path string, r io.Reader, meta Meta) error {
+	return write(path, r, meta, true)
+}
+
+func write(path string, r io.Reader, meta Meta, durable bool) error {
 	dir := filepath.Dir(path)
 	f, err := os.CreateTemp(dir, TempPrefix(path)+"*")
 	if err != nil {
@@ -74,7 +81,7 @@ func WriteFrom(path string, r io.Reader, meta Meta) error {
 	if err := f.Chmod(meta.Mode); err != nil {
 		return fmt.Errorf("setting mode of %s to %v: %w", tmp, meta.Mode, err)
 	}
-	if !meta.Volatile {
+	if durable {
 		if err := f.Sync(); err != nil {
 			return fmt.Errorf("syncing %s: %w", tmp, err)
 		}
@@ -86,7 +93,7 @@ func WriteFrom(path string, r io.Reader, meta Meta) error {
 		return fmt.Errorf("renaming %s to %s: %w", tmp, path, err)
 	}
 	done = true
-	if meta.Volatile {
+	if !durable {
 		return nil
 	}
 	return SyncDir(dir)
