@@ -255,7 +255,9 @@ func (m *Manager) network() (Network, error) {
 	// A link route without a gateway reaches its destinations on the
 	// link as well: a node whose address is a /32 (on lo, or on a NIC)
 	// with a route to its neighbour over a link shares that link with
-	// it, whatever the prefixes of the addresses say.
+	// it, whatever the prefixes of the addresses say. (IPv6 has no route
+	// scopes: every IPv6 route is "universe", a gateway-less unicast
+	// one is on the link.)
 	routes, err := netlinksafe.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
 	if err != nil {
 		return nw, fmt.Errorf("listing this node's routes: %w", err)
@@ -271,7 +273,10 @@ func (m *Manager) network() (Network, error) {
 		}
 	}
 	for _, r := range routes {
-		if r.Gw != nil || len(r.MultiPath) > 0 || r.Scope != netlink.SCOPE_LINK || r.Dst == nil || ours[r.LinkIndex] || loopback[r.LinkIndex] {
+		if r.Gw != nil || len(r.MultiPath) > 0 || r.Dst == nil || ours[r.LinkIndex] || loopback[r.LinkIndex] || r.Type != unix.RTN_UNICAST {
+			continue
+		}
+		if r.Dst.IP.To4() != nil && r.Scope != netlink.SCOPE_LINK {
 			continue
 		}
 		if p, ok := netipPrefix(r.Dst); ok {

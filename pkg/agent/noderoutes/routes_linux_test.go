@@ -207,11 +207,16 @@ func TestRemoveAll(t *testing.T) {
 // A node whose address is a /32 (on lo, as on the project's lab, or on a
 // NIC) and that reaches its neighbour by a link route shares that link
 // with it: auto routes the neighbour's pods directly, without VXLAN.
+// The same for IPv6, whose routes carry no scope (the project's lab in
+// dual-stack: fd10:242::1/128 on lo, a route to fd10:242::2/128 over the
+// link).
 func TestLinkRouteIsOnLink(t *testing.T) {
 	inNode(t, func() {
 		for _, c := range [][]string{
 			{"addr", "add", "10.242.0.1/32", "dev", "lo"},
 			{"route", "add", "10.242.0.2/32", "dev", "n1", "scope", "link", "src", "10.242.0.1"},
+			{"-6", "addr", "add", "fd10:242::1/128", "dev", "lo"},
+			{"-6", "route", "add", "fd10:242::2/128", "dev", "n1", "src", "fd10:242::1"},
 		} {
 			ipRoutes(t, c...)
 		}
@@ -220,15 +225,26 @@ func TestLinkRouteIsOnLink(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { m.RemoveAll() })
-		st, err := m.Sync([]Node{node("one", []string{"10.242.0.1"}, "10.244.0.0/24"), node("two", []string{"10.242.0.2"}, "10.244.1.0/24")})
+		st, err := m.Sync([]Node{
+			node("one", []string{"10.242.0.1", "fd10:242::1"}, "10.244.0.0/24", "fd10:244::/64"),
+			node("two", []string{"10.242.0.2", "fd10:242::2"}, "10.244.1.0/24", "fd10:244:0:1::/64"),
+		})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(st.Routes) != 1 || st.Routes[0].Kind != Direct || st.Routes[0].Via != netip.MustParseAddr("10.242.0.2") {
-			t.Fatalf("routes %+v (problems %v), want 10.244.1.0/24 directly via 10.242.0.2", st.Routes, st.Problems)
+		want := map[string]string{"10.244.1.0/24": "10.242.0.2", "fd10:244:0:1::/64": "fd10:242::2"}
+		if len(st.Routes) != len(want) {
+			t.Fatalf("routes %+v (problems %v), want %v directly", st.Routes, st.Problems, want)
 		}
-		if _, err := netlink.LinkByName(vxlanName4); err == nil {
-			t.Error("a VXLAN device for a neighbour on a link")
+		for _, r := range st.Routes {
+			if r.Kind != Direct || want[r.Dst.String()] != r.Via.String() {
+				t.Errorf("route %+v, want %v directly", r, want)
+			}
+		}
+		for _, name := range []string{vxlanName4, vxlanName6} {
+			if _, err := netlink.LinkByName(name); err == nil {
+				t.Errorf("a VXLAN device (%s) for a neighbour on a link", name)
+			}
 		}
 	})
 }
