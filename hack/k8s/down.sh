@@ -145,27 +145,33 @@ for ipt in iptables ip6tables; do
     for c in $($ipt -w -t $table -S 2>/dev/null | awk '/^-N KUBE-/{print $2}'); do $ipt -w -t $table -X "$c" 2>/dev/null; done
   done
 done
-if iptables -w -S K8S-LAB-GUARD >/dev/null 2>&1; then
-  iptables -w -D FORWARD -j K8S-LAB-GUARD 2>/dev/null || true
-  iptables -w -F K8S-LAB-GUARD; iptables -w -X K8S-LAB-GUARD
-fi
-# portmap plugin chains (only present if a pod used hostPort)
-for c in CNI-HOSTPORT-DNAT CNI-HOSTPORT-SNAT CNI-HOSTPORT-MASQ CNI-HOSTPORT-SETMARK; do
-  iptables -w -t nat -S "$c" >/dev/null 2>&1 || continue
-  for parent in PREROUTING OUTPUT POSTROUTING; do
-    while iptables -w -t nat -S "$parent" | grep -q -- "-j $c"; do
-      rule=$(iptables -w -t nat -S "$parent" | grep -- "-j $c" | head -1 | sed 's/^-A/-D/')
-      eval iptables -w -t nat "$rule" || break
+# (both families: a dual-stack lab has the same guard and portmap chains
+# in ip6tables)
+for ipt in iptables ip6tables; do
+  if $ipt -w -S K8S-LAB-GUARD >/dev/null 2>&1; then
+    $ipt -w -D FORWARD -j K8S-LAB-GUARD 2>/dev/null || true
+    $ipt -w -F K8S-LAB-GUARD; $ipt -w -X K8S-LAB-GUARD
+  fi
+  # portmap plugin chains (only present if a pod used hostPort)
+  for c in CNI-HOSTPORT-DNAT CNI-HOSTPORT-SNAT CNI-HOSTPORT-MASQ CNI-HOSTPORT-SETMARK; do
+    $ipt -w -t nat -S "$c" >/dev/null 2>&1 || continue
+    for parent in PREROUTING OUTPUT POSTROUTING; do
+      while $ipt -w -t nat -S "$parent" | grep -q -- "-j $c"; do
+        rule=$($ipt -w -t nat -S "$parent" | grep -- "-j $c" | head -1 | sed 's/^-A/-D/')
+        eval $ipt -w -t nat "$rule" || break
+      done
     done
   done
-done
-for c in CNI-HOSTPORT-DNAT CNI-HOSTPORT-SNAT CNI-HOSTPORT-MASQ CNI-HOSTPORT-SETMARK; do
-  iptables -w -t nat -F "$c" 2>/dev/null && iptables -w -t nat -X "$c" 2>/dev/null
+  for c in CNI-HOSTPORT-DNAT CNI-HOSTPORT-SNAT CNI-HOSTPORT-MASQ CNI-HOSTPORT-SETMARK; do
+    $ipt -w -t nat -F "$c" 2>/dev/null && $ipt -w -t nat -X "$c" 2>/dev/null
+  done
 done
 ip addr del "$NODE_IP/32" dev lo 2>/dev/null && log "removed $NODE_IP from lo"
+ip -6 addr del "$NODE_IP6/128" dev lo 2>/dev/null && log "removed $NODE_IP6 from lo"
 # routes cni-usernet's agent made to other nodes' pods (pkg/agent/noderoutes, protocol
 # 117) that a failed run left; the agent removes them on uninstall.
 ip route flush proto 117 2>/dev/null || true
+ip -6 route flush proto 117 2>/dev/null || true
 if [ -f "$STATE/sysctl.orig" ]; then
   while IFS='=' read -r k v; do sysctl -qw "$k=$v" 2>/dev/null || true; done <"$STATE/sysctl.orig"
   rm -f "$STATE/sysctl.orig"

@@ -6,7 +6,9 @@
 # when something failed (E2E_KEEP_CLUSTER=1 keeps it, for iterating).
 # K8S_LAB_CONTAINERD=2 runs the lab on containerd 2 instead of Debian's 1.6
 # (lib/common.sh); K8S_LAB_PROXY_MODE=nftables runs kube-proxy in nftables
-# mode (up.sh). Exits non-zero when anything failed.
+# mode (up.sh); K8S_LAB_IP_FAMILY=ipv4 makes the cluster IPv4-only instead
+# of dual-stack, K8S_LAB_TOPOLOGY=routed puts a router between the nodes
+# (lib/common.sh). Exits non-zero when anything failed.
 set -uo pipefail
 LAB=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$LAB/../.." && pwd)
@@ -50,6 +52,11 @@ dump_logs() {
 # E2E_CONTAINERD for what they expect of it (which cgroup source).
 lab_containerd
 export KUBECONFIG=$STATE/admin.kubeconfig CNI_USERNET_E2E=1 E2E_NODE1=$NODE E2E_CONTAINERD=$CONTAINERD_VARIANT
+# (up.sh may have found a running cluster of other families than asked:
+# the tests follow the cluster's)
+lab_ip_family; lab_topology
+export E2E_IP_FAMILY=$IP_FAMILY E2E_NODE2_IP6=${DUAL:+$NODE2_IP6} E2E_TOPOLOGY=$TOPOLOGY
+log "IP families: $IP_FAMILY (pods $POD_NETS, Services $SVC_CIDRS); nodes: $TOPOLOGY"
 log "containerd: $("$CONTAINERD" --version)"
 log "kube-proxy: mode $(sed -n 's/^mode: //p' "$ETC/kube-proxy.yaml" 2>/dev/null)"
 hack/image.sh || { rc=1; exit; }

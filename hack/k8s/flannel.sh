@@ -62,27 +62,34 @@ up() {
   [ -x "$BIN/flanneld" ] && [ -x "$BIN/flannel" ] || die "flanneld or the flannel plugin is not built (lib/build.sh)"
   [ "$K8S_LAB_NODES" = 2 ] || die "flannel.sh needs the two-node lab"
   mkdir -p "$ETC"
+  # (dual-stack: flannel's second VXLAN device, flannel-v6.1, between the
+  # nodes' IPv6 addresses, and the pods' IPv6 subnets from spec.podCIDRs)
+  local v6=
+  [ -n "$DUAL" ] && v6='"EnableIPv6": true, "IPv6Network": "'$POD_NET6'",'
   cat >"$NETCONF" <<EOF
 {
   "Network": "$POD_NET",
-  "EnableIPv4": true,
+  "EnableIPv4": true, $v6
   "Backend": { "Type": "vxlan", "Port": $VXLAN_PORT, "MTU": 1500 }
 }
 EOF
   # node 1's VXLAN socket listens on every address of the root namespace
-  if ! iptables -w -S K8S-LAB-GUARD-IN >/dev/null 2>&1; then iptables -w -N K8S-LAB-GUARD-IN; fi
-  iptables -w -C INPUT -j K8S-LAB-GUARD-IN 2>/dev/null || iptables -w -I INPUT 1 -j K8S-LAB-GUARD-IN
-  iptables -w -F K8S-LAB-GUARD-IN
-  iptables -w -A K8S-LAB-GUARD-IN -p udp --dport $VXLAN_PORT ! -i k8slab-n2 -j DROP
+  local ipt
+  for ipt in iptables ${DUAL:+ip6tables}; do
+    if ! $ipt -w -S K8S-LAB-GUARD-IN >/dev/null 2>&1; then $ipt -w -N K8S-LAB-GUARD-IN; fi
+    $ipt -w -C INPUT -j K8S-LAB-GUARD-IN 2>/dev/null || $ipt -w -I INPUT 1 -j K8S-LAB-GUARD-IN
+    $ipt -w -F K8S-LAB-GUARD-IN
+    $ipt -w -A K8S-LAB-GUARD-IN -p udp --dport $VXLAN_PORT ! -i k8slab-n2 -j DROP
+  done
 
   local args=(--kube-subnet-mgr --kubeconfig-file="$STATE/admin.kubeconfig" --net-config-path="$NETCONF"
     --ip-masq --iptables-forward-rules=false --healthz-port=0)
-  start_daemon flanneld env NODE_NAME="$NODE" "$BIN/flanneld" "${args[@]}" --iface="$NODE_IP"
+  start_daemon flanneld env NODE_NAME="$NODE" "$BIN/flanneld" "${args[@]}" --iface="$NODE_IP" ${DUAL:+--public-ipv6="$NODE_IP6"}
   # Node 2's /run/flannel is its own (node2.sh's bind mount), or its
   # flanneld writes node 1's subnet file: put the mount back if a removal
   # of node 1's directory took it away.
   "$LAB/node2.sh" exec sh -c "mkdir -p /run/flannel; mountpoint -q /run/flannel || mount --bind $N2/run_flannel /run/flannel"
-  "$LAB/node2.sh" daemon flanneld-node2 env NODE_NAME="$NODE2" "$BIN/flanneld" "${args[@]}" --iface=eth0
+  "$LAB/node2.sh" daemon flanneld-node2 env NODE_NAME="$NODE2" "$BIN/flanneld" "${args[@]}" --iface=eth0 ${DUAL:+--public-ipv6="$NODE2_IP6"}
   wait_for "flannel's subnet on $NODE" 60 test -s /run/flannel/subnet.env
   wait_for "flannel's subnet on $NODE2" 60 test -s "$N2/run_flannel/subnet.env"
 
@@ -103,10 +110,11 @@ down() {
   stop_daemon flanneld 20
   stop_daemon flanneld-node2 20   # (gone already when node 2 went down)
   if [ -d "$N2" ] && "$LAB/node2.sh" exec true 2>/dev/null; then
-    "$LAB/node2.sh" exec sh -c "ip link del flannel.1 2>/dev/null; ip link del cni0 2>/dev/null; true"
+    "$LAB/node2.sh" exec sh -c "ip link del flannel.1 2>/dev/null; ip link del flannel-v6.1 2>/dev/null; ip link del cni0 2>/dev/null; true"
     rm -f "$N2/etc_cni_net.d/$CONFLIST" "$N2/opt_cni_bin/flannel" "$N2/run_flannel/subnet.env"
   fi
   ip link del flannel.1 2>/dev/null && log "removed flannel.1" || true
+  ip link del flannel-v6.1 2>/dev/null && log "removed flannel-v6.1" || true
   ip link del cni0 2>/dev/null && log "removed cni0" || true
   rm -f "/etc/cni/net.d/$CONFLIST" /opt/cni/bin/flannel
   # Only the file: removing /run/flannel itself would also take away the
@@ -115,26 +123,29 @@ down() {
   rm -rf /var/lib/cni/flannel /var/lib/cni/networks/cbr0
   # chains flanneld's traffic manager made (FLANNEL-POSTRTG, hooked into
   # POSTROUTING for --ip-masq), and the lab's VXLAN guard
-  local table c
-  for table in filter nat; do
-    for c in $(iptables -w -t $table -S 2>/dev/null | awk '/^-N FLANNEL-/{print $2}'); do
-      iptables -w -t $table -S 2>/dev/null | grep -E "^-A [A-Z]+ .*-j $c\$" | sed 's/^-A/-D/' | while read -r rule; do
-        eval iptables -w -t $table "$rule" 2>/dev/null || true
-      done || true
-      iptables -w -t $table -F "$c" 2>/dev/null; iptables -w -t $table -X "$c" 2>/dev/null || true
+  # (both families: flanneld makes the same chains in ip6tables when dual-stack)
+  local table c ipt
+  for ipt in iptables ip6tables; do
+    for table in filter nat; do
+      for c in $($ipt -w -t $table -S 2>/dev/null | awk '/^-N FLANNEL-/{print $2}'); do
+        $ipt -w -t $table -S 2>/dev/null | grep -E "^-A [A-Z]+ .*-j $c\$" | sed 's/^-A/-D/' | while read -r rule; do
+          eval $ipt -w -t $table "$rule" 2>/dev/null || true
+        done || true
+        $ipt -w -t $table -F "$c" 2>/dev/null; $ipt -w -t $table -X "$c" 2>/dev/null || true
+      done
     done
+    # the bridge plugin's per-pod masquerade chains (CNI-<hash>, hooked into
+    # POSTROUTING with a comment naming the network), had a pod's DEL missed
+    # them (bridge only masquerades when flanneld does not: not with --ip-masq)
+    $ipt -w -t nat -S POSTROUTING 2>/dev/null | grep -E -- '--comment "name: \\"cbr0\\" id: ' | while read -r rule; do
+      c=${rule##*-j }
+      eval $ipt -w -t nat "${rule/-A/-D}" && { $ipt -w -t nat -F "$c"; $ipt -w -t nat -X "$c"; } || true
+    done || true   # (grep finds none: the usual case)
+    if $ipt -w -S K8S-LAB-GUARD-IN >/dev/null 2>&1; then
+      $ipt -w -D INPUT -j K8S-LAB-GUARD-IN 2>/dev/null || true
+      $ipt -w -F K8S-LAB-GUARD-IN; $ipt -w -X K8S-LAB-GUARD-IN
+    fi
   done
-  # the bridge plugin's per-pod masquerade chains (CNI-<hash>, hooked into
-  # POSTROUTING with a comment naming the network), had a pod's DEL missed
-  # them (bridge only masquerades when flanneld does not: not with --ip-masq)
-  iptables -w -t nat -S POSTROUTING 2>/dev/null | grep -E -- '--comment "name: \\"cbr0\\" id: ' | while read -r rule; do
-    c=${rule##*-j }
-    eval iptables -w -t nat "${rule/-A/-D}" && { iptables -w -t nat -F "$c"; iptables -w -t nat -X "$c"; } || true
-  done || true   # (grep finds none: the usual case)
-  if iptables -w -S K8S-LAB-GUARD-IN >/dev/null 2>&1; then
-    iptables -w -D INPUT -j K8S-LAB-GUARD-IN 2>/dev/null || true
-    iptables -w -F K8S-LAB-GUARD-IN; iptables -w -X K8S-LAB-GUARD-IN
-  fi
   rm -f "$NETCONF"
 }
 

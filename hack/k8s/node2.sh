@@ -14,7 +14,8 @@
 #   hack/k8s/node2.sh reboot        what a reboot does to node 2, then its daemons again (below)
 #
 # What node 2 has of its own (everything a CNI plugin or a kubelet writes):
-#   network namespace   eth0 = 10.242.0.2/32, peer of k8slab-n2 in the root namespace; its own
+#   network namespace   eth0 = 10.242.0.2/32 (and fd10:242::2/128 when the lab is dual-stack),
+#                       peer of k8slab-n2 in the root namespace; its own
 #                       iptables (kube-proxy, the guard), routes, conntrack, sysctls, abstract sockets
 #   mount namespace     private bind mounts over /etc/cni/net.d, /opt/cni/bin, /var/lib/cni,
 #                       /var/lib/cni-usernet, /run/cni-usernet, /var/log/cni-usernet,
@@ -69,6 +70,58 @@ n2_start_daemon() { # NAME CMD...
   pid_alive "$name" || die "$name exited at once: $(tail -5 "$LOGDIR/$name.log")"
 }
 
+# The router of K8S_LAB_TOPOLOGY=routed: a network namespace held by an
+# init of its own, with one link to each node (n1: k8slab-n2's peer, n2:
+# node 2's eth0's). It routes the nodes' addresses and nothing else: it
+# has no route to any pod CIDR, so pod traffic between the nodes crosses
+# it only encapsulated.
+router_pid() { [ -f "$ROUTER_PIDFILE" ] && kill -0 "$(cat "$ROUTER_PIDFILE")" 2>/dev/null && cat "$ROUTER_PIDFILE"; }
+in_router() {
+  local pid; pid=$(router_pid) || die "the router is not running"
+  nsenter -t "$pid" -n -- "$@"
+}
+
+router_up() { # NODE2_PID
+  if ! router_pid >/dev/null; then
+    log "creating the router between the nodes (K8S_LAB_TOPOLOGY=routed)"
+    (without_fds setsid unshare --net --fork "$BIN/k8s-lab-init") >>"$LOGDIR/router-init.log" 2>&1 </dev/null &
+    local i child
+    for i in $(seq 50); do
+      child=$(pgrep -P $! 2>/dev/null | head -1 || true)
+      if [ -n "$child" ] && [ "$(readlink /proc/$child/exe 2>/dev/null)" = "$BIN/k8s-lab-init" ]; then
+        echo "$child" >"$ROUTER_PIDFILE"; break
+      fi
+      sleep 0.1
+    done
+    router_pid >/dev/null || die "the router's init did not start: $(tail -5 "$LOGDIR/router-init.log")"
+  fi
+  local rpid; rpid=$(router_pid)
+  ip link show k8slab-n2 >/dev/null 2>&1 || ip link add k8slab-n2 type veth peer name n1 netns "$rpid"
+  in_router ip link show n2 >/dev/null 2>&1 || in_router ip link add n2 type veth peer name eth0 netns "$1"
+  in_router sh -ec "
+    ip link set lo up; ip link set n1 up; ip link set n2 up
+    ip addr replace $RT_N1/32 dev n1; ip addr replace $RT_N2/32 dev n2
+    ip route replace $NODE_IP/32 dev n1; ip route replace $NODE2_IP/32 dev n2
+    sysctl -qw net.ipv4.ip_forward=1"
+  if [ -n "$DUAL" ]; then
+    in_router sh -ec "
+      ip -6 addr replace $RT6_N1/128 dev n1 nodad; ip -6 addr replace $RT6_N2/128 dev n2 nodad
+      ip -6 route replace $NODE_IP6/128 dev n1; ip -6 route replace $NODE2_IP6/128 dev n2
+      sysctl -qw net.ipv6.conf.all.forwarding=1"
+  fi
+}
+
+router_down() {
+  local pid; pid=$(router_pid || true)
+  if [ -n "$pid" ]; then
+    # its links go with its network namespace, with its init
+    kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 40); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
+    kill -KILL "$pid" 2>/dev/null || true
+  fi
+  rm -f "$ROUTER_PIDFILE"
+}
+
 up() {
   local t0; t0=$(date +%s)
   # ------------------------------------------------------------ namespaces
@@ -103,17 +156,29 @@ up() {
   local pid; pid=$(n2_pid)
 
   # ------------------------------------------------------------ the link
-  if ! ip link show k8slab-n2 >/dev/null 2>&1; then
+  # (lib/common.sh's K8S_LAB_TOPOLOGY: one link, or a router between)
+  if [ -n "${K8S_LAB_TOPOLOGY:-}" ] && [ -n "$TOPOLOGY_RUNNING" ] && [ "$K8S_LAB_TOPOLOGY" != "$TOPOLOGY_RUNNING" ]; then
+    die "node 2 is connected $TOPOLOGY_RUNNING, K8S_LAB_TOPOLOGY asks for $K8S_LAB_TOPOLOGY: hack/k8s/down.sh first"
+  fi
+  echo "$TOPOLOGY" >"$TOPOLOGY_FILE"
+  # each node's next hop to the other: the other node itself, or the router
+  local hop1=$NODE2_IP hop2=$NODE_IP hop61=$NODE2_IP6 hop62=$NODE_IP6
+  if [ "$TOPOLOGY" = routed ]; then
+    router_up "$pid"
+    hop1=$RT_N1 hop2=$RT_N2 hop61=$RT6_N1 hop62=$RT6_N2
+  elif ! ip link show k8slab-n2 >/dev/null 2>&1; then
     ip link add k8slab-n2 type veth peer name eth0 netns "$pid"
   fi
   ip link set k8slab-n2 up
-  ip route replace "$NODE2_IP/32" dev k8slab-n2 src "$NODE_IP"
+  ip route replace "$hop1/32" dev k8slab-n2 src "$NODE_IP"
+  [ "$hop1" = "$NODE2_IP" ] || ip route replace "$NODE2_IP/32" via "$hop1" dev k8slab-n2 src "$NODE_IP"
   in_n2 sh -ec "
     ip link set lo up; ip link set eth0 up
     ip addr replace $NODE2_IP/32 dev eth0
-    ip route replace $NODE_IP/32 dev eth0 src $NODE2_IP
+    ip route replace $hop2/32 dev eth0 src $NODE2_IP
+    [ $hop2 = $NODE_IP ] || ip route replace $NODE_IP/32 via $hop2 dev eth0 src $NODE2_IP
     # host processes' Service traffic (kube-proxy DNATs it in OUTPUT after this lookup)
-    ip route replace $SVC_CIDR via $NODE_IP dev eth0 src $NODE2_IP
+    ip route replace $SVC_CIDR via $hop2 dev eth0 src $NODE2_IP
     sysctl -qw net.ipv4.ip_forward=1 net.ipv4.conf.all.route_localnet=0
     sysctl -qw net.bridge.bridge-nf-call-iptables=1 2>/dev/null || true
     iptables -w -N K8S-LAB-GUARD 2>/dev/null || true
@@ -121,7 +186,29 @@ up() {
     iptables -w -F K8S-LAB-GUARD
     iptables -w -A K8S-LAB-GUARD -s $POD_NET -d $NODE_NET -o eth0 -j RETURN
     iptables -w -A K8S-LAB-GUARD -s $POD_NET ! -d $POD_NET -j DROP"
-  in_n2 ping -c1 -W2 "$NODE_IP" >/dev/null || die "node 2 cannot reach $NODE_IP over k8slab-n2"
+  wait_for "node 2 reaching $NODE_IP ($TOPOLOGY)" 10 in_n2 ping -c1 -W1 "$NODE_IP"
+  if [ -n "$DUAL" ]; then
+    # (nodad: the addresses are usable at once, and no other host shares the link)
+    ip -6 route replace "$hop61/128" dev k8slab-n2 src "$NODE_IP6"
+    [ "$hop61" = "$NODE2_IP6" ] || ip -6 route replace "$NODE2_IP6/128" via "$hop61" dev k8slab-n2 src "$NODE_IP6"
+    # Node 1's IPv6 address is on lo, and unlike ARP, neighbour discovery
+    # answers only for addresses of the link asked on: proxy it there (at
+    # once, not after the default random delay of up to 0.8 s).
+    sysctl -qw net.ipv6.conf.k8slab-n2.proxy_ndp=1 net.ipv6.neigh.k8slab-n2.proxy_delay=0
+    ip -6 neigh replace proxy "$NODE_IP6" dev k8slab-n2
+    in_n2 sh -ec "
+      ip -6 addr replace $NODE2_IP6/128 dev eth0 nodad
+      ip -6 route replace $hop62/128 dev eth0 src $NODE2_IP6
+      [ $hop62 = $NODE_IP6 ] || ip -6 route replace $NODE_IP6/128 via $hop62 dev eth0 src $NODE2_IP6
+      ip -6 route replace $SVC_CIDR6 via $hop62 dev eth0 src $NODE2_IP6
+      sysctl -qw net.ipv6.conf.all.forwarding=1
+      ip6tables -w -N K8S-LAB-GUARD 2>/dev/null || true
+      ip6tables -w -C FORWARD -j K8S-LAB-GUARD 2>/dev/null || ip6tables -w -I FORWARD 1 -j K8S-LAB-GUARD
+      ip6tables -w -F K8S-LAB-GUARD
+      ip6tables -w -A K8S-LAB-GUARD -s $POD_NET6 -d $NODE_IP6 -o eth0 -j RETURN
+      ip6tables -w -A K8S-LAB-GUARD -s $POD_NET6 ! -d $POD_NET6 -j DROP"
+    wait_for "node 2 reaching $NODE_IP6 ($TOPOLOGY)" 10 in_n2 ping -6 -c1 -W1 "$NODE_IP6"
+  fi
 
   # ------------------------------------------------------------ CNI plugins, cgroups, certificates
   for f in /usr/lib/cni/*; do
@@ -143,7 +230,7 @@ up() {
       rm -f "$1.csr" "$1.ext"
     }
     cert "kubelet-$NODE2" "/O=system:nodes/CN=system:node:$NODE2" clientAuth
-    cert "kubelet-serving-$NODE2" "/CN=$NODE2" serverAuth "DNS:$NODE2,IP:$NODE2_IP"
+    cert "kubelet-serving-$NODE2" "/CN=$NODE2" serverAuth "DNS:$NODE2,IP:$NODE2_IP,IP:$NODE2_IP6"
   )
   write_kubeconfig "kubelet-$NODE2" "$STATE/kubelet-$NODE2.kubeconfig"
 
@@ -162,13 +249,13 @@ up() {
   echo "cgroupRoot: /$N2_CGROUP" >>"$ETC/kubelet-$NODE2.yaml"
   n2_start_daemon kubelet-node2 "$BIN/kubelet" \
     --config="$ETC/kubelet-$NODE2.yaml" --kubeconfig="$STATE/kubelet-$NODE2.kubeconfig" \
-    --hostname-override="$NODE2" --node-ip="$NODE2_IP" \
+    --hostname-override="$NODE2" --node-ip="$NODE2_IP${DUAL:+,$NODE2_IP6}" \
     --pod-infra-container-image="$PAUSE_IMAGE" --v=1
 
   # ------------------------------------------------------------ kube-proxy
   sed -e "s#^hostnameOverride: .*#hostnameOverride: $NODE2#" \
       -e "s#^bindAddress: .*#bindAddress: $NODE2_IP#" \
-      -e "s#^nodePortAddresses: .*#nodePortAddresses: [\"$NODE2_IP/32\"]#" \
+      -e "s#^nodePortAddresses: .*#nodePortAddresses: [\"$NODE2_IP/32\"${DUAL:+, \"$NODE2_IP6/128\"}]#" \
       "$ETC/kube-proxy.yaml" >"$ETC/kube-proxy-$NODE2.yaml.new"
   # (a changed file, such as up.sh's K8S_LAB_PROXY_MODE on a running lab:
   # the running one stopped first, as up.sh does on node 1)
@@ -221,7 +308,10 @@ down() {
   rm -f "$N2_PIDFILE"
   for _ in $(seq 20); do ip link show k8slab-n2 >/dev/null 2>&1 || break; sleep 0.25; done
   ip link del k8slab-n2 2>/dev/null || true
+  router_down
+  rm -f "$TOPOLOGY_FILE"
   ip route del "$NODE2_IP/32" 2>/dev/null || true
+  ip -6 route del "$NODE2_IP6/128" 2>/dev/null || true
   # our routes to node 2's pods (cni-usernet's agent removes them on uninstall;
   # a failed run may leave them): protocol 117 is pkg/agent/noderoutes'.
   ip route flush proto 117 2>/dev/null || true
@@ -278,6 +368,7 @@ reboot() {
     while read -r m; do umount -l \"\$m\" 2>/dev/null || ! mountpoint -q \"\$m\" || exit 1; done"
   rm -rf "$N2"/run_containerd/* "$N2"/run_netns/* "$N2"/run_cni-usernet/*
   in_n2 ip route flush proto 117
+  in_n2 ip -6 route flush proto 117
   # cgroups do not survive a reboot either: left behind, the kubelet's
   # cAdvisor spends about 50 s at its start on the dead containers' ones
   for c in /sys/fs/cgroup/*/"$N2_CGROUP"; do

@@ -19,6 +19,8 @@
 #        K8S_LAB_PROXY_MODE=nftables hack/k8s/up.sh   kube-proxy in nftables mode on both
 #                                                 nodes (default iptables; a running lab
 #                                                 switches, see "kube-proxy" below)
+#        K8S_LAB_IP_FAMILY=ipv4 hack/k8s/up.sh   IPv4 only (default dual: IPv4 and IPv6,
+#                                                 lib/common.sh; fixed when the cluster is made)
 # Afterwards:  export KUBECONFIG=/var/lib/k8s-lab/admin.kubeconfig PATH=/opt/k8s-lab/bin:$PATH
 # Stop with hack/k8s/down.sh (restores the machine; built binaries stay in /opt/k8s-lab).
 set -euo pipefail
@@ -41,9 +43,14 @@ if [ "$PROXY_MODE" = nftables ]; then
 fi
 
 lab_lock
+lab_ip_family   # (again: the lab we waited for may have been replaced)
+if [ -n "${K8S_LAB_IP_FAMILY:-}" ] && [ -n "$IP_FAMILY_RUNNING" ] && [ "$K8S_LAB_IP_FAMILY" != "$IP_FAMILY_RUNNING" ]; then
+  die "the lab's cluster is $IP_FAMILY_RUNNING, K8S_LAB_IP_FAMILY asks for $K8S_LAB_IP_FAMILY: hack/k8s/down.sh --purge first"
+fi
+echo "$IP_FAMILY" >"$IP_FAMILY_FILE"
 
 t0=$(date +%s)
-log "k8s-lab setup: Kubernetes $K8S_VERSION, node $NODE ($NODE_IP), pods $POD_CIDR"
+log "k8s-lab setup: Kubernetes $K8S_VERSION, node $NODE ($NODE_IP${DUAL:+, $NODE_IP6}), pods $POD_NETS, Services $SVC_CIDRS"
 
 # ---------------------------------------------------------------- packages
 need_pkgs=()
@@ -80,6 +87,17 @@ fi
 ip -4 addr show dev lo | grep -q " $NODE_IP/32" || ip addr add "$NODE_IP/32" dev lo
 save_sysctls
 sysctl -qw net.ipv4.ip_forward=1 net.bridge.bridge-nf-call-iptables=1
+if [ -n "$DUAL" ]; then
+  ip -6 addr show dev lo | grep -q " $NODE_IP6/128" || ip -6 addr add "$NODE_IP6/128" dev lo
+  sysctl -qw net.ipv6.conf.all.forwarding=1
+  # The same guard for IPv6: this machine kind's eth0 may have an IPv6
+  # default route, and pods' IPv6 traffic must not take it.
+  if ! ip6tables -w -S K8S-LAB-GUARD >/dev/null 2>&1; then ip6tables -w -N K8S-LAB-GUARD; fi
+  ip6tables -w -C FORWARD -j K8S-LAB-GUARD 2>/dev/null || ip6tables -w -I FORWARD 1 -j K8S-LAB-GUARD
+  ip6tables -w -F K8S-LAB-GUARD
+  ip6tables -w -A K8S-LAB-GUARD -s "$POD_NET6" -d "$NODE2_IP6" -o k8slab-n2 -j RETURN
+  ip6tables -w -A K8S-LAB-GUARD -s "$POD_NET6" ! -d "$POD_NET6" -j DROP
+fi
 # Guard: pod-network traffic may only go to the pod network (or this host, which
 # is INPUT, not FORWARD): nothing a pod sends is forwarded off this machine.
 if ! iptables -w -S K8S-LAB-GUARD >/dev/null 2>&1; then iptables -w -N K8S-LAB-GUARD; fi
@@ -253,8 +271,8 @@ start_daemon kube-controller-manager "$BIN/kube-controller-manager" \
   --root-ca-file="$PKI/ca.crt" --service-account-private-key-file="$PKI/sa.key" \
   --use-service-account-credentials=true \
   --cluster-signing-cert-file="$PKI/ca.crt" --cluster-signing-key-file="$PKI/ca.key" \
-  --allocate-node-cidrs=true --cluster-cidr="$POD_NET" --node-cidr-mask-size=24 \
-  --service-cluster-ip-range="$SVC_CIDR" --v=1
+  --allocate-node-cidrs=true --cluster-cidr="$POD_NETS" --node-cidr-mask-size-ipv4=24 --node-cidr-mask-size-ipv6=64 \
+  --service-cluster-ip-range="$SVC_CIDRS" --v=1
 start_daemon kube-scheduler "$BIN/kube-scheduler" \
   --kubeconfig="$STATE/kube-scheduler.kubeconfig" \
   --authentication-kubeconfig="$STATE/kube-scheduler.kubeconfig" \
@@ -294,7 +312,7 @@ echo "nameserver $DNS_IP" >"$ETC/resolv.conf"
 mkdir -p /var/lib/kubelet
 start_daemon kubelet "$BIN/kubelet" \
   --config="$ETC/kubelet.yaml" --kubeconfig="$STATE/kubelet.kubeconfig" \
-  --hostname-override="$NODE" --node-ip="$NODE_IP" \
+  --hostname-override="$NODE" --node-ip="$NODE_IP${DUAL:+,$NODE_IP6}" \
   --pod-infra-container-image="$PAUSE_IMAGE" --v=1
 
 # ---------------------------------------------------------------- kube-proxy
@@ -307,17 +325,19 @@ if [ -x "$BIN/kube-proxy" ]; then
   # platformCleanup: iptables' and IPVS' when in nftables mode, the
   # kube-proxy nft tables when in iptables mode). node2.sh does the same
   # with node 2's copy.
+  node_port_addrs="\"$NODE_IP/32\""
+  [ -n "$DUAL" ] && node_port_addrs="$node_port_addrs, \"$NODE_IP6/128\""
   cat >"$ETC/kube-proxy.yaml.new" <<EOF
 apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
 clientConnection: {kubeconfig: $STATE/kube-proxy.kubeconfig}
 mode: $PROXY_MODE
-clusterCIDR: $POD_NET
+clusterCIDR: $POD_NETS
 hostnameOverride: $NODE
 bindAddress: $NODE_IP
 healthzBindAddress: 127.0.0.1:10256
 metricsBindAddress: 127.0.0.1:10249
-nodePortAddresses: ["$NODE_IP/32"]
+nodePortAddresses: [$node_port_addrs]
 iptables: {localhostNodePorts: false}
 conntrack: {maxPerCore: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}   # leave host conntrack sysctls alone
 oomScoreAdj: 0

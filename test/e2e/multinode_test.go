@@ -25,6 +25,10 @@ func node2() string     { return os.Getenv("E2E_NODE2") }
 func node2IP() string   { return os.Getenv("E2E_NODE2_IP") }
 func node2Root() string { return os.Getenv("E2E_NODE2_ROOT") }
 
+// routedLab says whether a router stands between the lab's nodes
+// (hack/k8s/lib/common.sh's K8S_LAB_TOPOLOGY=routed, passed on by e2e.sh).
+func routedLab() bool { return os.Getenv("E2E_TOPOLOGY") == "routed" }
+
 // node2Dir is where node 2's view of a private directory lies on this
 // machine (node2.sh: the path without its leading slash, "/" as "_").
 func node2Dir(path string) string {

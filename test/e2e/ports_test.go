@@ -31,7 +31,12 @@ func hostPortPod(ns, name, nodeName string, ports ...string) string {
 
 func internalIP(t *testing.T, nodeName string) string {
 	t.Helper()
-	return strings.TrimSpace(mustKubectl(t, "get", "node", nodeName, "-o", `jsonpath={.status.addresses[?(@.type=="InternalIP")].address}`))
+	// (the first: a dual-stack node lists one per family, its primary first)
+	f := strings.Fields(mustKubectl(t, "get", "node", nodeName, "-o", `jsonpath={.status.addresses[?(@.type=="InternalIP")].address}`))
+	if len(f) == 0 {
+		t.Fatalf("node %s has no InternalIP", nodeName)
+	}
+	return f[0]
 }
 
 // deletePodsAfter deletes the check's pods when it ends, so that the
