@@ -80,7 +80,7 @@ func parseAgentFlags(args []string) (*agentFlags, error) {
 	fs.StringVar(&f.hostPrefix, "host-prefix", "/host", "where the node's root is mounted in the agent: stripped from paths written into the configuration")
 	fs.StringVar(&f.mode, "mode", "standalone", "standalone (own conflist, sorted first) or chain (insert into the node's first conflist)")
 	fs.StringVar(&f.subnets, "subnet", "", "pod subnets for host-local, comma separated (default: the node's spec.podCIDRs)")
-	fs.IntVar(&f.mtu, "mtu", 1500, "MTU of the pods' links")
+	fs.IntVar(&f.mtu, "mtu", 0, "MTU of the pods' links (standalone); 0: automatic, the smallest MTU of the links up, not loopback, that hold the node's InternalIP or carry its default routes, less VXLAN's 50 bytes (70 over IPv6) unless --encapsulation=never")
 	fs.StringVar(&f.gso, "gso", "auto", "the pods' default GSO mode in the conflist: auto, hardware, software, off (a pod's annotation overrides it)")
 	fs.StringVar(&f.kubeconfigOut, "kubeconfig-out", "", "write a kubeconfig for the plugin here (its token kept fresh); empty: none")
 	fs.StringVar(&f.apiServer, "api-server", "", "API server URL written into the plugin's kubeconfig (default: the in-cluster service address)")
@@ -114,6 +114,11 @@ func parseAgentFlags(args []string) (*agentFlags, error) {
 	}
 	if f.mode != "standalone" && f.mode != "chain" {
 		return nil, fmt.Errorf("--mode %q: want standalone or chain", f.mode)
+	}
+	if f.mtu != 0 && (f.mtu < 576 || f.mtu > 65535) {
+		// The plugin's bounds (pkg/api/netconf): a conflist outside them
+		// fails every pod's ADD.
+		return nil, fmt.Errorf("--mtu %d: want 576..65535, or 0 (automatic)", f.mtu)
 	}
 	if _, err := offload.ParseMode(f.gso); err != nil {
 		return nil, fmt.Errorf("--gso: %w", err)
@@ -228,7 +233,7 @@ func Run(args []string) error {
 		}
 		go setup.keep(ctx)
 		if want, _ := f.wantNodeRoutes(); want && (setup.api != nil || f.nodeRoutes != "auto") {
-			if setup.routes, err = newNodeRoutes(f, setup.api, log); err != nil {
+			if setup.routes, err = newNodeRoutes(f, setup.api, setup.mtu, log); err != nil {
 				log.Error("no routes to other nodes", "err", err)
 			} else {
 				go setup.routes.run(ctx)

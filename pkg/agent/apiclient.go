@@ -159,20 +159,37 @@ func (c *apiClient) listNodes(ctx context.Context) ([]noderoutes.Node, error) {
 					n.PodCIDRs = append(n.PodCIDRs, p)
 				}
 			}
-			for _, a := range it.Status.Addresses {
-				if a.Type != corev1.NodeInternalIP {
-					continue
-				}
-				if ip, err := netip.ParseAddr(a.Address); err == nil {
-					n.InternalIPs = append(n.InternalIPs, ip)
-				}
-			}
+			n.InternalIPs = internalIPs(&it)
 			out = append(out, n)
 		}
 		if opts.Continue = list.Continue; opts.Continue == "" {
 			return out, nil
 		}
 	}
+}
+
+// nodeInternalIPs returns a node's InternalIPs (RBAC: get nodes).
+func (c *apiClient) nodeInternalIPs(ctx context.Context, node string) ([]netip.Addr, error) {
+	n := &corev1.Node{}
+	if err := c.core.Get().Resource("nodes").Name(node).Do(ctx).Into(n); err != nil {
+		return nil, fmt.Errorf("reading node %s: %w", node, err)
+	}
+	return internalIPs(n), nil
+}
+
+// internalIPs are a node's addresses of type InternalIP; unparsable ones
+// are left out.
+func internalIPs(n *corev1.Node) []netip.Addr {
+	var out []netip.Addr
+	for _, a := range n.Status.Addresses {
+		if a.Type != corev1.NodeInternalIP {
+			continue
+		}
+		if ip, err := netip.ParseAddr(a.Address); err == nil {
+			out = append(out, ip)
+		}
+	}
+	return out
 }
 
 // daemonSetExists says whether a DaemonSet exists and is not being

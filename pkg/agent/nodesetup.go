@@ -6,12 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/cni-usernet/cni-usernet/pkg/agent/install"
+	"github.com/cni-usernet/cni-usernet/pkg/agent/noderoutes"
 	"github.com/cni-usernet/cni-usernet/pkg/api/kube"
 	"github.com/cni-usernet/cni-usernet/pkg/api/netconf"
 	"github.com/cni-usernet/cni-usernet/pkg/node/attachment"
@@ -29,6 +31,9 @@ type nodeSetup struct {
 	// routes, when set, are this node's routes to other nodes' pods:
 	// removed with the rest on uninstall.
 	routes *nodeRoutes
+	// mtu is the pods' MTU the conflist carries and how it was chosen
+	// (standalone; zero chained).
+	mtu noderoutes.MTUChoice
 }
 
 // newNodeSetup installs the binary and renders the configuration; the
@@ -149,10 +154,41 @@ func (n *nodeSetup) pluginConf(ctx context.Context) ([]byte, error) {
 				routes = append(routes, map[string]string{"dst": "0.0.0.0/0"})
 			}
 		}
-		p["mtu"] = n.f.mtu
+		if n.mtu, err = n.podMTU(ctx, subnets); err != nil {
+			return nil, err
+		}
+		p["mtu"] = n.mtu.MTU
 		p["ipam"] = map[string]any{"type": "host-local", "ranges": ranges, "routes": routes}
 	}
 	return json.Marshal(p)
+}
+
+// podMTU chooses the pods' MTU (standalone) from --mtu, or from the
+// node's links, its InternalIPs and the pods' subnets, and logs it.
+func (n *nodeSetup) podMTU(ctx context.Context, subnets []string) (noderoutes.MTUChoice, error) {
+	enc, err := noderoutes.ParseEncapsulation(n.f.encapsulation)
+	if err != nil {
+		return noderoutes.MTUChoice{}, fmt.Errorf("--encapsulation: %w", err)
+	}
+	o := noderoutes.MTUOptions{MTU: n.f.mtu, Encapsulation: enc}
+	for _, s := range subnets {
+		if p, err := netip.ParsePrefix(strings.TrimSpace(s)); err == nil {
+			o.PodCIDRs = append(o.PodCIDRs, p)
+		}
+	}
+	if o.MTU == 0 && n.api != nil && n.f.nodeName != "" {
+		if o.InternalIPs, err = n.api.nodeInternalIPs(ctx, n.f.nodeName); err != nil {
+			return noderoutes.MTUChoice{}, fmt.Errorf("choosing the pods' MTU: %w", err)
+		}
+	}
+	c, err := noderoutes.PodMTU(o)
+	if err != nil {
+		return noderoutes.MTUChoice{}, fmt.Errorf("choosing the pods' MTU: %w", err)
+	}
+	if n.log != nil {
+		n.log.Info("pods' MTU", "mtu", c.MTU, "source", c.Source)
+	}
+	return c, nil
 }
 
 // standaloneConflist is the conflist of standalone mode: our plugin,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/containernetworking/cni/libcni"
@@ -69,6 +70,44 @@ func TestPluginConfNetworkPolicy(t *testing.T) {
 			if got, ok := p["networkPolicy"]; on && got != true || !on && ok {
 				t.Errorf("%s, --network-policy=%v: networkPolicy is %v (present %v)", mode, on, got, ok)
 			}
+		}
+	}
+}
+
+// The standalone entry carries the pods' MTU: --mtu as given, or chosen
+// from the node's links (noderoutes.PodMTU, tested in namespaces there):
+// whatever the links, automatic leaves room for VXLAN's header.
+func TestPluginConfMTU(t *testing.T) {
+	for _, tc := range []struct {
+		args   []string
+		want   int
+		source string
+	}{
+		{[]string{"--mtu=1400"}, 1400, "--mtu"},
+		{[]string{"--mtu=9000", "--encapsulation=never"}, 9000, "--mtu"},
+		{nil, 0, "auto: "},
+	} {
+		f, err := parseAgentFlags(append([]string{"--mode", "standalone", "--subnet", "10.244.0.0/24"}, tc.args...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := &nodeSetup{f: f}
+		b, err := n.pluginConf(context.Background())
+		if err != nil {
+			t.Fatalf("%v: %v", tc.args, err)
+		}
+		var p struct{ MTU int }
+		if err := json.Unmarshal(b, &p); err != nil {
+			t.Fatal(err)
+		}
+		if p.MTU != n.mtu.MTU || !strings.HasPrefix(n.mtu.Source, tc.source) {
+			t.Errorf("%v: conflist MTU %d, chosen %+v; want the chosen one, from %q", tc.args, p.MTU, n.mtu, tc.source)
+		}
+		if tc.want != 0 && p.MTU != tc.want {
+			t.Errorf("%v: MTU %d, want %d", tc.args, p.MTU, tc.want)
+		}
+		if tc.want == 0 && (p.MTU < 576 || p.MTU > 65535-50) {
+			t.Errorf("automatic: MTU %d (%s), want 576..65485", p.MTU, n.mtu.Source)
 		}
 	}
 }

@@ -20,8 +20,8 @@ type nodeRoutes struct {
 	m        *noderoutes.Manager
 	api      *apiClient
 	interval time.Duration
-	// statusPath receives the last sync's routes and problems as JSON,
-	// for operators (`cat /run/cni-usernet/node-routes.json`).
+	// statusPath receives the last sync's routes, problems and the pods'
+	// MTU as JSON, for operators (`cat /run/cni-usernet/node-routes.json`).
 	statusPath string
 	log        *slog.Logger
 }
@@ -55,7 +55,9 @@ func (f *agentFlags) routeOptions() (noderoutes.Options, error) {
 	return noderoutes.Options{Self: f.nodeName, Encapsulation: enc, VXLANPort: f.vxlanPort, VXLANVNI: f.vxlanVNI, PodMTU: f.mtu}, nil
 }
 
-func newNodeRoutes(f *agentFlags, c *apiClient, log *slog.Logger) (*nodeRoutes, error) {
+// newNodeRoutes makes the node's routes; mtu is the pods' MTU the
+// conflist carries (zero in chain mode: the primary plugin's).
+func newNodeRoutes(f *agentFlags, c *apiClient, mtu noderoutes.MTUChoice, log *slog.Logger) (*nodeRoutes, error) {
 	if c == nil || f.nodeName == "" {
 		return nil, fmt.Errorf("--node-routes needs the agent in a cluster with --node-name")
 	}
@@ -64,6 +66,9 @@ func newNodeRoutes(f *agentFlags, c *apiClient, log *slog.Logger) (*nodeRoutes, 
 		return nil, err
 	}
 	o.Log = log
+	if mtu.MTU != 0 {
+		o.PodMTU, o.PodMTUSource = mtu.MTU, mtu.Source
+	}
 	m, err := noderoutes.New(o)
 	if err != nil {
 		return nil, err

@@ -140,7 +140,7 @@ func TestChartSchema(t *testing.T) {
 	for _, b := range []string{"networkPolicy.enabled", "portMap", "bandwidth", "metrics.enabled", "metrics.serviceMonitor.enabled"} {
 		good = append(good, b+"=true", b+"=false")
 	}
-	good = append(good, "metrics.port=1", "metrics.port=65535", "mtu=9000", "metrics.address=192.0.2.1", "metrics.address=2001:db8::1",
+	good = append(good, "metrics.port=1", "metrics.port=65535", "mtu=0", "mtu=576", "mtu=9000", "metrics.address=192.0.2.1", "metrics.address=2001:db8::1",
 		"resources.limits.cpu=2,resources.limits.memory=1Gi,resources.requests.cpu=0.5", "terminationGracePeriodSeconds=0",
 		"metrics.serviceMonitor.interval=1m30s", "tolerations[0].operator=Equal,tolerations[0].key=k,tolerations[0].value=v,tolerations[0].effect=NoSchedule")
 	for _, set := range good {
@@ -156,7 +156,8 @@ func TestChartSchema(t *testing.T) {
 		"metrics.port=0":                            "/metrics/port",
 		"metrics.port=65536":                        "/metrics/port",
 		"metrics.port=http":                         "/metrics/port",
-		"mtu=0":                                     "/mtu",
+		"mtu=575":                                   "/mtu",
+		"mtu=65536":                                 "/mtu",
 		"networkPolicy.enabled=yes":                 "/networkPolicy/enabled",
 		"portMap=1":                                 "/portMap",
 		"metrics.enabled=on":                        "/metrics/enabled",

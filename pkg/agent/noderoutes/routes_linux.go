@@ -36,9 +36,13 @@ type Options struct {
 	VXLANPort int
 	// VXLANVNI is the VXLAN network identifier. Zero: DefaultVXLANVNI.
 	VXLANVNI int
-	// PodMTU is the pods' MTU (the agent's --mtu): a VXLAN device with a
-	// smaller MTU is noted in the Status. Zero: not checked.
+	// PodMTU is the pods' MTU (the agent's --mtu, or the one PodMTU
+	// chose): a VXLAN device with a smaller MTU is noted in the Status.
+	// Zero: not checked.
 	PodMTU int
+	// PodMTUSource says how PodMTU was chosen (MTUChoice.Source), shown
+	// with it in the Status. Empty: not shown.
+	PodMTUSource string
 }
 
 // Validate checks Options.
@@ -68,6 +72,9 @@ type Status struct {
 	Problems []Problem `json:"problems,omitempty"`
 	// Notes are what works but wants the operator's attention.
 	Notes []Note `json:"notes,omitempty"`
+	// PodMTU is the pods' MTU and how it was chosen (Options.PodMTU and
+	// PodMTUSource); zero when the Options name none.
+	PodMTU MTUChoice `json:"podMTU,omitzero"`
 }
 
 // Note is a remark on a working setup: Topic "mtu" when the pods' MTU
@@ -153,6 +160,9 @@ func (m *Manager) Sync(nodes []Node) (Status, error) {
 	st, aprobs, err := m.apply(want)
 	st.Problems = append(probs, aprobs...)
 	st.Notes = m.mtuNotes(devs)
+	if m.opts.PodMTUSource != "" {
+		st.PodMTU = MTUChoice{MTU: m.opts.PodMTU, Source: m.opts.PodMTUSource}
+	}
 	m.report(st.Problems)
 	m.remark(st.Notes)
 	return st, errors.Join(append(errs, err)...)

@@ -189,7 +189,9 @@ func TestVXLANAcrossSubnets(t *testing.T) {
 	// c shares node A's subnet (it need not exist for a route via it).
 	c := node("c", []string{"10.10.1.3"}, "10.244.3.0/24")
 	mA := l.manager(t, l.nodeA, "a", Options{PodMTU: 1500})
-	mB := l.manager(t, l.nodeB, "b", Options{})
+	// B's pods get the MTU chosen from B's links, which fits the tunnel.
+	auto := podMTUIn(t, l.nodeB, MTUOptions{InternalIPs: addrs("10.10.2.2"), PodCIDRs: prefixes("10.244.2.0/24")})
+	mB := l.manager(t, l.nodeB, "b", Options{PodMTU: auto.MTU, PodMTUSource: auto.Source})
 	router := l.router
 	// Without the overlay the router drops pod traffic.
 	if out, err := in(l.podA, "ping", "-c", "1", "-W", "1", "10.244.2.5"); err == nil {
@@ -200,8 +202,12 @@ func TestVXLANAcrossSubnets(t *testing.T) {
 	if got, want := kinds(stA), map[string]Kind{"b": VXLAN, "c": Direct}; !reflect.DeepEqual(got, want) {
 		t.Errorf("node A's routes %v, want %v (problems %v)", got, want, stA.Problems)
 	}
-	if stB := mB.sync(a, b, c); !reflect.DeepEqual(kinds(stB), map[string]Kind{"a": VXLAN, "c": VXLAN}) {
+	stB := mB.sync(a, b, c)
+	if !reflect.DeepEqual(kinds(stB), map[string]Kind{"a": VXLAN, "c": VXLAN}) {
 		t.Errorf("node B's routes %+v, problems %v", stB.Routes, stB.Problems)
+	}
+	if len(stB.Notes) != 0 || stB.PodMTU != auto || auto.MTU != 1450 {
+		t.Errorf("node B: notes %+v, pods' MTU %+v; want no note, the MTU chosen (1450: ul's 1500 less VXLAN)", stB.Notes, stB.PodMTU)
 	}
 	ping(t, l.podA, "10.244.2.5")
 	ping(t, l.podB, "10.244.1.5")
