@@ -248,3 +248,34 @@ func TestLinkRouteIsOnLink(t *testing.T) {
 		}
 	})
 }
+
+// A node whose InternalIP is a /32 on lo, its peer behind a router: the
+// VXLAN device is sized for the pods (the real links' MTU less the
+// overhead), not for lo's 65536 bytes.
+func TestVXLANOverLoopbackAddressTakesThePodMTU(t *testing.T) {
+	inNode(t, func() {
+		ipRoutes(t, "addr", "add", "10.242.0.1/32", "dev", "lo")
+		m, err := New(Options{Self: "one", PodMTU: 1350})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { m.RemoveAll() })
+		st, err := m.Sync([]Node{node("one", []string{"10.242.0.1"}, "10.244.0.0/24"), node("two", []string{"10.77.0.2"}, "10.244.1.0/24")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(st.Routes) != 1 || st.Routes[0].Kind != VXLAN {
+			t.Fatalf("routes %+v (problems %v), want one through VXLAN", st.Routes, st.Problems)
+		}
+		l, err := netlink.LinkByName(vxlanName4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l.Attrs().MTU != 1350 {
+			t.Errorf("%s MTU %d, want the pods' 1350", vxlanName4, l.Attrs().MTU)
+		}
+		if len(st.Notes) != 0 {
+			t.Errorf("notes %v, want none: the pods fit the tunnel", st.Notes)
+		}
+	})
+}

@@ -88,6 +88,21 @@ func (m *Manager) wantVTEP(self Node, v4 bool) (vtep, string) {
 	if !v4 {
 		v.mtu = l.Attrs().MTU - vxlanOverhead6
 	}
+	if l.Attrs().Flags&net.FlagLoopback != 0 {
+		// An InternalIP on lo (a /32 beside the real links, as on the
+		// project's lab): lo's 65536 bytes are no path's MTU, and a
+		// tunnel that size would have the node fragment every large
+		// packet on the real link. The pods' MTU was chosen for the
+		// real links less the overhead (PodMTU): the tunnel carries
+		// exactly the pods' packets.
+		v.mtu = DefaultLinkMTU - vxlanOverhead4
+		if !v4 {
+			v.mtu = DefaultLinkMTU - vxlanOverhead6
+		}
+		if m.opts.PodMTU > 0 {
+			v.mtu = m.opts.PodMTU
+		}
+	}
 	return v, ""
 }
 
