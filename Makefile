@@ -159,3 +159,17 @@ e2e-containerd2:
 .PHONY: e2e-nftables
 e2e-nftables:
 	K8S_LAB_PROXY_MODE=nftables E2E_MODES=standalone hack/k8s/e2e.sh
+
+# `make e2e`'s cluster is dual-stack; this is the IPv4-only one (its own
+# cluster: a cluster's families are fixed when it is made), the
+# standalone suite on it.
+.PHONY: e2e-ipv4
+e2e-ipv4:
+	K8S_LAB_IP_FAMILY=ipv4 E2E_MODES=standalone hack/k8s/e2e.sh
+
+# Nodes on different subnets: a router between the lab's nodes that knows
+# no pod CIDR, so the agents carry pods' traffic between the nodes in
+# VXLAN (standalone; flannel's own VXLAN when chained), dual-stack.
+.PHONY: e2e-routed
+e2e-routed:
+	K8S_LAB_TOPOLOGY=routed hack/k8s/e2e.sh

@@ -20,6 +20,7 @@ import (
 	"bytes"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -318,7 +319,7 @@ spec:
 			if !strings.Contains(eth0, " "+podIP[name]+"/") {
 				t.Errorf("%s: eth0 lacks the pod IP %s:\n%s", name, podIP[name], eth0)
 			}
-			checkMTU(t, ns, name, row, chained)
+			checkMTU(t, ns, name, row, chained, false)
 		}
 		if err := readNodeState(t, network).consistent(); err != nil {
 			t.Error(err)
@@ -472,7 +473,7 @@ spec:
 		if !ok || !row.Healthy || !containsIP(row.IPs, farIP["far"]) {
 			t.Errorf("far on node 2: status %+v", row)
 		}
-		checkMTU(t, ns, "far", row, chained)
+		checkMTU(t, ns, "far", row, chained, true)
 		// (an earlier run's uninstall scaled it to 0 where the cluster was kept)
 		mustKubectl(t, "-n", "kube-system", "scale", "deploy/coredns", "--replicas=1")
 		mustKubectl(t, "-n", "kube-system", "rollout", "status", "deploy/coredns", "--timeout=3m")
@@ -1053,7 +1054,7 @@ func waitAgentGone(t *testing.T) {
 // agent configured (standalone) or the one the primary CNI gave the link,
 // flannel's overlay MTU (chained; flannel.sh runs VXLAN over a 1500-byte
 // underlay: 1450).
-func checkMTU(t *testing.T, ns, name string, row statusRow, chained bool) {
+func checkMTU(t *testing.T, ns, name string, row statusRow, chained, onNode2 bool) {
 	t.Helper()
 	out, err := kubectl("-n", ns, "exec", name, "--", "cat", "/sys/class/net/eth0/mtu")
 	if err != nil {
@@ -1075,8 +1076,36 @@ func checkMTU(t *testing.T, ns, name string, row statusRow, chained bool) {
 		if want := flannelMTU(t); link != want {
 			t.Errorf("%s: the pod's link's MTU %d, flannel's overlay MTU %d", name, link, want)
 		}
+	} else if want, how := agentPodMTU(t, onNode2); link != want {
+		t.Errorf("%s: the pod's link's MTU %d, the agent chose %d (%s)", name, link, want, how)
+	} else {
+		t.Logf("%s: the agent's choice of MTU: %d (%s)", name, want, how)
 	}
 	t.Logf("%s: link MTU %d (eth0, the TUN, %d), GSO %s (%s)", name, link, tun, row.GSO.Mode, row.GSO.Reason)
+}
+
+// agentPodMTU is the pods' MTU the agent of node 1 or node 2 chose, and
+// how (its node-routes.json, standalone mode).
+func agentPodMTU(t *testing.T, onNode2 bool) (int, string) {
+	t.Helper()
+	path := "/run/cni-usernet/node-routes.json"
+	if onNode2 {
+		path = node2Dir(path)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("the agent's node routes status: %v", err)
+	}
+	var st struct {
+		PodMTU struct {
+			MTU    int    `json:"mtu"`
+			Source string `json:"source"`
+		} `json:"podMTU"`
+	}
+	if err := json.Unmarshal(b, &st); err != nil || st.PodMTU.MTU == 0 {
+		t.Fatalf("%s: no podMTU (%v):\n%s", path, err, b)
+	}
+	return st.PodMTU.MTU, st.PodMTU.Source
 }
 
 // flannelMTU is FLANNEL_MTU from node 1's /run/flannel/subnet.env.
