@@ -1090,7 +1090,7 @@ func agentPodMTU(t *testing.T, onNode2 bool) (int, string) {
 	t.Helper()
 	path := "/run/cni-usernet/node-routes.json"
 	if onNode2 {
-		path = node2Dir(path)
+		path = filepath.Join(node2Dir("/run/cni-usernet"), "node-routes.json")
 	}
 	b, err := os.ReadFile(path)
 	if err != nil {

@@ -405,7 +405,13 @@ spec:
 	}
 	t.Cleanup(func() { kubectl("delete", "ns", ns, "--wait=false") })
 	apply(t, m.String())
-	mustKubectl(t, "-n", ns, "wait", "--for=condition=Ready", "pod", "--all", "--timeout=10m")
+	// (not kubectl's two-minute bound: 200 pods' ADDs on two nodes of
+	// two vCPUs take longer when the machine is busy)
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
+	defer cancel()
+	if _, err := run(ctx, "", "kubectl", "-n", ns, "wait", "--for=condition=Ready", "pod", "--all", "--timeout=10m"); err != nil {
+		t.Fatal(err)
+	}
 	stopChurn := churnEndpoints(t, ns, n)
 	defer stopChurn()
 
