@@ -210,6 +210,10 @@ func account(n labNode, network string) (nodeAccount, error) {
 		}
 		for _, r := range routes {
 			switch {
+			case r.Protocol == "kernel":
+				// The kernel's, for the addresses on the host veths (IPv6
+				// makes a route of the gateway's /128 there): not routes
+				// to pods.
 			case strings.HasPrefix(r.Dev, hostVethPfx):
 				// Host routes to pods; not the kernel's link-local ones.
 				dst := strings.TrimSuffix(strings.TrimSuffix(r.Dst, "/32"), "/128")
