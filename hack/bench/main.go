@@ -5,8 +5,10 @@
 // configuration (all named ub-*), attaches the pods through the real CNI
 // plugins with libcni, runs the workloads with the server in the pod and the
 // load generator in the node, interleaving the configurations round by
-// round, and writes table.md, samples.json and summary.json. Nothing runs in
-// or touches the root network namespace besides creating those namespaces.
+// round, and writes table.md, samples.json and summary.json. The xnode-*
+// rows measure pod to pod across two nodes of their own instead
+// (crossnode.go; --only xnode runs them alone). Nothing runs in or
+// touches the root network namespace besides creating those namespaces.
 //
 // hack/bench/run.sh builds the plugins and this program and is the normal
 // entry point. The program re-executes itself for a few helper roles:
