@@ -261,12 +261,14 @@ func (b *bench) setupNode(ctx context.Context) error {
 }
 
 func (b *bench) addNS(ctx context.Context, name string) error {
-	if _, err := b.output(ctx, 10*time.Second, "", "ip", "netns", "add", name); err != nil {
-		return err
-	}
+	// Cleanup owns the name before it exists: an `ip netns add` ended by
+	// its timeout on a loaded machine can leave the namespace behind.
 	b.mu.Lock()
 	b.namespaces = append(b.namespaces, name)
 	b.mu.Unlock()
+	if _, err := b.output(ctx, 30*time.Second, "", "ip", "netns", "add", name); err != nil {
+		return err
+	}
 	_, err := b.output(ctx, 10*time.Second, "", "ip", "-n", name, "link", "set", "lo", "up")
 	return err
 }
