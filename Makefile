@@ -64,8 +64,10 @@ fuzz: gvisor
 	$(GO) test -run '^$$' -fuzz '^FuzzCompilePod$$' -fuzztime 50000x -fuzzminimizetime 2s ./pkg/agent/netpolicy
 
 # Full benchmark (BENCHMARKS.md): 3 interleaved rounds of every
-# configuration, the peers (runsc, pasta, slirp4netns) included, then the
-# scale section (100 idle pods, 1/16/256 streams).
+# configuration, the peers (runsc, pasta, slirp4netns) and pod to pod
+# across two nodes (xnode-*) included, then the scale section (100 idle
+# pods, 1/16/256 streams). The cross-node rows alone:
+# hack/bench/run.sh --only xnode.
 bench:
 	hack/bench/run.sh --peers=true --scale=true
 

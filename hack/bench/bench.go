@@ -56,6 +56,20 @@ type attachment struct {
 	// slirp4netns' API socket (peers.go).
 	runscID, apiSock string
 	tapDev           string // a tap peer's device in the pod namespace
+	// Node is the namespace of the pod's node: a cross-node row's own,
+	// empty for nodeNS.
+	Node string `json:"node,omitempty"`
+	// client is the pod the load generators run in when it is not the
+	// node: a cross-node row's pod on node A (crossnode.go).
+	client *attachment
+}
+
+// nodeNS is the namespace of a's node, where its CNI verbs run.
+func (a *attachment) nodeNS() string {
+	if a.Node != "" {
+		return a.Node
+	}
+	return nodeNS
 }
 
 type bench struct {
@@ -103,7 +117,7 @@ func (b *bench) selected() []*config {
 		if c.Baseline && b.o.BaselineBin == "" {
 			continue
 		}
-		if len(b.o.Only) == 0 && !c.ByName && (c.Peer == "" || b.o.Peers) || slices.Contains(b.o.Only, c.Name) {
+		if len(b.o.Only) == 0 && !c.ByName && (c.Peer == "" || b.o.Peers) && (c.CrossNode == "" || b.o.CrossNode) || slices.Contains(b.o.Only, c.Name) {
 			out = append(out, c)
 		}
 	}
@@ -247,12 +261,14 @@ func (b *bench) setupNode(ctx context.Context) error {
 }
 
 func (b *bench) addNS(ctx context.Context, name string) error {
-	if _, err := b.output(ctx, 10*time.Second, "", "ip", "netns", "add", name); err != nil {
-		return err
-	}
+	// Cleanup owns the name before it exists: an `ip netns add` ended by
+	// its timeout on a loaded machine can leave the namespace behind.
 	b.mu.Lock()
 	b.namespaces = append(b.namespaces, name)
 	b.mu.Unlock()
+	if _, err := b.output(ctx, 30*time.Second, "", "ip", "netns", "add", name); err != nil {
+		return err
+	}
 	_, err := b.output(ctx, 10*time.Second, "", "ip", "-n", name, "link", "set", "lo", "up")
 	return err
 }
@@ -301,9 +317,11 @@ func (b *bench) cniArgsFrom(bin, verb, conf string, extra ...string) []string {
 // a peer's pod is set up by peers.go.
 func (b *bench) attach(ctx context.Context, c *config) (*attachment, error) {
 	a := &attachment{Config: c.Name, NS: nsPrefix + "pod-" + c.Name, ID: "ub-" + c.Name, cfg: c}
-	switch c.Peer {
-	case "pasta", "slirp4netns":
+	switch {
+	case c.Peer == "pasta", c.Peer == "slirp4netns":
 		return a, b.attachTap(ctx, a)
+	case c.CrossNode != "":
+		return b.attachCrossNode(ctx, c)
 	}
 	conf, err := c.conflist(filepath.Join(b.tmp, "ipam"), filepath.Join(b.tmp, "state"), filepath.Join(b.logs, "cni-usernet"), filepath.Join(b.tmp, "run"), b.o.IPv6)
 	if err != nil {
@@ -367,7 +385,7 @@ func (b *bench) attach(ctx context.Context, c *config) (*attachment, error) {
 
 // cniAdd runs ADD for a and reads its address and host veth from the result.
 func (b *bench) cniAdd(ctx context.Context, a *attachment, args ...string) (*current.Result, error) {
-	out, err := b.output(ctx, 2*time.Minute, nodeNS, b.cniArgsFor(a.cfg, "add", a.ConfPath, args...)...)
+	out, err := b.output(ctx, 2*time.Minute, a.nodeNS(), b.cniArgsFor(a.cfg, "add", a.ConfPath, args...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -397,7 +415,7 @@ func (b *bench) cniAdd(ctx context.Context, a *attachment, args ...string) (*cur
 func (b *bench) detach(a *attachment) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	_, err := b.output(ctx, time.Minute, nodeNS, b.cniArgsFor(a.cfg, "del", a.ConfPath, "--id", a.ID, "--netns", "/run/netns/"+a.NS)...)
+	_, err := b.output(ctx, time.Minute, a.nodeNS(), b.cniArgsFor(a.cfg, "del", a.ConfPath, "--id", a.ID, "--netns", "/run/netns/"+a.NS)...)
 	if err != nil {
 		return fmt.Errorf("DEL %s: %w", a.ID, err)
 	}
@@ -448,7 +466,7 @@ func checkGSO(c *config, st stackStatus) error {
 }
 
 func (b *bench) stackStatus(ctx context.Context, a *attachment) (stackStatus, error) {
-	out, err := b.output(ctx, 20*time.Second, nodeNS, filepath.Join(b.o.BinDir, "cni-usernet"), "status", "--json", "--state-dir", filepath.Join(b.tmp, "state"))
+	out, err := b.output(ctx, 20*time.Second, a.nodeNS(), filepath.Join(b.o.BinDir, "cni-usernet"), "status", "--json", "--state-dir", b.stateDir(a))
 	if err != nil {
 		return stackStatus{}, err
 	}
@@ -493,7 +511,7 @@ func (b *bench) cleanup() {
 		if a.ConfPath == "" { // a tap peer: no CNI attachment
 			continue
 		}
-		if _, err := b.output(ctx, time.Minute, nodeNS, b.cniArgsFor(a.cfg, "del", a.ConfPath, "--id", a.ID, "--netns", "/run/netns/"+a.NS)...); err != nil {
+		if _, err := b.output(ctx, time.Minute, a.nodeNS(), b.cniArgsFor(a.cfg, "del", a.ConfPath, "--id", a.ID, "--netns", "/run/netns/"+a.NS)...); err != nil {
 			logf("cleanup: DEL %s: %v", a.ID, err)
 		}
 		if a.cfg.usernet() && a.StackPID > 0 && running(a.StackPID) && strings.Contains(cmdline(a.StackPID), "cni-usernet") {

@@ -52,6 +52,28 @@ type config struct {
 	// direction after ADD, the last one allowing the node (benchPolicy);
 	// Keys must turn networkPolicy on.
 	PolicyRules int
+	// CrossNode, when set, is the topology of a pod-to-pod row across
+	// two nodes of its own (crossnode.go): "direct" (one link, host-gw
+	// routes) or "vxlan" (the nodes behind a router, VXLAN between them).
+	// The client runs in the pod on node A, the server in the pod on B.
+	CrossNode string
+	// AgentRoutes makes a cross-node row's routes (and VXLAN devices)
+	// with the node agent's noderoutes.Manager, as users' nodes get them;
+	// without it they are made with ip the way flannel makes them.
+	AgentRoutes bool
+	// MTU is the pods' MTU; zero: mtu.
+	MTU int
+	// RatioTo is the row this one's ratios are taken against; empty:
+	// baseline.
+	RatioTo string
+}
+
+// ratioTo is the row c's ratios are taken against.
+func (c *config) ratioTo() string {
+	if c.RatioTo != "" {
+		return c.RatioTo
+	}
+	return baseline
 }
 
 func (c *config) usernet() bool { return c.Plugin == "cni-usernet" }
@@ -92,6 +114,14 @@ var allConfigs = []*config{
 		Desc: `cni-usernet "gso": "hardware", "networkPolicy": true, a 1,000-rule policy each way whose last rule allows the node`},
 	{Name: "baseline-hardware", Plugin: "cni-usernet", GSO: "hardware", Baseline: true, Desc: `cni-usernet built from run.sh --baseline REV, "gso": "hardware" (only with --baseline-bin)`},
 	{Name: "baseline-software", Plugin: "cni-usernet", GSO: "software", Baseline: true, Desc: `cni-usernet built from run.sh --baseline REV, "gso": "software" (only with --baseline-bin)`},
+	{Name: "xnode-kernel", Plugin: "ptp", CrossNode: "direct", RatioTo: "xnode-kernel",
+		Desc: "pod to pod across two nodes on one link: ptp pods, host-gw routes made with ip"},
+	{Name: "xnode-usernet", Plugin: "cni-usernet", GSO: "hardware", CrossNode: "direct", AgentRoutes: true, RatioTo: "xnode-kernel",
+		Desc: `pod to pod across two nodes on one link: cni-usernet "gso": "hardware" pods, routes by the agent's noderoutes`},
+	{Name: "xnode-kernel-vxlan", Plugin: "ptp", CrossNode: "vxlan", MTU: xVXLANMTU, RatioTo: "xnode-kernel-vxlan",
+		Desc: "pod to pod across two nodes behind a router: ptp pods, kernel VXLAN made with ip as flannel's vxlan backend makes it"},
+	{Name: "xnode-usernet-vxlan", Plugin: "cni-usernet", GSO: "hardware", CrossNode: "vxlan", MTU: xVXLANMTU, AgentRoutes: true, RatioTo: "xnode-kernel-vxlan",
+		Desc: `pod to pod across two nodes behind a router: cni-usernet "gso": "hardware" pods, kernel VXLAN by the agent's noderoutes`},
 	{Name: "runsc-hostgso", Plugin: "ptp", Peer: "runsc", PeerArgs: []string{"--gso=true"},
 		Desc:   "gVisor runsc netstack, host GSO (--gso=true)",
 		Method: "servers in one runsc sandbox (systrap, --network=sandbox) joined to the pod namespace; runsc takes over the ptp veth eth0 (AF_PACKET, PACKET_VNET_HDR) and its addresses and routes"},
@@ -133,14 +163,24 @@ func configByName(name string) *config {
 // a configuration with PolicyRules (its control sockets, and the node
 // agent's socket its ADD asks, served by the benchmark: standInAgent).
 func (c *config) conflist(ipamDir, stateDir, logDir, runDir string, ipv6 bool) ([]byte, error) {
-	ranges := [][]map[string]string{{{"subnet": subnet4}}}
+	return c.conflistIn(subnet4, ipamDir, stateDir, logDir, runDir, ipv6)
+}
+
+// conflistIn is conflist with the pods' IPv4 subnet: a cross-node row's
+// node hands out addresses of its own pod CIDR.
+func (c *config) conflistIn(sub4, ipamDir, stateDir, logDir, runDir string, ipv6 bool) ([]byte, error) {
+	ranges := [][]map[string]string{{{"subnet": sub4}}}
 	routes := []map[string]string{{"dst": "0.0.0.0/0"}}
 	if ipv6 {
 		ranges = append(ranges, []map[string]string{{"subnet": subnet6}})
 		routes = append(routes, map[string]string{"dst": "::/0"})
 	}
 	ipam := map[string]any{"type": "host-local", "dataDir": ipamDir, "ranges": ranges, "routes": routes}
-	plugin := map[string]any{"type": c.Plugin, "mtu": mtu, "ipam": ipam}
+	podMTU := mtu
+	if c.MTU > 0 {
+		podMTU = c.MTU
+	}
+	plugin := map[string]any{"type": c.Plugin, "mtu": podMTU, "ipam": ipam}
 	switch c.Plugin {
 	case "ptp":
 		plugin["ipMasq"] = false

@@ -5,8 +5,10 @@
 // configuration (all named ub-*), attaches the pods through the real CNI
 // plugins with libcni, runs the workloads with the server in the pod and the
 // load generator in the node, interleaving the configurations round by
-// round, and writes table.md, samples.json and summary.json. Nothing runs in
-// or touches the root network namespace besides creating those namespaces.
+// round, and writes table.md, samples.json and summary.json. The xnode-*
+// rows measure pod to pod across two nodes of their own instead
+// (crossnode.go; --only xnode runs them alone). Nothing runs in or
+// touches the root network namespace besides creating those namespaces.
 //
 // hack/bench/run.sh builds the plugins and this program and is the normal
 // entry point. The program re-executes itself for a few helper roles:
@@ -15,6 +17,7 @@
 //	bench rr-server ...  1-byte ping-pong server (in the pod)
 //	bench rr-client ...  1-byte ping-pong client (in the node)
 //	bench probe ...      wait until a TCP port accepts (in the node)
+//	bench noderoutes ... the agent's node routes and VXLAN, once (in a cross-node row's node)
 //	bench report DIR     write DIR's table.md and summary.json again from its samples.json
 package main
 
@@ -42,6 +45,8 @@ func main() {
 			os.Exit(rrClientMain(os.Args[2:]))
 		case "probe":
 			os.Exit(probeMain(os.Args[2:]))
+		case "noderoutes":
+			os.Exit(nodeRoutesMain(os.Args[2:]))
 		}
 	}
 	os.Exit(benchMain(os.Args[1:]))
@@ -66,6 +71,10 @@ type options struct {
 	// Peers adds runsc, pasta and slirp4netns rows (default on, off with
 	// --quick); naming a peer in --only runs it regardless.
 	Peers bool
+	// CrossNode adds the pod-to-pod rows across two nodes (xnode-*,
+	// crossnode.go; default on, off with --quick); naming one in --only,
+	// or "xnode" for all of them, runs it regardless.
+	CrossNode bool
 	// Scale runs the scale section after the rounds (default on, off
 	// with --quick): ScalePods idle cni-usernet pods, then iperf3 with
 	// each of Streams concurrent streams node→pod.
@@ -90,10 +99,11 @@ func parseOptions(args []string) (options, error) {
 	fs.StringVar(&o.Out, "out", "", "results directory (default results/<UTC timestamp>)")
 	fs.StringVar(&o.BinDir, "bin", "", "directory with the CNI plugin binaries (required)")
 	fs.StringVar(&o.BaselineBin, "baseline-bin", "", "directory with the plugins and a cni-usernet of another revision: adds the baseline-hardware and baseline-software rows (run.sh --baseline REV)")
-	fs.StringVar(&only, "only", "", "comma-separated configuration names to run (default all; see -list)")
+	fs.StringVar(&only, "only", "", "comma-separated configuration names to run (default all; see -list); xnode: every pod-to-pod row across two nodes")
 	fs.BoolVar(&o.IPv6, "ipv6", true, "give pods an IPv6 address too (ptp's ADD then waits ~1-2 s for DAD)")
 	list := fs.Bool("list", false, "list the configurations and exit")
 	peers := fs.String("peers", "", "true/false: runsc, pasta and slirp4netns rows (default true, false with --quick)")
+	crossNode := fs.String("crossnode", "", "true/false: the pod-to-pod rows across two nodes, xnode-* (default true, false with --quick)")
 	scale := fs.String("scale", "", "true/false: the scale section (default true, false with --quick)")
 	fs.IntVar(&o.ScalePods, "scale-pods", 100, "idle cni-usernet pods in the scale section")
 	streams := fs.String("streams", "1,16,256", "concurrent iperf3 streams node→pod in the scale section")
@@ -144,6 +154,9 @@ func parseOptions(args []string) (options, error) {
 	if o.Peers, err = boolFlag("peers", *peers, !o.Quick); err != nil {
 		return o, err
 	}
+	if o.CrossNode, err = boolFlag("crossnode", *crossNode, !o.Quick); err != nil {
+		return o, err
+	}
 	if o.Scale, err = boolFlag("scale", *scale, !o.Quick); err != nil {
 		return o, err
 	}
@@ -173,6 +186,14 @@ func parseOptions(args []string) (options, error) {
 	}
 	if only != "" {
 		for _, n := range strings.Split(only, ",") {
+			if n == crossNodeRows {
+				for _, c := range allConfigs {
+					if c.CrossNode != "" {
+						o.Only = append(o.Only, c.Name)
+					}
+				}
+				continue
+			}
 			if configByName(n) == nil {
 				return o, fmt.Errorf("unknown configuration %q (see -list)", n)
 			}

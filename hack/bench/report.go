@@ -138,6 +138,9 @@ func (b *bench) cells() map[string]map[string]*cell {
 	}
 	for cfg, ms := range out {
 		base := baseline
+		if c := configByName(cfg); c != nil {
+			base = c.ratioTo()
+		}
 		if strings.HasPrefix(cfg, "add-") {
 			base = "add-ptp"
 		}
@@ -187,7 +190,11 @@ func (b *bench) problems() []string {
 			// table with its reason; it does not fail our benchmark.
 			continue
 		}
-		for _, m := range metrics {
+		ms := metrics
+		if c.CrossNode != "" {
+			ms = crossMetrics
+		}
+		for _, m := range ms {
 			if (!m.StackOnly || c.stack()) && cells[c.Name][m.Key] == nil {
 				out = append(out, fmt.Sprintf("%s %s (%s)", c.Name, m.Key, lastErr(c.Name, m.Key)))
 			}
@@ -326,33 +333,42 @@ func (b *bench) writeReport() error {
 	fmt.Fprintf(&w, "%s, kernel %s, %d CPUs; %d round(s), configurations interleaved (reversed in even rounds); iperf3 %s per direction, redis-benchmark -n %d, ab -n %d -c 5 (10 MiB), TCP_RR %s, ADD of %d pods %d at a time.\n\n",
 		b.started.UTC().Format("2006-01-02 15:04 UTC"), meta["kernel"], runtime.NumCPU(), b.o.Rounds, b.o.IperfTime, b.o.RedisN, b.o.NginxN, b.o.RRTime, b.o.AddPods, b.o.AddParallel)
 	fmt.Fprintf(&w, "Cells: median (min–max over rounds) ×ratio to the `%s` row (ADD rows: to `add-ptp`). For ratios of µs, ms, retransmits, cores and MiB, lower is better.\n", baseline)
-	b.summary(&w, cells)
+	// A run of cross-node rows alone has none of these.
+	podRun := len(b.podRows()) > 0
+	if podRun {
+		b.summary(&w, cells)
 
-	groups := []string{}
-	for _, m := range metrics {
-		if !slices.Contains(groups, m.Group) {
-			groups = append(groups, m.Group)
-		}
-	}
-	for _, g := range groups {
-		var ms []metric
+		groups := []string{}
 		for _, m := range metrics {
-			if m.Group == g {
-				ms = append(ms, m)
+			if !slices.Contains(groups, m.Group) {
+				groups = append(groups, m.Group)
 			}
 		}
-		fmt.Fprintf(&w, "\n## %s\n\n", g)
-		b.table(&w, cells, ms, b.selected())
+		for _, g := range groups {
+			var ms []metric
+			for _, m := range metrics {
+				if m.Group == g {
+					ms = append(ms, m)
+				}
+			}
+			fmt.Fprintf(&w, "\n## %s\n\n", g)
+			b.table(&w, cells, ms, b.podRows())
+		}
+	}
+	if rows := b.crossRows(); len(rows) > 0 {
+		b.crossReport(&w, cells, rows)
 	}
 
-	fmt.Fprintf(&w, "\n## CNI ADD/DEL latency (%d pods, %d concurrent)\n\n", b.o.AddPods, b.o.AddParallel)
-	var addRows []*config
-	for _, ac := range addConfigs {
-		addRows = append(addRows, &config{Name: ac.Name})
+	if podRun {
+		fmt.Fprintf(&w, "\n## CNI ADD/DEL latency (%d pods, %d concurrent)\n\n", b.o.AddPods, b.o.AddParallel)
+		var addRows []*config
+		for _, ac := range addConfigs {
+			addRows = append(addRows, &config{Name: ac.Name})
+		}
+		b.table(&w, cells, addMetrics, addRows)
 	}
-	b.table(&w, cells, addMetrics, addRows)
 
-	if b.o.Scale {
+	if b.o.Scale && podRun {
 		fmt.Fprintf(&w, "\n## Scale: %d idle cni-usernet pods (usernet-hardware), attached one at a time\n\n", b.o.ScalePods)
 		b.table(&w, cells, scaleMetrics, []*config{{Name: scaleIdle}})
 		fmt.Fprintf(&w, "\nPSS from /proc/PID/smaps_rollup of every stack, summed (a page shared by k processes counts 1/k in each, so the binary's text counts once), divided by the pods. ADD of the last 20 runs with %d stacks already up.\n", b.o.ScalePods-20)
@@ -369,20 +385,22 @@ func (b *bench) writeReport() error {
 	if len(b.o.CPULimits) > 0 {
 		b.limitsReport(&w, cells)
 	}
-	if b.o.Sizing {
+	if b.o.Sizing && podRun {
 		b.sizingReport(&w, cells)
 	}
 
-	fmt.Fprintf(&w, "\n## Targets (goals, not assertions)\n\n| target | goal | measured | |\n|---|---|---|---|\n")
-	for _, t := range targets {
-		v, ok := t.Value(cells)
-		switch {
-		case !ok:
-			fmt.Fprintf(&w, "| %s | %s | — | not measured |\n", t.What, t.Goal)
-		case t.Met(v):
-			fmt.Fprintf(&w, "| %s | %s | %s | met |\n", t.What, t.Goal, fmtNum(v))
-		default:
-			fmt.Fprintf(&w, "| %s | %s | %s | **not met** |\n", t.What, t.Goal, fmtNum(v))
+	if podRun {
+		fmt.Fprintf(&w, "\n## Targets (goals, not assertions)\n\n| target | goal | measured | |\n|---|---|---|---|\n")
+		for _, t := range targets {
+			v, ok := t.Value(cells)
+			switch {
+			case !ok:
+				fmt.Fprintf(&w, "| %s | %s | — | not measured |\n", t.What, t.Goal)
+			case t.Met(v):
+				fmt.Fprintf(&w, "| %s | %s | %s | met |\n", t.What, t.Goal, fmtNum(v))
+			default:
+				fmt.Fprintf(&w, "| %s | %s | %s | **not met** |\n", t.What, t.Goal, fmtNum(v))
+			}
 		}
 	}
 
@@ -556,7 +574,7 @@ func (b *bench) summary(w *strings.Builder, cells map[string]map[string]*cell) {
 			return fmtNum(a.Median) + " / " + fmtNum(st.Median)
 		}
 	}
-	for _, c := range b.selected() {
+	for _, c := range b.podRows() {
 		if why, ok := b.skipped[c.Name]; ok {
 			fmt.Fprintf(w, "| %s | skipped: %s | | | | | | |\n", c.Name, mdCell(why))
 			continue
@@ -570,6 +588,18 @@ func (b *bench) summary(w *strings.Builder, cells map[string]map[string]*cell) {
 			val(c.Name, "nginx_rps", "req/s"), val(c.Name, "rr_p50_us", "µs"),
 			cpu(c.Name, "cpu_gb_p2n", "stack_cpu_gb_p2n"), cpu(c.Name, "cpu_redis", "stack_cpu_redis"))
 	}
+}
+
+// podRows are the configurations of the run measured against the node:
+// all but the cross-node rows, which have a section of their own.
+func (b *bench) podRows() []*config {
+	var out []*config
+	for _, c := range b.selected() {
+		if c.CrossNode == "" {
+			out = append(out, c)
+		}
+	}
+	return out
 }
 
 // rerender rewrites a results directory's table.md and summary.json from

@@ -4,6 +4,7 @@
 #
 #   hack/bench/run.sh [--quick] [--out DIR] [--rounds N] [--only a,b] [--peers=false] [--scale=false] [--baseline REV] [--list] [other flags of hack/bench]
 #   hack/bench/run.sh --only kernel,usernet-hardware --cpu-limits 100m,500m,2 ...   # also under pod CPU limits
+#   hack/bench/run.sh --only xnode [--rounds 3]   # pod to pod across two nodes alone (the xnode-* rows)
 #
 # Needs root. Everything runs in network namespaces named ub-* that the
 # benchmark creates and removes; the root namespace is not touched. The
@@ -34,10 +35,14 @@ while (($#)); do
 done
 out="${out:-results/$(date -u +%Y%m%dT%H%M%SZ)}"
 
-# Peers run in full runs, not with --quick, unless asked for by name or flag.
+# Peers run in full runs, not with --quick or an --only that names none,
+# unless asked for by name or flag.
 peers=1
+prev=""
 for a in ${args[@]+"${args[@]}"}; do
-	case "$a" in --quick) peers=0 ;; esac
+	case "$a" in --quick | --only=*) peers=0 ;; esac
+	[[ "$prev" == --only ]] && peers=0
+	prev="$a"
 done
 for a in ${args[@]+"${args[@]}"}; do
 	case "$a" in

@@ -27,6 +27,10 @@ const (
 // runWorkloads runs every workload once against pod a. A workload that fails
 // records a failure for its cell and the next one runs.
 func (b *bench) runWorkloads(ctx context.Context, r int, a *attachment) {
+	if a.client != nil {
+		b.crossWorkloads(ctx, r, a)
+		return
+	}
 	if a.cfg.stack() {
 		if err := b.idleStack(ctx, r, a); err != nil {
 			b.fail(r, a.Config, "stack", err)

@@ -1,0 +1,244 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/cni-usernet/cni-usernet/pkg/agent/noderoutes"
+)
+
+// The cross-node rows' workloads: the servers in the pod on node B, the
+// load generators in the pod on node A, so that every byte crosses both
+// pods' stacks, both nodes and the link (or router) between them.
+
+// crossMetrics are the cross-node rows' columns. "a2b" is the pod on
+// node A sending (iperf3's client), "b2a" the pod on node B (-R). Stack
+// CPU is both pods' stacks together.
+var crossMetrics = []metric{
+	{"tcp_a2b_gbps", "TCP A→B", "Gbit/s", true, "Pod to pod", false},
+	{"tcp_b2a_gbps", "TCP B→A", "Gbit/s", true, "Pod to pod", false},
+	{"tcp_a2b_retrans", "retransmits A→B", "", false, "Pod to pod", false},
+	{"tcp_b2a_retrans", "retransmits B→A", "", false, "Pod to pod", false},
+	{"redis_set_krps", "redis SET", "k rps", true, "Pod to pod", false},
+	{"redis_get_krps", "redis GET", "k rps", true, "Pod to pod", false},
+	{"rr_p50_us", "TCP_RR p50", "µs", false, "Pod to pod", false},
+	{"rr_p99_us", "TCP_RR p99", "µs", false, "Pod to pod", false},
+	{"cpu_gb_a2b", "all CPUs, A→B", "core·s per GB", false, "CPU per unit of work", false},
+	{"cpu_gb_b2a", "all CPUs, B→A", "core·s per GB", false, "CPU per unit of work", false},
+	{"stack_cpu_gb_a2b", "both stacks, A→B", "core·s per GB", false, "CPU per unit of work", true},
+	{"stack_cpu_gb_b2a", "both stacks, B→A", "core·s per GB", false, "CPU per unit of work", true},
+	{"cpu_redis", "all CPUs, redis", "core·ms per 1k requests", false, "CPU per unit of work", false},
+	{"stack_cpu_redis", "both stacks, redis", "core·ms per 1k requests", false, "CPU per unit of work", true},
+	{"cpu_rr", "all CPUs, TCP_RR", "core·ms per 1k round trips", false, "CPU per unit of work", false},
+}
+
+// crossWorkloads runs every cross-node workload once, srv being the pod
+// on node B.
+func (b *bench) crossWorkloads(ctx context.Context, r int, srv *attachment) {
+	if srv.cfg.usernet() {
+		for _, a := range []*attachment{srv.client, srv} {
+			if err := b.idleStack(ctx, r, a); err != nil { // refreshes the stack PID
+				b.fail(r, srv.Config, "stack", err)
+			}
+		}
+	}
+	for _, w := range []struct {
+		name string
+		run  func(context.Context, int, *attachment) error
+	}{
+		{"iperf3", b.crossIperf},
+		{"redis", b.crossRedis},
+		{"tcp_rr", b.crossRR},
+	} {
+		if ctx.Err() != nil {
+			return
+		}
+		err := w.run(ctx, r, srv)
+		if err != nil && strings.Contains(err.Error(), "the server has terminated") && ctx.Err() == nil {
+			b.fail(r, srv.Config, w.name+" (retried)", err) // as in runWorkloads
+			err = w.run(ctx, r, srv)
+		}
+		if err != nil {
+			b.fail(r, srv.Config, w.name, err)
+		}
+	}
+	if srv.cfg.CrossNode == "vxlan" {
+		b.vxlanBytes(ctx, r, srv)
+	}
+}
+
+// vxlanBytes records the bytes node A's VXLAN device has carried so far:
+// the proof that the pods' traffic took the tunnel.
+func (b *bench) vxlanBytes(ctx context.Context, r int, srv *attachment) {
+	out, err := b.output(ctx, 5*time.Second, srv.client.Node, "ip", "-j", "-s", "link", "show", "type", "vxlan")
+	if err != nil {
+		b.fail(r, srv.Config, "vxlan counters", err)
+		return
+	}
+	var links []struct {
+		Name  string `json:"ifname"`
+		Stats struct {
+			RX struct {
+				Bytes float64 `json:"bytes"`
+			} `json:"rx"`
+			TX struct {
+				Bytes float64 `json:"bytes"`
+			} `json:"tx"`
+		} `json:"stats64"`
+	}
+	if err := json.Unmarshal(out, &links); err != nil || len(links) != 1 {
+		b.fail(r, srv.Config, "vxlan counters", fmt.Errorf("want one VXLAN device on node A, got %q (%v)", out, err))
+		return
+	}
+	gb := (links[0].Stats.RX.Bytes + links[0].Stats.TX.Bytes) / 1e9
+	b.record(r, srv.Config, "vxlan_gb", gb)
+	logf("  %.1f GB through node A's %s so far", gb, links[0].Name)
+}
+
+// stacksCPU is the CPU time of both pods' stacks (0 for ptp pods).
+func stacksCPU(srv *attachment) float64 {
+	return processCPU(srv.StackPID) + processCPU(srv.client.StackPID)
+}
+
+func (b *bench) crossIperf(ctx context.Context, r int, srv *attachment) error {
+	p, err := b.serve(ctx, r, srv, "iperf3", iperfPort, "iperf3", "-s", "-p", strconv.Itoa(iperfPort))
+	if err != nil {
+		return err
+	}
+	defer b.stop(p)
+	stack := srv.cfg.usernet()
+	secs := strconv.Itoa(int(b.o.IperfTime.Seconds()))
+	for _, dir := range []string{"a2b", "b2a"} {
+		argv := []string{"iperf3", "-c", srv.IP, "-p", strconv.Itoa(iperfPort), "-t", secs, "-J"}
+		if dir == "b2a" {
+			argv = append(argv, "-R")
+		}
+		sys0, stack0 := systemCPU(), stacksCPU(srv)
+		out, err := b.output(ctx, b.o.IperfTime+30*time.Second, srv.client.NS, argv...)
+		sysS, stackS := systemCPU()-sys0, stacksCPU(srv)-stack0
+		gbps, retrans, bytes, perr := parseIperf(out)
+		if perr != nil {
+			return fmt.Errorf("%s: %w", dir, perr)
+		}
+		if err != nil {
+			return fmt.Errorf("%s: %w", dir, err)
+		}
+		b.record(r, srv.Config, "tcp_"+dir+"_gbps", gbps)
+		b.record(r, srv.Config, "tcp_"+dir+"_retrans", retrans)
+		if gb := bytes / 1e9; gb > 0 {
+			b.record(r, srv.Config, "cpu_gb_"+dir, sysS/gb)
+			if stack {
+				b.record(r, srv.Config, "stack_cpu_gb_"+dir, stackS/gb)
+			}
+		}
+		logf("  iperf3 %s %.2f Gbit/s, %.0f retransmits", dir, gbps, retrans)
+	}
+	return nil
+}
+
+func (b *bench) crossRedis(ctx context.Context, r int, srv *attachment) error {
+	p, err := b.serve(ctx, r, srv, "redis", redisPort, "redis-server", "--port", strconv.Itoa(redisPort),
+		"--bind", "0.0.0.0", "--protected-mode", "no", "--save", "", "--appendonly", "no", "--dir", b.tmp)
+	if err != nil {
+		return err
+	}
+	defer b.stop(p)
+	sys0, stack0 := systemCPU(), stacksCPU(srv)
+	out, err := b.output(ctx, 5*time.Minute, srv.client.NS, "redis-benchmark", "-h", srv.IP, "-p", strconv.Itoa(redisPort),
+		"-n", strconv.Itoa(b.o.RedisN), "-t", "set,get", "--csv")
+	sysS, stackS := systemCPU()-sys0, stacksCPU(srv)-stack0
+	if err != nil {
+		return err
+	}
+	res, err := parseRedis(out)
+	if err != nil {
+		return err
+	}
+	kreq := float64(2*b.o.RedisN) / 1000
+	b.record(r, srv.Config, "cpu_redis", sysS*1000/kreq)
+	if srv.cfg.usernet() {
+		b.record(r, srv.Config, "stack_cpu_redis", stackS*1000/kreq)
+	}
+	for _, t := range []string{"set", "get"} {
+		b.record(r, srv.Config, "redis_"+t+"_krps", res[t][0]/1000)
+		b.record(r, srv.Config, "redis_"+t+"_p50_ms", res[t][1])
+	}
+	logf("  redis SET %.0f GET %.0f rps", res["set"][0], res["get"][0])
+	return nil
+}
+
+func (b *bench) crossRR(ctx context.Context, r int, srv *attachment) error {
+	p, err := b.serve(ctx, r, srv, "rr", rrPort, b.self, "rr-server", "-listen", fmt.Sprintf(":%d", rrPort))
+	if err != nil {
+		return err
+	}
+	defer b.stop(p)
+	sys0 := systemCPU()
+	out, err := b.output(ctx, b.o.RRTime+time.Minute, srv.client.NS, b.self, "rr-client",
+		"-addr", net.JoinHostPort(srv.IP, strconv.Itoa(rrPort)), "-time", b.o.RRTime.String())
+	sysS := systemCPU() - sys0
+	if err != nil {
+		return err
+	}
+	var res rrResult
+	if err := json.Unmarshal(out, &res); err != nil {
+		return fmt.Errorf("parsing rr-client output %q: %w", out, err)
+	}
+	b.record(r, srv.Config, "rr_p50_us", res.P50US)
+	b.record(r, srv.Config, "rr_p99_us", res.P99US)
+	if res.N > 0 {
+		b.record(r, srv.Config, "cpu_rr", sysS*1000/(float64(res.N+rrWarmup)/1000))
+	}
+	logf("  TCP_RR p50 %.1f µs, p99 %.1f µs (%d round trips)", res.P50US, res.P99US, res.N)
+	return nil
+}
+
+// crossRows are the cross-node configurations of the run.
+func (b *bench) crossRows() []*config {
+	var out []*config
+	for _, c := range b.selected() {
+		if c.CrossNode != "" {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// crossReport writes the cross-node section: a table per group, ratios to
+// the kernel row of the same topology.
+func (b *bench) crossReport(w *strings.Builder, cells map[string]map[string]*cell, rows []*config) {
+	fmt.Fprintf(w, "\n## Pod to pod across two nodes\n\n")
+	fmt.Fprintf(w, "Two node namespaces per row, a pod on each attached through the plugin (host-local: node A 10.199.64.0/24, node B 10.199.65.0/24); "+
+		"the servers in the pod on node B, the clients in the pod on node A. direct: the nodes on one veth (10.199.66.0/24), host-gw routes; "+
+		"vxlan: each node on its own /24 to a router namespace, pods across in kernel VXLAN (pod MTU %d). Kernel rows: ptp pods, routes made with ip as flannel makes them "+
+		"(vxlan: %s, VNI %d, port %d); usernet rows: the agent's noderoutes.Manager (vxlan: its device, VNI %d, port %d, and its port guard). "+
+		"Ratios to the kernel row of the same topology; stack CPU is both pods' stacks.\n",
+		xVXLANMTU, xFlannelDev, xFlannelVNI, xFlannelPort, noderoutes.DefaultVXLANVNI, noderoutes.DefaultVXLANPort)
+	var groups []string
+	for _, m := range crossMetrics {
+		if !slices.Contains(groups, m.Group) {
+			groups = append(groups, m.Group)
+		}
+	}
+	for _, g := range groups {
+		var ms []metric
+		for _, m := range crossMetrics {
+			if m.Group == g {
+				ms = append(ms, m)
+			}
+		}
+		fmt.Fprintf(w, "\n### %s\n\n", g)
+		b.table(w, cells, ms, rows)
+	}
+	for _, c := range rows {
+		if cl := cells[c.Name]["vxlan_gb"]; cl != nil {
+			fmt.Fprintf(w, "\n%s: %s GB crossed node A's VXLAN device in the whole run.\n", c.Name, fmtNum(cl.Max))
+		}
+	}
+}
