@@ -263,6 +263,10 @@ start_apiserver
 wait_for "kube-apiserver /readyz" 120 kubectl --kubeconfig "$STATE/admin.kubeconfig" get --raw /readyz
 ta=$(date +%s)
 
+# (the per-family mask flags are refused on a single-stack cluster, the
+# single one on a dual-stack cluster)
+node_cidr_masks=--node-cidr-mask-size=24
+[ -n "$DUAL" ] && node_cidr_masks="--node-cidr-mask-size-ipv4=24 --node-cidr-mask-size-ipv6=64"
 start_daemon kube-controller-manager "$BIN/kube-controller-manager" \
   --kubeconfig="$STATE/kube-controller-manager.kubeconfig" \
   --authentication-kubeconfig="$STATE/kube-controller-manager.kubeconfig" \
@@ -271,7 +275,7 @@ start_daemon kube-controller-manager "$BIN/kube-controller-manager" \
   --root-ca-file="$PKI/ca.crt" --service-account-private-key-file="$PKI/sa.key" \
   --use-service-account-credentials=true \
   --cluster-signing-cert-file="$PKI/ca.crt" --cluster-signing-key-file="$PKI/ca.key" \
-  --allocate-node-cidrs=true --cluster-cidr="$POD_NETS" --node-cidr-mask-size-ipv4=24 --node-cidr-mask-size-ipv6=64 \
+  --allocate-node-cidrs=true --cluster-cidr="$POD_NETS" $node_cidr_masks \
   --service-cluster-ip-range="$SVC_CIDRS" --v=1
 start_daemon kube-scheduler "$BIN/kube-scheduler" \
   --kubeconfig="$STATE/kube-scheduler.kubeconfig" \
