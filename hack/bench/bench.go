@@ -327,16 +327,9 @@ func (b *bench) attach(ctx context.Context, c *config) (*attachment, error) {
 	if err != nil {
 		return nil, err
 	}
-	a.ConfPath = filepath.Join(b.tmp, c.Name+".conflist")
-	if err := os.WriteFile(a.ConfPath, conf, 0o644); err != nil {
+	if err := b.register(ctx, a, conf, c.Name+".conflist"); err != nil {
 		return nil, err
 	}
-	if err := b.addNS(ctx, a.NS); err != nil {
-		return nil, err
-	}
-	b.mu.Lock()
-	b.atts = append(b.atts, a) // from here on, cleanup runs DEL
-	b.mu.Unlock()
 
 	addArgs := []string{"--id", a.ID, "--netns", "/run/netns/" + a.NS}
 	if c.PolicyRules > 0 {
@@ -381,6 +374,22 @@ func (b *bench) attach(ctx context.Context, c *config) (*attachment, error) {
 		}
 	}
 	return a, nil
+}
+
+// register writes pod a's conflist into the run's directory under name
+// and makes its namespace; from then on the cleanup runs DEL for it.
+func (b *bench) register(ctx context.Context, a *attachment, conf []byte, name string) error {
+	a.ConfPath = filepath.Join(b.tmp, name)
+	if err := os.WriteFile(a.ConfPath, conf, 0o644); err != nil {
+		return err
+	}
+	if err := b.addNS(ctx, a.NS); err != nil {
+		return err
+	}
+	b.mu.Lock()
+	b.atts = append(b.atts, a)
+	b.mu.Unlock()
+	return nil
 }
 
 // cniAdd runs ADD for a and reads its address and host veth from the result.

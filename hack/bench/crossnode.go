@@ -269,16 +269,9 @@ func (b *bench) attachCrossPod(ctx context.Context, c *config, n xnode) (*attach
 	if err != nil {
 		return nil, err
 	}
-	a.ConfPath = filepath.Join(b.tmp, c.Name+"-"+n.Name+".conflist")
-	if err := os.WriteFile(a.ConfPath, conf, 0o644); err != nil {
+	if err := b.register(ctx, a, conf, c.Name+"-"+n.Name+".conflist"); err != nil {
 		return nil, err
 	}
-	if err := b.addNS(ctx, a.NS); err != nil {
-		return nil, err
-	}
-	b.mu.Lock()
-	b.atts = append(b.atts, a) // from here on, cleanup runs DEL
-	b.mu.Unlock()
 	if _, err := b.cniAdd(ctx, a, "--id", a.ID, "--netns", "/run/netns/"+a.NS); err != nil {
 		return nil, err
 	}

@@ -48,29 +48,11 @@ func (b *bench) crossWorkloads(ctx context.Context, r int, srv *attachment) {
 			}
 		}
 	}
-	for _, w := range []struct {
-		name string
-		run  func(context.Context, int, *attachment) error
-	}{
+	b.runEach(ctx, r, srv, []workload{
 		{"iperf3", b.crossIperf},
 		{"redis", b.crossRedis},
 		{"tcp_rr", b.crossRR},
-	} {
-		if ctx.Err() != nil {
-			return
-		}
-		err := w.run(ctx, r, srv)
-		if err != nil && strings.Contains(err.Error(), "the server has terminated") && ctx.Err() == nil {
-			b.fail(r, srv.Config, w.name+" (retried)", err) // as in runWorkloads
-			err = w.run(ctx, r, srv)
-		}
-		if err != nil {
-			b.fail(r, srv.Config, w.name, err)
-		}
-	}
-	if srv.cfg.CrossNode == "vxlan" {
-		b.vxlanBytes(ctx, r, srv)
-	}
+	})
 }
 
 // vxlanBytes records the bytes node A's VXLAN device has carried so far:

@@ -36,15 +36,27 @@ func (b *bench) runWorkloads(ctx context.Context, r int, a *attachment) {
 			b.fail(r, a.Config, "stack", err)
 		}
 	}
-	for _, w := range []struct {
-		name string
-		run  func(context.Context, int, *attachment) error
-	}{
+	b.runEach(ctx, r, a, []workload{
 		{"iperf3", b.iperf},
 		{"redis", b.redis},
 		{"nginx", b.nginx},
 		{"tcp_rr", b.tcpRR},
-	} {
+	})
+	if a.tapDev != "" {
+		b.tapBytes(ctx, r, a)
+	}
+}
+
+// workload is one measurement against a pod.
+type workload struct {
+	name string
+	run  func(context.Context, int, *attachment) error
+}
+
+// runEach runs the workloads in turn against pod a; a failure records a
+// failure for its cell and the next one runs.
+func (b *bench) runEach(ctx context.Context, r int, a *attachment, ws []workload) {
+	for _, w := range ws {
 		if ctx.Err() != nil {
 			return
 		}
@@ -60,9 +72,6 @@ func (b *bench) runWorkloads(ctx context.Context, r int, a *attachment) {
 		if err != nil {
 			b.fail(r, a.Config, w.name, err)
 		}
-	}
-	if a.tapDev != "" {
-		b.tapBytes(ctx, r, a)
 	}
 }
 

@@ -70,6 +70,27 @@ n2_start_daemon() { # NAME CMD...
   pid_alive "$name" || die "$name exited at once: $(tail -5 "$LOGDIR/$name.log")"
 }
 
+# start_init PIDFILE WHAT UNSHARE_ARGS...: start the lab's init in new
+# namespaces (unshare UNSHARE_ARGS, which ends in exec'ing the init) and
+# record its PID in the root namespace, the child of unshare, in PIDFILE
+# (its log beside the other daemons', named after PIDFILE).
+start_init() {
+  local pidfile=$1 what=$2 log; shift 2
+  log=$LOGDIR/$(basename "$pidfile" .pid).log
+  # (without_fds: the init lives on after this script, and must not keep
+  # the lab's lock, whatever descriptor holds it)
+  (without_fds setsid unshare "$@") >>"$log" 2>&1 </dev/null &
+  local i child
+  for i in $(seq 50); do
+    child=$(pgrep -P $! 2>/dev/null | head -1 || true)
+    if [ -n "$child" ] && [ "$(readlink /proc/$child/exe 2>/dev/null)" = "$BIN/k8s-lab-init" ]; then
+      echo "$child" >"$pidfile"; return 0
+    fi
+    sleep 0.1
+  done
+  die "$what's init did not start: $(tail -5 "$log")"
+}
+
 # The router of K8S_LAB_TOPOLOGY=routed: a network namespace held by an
 # init of its own, with one link to each node (n1: k8slab-n2's peer, n2:
 # node 2's eth0's). It routes the nodes' addresses and nothing else: it
@@ -84,16 +105,7 @@ in_router() {
 router_up() { # NODE2_PID
   if ! router_pid >/dev/null; then
     log "creating the router between the nodes (K8S_LAB_TOPOLOGY=routed)"
-    (without_fds setsid unshare --net --fork "$BIN/k8s-lab-init") >>"$LOGDIR/router-init.log" 2>&1 </dev/null &
-    local i child
-    for i in $(seq 50); do
-      child=$(pgrep -P $! 2>/dev/null | head -1 || true)
-      if [ -n "$child" ] && [ "$(readlink /proc/$child/exe 2>/dev/null)" = "$BIN/k8s-lab-init" ]; then
-        echo "$child" >"$ROUTER_PIDFILE"; break
-      fi
-      sleep 0.1
-    done
-    router_pid >/dev/null || die "the router's init did not start: $(tail -5 "$LOGDIR/router-init.log")"
+    start_init "$ROUTER_PIDFILE" "the router" --net --fork "$BIN/k8s-lab-init"
   fi
   local rpid; rpid=$(router_pid)
   ip link show k8slab-n2 >/dev/null 2>&1 || ip link add k8slab-n2 type veth peer name n1 netns "$rpid"
@@ -138,20 +150,8 @@ up() {
     done
     # pods' namespaces: a shared mount, for the agent's HostToContainer volume
     mounts="$mounts; mount --make-shared /run/netns; hostname $NODE2"
-    # (without_fds: node 2 lives on after this script, and must not keep
-    # the lab's lock, whatever descriptor holds it)
-    (without_fds setsid unshare --net --mount --pid --uts --fork --mount-proc --propagation private \
-      sh -c "$mounts; exec $BIN/k8s-lab-init") >>"$LOGDIR/node2-init.log" 2>&1 </dev/null &
-    local i
-    for i in $(seq 50); do
-      # the init's PID in the root namespace: the child of unshare
-      local child; child=$(pgrep -P $! 2>/dev/null | head -1 || true)
-      if [ -n "$child" ] && [ "$(readlink /proc/$child/exe 2>/dev/null)" = "$BIN/k8s-lab-init" ]; then
-        echo "$child" >"$N2_PIDFILE"; break
-      fi
-      sleep 0.1
-    done
-    n2_pid >/dev/null || die "node 2's init did not start: $(tail -5 "$LOGDIR/node2-init.log")"
+    start_init "$N2_PIDFILE" "node 2" --net --mount --pid --uts --fork --mount-proc --propagation private \
+      sh -c "$mounts; exec $BIN/k8s-lab-init"
   fi
   local pid; pid=$(n2_pid)
 
