@@ -129,7 +129,7 @@ func (inv *invocation) prepareAdd() (*addition, error) {
 		inv.event(kube.EventWarning, "InvalidGSOAnnotation", err.Error()+"; the pod gets no network until the annotation is fixed")
 		return nil, errorf(types.ErrInvalidNetworkConfig, "%v", err)
 	}
-	if _, err := conf.BusyPollWindow(); err != nil {
+	if _, _, err := conf.BusyPollWindow(); err != nil {
 		inv.event(kube.EventWarning, "InvalidBusyPollAnnotation", err.Error()+"; the pod gets no network until the annotation is fixed")
 		return nil, errorf(types.ErrInvalidNetworkConfig, "%v", err)
 	}

@@ -20,9 +20,9 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/api/podnet"
 	"github.com/cni-usernet/cni-usernet/pkg/api/policy"
 	"github.com/cni-usernet/cni-usernet/pkg/api/stackconfig"
+	"github.com/cni-usernet/cni-usernet/pkg/stack/governor"
 	"github.com/cni-usernet/cni-usernet/pkg/stack/packetsock"
 	"github.com/cni-usernet/cni-usernet/pkg/stack/podstack"
-	"github.com/cni-usernet/cni-usernet/pkg/stack/threads"
 	"github.com/cni-usernet/cni-usernet/pkg/util/steptime"
 )
 
@@ -45,9 +45,12 @@ type Daemon struct {
 	// enforce policy (stackconfig.Config.Policy).
 	policy *policy.Enforcer
 	ctl    *control.Server
-	// threads follows the load with the thread count; nil: fixed
-	// (AdaptThreads).
-	threads *threads.Governor
+	// governor follows the load with the thread count and, left to it,
+	// busy polling; nil: both fixed (Govern).
+	governor *governor.Governor
+	// nodeCPU reads the node's load for the governor's busy polling; nil
+	// when busy polling is not left to it.
+	nodeCPU *nodeCPU
 	started time.Time
 	// Startup is how long each step of Start took.
 	Startup *steptime.Steps
@@ -63,8 +66,8 @@ func (d *Daemon) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go d.releaseWhenQuiet(ctx)
-	if d.threads != nil {
-		go d.threads.Run(ctx)
+	if d.governor != nil {
+		go d.governor.Run(ctx)
 	}
 	var err error
 	select {
@@ -76,6 +79,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 	d.ctl.Close()
 	d.stack.Close()
+	if d.nodeCPU != nil {
+		d.nodeCPU.f.Close()
+	}
 	return err
 }
 
@@ -114,8 +120,9 @@ func (d *Daemon) Status() any {
 	}
 	if b := d.stack.Busy; b != nil {
 		st := b.Stats()
-		s.BusyPoll = &control.BusyPollStatus{Window: b.Window().String(), Windows: st.Windows.Load(),
-			Handoffs: st.Handoffs.Load(), Polls: st.Polls.Load()}
+		_, auto := d.cfg.BusyPollWindow()
+		s.BusyPoll = &control.BusyPollStatus{Window: b.Window().String(), Auto: auto, On: b.Enabled(),
+			Enabled: st.Enabled.Load(), Windows: st.Windows.Load(), Handoffs: st.Handoffs.Load(), Polls: st.Polls.Load()}
 	}
 	return s
 }

@@ -66,7 +66,8 @@ func Run(argv []string) error {
 		return err
 	}
 	if adaptive {
-		d.AdaptThreads(min(stackconfig.AdaptiveMaxThreads, runtime.NumCPU()))
+		_, autoPoll := cfg.BusyPollWindow()
+		d.Govern(min(stackconfig.AdaptiveMaxThreads, runtime.NumCPU()), autoPoll)
 	}
 	// Signal handling is set up before the sandbox, like everything else
 	// the stack will use while serving.
@@ -116,7 +117,13 @@ func setThreads(cfg *stackconfig.Config) (adaptive bool) {
 		return false
 	}
 	runtime.GOMAXPROCS(max(cfg.Threads, stackconfig.DefaultThreads))
-	// Busy polling keeps one thread polling by design: a second would
-	// spin beside it.
-	return cfg.Threads == 0 && cfg.BusyPoll == 0 && runtime.NumCPU() > 1
+	// A fixed busy-poll window keeps one thread polling by design: a
+	// second would spin beside it. Left to the governor, busy polling
+	// comes with the thread count; without it, it is off: the governor
+	// is what turns it off for bulk traffic and a busy node.
+	adaptive = cfg.Threads == 0 && cfg.BusyPoll == 0 && runtime.NumCPU() > 1
+	if !adaptive && cfg.BusyPoll == 0 {
+		cfg.BusyPollOff = true
+	}
+	return adaptive
 }

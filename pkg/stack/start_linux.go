@@ -126,6 +126,7 @@ func (d *Daemon) buildStack(pod *relay.PodSide, link *packetsock.Link) (*podstac
 	if d.gso.Mode == offload.ModeOff {
 		wireQueue = 0
 	}
+	busyPoll, auto := cfg.BusyPollWindow()
 	return podstack.Build(podstack.Options{
 		Spec:              d.spec,
 		Link:              link,
@@ -135,7 +136,8 @@ func (d *Daemon) buildStack(pod *relay.PodSide, link *packetsock.Link) (*podstac
 		VerifyRXChecksums: cfg.VerifyRXChecksums,
 		WireQueueLen:      wireQueue,
 		Policy:            d.policy,
-		BusyPoll:          time.Duration(cfg.BusyPoll),
+		BusyPoll:          busyPoll,
+		BusyPollOff:       auto,
 		Relay: relay.Options{
 			MaxTCP:  cfg.MaxTCP,
 			MaxUDP:  cfg.MaxUDP,

@@ -103,6 +103,12 @@ var (
 		"Resident memory of the pod's stack process.")
 	descCPU = podDesc("stack_cpu_seconds_total",
 		"CPU time (user and system) of the pod's stack process since it started.")
+	descThreads = podDesc("stack_threads",
+		"Threads running the pod stack's Go code now (its GOMAXPROCS): one, and more while bulk traffic saturates them when the count is left to the stack's governor.")
+	descBusyPoll = podDesc("busy_poll_active",
+		"Whether the pod stack's thread busy-polls after traffic now (1) or sleeps (0); absent when busy polling is off for the pod.")
+	descBusyPollEnabled = podDesc("busy_poll_enabled_total",
+		"Times the stack's governor turned busy polling on: requests flowed on one thread and the node had a core to spare.")
 	descGSOInfo = podDesc("gso_info",
 		"The pod's GSO decision: requested is what the pod asked for (annotation, conflist or default auto), gso_mode what its stack runs.",
 		"requested")
@@ -326,6 +332,15 @@ func (p pod) emit(ch chan<- prometheus.Metric) {
 		return
 	}
 	m(descStackUp, prometheus.GaugeValue, 1)
+	m(descThreads, prometheus.GaugeValue, float64(p.status.Threads.Threads))
+	if bp := p.status.BusyPoll; bp != nil {
+		on := 0.0
+		if bp.On {
+			on = 1
+		}
+		m(descBusyPoll, prometheus.GaugeValue, on)
+		ctr(descBusyPollEnabled, bp.Enabled)
+	}
 	emitSeries(m, reflect.ValueOf(p.status.Wire), wireSeries)
 	emitSeries(m, reflect.ValueOf(p.status.Relay), relaySeries)
 	if pol := p.status.Policy; pol != nil {

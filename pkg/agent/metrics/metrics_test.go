@@ -194,8 +194,42 @@ func TestPolicySeries(t *testing.T) {
 			t.Errorf("%s: got %v, want %v", key, got[key], v)
 		}
 	}
+	for _, name := range []string{"cni_usernet_pod_busy_poll_active", "cni_usernet_pod_busy_poll_enabled_total"} {
+		if n := testutil.CollectAndCount(c, name); n != 0 {
+			t.Errorf("stack without busy polling: got %d series of %s, want none", n, name)
+		}
+	}
 	st.Policy = nil
 	if n := testutil.CollectAndCount(c, "cni_usernet_pod_policy_denied_total", "cni_usernet_pod_policy_generation"); n != 0 {
 		t.Errorf("stack without policy: got %d policy series, want none", n)
+	}
+}
+
+// TestGovernorSeries: a stack's thread count and, when its governor
+// switches busy polling, whether it polls now and how often it was
+// turned on.
+func TestGovernorSeries(t *testing.T) {
+	att := &state.Attachment{Version: state.Version, ContainerID: "c0ffee", IfName: "eth0", PodNS: "ns1", PodName: "web",
+		GSO: offload.Decision{Requested: offload.ModeAuto, Mode: offload.ModeHardware}}
+	st := &control.Status{Threads: control.ThreadsStatus{Threads: 2, Max: 2, Adaptive: true},
+		BusyPoll: &control.BusyPollStatus{Window: "200µs", Auto: true, On: true, Enabled: 5}}
+	c := emitter{pod{att: att, status: st}}
+	if problems, err := testutil.CollectAndLint(c); err != nil || len(problems) > 0 {
+		t.Fatalf("promlint: %v %v", problems, err)
+	}
+	want := `
+# HELP cni_usernet_pod_busy_poll_active Whether the pod stack's thread busy-polls after traffic now (1) or sleeps (0); absent when busy polling is off for the pod.
+# TYPE cni_usernet_pod_busy_poll_active gauge
+cni_usernet_pod_busy_poll_active{container_id="c0ffee",gso_mode="hardware",interface="eth0",namespace="ns1",pod="web"} 1
+# HELP cni_usernet_pod_busy_poll_enabled_total Times the stack's governor turned busy polling on: requests flowed on one thread and the node had a core to spare.
+# TYPE cni_usernet_pod_busy_poll_enabled_total counter
+cni_usernet_pod_busy_poll_enabled_total{container_id="c0ffee",gso_mode="hardware",interface="eth0",namespace="ns1",pod="web"} 5
+# HELP cni_usernet_pod_stack_threads Threads running the pod stack's Go code now (its GOMAXPROCS): one, and more while bulk traffic saturates them when the count is left to the stack's governor.
+# TYPE cni_usernet_pod_stack_threads gauge
+cni_usernet_pod_stack_threads{container_id="c0ffee",gso_mode="hardware",interface="eth0",namespace="ns1",pod="web"} 2
+`
+	if err := testutil.CollectAndCompare(c, strings.NewReader(want), "cni_usernet_pod_busy_poll_active",
+		"cni_usernet_pod_busy_poll_enabled_total", "cni_usernet_pod_stack_threads"); err != nil {
+		t.Error(err)
 	}
 }

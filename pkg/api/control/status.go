@@ -46,9 +46,14 @@ type Status struct {
 
 // BusyPollStatus is busypoll.Stats with its window: Windows counts the
 // windows traffic opened, Handoffs the events the poller saw waiting and
-// left to the netpoller, Polls its non-blocking polls.
+// left to the netpoller, Polls its non-blocking polls. Auto says the
+// stack's governor switches it (pkg/stack/governor), On whether it is on
+// now, and Enabled how many times the governor turned it on.
 type BusyPollStatus struct {
 	Window   string `json:"window"`
+	Auto     bool   `json:"auto"`
+	On       bool   `json:"on"`
+	Enabled  uint64 `json:"enabled,omitempty"`
 	Windows  uint64 `json:"windows"`
 	Handoffs uint64 `json:"handoffs"`
 	Polls    uint64 `json:"polls"`

@@ -161,7 +161,7 @@ func TestBadKeysAcceptEdges(t *testing.T) {
 		{"tunMTU": 1280}, {"tunMTU": 65535},
 		{"wireQueueLen": -1, "appQueueLen": 65536}, {"wireQueueLen": 1, "appQueueLen": -1},
 		{"maxTCP": 0, "maxUDP": 1 << 20},
-		{"busyPoll": "0s"}, {"busyPoll": "1us"}, {"busyPoll": "10ms"},
+		{"busyPoll": "0s"}, {"busyPoll": "1us"}, {"busyPoll": "10ms"}, {"busyPoll": "auto"},
 		{"udpIdle": "1s", "readyTimeout": "1s"}, {"udpIdle": "1h30m", "readyTimeout": "2m"},
 		{"runDir": "/" + strings.Repeat("r", 84)}, {"runDir": "/" + strings.Repeat("r", 84) + "/"},
 		{"kubeconfig": "/etc/cni/net.d/cni-usernet.kubeconfig", "nodeName": "node-1.example.com"},

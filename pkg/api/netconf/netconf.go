@@ -39,6 +39,10 @@ const AnnotationGSO = AnnotationPrefix + "gso"
 // have it without every pod of the node spending the CPU.
 const AnnotationBusyPoll = AnnotationPrefix + "busy-poll"
 
+// BusyPollAuto is the busyPoll value, and the annotation's, that leaves
+// busy polling to the stack's governor: the default.
+const BusyPollAuto = "auto"
+
 // PodAnnotationsCapability is the runtime-config key under which containerd
 // and CRI-O pass the pod's annotations when the conflist declares it.
 const PodAnnotationsCapability = "io.kubernetes.cri.pod-annotations"
@@ -76,12 +80,13 @@ type NetConf struct {
 	AppQueueLen  int `json:"appQueueLen,omitempty"`
 	// StackThreads is how many threads run the pod stack's Go code at
 	// once (its GOMAXPROCS). Zero: stackconfig.DefaultThreads, and a
-	// second while bulk traffic saturates it (pkg/stack/threads).
+	// second while bulk traffic saturates it (pkg/stack/governor).
 	StackThreads int `json:"stackThreads,omitempty"`
 	// BusyPoll keeps each pod stack's thread polling for that long after
 	// traffic ("50us"), so that a request arriving within it does not have
 	// to wake it: lower request latency for the CPU it spins. Absent or
-	// "0s": off.
+	// "auto": the stack's governor turns it on while requests flow and
+	// the node has a core to spare (pkg/stack/governor); "0s": off.
 	BusyPoll string `json:"busyPoll,omitempty"`
 	// MaxTCP, MaxUDP and UDPIdle bound the relay.
 	MaxTCP  int    `json:"maxTCP,omitempty"`
@@ -133,6 +138,7 @@ type NetConf struct {
 	udpIdle      time.Duration
 	readyTimeout time.Duration
 	busyPoll     time.Duration
+	busyPollAuto bool
 }
 
 // Parse decodes and validates a configuration from stdin bytes. Every
@@ -160,17 +166,18 @@ func (c *NetConf) GROEnabled() bool { return c.GRO == nil || *c.GRO }
 // UDPIdleDuration is UDPIdle parsed (zero: the relay's default).
 func (c *NetConf) UDPIdleDuration() time.Duration { return c.udpIdle }
 
-// BusyPollWindow resolves the pod's busy-poll window: the annotation,
-// else the conflist's busyPoll.
-func (c *NetConf) BusyPollWindow() (time.Duration, error) {
+// BusyPollWindow resolves the pod's busy polling: the annotation, else
+// the conflist's busyPoll. auto: the stack's governor decides (window is
+// then zero); else window is the fixed window, zero for off.
+func (c *NetConf) BusyPollWindow() (window time.Duration, auto bool, err error) {
 	if v, ok := c.RuntimeConfig.PodAnnotations[AnnotationBusyPoll]; ok {
-		d, ok := parseBusyPoll(v)
+		d, auto, ok := parseBusyPoll(v)
 		if !ok {
-			return 0, fmt.Errorf("pod annotation %q: got %q, want %s", AnnotationBusyPoll, v, accepted["busyPoll"])
+			return 0, false, fmt.Errorf("pod annotation %q: got %q, want %s", AnnotationBusyPoll, v, accepted["busyPoll"])
 		}
-		return d, nil
+		return d, auto, nil
 	}
-	return c.busyPoll, nil
+	return c.busyPoll, c.busyPollAuto, nil
 }
 
 // ReadyTimeoutDuration is ReadyTimeout parsed.

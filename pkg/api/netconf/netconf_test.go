@@ -227,10 +227,12 @@ func TestGSOMode(t *testing.T) {
 	}
 }
 
-// TestBusyPollWindow checks that the pod annotation overrides the
-// conflist's busyPoll (also to turn it off), that the stack's
-// configuration carries the resolved window, and that a bad annotation
-// is an error naming the annotation, the value and what it takes.
+// TestBusyPollWindow checks that busy polling is left to the stack's
+// governor by default and by "auto", that the pod annotation overrides
+// the conflist's busyPoll (also to turn it off or back to auto), that the
+// stack's configuration carries what was resolved, and that a bad
+// annotation is an error naming the annotation, the value and what it
+// takes.
 func TestBusyPollWindow(t *testing.T) {
 	annotated := func(v string) map[string]any {
 		return map[string]any{"io.kubernetes.cri.pod-annotations": map[string]any{netconf.AnnotationBusyPoll: v}}
@@ -239,16 +241,20 @@ func TestBusyPollWindow(t *testing.T) {
 		name    string
 		extra   map[string]any
 		want    time.Duration
+		auto    bool
 		wantErr []string
 	}{
-		{"default: off", nil, 0, nil},
-		{"conflist", map[string]any{"busyPoll": "50us"}, 50 * time.Microsecond, nil},
-		{"annotation beats conflist", map[string]any{"busyPoll": "50us", "runtimeConfig": annotated("200us")}, 200 * time.Microsecond, nil},
-		{"annotation turns it off", map[string]any{"busyPoll": "50us", "runtimeConfig": annotated("0s")}, 0, nil},
-		{"annotation alone", map[string]any{"runtimeConfig": annotated("1ms")}, time.Millisecond, nil},
-		{"bad annotation", map[string]any{"busyPoll": "50us", "runtimeConfig": annotated("fast")}, 0,
-			[]string{"pod annotation", `"cni-usernet.io/busy-poll"`, `"fast"`, "at most 10ms"}},
-		{"annotation too long", map[string]any{"runtimeConfig": annotated("1s")}, 0,
+		{"default: auto", nil, 0, true, nil},
+		{"conflist auto", map[string]any{"busyPoll": "auto"}, 0, true, nil},
+		{"conflist", map[string]any{"busyPoll": "50us"}, 50 * time.Microsecond, false, nil},
+		{"conflist off", map[string]any{"busyPoll": "0s"}, 0, false, nil},
+		{"annotation beats conflist", map[string]any{"busyPoll": "50us", "runtimeConfig": annotated("200us")}, 200 * time.Microsecond, false, nil},
+		{"annotation turns it off", map[string]any{"busyPoll": "50us", "runtimeConfig": annotated("0s")}, 0, false, nil},
+		{"annotation back to auto", map[string]any{"busyPoll": "0s", "runtimeConfig": annotated("auto")}, 0, true, nil},
+		{"annotation alone", map[string]any{"runtimeConfig": annotated("1ms")}, time.Millisecond, false, nil},
+		{"bad annotation", map[string]any{"busyPoll": "50us", "runtimeConfig": annotated("fast")}, 0, false,
+			[]string{"pod annotation", `"cni-usernet.io/busy-poll"`, `"fast"`, `"auto"`, "at most 10ms"}},
+		{"annotation too long", map[string]any{"runtimeConfig": annotated("1s")}, 0, false,
 			[]string{`"cni-usernet.io/busy-poll"`, `"1s"`, "at most 10ms"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -256,7 +262,7 @@ func TestBusyPollWindow(t *testing.T) {
 			if err != nil {
 				t.Fatalf("Parse: %v", err)
 			}
-			got, err := nc.BusyPollWindow()
+			got, auto, err := nc.BusyPollWindow()
 			if c.wantErr != nil {
 				if err == nil {
 					t.Fatalf("BusyPollWindow: got %s, want an error", got)
@@ -268,12 +274,18 @@ func TestBusyPollWindow(t *testing.T) {
 				}
 				return
 			}
-			if err != nil || got != c.want {
-				t.Fatalf("BusyPollWindow: got %s, %v, want %s", got, err, c.want)
+			if err != nil || got != c.want || auto != c.auto {
+				t.Fatalf("BusyPollWindow: got %s, auto %v, %v, want %s, auto %v", got, auto, err, c.want, c.auto)
 			}
 			sc := nc.StackConfig("eth0", offload.ModeHardware, netconf.StackFiles{Spec: "/s", ControlSocket: "/c"})
-			if time.Duration(sc.BusyPoll) != c.want {
-				t.Errorf("stack configuration: busyPoll %s, want %s", time.Duration(sc.BusyPoll), c.want)
+			window, scAuto := sc.BusyPollWindow()
+			wantWindow := c.want
+			if c.auto {
+				wantWindow = stackconfig.DefaultBusyPoll
+			}
+			if window != wantWindow || scAuto != c.auto || sc.BusyPollOff != (c.want == 0 && !c.auto) {
+				t.Errorf("stack configuration: busyPoll %s, off %v, resolved to %s auto %v; want %s auto %v",
+					time.Duration(sc.BusyPoll), sc.BusyPollOff, window, scAuto, wantWindow, c.auto)
 			}
 		})
 	}

@@ -21,6 +21,7 @@ type StackFiles struct {
 // becomes a stack setting. Defaults are the stack's own
 // (stackconfig.Config.Validate).
 func (c *NetConf) StackConfig(ifName string, mode offload.Mode, files StackFiles) stackconfig.Config {
+	busyPoll, busyPollOff := c.busyPollOrOff()
 	return stackconfig.Config{
 		IfName:             ifName,
 		GSO:                mode,
@@ -36,7 +37,8 @@ func (c *NetConf) StackConfig(ifName string, mode offload.Mode, files StackFiles
 		VerifyRXChecksums:  c.RXChecksumOffload != nil && !*c.RXChecksumOffload,
 		WireQueueLen:       c.WireQueueLen,
 		Threads:            c.StackThreads,
-		BusyPoll:           stackconfig.Duration(c.busyPollOrOff()),
+		BusyPoll:           stackconfig.Duration(busyPoll),
+		BusyPollOff:        busyPollOff,
 		MaxTCP:             c.MaxTCP,
 		MaxUDP:             c.MaxUDP,
 		UDPIdle:            stackconfig.Duration(c.UDPIdleDuration()),
@@ -47,10 +49,10 @@ func (c *NetConf) StackConfig(ifName string, mode offload.Mode, files StackFiles
 // busyPollOrOff is BusyPollWindow for StackConfig, which ADD calls only
 // after BusyPollWindow accepted the annotation: an annotation it would
 // refuse leaves busy polling off.
-func (c *NetConf) busyPollOrOff() time.Duration {
-	d, err := c.BusyPollWindow()
+func (c *NetConf) busyPollOrOff() (window time.Duration, off bool) {
+	d, auto, err := c.BusyPollWindow()
 	if err != nil {
-		return 0
+		return 0, true
 	}
-	return d
+	return d, d == 0 && !auto
 }

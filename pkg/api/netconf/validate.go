@@ -88,7 +88,7 @@ var accepted = map[string]string{
 	"stackThreads": fmt.Sprintf("a thread count 1..%d; absent or 0: %d, up to %d under bulk traffic", maxStackThreads, stackconfig.DefaultThreads, stackconfig.AdaptiveMaxThreads),
 	"maxTCP":       "a non-negative count of relayed TCP connections; absent or 0: the relay's default",
 	"maxUDP":       "a non-negative count of relayed UDP flows; absent or 0: the relay's default",
-	"busyPoll":     fmt.Sprintf(`a duration like "50us", at most %s; absent or "0s": off`, stackconfig.MaxBusyPoll),
+	"busyPoll":     fmt.Sprintf(`"auto", or a duration like "50us", at most %s; "0s": off`, stackconfig.MaxBusyPoll),
 	"udpIdle":      fmt.Sprintf(`a positive duration like "30s", at least %s; absent: the relay's default`, minDuration),
 	"readyTimeout": fmt.Sprintf(`a positive duration like "30s", at least %s; absent: %s`, minDuration, DefaultReadyTimeout),
 	"stateDir":     "an absolute path; absent: " + DefaultStateDir,
@@ -166,12 +166,13 @@ func (c *NetConf) validate(data []byte) error {
 	if c.udpIdle, err = parseDuration("udpIdle", c.UDPIdle, 0); err != nil {
 		return err
 	}
+	c.busyPollAuto = true
 	if c.BusyPoll != "" {
-		d, ok := parseBusyPoll(c.BusyPoll)
+		d, auto, ok := parseBusyPoll(c.BusyPoll)
 		if !ok {
 			return badValue("busyPoll", strconv.Quote(c.BusyPoll))
 		}
-		c.busyPoll = d
+		c.busyPoll, c.busyPollAuto = d, auto
 	}
 	if c.readyTimeout, err = parseDuration("readyTimeout", c.ReadyTimeout, DefaultReadyTimeout); err != nil {
 		return err
@@ -296,10 +297,14 @@ func (c *NetConf) validateIPv6MTU(data []byte) error {
 	return nil
 }
 
-// parseBusyPoll reads a busy-poll window: a duration 0..MaxBusyPoll.
-func parseBusyPoll(s string) (time.Duration, bool) {
+// parseBusyPoll reads busy polling: BusyPollAuto, or a window, a
+// duration 0..MaxBusyPoll (0: off).
+func parseBusyPoll(s string) (window time.Duration, auto, ok bool) {
+	if s == BusyPollAuto {
+		return 0, true, true
+	}
 	d, err := time.ParseDuration(s)
-	return d, err == nil && d >= 0 && d <= stackconfig.MaxBusyPoll
+	return d, false, err == nil && d >= 0 && d <= stackconfig.MaxBusyPoll
 }
 
 func parseDuration(key, s string, def time.Duration) (time.Duration, error) {

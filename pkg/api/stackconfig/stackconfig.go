@@ -74,8 +74,13 @@ type Config struct {
 	Threads int `json:"threads,omitempty"`
 	// BusyPoll keeps the stack's thread polling for that long after
 	// traffic instead of sleeping (pkg/stack/busypoll), up to MaxBusyPoll.
-	// Zero: off. A stack of an earlier release ignores it.
+	// Zero: the stack's governor polls for DefaultBusyPoll while requests
+	// flow and the node has a core to spare (pkg/stack/governor), where
+	// it also decides the thread count; BusyPollOff: never.
 	BusyPoll Duration `json:"busyPoll,omitempty"`
+	// BusyPollOff turns busy polling off. A stack of an earlier release
+	// ignores it, and has busy polling off without it.
+	BusyPollOff bool `json:"busyPollOff,omitempty"`
 	// MaxTCP, MaxUDP and UDPIdle bound the relay (see relay.Options).
 	MaxTCP  int      `json:"maxTCP,omitempty"`
 	MaxUDP  int      `json:"maxUDP,omitempty"`
@@ -145,8 +150,28 @@ const DefaultThreads = 1
 
 // AdaptiveMaxThreads is the most threads a stack whose configuration
 // leaves Threads at zero is given, while bulk traffic over many
-// connections saturates the one (pkg/stack/threads explains and measures it).
+// connections saturates the one (pkg/stack/governor explains and measures it).
 const AdaptiveMaxThreads = 2
+
+// BusyPollWindow is the busy poller's window, zero for none, and whether
+// the governor switches it (auto), which it does where it decides the
+// thread count: the entry point turns busy polling off (BusyPollOff)
+// where it does not.
+func (c *Config) BusyPollWindow() (window time.Duration, auto bool) {
+	switch {
+	case c.BusyPoll > 0:
+		return time.Duration(c.BusyPoll), false
+	case c.BusyPollOff:
+		return 0, false
+	}
+	return DefaultBusyPoll, true
+}
+
+// DefaultBusyPoll is the window the governor polls for: on this project's
+// VMs a request/response round trip through a stack takes longer than 50
+// µs of its idle, and 200 µs kept its thread awake between requests
+// (docs/performance.md, "Busy polling").
+const DefaultBusyPoll = 200 * time.Microsecond
 
 // MaxBusyPoll bounds BusyPoll: a longer window is a core spent, not a
 // wake-up saved.

@@ -51,12 +51,15 @@ type Stats struct {
 	Handoffs atomic.Uint64
 	// Polls is how many non-blocking polls it made.
 	Polls atomic.Uint64
+	// Enabled counts the times SetEnabled turned a disabled Poller on.
+	Enabled atomic.Uint64
 }
 
 // Poller busy-polls the runtime's netpoller for a window after each Touch.
 type Poller struct {
 	window  time.Duration
 	epfd    int
+	enabled atomic.Bool
 	touched atomic.Bool
 	parked  atomic.Bool
 	wake    chan struct{}
@@ -68,7 +71,8 @@ type Poller struct {
 	closeOnce sync.Once
 }
 
-// New returns a Poller with the given window, not yet running. It must be
+// New returns a Poller with the given window, enabled and not yet running.
+// It must be
 // called after the runtime's netpoller exists (any os.File or net.Conn on
 // a pollable descriptor creates it; New makes sure with a pipe), and while
 // /proc/self/fd is readable (before a sandbox).
@@ -93,14 +97,30 @@ func New(window time.Duration) (*Poller, error) {
 		return nil, fmt.Errorf("watching the Go runtime's epoll instance (fd %d): %w", rt, err)
 	}
 	pollers[epfd] = true
-	return &Poller{
+	p := &Poller{
 		window: window,
 		epfd:   epfd,
 		wake:   make(chan struct{}, 1),
 		stop:   make(chan struct{}),
 		done:   make(chan struct{}),
-	}, nil
+	}
+	p.enabled.Store(true)
+	return p, nil
 }
+
+// SetEnabled turns the Poller on or off. Off, Touch does nothing and a
+// window in progress ends at the next poll: the thread sleeps between
+// requests as it would without a Poller. The stack's governor
+// (pkg/stack/governor) switches it with the traffic and the node's idle
+// CPU.
+func (p *Poller) SetEnabled(on bool) {
+	if p.enabled.Swap(on) != on && on {
+		p.stats.Enabled.Add(1)
+	}
+}
+
+// Enabled says whether the Poller is on.
+func (p *Poller) Enabled() bool { return p.enabled.Load() }
 
 // pollers holds the epoll descriptors of the open Pollers, which
 // runtimeEpoll must not take for the runtime's. mu keeps a descriptor
@@ -179,7 +199,7 @@ func (p *Poller) Window() time.Duration { return p.window }
 // runs. It is cheap enough for every batch a reader takes in. A nil
 // Poller does nothing.
 func (p *Poller) Touch() {
-	if p == nil {
+	if p == nil || !p.enabled.Load() {
 		return
 	}
 	p.touched.Store(true)
@@ -214,7 +234,7 @@ func (p *Poller) run() {
 			if p.touched.Swap(false) {
 				deadline = now.Add(p.window)
 			}
-			if now.After(deadline) {
+			if now.After(deadline) || !p.enabled.Load() {
 				break
 			}
 			select {

@@ -159,6 +159,46 @@ func TestPollerStopsAfterTheWindow(t *testing.T) {
 	}
 }
 
+// Disabled, a Poller ignores traffic and ends the window it is in: the
+// governor turns it off for bulk traffic and a busy node, and it must
+// then cost nothing.
+func TestDisabledPollerIgnoresTraffic(t *testing.T) {
+	p, err := New(MaxWindow)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Start()
+	t.Cleanup(p.Close)
+	p.Touch()
+	for p.Stats().Polls.Load() == 0 {
+		time.Sleep(time.Millisecond) // the test's deadline bounds this
+	}
+	p.SetEnabled(false)
+	// The window in progress ends at its next poll: well before its
+	// 10 ms run out, and with no Touch after it, it does not restart.
+	time.Sleep(5 * time.Millisecond)
+	ended := p.Stats().Polls.Load()
+	for range 20 {
+		p.Touch()
+		time.Sleep(time.Millisecond)
+	}
+	if now := p.Stats().Polls.Load(); now != ended {
+		t.Fatalf("a disabled Poller polled %d times after Touch", now-ended)
+	}
+	if p.Enabled() || p.Stats().Enabled.Load() != 0 {
+		t.Fatalf("Enabled() = %v, Enabled count %d after turning off", p.Enabled(), p.Stats().Enabled.Load())
+	}
+	p.SetEnabled(true)
+	p.SetEnabled(true)
+	p.Touch()
+	for p.Stats().Polls.Load() == ended {
+		time.Sleep(time.Millisecond)
+	}
+	if n := p.Stats().Enabled.Load(); n != 1 {
+		t.Errorf("Enabled count %d after one switch on, want 1", n)
+	}
+}
+
 func TestNewRefusesAWindowOutOfRange(t *testing.T) {
 	for _, d := range []time.Duration{0, -time.Microsecond, MaxWindow + 1} {
 		if p, err := New(d); err == nil {

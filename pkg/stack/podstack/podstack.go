@@ -80,6 +80,9 @@ type Options struct {
 	// comes within it finds the thread awake. It costs the CPU it spins.
 	// Zero: the thread sleeps as soon as it has nothing to do.
 	BusyPoll time.Duration
+	// BusyPollOff starts the busy poller off, for a governor to turn on
+	// (pkg/stack/governor).
+	BusyPollOff bool
 }
 
 // DefaultTCPBufferBytes is Options.TCPBufferBytes's default.
@@ -190,6 +193,7 @@ func Build(o Options) (*Stack, error) {
 		if busy, err = busypoll.New(o.BusyPoll); err != nil {
 			return nil, err
 		}
+		busy.SetEnabled(!o.BusyPollOff)
 		o.Relay.Traffic = busy.Touch
 	}
 	s := &Stack{opts: o, failed: make(chan error, 1), Busy: busy}

@@ -1,4 +1,4 @@
-package threads
+package governor
 
 import (
 	"context"
@@ -224,5 +224,116 @@ func TestSleepsWhileQuiet(t *testing.T) {
 	time.Sleep(100 * time.Millisecond)
 	if n := count() - before; n != 0 {
 		t.Fatalf("%d samples in 100 ms after the frames stopped: it should sleep again", n)
+	}
+}
+
+// pollLoad is a load whose governor switches busy polling on a node of
+// two CPUs; others is the node's busy time outside the stack each
+// interval, in cores.
+type pollLoad struct {
+	*load
+	polls []bool
+}
+
+func newPollLoad() *pollLoad {
+	l := &pollLoad{load: newLoad(2)}
+	l.g.BusyPoll(2, func(on bool) { l.polls = append(l.polls, on) })
+	l.polls = l.polls[:0] // BusyPoll starts from off
+	return l
+}
+
+func (l *pollLoad) intervalOn(others, cores float64, rxFrames, rxSize, txFrames, txSize uint64) {
+	l.s.NodeBusy += time.Duration((others + cores) * float64(tick))
+	l.interval(cores, rxFrames, rxSize, txFrames, txSize)
+}
+
+func (l *pollLoad) polling() bool { return l.g.Stats().BusyPoll.Load() }
+
+// TestBusyPollStartsOffAndForRequests: requests on one thread with a core
+// to spare turn busy polling on from their first interval; it stays on
+// while they flow and goes at once when they stop.
+func TestBusyPollStartsOffAndForRequests(t *testing.T) {
+	var set []bool
+	g := New(2, tick, func() Sample { return Sample{} }, func(int) {})
+	g.BusyPoll(2, func(on bool) { set = append(set, on) })
+	if len(set) != 1 || set[0] || g.Stats().BusyPoll.Load() {
+		t.Fatalf("BusyPoll set %v, on %v: want it turned off at once", set, g.Stats().BusyPoll.Load())
+	}
+	l := newPollLoad()
+	l.intervalOn(0.6, 0.6, 3000, 120, 3000, 90) // redis: client and server 0.6 core
+	if !l.polling() {
+		t.Fatal("requests with 0.8 core spare did not turn busy polling on")
+	}
+	for range 20 {
+		l.intervalOn(0.6, 0.9, 3000, 120, 3000, 90)
+	}
+	if !l.polling() || len(l.polls) != 1 || l.g.Stats().Threads.Load() != 1 {
+		t.Fatalf("switches %v, %d threads under steady requests: want on once, one thread", l.polls, l.g.Stats().Threads.Load())
+	}
+	l.intervalOn(0.05, 0.01, 10, 100, 10, 100)
+	if l.polling() || len(l.polls) != 2 {
+		t.Fatalf("switches %v after the requests stopped, want off at once", l.polls)
+	}
+}
+
+// TestBusyPollNeedsASpareCore: the node's other work decides: a node
+// whose other CPU time leaves less than half a core keeps it off, and
+// once on, it goes when the spare falls under a quarter. The stack's own
+// CPU (its polling) never counts against it.
+func TestBusyPollNeedsASpareCore(t *testing.T) {
+	l := newPollLoad()
+	l.intervalOn(1.6, 0.4, 3000, 120, 3000, 90)
+	if l.polling() {
+		t.Fatal("on with 0.4 core spare")
+	}
+	l.intervalOn(1.0, 1.0, 3000, 120, 3000, 90) // the stack's own core is its
+	if !l.polling() {
+		t.Fatal("off with a core spare besides the stack's own")
+	}
+	l.intervalOn(1.6, 1.0, 3000, 120, 3000, 90) // 0.4 spare: kept
+	if !l.polling() {
+		t.Fatal("turned off with 0.4 core spare, above spareKeep")
+	}
+	l.intervalOn(1.9, 1.0, 3000, 120, 3000, 90)
+	if l.polling() {
+		t.Fatal("kept on with 0.1 core spare")
+	}
+}
+
+// TestBusyPollOffForBulkAndTwoThreads: bulk traffic turns it off at once
+// (the poller would spin on the receiving application's core), and a
+// second thread never polls.
+func TestBusyPollOffForBulkAndTwoThreads(t *testing.T) {
+	l := newPollLoad()
+	l.intervalOn(0.3, 0.5, 3000, 120, 3000, 90)
+	if !l.polling() {
+		t.Fatal("requests did not turn it on")
+	}
+	l.intervalOn(0.3, 0.9, 20000, 16000, 15000, 66) // one stream into the pod
+	if l.polling() {
+		t.Fatal("bulk traffic kept it on")
+	}
+	for range upAfter {
+		l.intervalOn(0.0, 0.97, 20000, 16000, 15000, 66)
+	}
+	if l.g.Stats().Threads.Load() != 2 || l.polling() {
+		t.Fatalf("%d threads, polling %v: want 2 and off", l.g.Stats().Threads.Load(), l.polling())
+	}
+}
+
+// TestBusyPollOffWithoutTheNodesLoad: a stack that cannot read the
+// node's load (NodeBusy zero or going backwards) never polls.
+func TestBusyPollOffWithoutTheNodesLoad(t *testing.T) {
+	l := newPollLoad()
+	l.interval(0.5, 3000, 120, 3000, 90)
+	if l.polling() {
+		t.Fatal("on without the node's load")
+	}
+	l.s.NodeBusy = time.Hour
+	l.intervalOn(0.1, 0.5, 3000, 120, 3000, 90)
+	l.s.NodeBusy = time.Minute
+	l.interval(0.5, 3000, 120, 3000, 90)
+	if l.polling() {
+		t.Fatal("on with the node's busy time going backwards")
 	}
 }

@@ -1,6 +1,9 @@
-// Package threads decides how many threads run a pod stack's Go code
-// (its GOMAXPROCS) from what the stack is doing: one, and a second only
-// while bulk traffic keeps the one busy.
+// Package governor fits a pod stack's use of CPU to what the stack is
+// doing, every interval while traffic flows: how many threads run its Go
+// code (its GOMAXPROCS), one and a second only while bulk traffic keeps the
+// one busy; and whether its one thread busy-polls (pkg/stack/busypoll)
+// between requests, only while requests flow and the node has a core to
+// spare for it.
 //
 // One thread is the stack's best shape for requests: every goroutine a
 // frame wakes runs on the thread that read it, and a second P only adds a
@@ -16,7 +19,18 @@
 // few hundred bytes under requests; and the number of connections: one
 // stream gains nothing from a second thread (8.2–8.4 against 8.2–9.8
 // Gbit/s in the same lab) and pays 25 % more CPU per byte for it.
-package threads
+//
+// Busy polling is for requests what the second thread is for bulk: a
+// request that finds the stack's thread asleep pays for its wake-up, most
+// of a small request's latency on a VM (docs/performance.md, "Busy
+// polling"). Polling after each request spends the CPU of the wait
+// instead. That pays while requests come often and the CPU it spins is
+// idle anyway; it costs bulk traffic (the poller spins on the core the
+// receiving application needs) and other pods on a node whose cores are
+// all taken. So the governor polls only on one thread, for traffic of
+// small frames at a request rate, and while the node's other work leaves
+// a core's fraction idle.
+package governor
 
 import (
 	"context"
@@ -33,6 +47,10 @@ type Sample struct {
 	RxFrames, RxBytes, TxFrames, TxBytes uint64
 	// Conns is how many connections the stack relays now.
 	Conns int64
+	// NodeBusy is the CPU time the node's CPUs were busy, all of them
+	// together (pkg/stack's /proc/stat); zero when unknown, and busy
+	// polling then stays off.
+	NodeBusy time.Duration
 }
 
 const (
@@ -64,6 +82,13 @@ const (
 	// a governor at one thread then sleeps until Wake instead of ticking:
 	// an idle stack wakes for nothing (kubelet's probes stay below it).
 	quietFrames = 64
+	// spareStart and spareKeep are the idle CPU, in cores, that the rest
+	// of the node (all but this stack) must leave for busy polling to be
+	// turned on, and to stay on: half a core, so that the poller spins on
+	// time nobody else asked for, and a quarter once on, so that the
+	// noise of one interval does not switch it.
+	spareStart = 0.5
+	spareKeep  = 0.25
 )
 
 // Stats counts what the governor did.
@@ -72,6 +97,8 @@ type Stats struct {
 	Threads atomic.Int32
 	// Raised and Lowered count the changes.
 	Raised, Lowered atomic.Uint64
+	// BusyPoll is whether busy polling is on now.
+	BusyPoll atomic.Bool
 }
 
 // Governor sets the thread count from the samples it reads.
@@ -88,6 +115,11 @@ type Governor struct {
 	quiet    bool // the last interval was quiet
 	asleep   atomic.Bool
 	wake     chan struct{}
+
+	// cpus is the node's CPU count and poll switches busy polling; nil
+	// when the governor does not decide it (BusyPoll).
+	cpus int
+	poll func(bool)
 }
 
 // New returns a governor between one and most threads, starting at one
@@ -101,6 +133,14 @@ func New(most int, interval time.Duration, read func() Sample, set func(int)) *G
 	g.stats.Threads.Store(1)
 	g.last = read()
 	return g
+}
+
+// BusyPoll has the governor switch the stack's busy polling too, on a
+// node of cpus CPUs: set applies each change, starting from off. Call it
+// before Run.
+func (g *Governor) BusyPoll(cpus int, set func(bool)) {
+	g.cpus, g.poll = cpus, set
+	set(false)
 }
 
 // Stats returns the governor's counters.
@@ -151,9 +191,11 @@ func (g *Governor) Wake() {
 // for it. Run calls it; tests call it directly.
 func (g *Governor) Tick() {
 	s := g.read()
-	want, now := decide(g.n, g.max, g.interval, g.last, s)
-	g.quiet = s.RxFrames-g.last.RxFrames+s.TxFrames-g.last.TxFrames < quietFrames
+	prev := g.last
+	want, now := decide(g.n, g.max, g.interval, prev, s)
+	g.quiet = s.RxFrames-prev.RxFrames+s.TxFrames-prev.TxFrames < quietFrames
 	g.last = s
+	defer g.decidePoll(prev, s)
 	switch {
 	case now:
 	case want > g.n:
@@ -181,6 +223,38 @@ func (g *Governor) Tick() {
 	g.stats.Threads.Store(int32(want))
 }
 
+// decidePoll switches busy polling for the interval from prev to cur,
+// once the thread count is decided: the poller spins beside nothing.
+func (g *Governor) decidePoll(prev, cur Sample) {
+	if g.poll == nil {
+		return
+	}
+	on := g.stats.BusyPoll.Load()
+	if want := decidePoll(on, g.n, g.cpus, g.interval, prev, cur); want != on {
+		g.stats.BusyPoll.Store(want)
+		g.poll(want)
+	}
+}
+
+// decidePoll is whether one interval asks for busy polling, on telling
+// whether it is on: for traffic of small frames, on one thread, while the
+// node's CPUs other than this stack's leave spareStart idle (spareKeep
+// once on). The stack's own CPU, polling included, is taken out of the
+// node's: what it spins is idle time it borrowed, not load that should
+// turn it off.
+func decidePoll(on bool, n, cpus int, interval time.Duration, prev, cur Sample) bool {
+	frames := cur.RxFrames - prev.RxFrames + cur.TxFrames - prev.TxFrames
+	if n != 1 || frames < quietFrames || isBulk(prev, cur) || cur.NodeBusy == 0 || cur.NodeBusy < prev.NodeBusy {
+		return false
+	}
+	others := float64((cur.NodeBusy-prev.NodeBusy)-(cur.CPU-prev.CPU)) / float64(interval)
+	spare := float64(cpus) - others
+	if on {
+		return spare >= spareKeep
+	}
+	return spare >= spareStart
+}
+
 // decide is the count one interval (from prev to cur, interval long) asks
 // for, n threads running: one more when each thread was saturated by bulk
 // aggregates over many connections, one fewer when the load would fit on
@@ -188,8 +262,7 @@ func (g *Governor) Tick() {
 // bulk.
 func decide(n, max int, interval time.Duration, prev, cur Sample) (want int, now bool) {
 	cores := float64(cur.CPU-prev.CPU) / float64(interval)
-	bulk := avg(cur.RxBytes-prev.RxBytes, cur.RxFrames-prev.RxFrames) > bulkFrameBytes ||
-		avg(cur.TxBytes-prev.TxBytes, cur.TxFrames-prev.TxFrames) > bulkFrameBytes
+	bulk := isBulk(prev, cur)
 	switch {
 	case n > 1 && !bulk:
 		return 1, true
@@ -199,6 +272,13 @@ func decide(n, max int, interval time.Duration, prev, cur Sample) (want int, now
 		return n - 1, false
 	}
 	return n, false
+}
+
+// isBulk says whether the frames of an interval were aggregates, one way
+// or the other, on average.
+func isBulk(prev, cur Sample) bool {
+	return avg(cur.RxBytes-prev.RxBytes, cur.RxFrames-prev.RxFrames) > bulkFrameBytes ||
+		avg(cur.TxBytes-prev.TxBytes, cur.TxFrames-prev.TxFrames) > bulkFrameBytes
 }
 
 func avg(bytes, frames uint64) float64 {
