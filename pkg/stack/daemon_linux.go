@@ -80,7 +80,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	d.ctl.Close()
 	d.stack.Close()
 	if d.nodeCPU != nil {
-		d.nodeCPU.f.Close()
+		d.nodeCPU.close()
 	}
 	return err
 }

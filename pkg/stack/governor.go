@@ -45,7 +45,7 @@ func (d *Daemon) governorSample() governor.Sample {
 	s := governor.Sample{CPU: cpu, RxFrames: w.RxPackets.Load(), RxBytes: w.RxBytes.Load(),
 		TxFrames: w.TxPackets.Load(), TxBytes: w.TxBytes.Load(), Conns: d.stack.Relay.Stats().TCPActive.Load()}
 	if d.nodeCPU != nil {
-		s.NodeBusy, _ = d.nodeCPU.busy()
+		s.NodeBusy, s.NodeWait, _ = d.nodeCPU.sample()
 	}
 	return s
 }

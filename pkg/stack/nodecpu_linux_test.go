@@ -2,6 +2,7 @@ package stack
 
 import (
 	"runtime"
+	"sync"
 	"testing"
 	"time"
 )
@@ -21,6 +22,18 @@ func TestParseCPULine(t *testing.T) {
 	}
 }
 
+func TestParsePressure(t *testing.T) {
+	got, err := parsePressure([]byte("some avg10=5.42 avg60=1.61 avg300=5.75 total=12782951904\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"))
+	if want := 12782951904 * time.Microsecond; err != nil || got != want {
+		t.Fatalf("parsePressure: %s, %v; want %s", got, err, want)
+	}
+	for _, bad := range []string{"", "full avg10=0 total=1\n", "some avg10=0.00\n", "some total=x\n"} {
+		if d, err := parsePressure([]byte(bad)); err == nil {
+			t.Errorf("parsePressure(%q) = %s, want an error", bad, d)
+		}
+	}
+}
+
 // TestNodeCPUReadsTheNode: the reader counts the node's CPUs, and a
 // goroutine that spins shows in the node's busy time.
 func TestNodeCPUReadsTheNode(t *testing.T) {
@@ -28,7 +41,7 @@ func TestNodeCPUReadsTheNode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { c.f.Close() })
+	t.Cleanup(c.close)
 	if c.cpus < runtime.NumCPU() {
 		t.Fatalf("%d CPUs in /proc/stat, the process may use %d", c.cpus, runtime.NumCPU())
 	}
@@ -45,5 +58,28 @@ func TestNodeCPUReadsTheNode(t *testing.T) {
 	// 300 ms of one core spinning: at least most of it, in 10 ms ticks.
 	if d := after - before; d < 200*time.Millisecond {
 		t.Fatalf("the node was busy %s while a core spun for 300 ms", d)
+	}
+	// Three spinners per CPU for 300 ms: tasks wait for a CPU most of it.
+	_, w0, err := c.sample()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// As many threads as spinners: goroutines on GOMAXPROCS threads
+	// would take turns in Go's scheduler, not wait in the kernel's.
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(3 * runtime.NumCPU()))
+	var wg sync.WaitGroup
+	for range 3 * runtime.NumCPU() {
+		wg.Go(func() {
+			for end := time.Now().Add(300 * time.Millisecond); time.Now().Before(end); {
+			}
+		})
+	}
+	wg.Wait()
+	_, w1, err := c.sample()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w1-w0 < 100*time.Millisecond {
+		t.Fatalf("tasks waited %s for a CPU in 300 ms of three spinners per CPU", w1-w0)
 	}
 }

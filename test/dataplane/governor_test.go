@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"io"
 	"net"
+	"os/exec"
 	"runtime"
 	"sync"
 	"testing"
@@ -145,6 +146,42 @@ func TestBusyPollFollowsTraffic(t *testing.T) {
 	waitSender()
 	if offUnderBulk < 9 {
 		t.Errorf("busy polling was on in %d of 10 looks under one bulk stream", 10-offUnderBulk)
+	}
+}
+
+// TestBusyPollStaysOffOnABusyNode: a pod's requests do not turn busy
+// polling on while the node's cores are taken (four spinners per CPU):
+// the spinning would take CPU other work waits for.
+func TestBusyPollStaysOffOnABusyNode(t *testing.T) {
+	if runtime.NumCPU() < 2 {
+		t.Skip("one CPU: busy polling stays off")
+	}
+	env, pod := newPod(t, map[string]any{"gso": "hardware"})
+	nettest.Serve(nettest.Listen(t, pod.NS, "tcp", ":7000"), nettest.Echo)
+	for range 4 * runtime.NumCPU() {
+		spin := exec.Command("sh", "-c", "while :; do :; done")
+		if err := spin.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { spin.Process.Kill(); spin.Wait() })
+	}
+	stop := time.Now().Add(3 * time.Second)
+	onConns(t, env, pod, 7000, 4, func(c net.Conn) bool {
+		buf := make([]byte, 64)
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := c.Write(buf); err != nil {
+			return false
+		}
+		_, err := io.ReadFull(c, buf)
+		return err == nil && time.Now().Before(stop)
+	})()
+	st := stackStatus(t, env, pod)
+	t.Logf("requests on a busy node: %+v, %d packets in", *st.BusyPoll, st.Wire.RxPackets)
+	if st.Wire.RxPackets < 1000 {
+		t.Fatalf("only %d packets reached the stack: not the request traffic the test is about", st.Wire.RxPackets)
+	}
+	if st.BusyPoll.Enabled != 0 || st.BusyPoll.On {
+		t.Errorf("busy polling turned on on a node whose cores were all taken: %+v", *st.BusyPoll)
 	}
 }
 

@@ -51,6 +51,10 @@ type Sample struct {
 	// together (pkg/stack's /proc/stat); zero when unknown, and busy
 	// polling then stays off.
 	NodeBusy time.Duration
+	// NodeWait is the time some task on the node waited for a CPU
+	// (the kernel's pressure stall information, /proc/pressure/cpu's
+	// "some" total).
+	NodeWait time.Duration
 }
 
 const (
@@ -89,6 +93,16 @@ const (
 	// noise of one interval does not switch it.
 	spareStart = 0.5
 	spareKeep  = 0.25
+	// waitStart and waitKeep bound the share of an interval during which
+	// some task on the node waited for a CPU, for busy polling to be
+	// turned on and to stay on. The time the stack itself takes cannot
+	// tell idle it borrowed from CPU others wanted: on a node whose cores
+	// eight spinners kept busy, the stack's own share looked like half a
+	// core spare. Waiting tells them apart: 0.31–0.36 under redis on two
+	// CPUs (three busy threads, polling or not), 0.53 with three spinners
+	// on two CPUs, 1.0 with eight.
+	waitStart = 0.4
+	waitKeep  = 0.5
 )
 
 // Stats counts what the governor did.
@@ -239,20 +253,23 @@ func (g *Governor) decidePoll(prev, cur Sample) {
 // decidePoll is whether one interval asks for busy polling, on telling
 // whether it is on: for traffic of small frames, on one thread, while the
 // node's CPUs other than this stack's leave spareStart idle (spareKeep
-// once on). The stack's own CPU, polling included, is taken out of the
-// node's: what it spins is idle time it borrowed, not load that should
-// turn it off.
+// once on) and tasks waited for a CPU less than waitStart of the
+// interval (waitKeep once on). The stack's own CPU, polling included, is
+// taken out of the node's busy time: what it spins on an idle core is
+// idle time it borrowed, not load that should turn it off; the wait says
+// whether it was idle.
 func decidePoll(on bool, n, cpus int, interval time.Duration, prev, cur Sample) bool {
 	frames := cur.RxFrames - prev.RxFrames + cur.TxFrames - prev.TxFrames
-	if n != 1 || frames < quietFrames || isBulk(prev, cur) || cur.NodeBusy == 0 || cur.NodeBusy < prev.NodeBusy {
+	if n != 1 || frames < quietFrames || isBulk(prev, cur) || cur.NodeBusy == 0 || cur.NodeBusy < prev.NodeBusy || cur.NodeWait < prev.NodeWait {
 		return false
 	}
 	others := float64((cur.NodeBusy-prev.NodeBusy)-(cur.CPU-prev.CPU)) / float64(interval)
 	spare := float64(cpus) - others
+	wait := float64(cur.NodeWait-prev.NodeWait) / float64(interval)
 	if on {
-		return spare >= spareKeep
+		return spare >= spareKeep && wait < waitKeep
 	}
-	return spare >= spareStart
+	return spare >= spareStart && wait < waitStart
 }
 
 // decide is the count one interval (from prev to cur, interval long) asks

@@ -243,7 +243,14 @@ func newPollLoad() *pollLoad {
 }
 
 func (l *pollLoad) intervalOn(others, cores float64, rxFrames, rxSize, txFrames, txSize uint64) {
+	l.intervalWaiting(others, cores, 0.3, rxFrames, rxSize, txFrames, txSize)
+}
+
+// intervalWaiting is intervalOn with tasks waiting for a CPU wait of the
+// interval (0.3: redis on two CPUs).
+func (l *pollLoad) intervalWaiting(others, cores, wait float64, rxFrames, rxSize, txFrames, txSize uint64) {
 	l.s.NodeBusy += time.Duration((others + cores) * float64(tick))
+	l.s.NodeWait += time.Duration(wait * float64(tick))
 	l.interval(cores, rxFrames, rxSize, txFrames, txSize)
 }
 
@@ -297,6 +304,34 @@ func TestBusyPollNeedsASpareCore(t *testing.T) {
 	l.intervalOn(1.9, 1.0, 3000, 120, 3000, 90)
 	if l.polling() {
 		t.Fatal("kept on with 0.1 core spare")
+	}
+}
+
+// TestBusyPollNotWhereTasksWait: a node whose tasks wait for a CPU keeps
+// it off, or turns it off, however much of the CPU the stack itself got:
+// on a node kept busy by spinners, the stack's own share looks like a
+// spare core.
+func TestBusyPollNotWhereTasksWait(t *testing.T) {
+	l := newPollLoad()
+	l.intervalWaiting(1.2, 0.8, 1.0, 3000, 120, 3000, 90)
+	if l.polling() {
+		t.Fatal("on while tasks waited for a CPU all the interval")
+	}
+	l.intervalWaiting(1.2, 0.8, 0.45, 3000, 120, 3000, 90)
+	if l.polling() {
+		t.Fatal("turned on with tasks waiting 45 % of the interval")
+	}
+	l.intervalWaiting(1.2, 0.8, 0.35, 3000, 120, 3000, 90)
+	if !l.polling() {
+		t.Fatal("off with tasks waiting 35 % of the interval (redis on two CPUs)")
+	}
+	l.intervalWaiting(1.2, 0.8, 0.45, 3000, 120, 3000, 90)
+	if !l.polling() {
+		t.Fatal("turned off at 45 %, under waitKeep")
+	}
+	l.intervalWaiting(1.2, 0.8, 0.6, 3000, 120, 3000, 90)
+	if l.polling() {
+		t.Fatal("kept on with tasks waiting 60 % of the interval")
 	}
 }
 
