@@ -56,6 +56,7 @@ var scaleMetrics = []metric{
 	{"pss_anon_per_pod_mib", "of it anonymous", "MiB", false, "", false},
 	{"pss_file_per_pod_mib", "of it file-backed", "MiB", false, "", false},
 	{"rss_per_pod_mib", "stack RSS per pod", "MiB", false, "", false},
+	{"idle_cpu_ms_per_pod_min", "idle stack CPU per pod", "ms per minute", false, "", false},
 	{"add_all_p50_ms", "ADD p50, all", "ms", false, "", false},
 	{"add_last20_p50_ms", "ADD p50, last 20", "ms", false, "", false},
 	{"add_last20_p99_ms", "ADD p99, last 20", "ms", false, "", false},

@@ -125,6 +125,13 @@ func (b *bench) idlePods(ctx context.Context, u *attachment) error {
 	logf("  %d stacks: PSS %.1f MiB per pod (anon %.1f, file %.1f), RSS %.1f MiB per pod, %.0f MiB in all",
 		n, sum.Pss/float64(n)/mib, sum.PssAnon/float64(n)/mib, sum.PssFile/float64(n)/mib, sum.Rss/float64(n)/mib, sum.Pss/mib)
 
+	// What idle stacks cost the node: their CPU over idleCPUWindow.
+	cpu0 := processesCPU(pids)
+	time.Sleep(idleCPUWindow)
+	perPodMin := (processesCPU(pids) - cpu0) * 1000 / float64(n) * float64(time.Minute) / float64(idleCPUWindow)
+	b.record(0, scaleIdle, "idle_cpu_ms_per_pod_min", perPodMin)
+	logf("  idle: %.2f ms of CPU per pod per minute", perPodMin)
+
 	t0 := time.Now()
 	dres, err := b.scaleDown(ctx, u.ConfPath)
 	if err != nil {
@@ -320,4 +327,29 @@ func (b *bench) streams(ctx context.Context, a *attachment, n int) error {
 	}
 	logf("  %d streams: %.2f Gbit/s%s", n, sum, msg)
 	return nil
+}
+
+// idleCPUWindow is how long the scale section watches its idle stacks'
+// CPU: long enough for the Go runtime's background work and the stacks'
+// own timers to show.
+const idleCPUWindow = 20 * time.Second
+
+// processesCPU is the CPU seconds (user and system) pids have used, from
+// /proc/<pid>/stat's utime and stime; a process gone counts nothing.
+func processesCPU(pids []int) float64 {
+	var ticks float64
+	for _, pid := range pids {
+		raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue
+		}
+		i := strings.LastIndexByte(string(raw), ')')
+		f := strings.Fields(string(raw[i+1:])) // f[0] is field 3, state
+		if len(f) > 12 {
+			u, _ := strconv.ParseFloat(f[11], 64)
+			s, _ := strconv.ParseFloat(f[12], 64)
+			ticks += u + s
+		}
+	}
+	return ticks / 100 // USER_HZ
 }

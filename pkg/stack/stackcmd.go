@@ -67,7 +67,7 @@ func Run(argv []string) error {
 	}
 	if adaptive {
 		_, autoPoll := cfg.BusyPollWindow()
-		d.Govern(min(stackconfig.AdaptiveMaxThreads, runtime.NumCPU()), autoPoll)
+		d.Govern(stackconfig.AdaptiveMaxThreads(runtime.NumCPU()), autoPoll)
 	}
 	// Signal handling is set up before the sandbox, like everything else
 	// the stack will use while serving.

@@ -85,7 +85,7 @@ var accepted = map[string]string{
 	"tunMTU":       fmt.Sprintf("%d..%d; absent or 0: %d", minMTUv6, maxMTU, stackconfig.DefaultTUNMTU),
 	"wireQueueLen": fmt.Sprintf("a packet count 1..%d, -1 for no queue; absent or 0: %d", maxQueueLen, stackconfig.DefaultQueueLen),
 	"appQueueLen":  fmt.Sprintf("a packet count 1..%d or -1 (accepted and ignored since the applications' traffic left the TUN)", maxQueueLen),
-	"stackThreads": fmt.Sprintf("a thread count 1..%d; absent or 0: %d, up to %d under bulk traffic", maxStackThreads, stackconfig.DefaultThreads, stackconfig.AdaptiveMaxThreads),
+	"stackThreads": fmt.Sprintf("a thread count 1..%d; absent or 0: %d, up to one per CPU (at most %d) under bulk traffic", maxStackThreads, stackconfig.DefaultThreads, stackconfig.MaxAdaptiveThreads),
 	"maxTCP":       "a non-negative count of relayed TCP connections; absent or 0: the relay's default",
 	"maxUDP":       "a non-negative count of relayed UDP flows; absent or 0: the relay's default",
 	"busyPoll":     fmt.Sprintf(`"auto", or a duration like "50us", at most %s; "0s": off`, stackconfig.MaxBusyPoll),

@@ -149,9 +149,18 @@ const DefaultQueueLen = 1024
 const DefaultThreads = 1
 
 // AdaptiveMaxThreads is the most threads a stack whose configuration
-// leaves Threads at zero is given, while bulk traffic over many
-// connections saturates the one (pkg/stack/governor explains and measures it).
-const AdaptiveMaxThreads = 2
+// leaves Threads at zero is given on a node of cpus CPUs, while bulk
+// traffic over many connections saturates those it has (pkg/stack/governor
+// explains and measures it): one per CPU, up to MaxAdaptiveThreads. The
+// governor adds a thread only while each one it has is saturated, so a
+// pod's CPU limit (its stack is charged to it) caps it too.
+func AdaptiveMaxThreads(cpus int) int { return max(1, min(cpus, MaxAdaptiveThreads)) }
+
+// MaxAdaptiveThreads caps AdaptiveMaxThreads on large nodes: two threads
+// are measured (16 streams into one pod at one stream's throughput on a
+// 2-CPU node); beyond four, one pod's network would take more cores than
+// the applications that use it, for gains this project has not measured.
+const MaxAdaptiveThreads = 4
 
 // BusyPollWindow is the busy poller's window, zero for none, and whether
 // the governor switches it (auto), which it does where it decides the

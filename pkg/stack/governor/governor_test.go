@@ -372,3 +372,31 @@ func TestBusyPollOffWithoutTheNodesLoad(t *testing.T) {
 		t.Fatal("on with the node's busy time going backwards")
 	}
 }
+
+// TestRaisesOneAtATimeUpToMax: on a larger node the count climbs one
+// thread at a time, each only once the threads it has are all saturated,
+// and stops at the most it was given.
+func TestRaisesOneAtATimeUpToMax(t *testing.T) {
+	l := newLoad(4)
+	for range 10 {
+		l.interval(1.5, 40000, 16000, 30000, 66) // 1.5 cores: two threads' worth, not three
+	}
+	if l.threads() != 2 {
+		t.Fatalf("%d threads at 1.5 cores, want 2", l.threads())
+	}
+	for range 10 {
+		l.interval(2.7, 40000, 16000, 30000, 66)
+	}
+	if l.threads() != 4 || l.g.Stats().Raised.Load() != 3 {
+		t.Fatalf("%d threads, raised %d times under saturated bulk, want 4 and 3", l.threads(), l.g.Stats().Raised.Load())
+	}
+	for range 10 {
+		l.interval(3.9, 40000, 16000, 30000, 66)
+	}
+	if l.threads() != 4 {
+		t.Fatalf("%d threads beyond the most it was given (4)", l.threads())
+	}
+	if got := l.sets; len(got) != 3 || got[0] != 2 || got[1] != 3 || got[2] != 4 {
+		t.Fatalf("set %v, want [2 3 4]", got)
+	}
+}
