@@ -1,6 +1,7 @@
 package wirequeue
 
 import (
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -44,6 +45,13 @@ func (l *gatedLink) setOpen(open bool) {
 	l.open = open
 	l.mu.Unlock()
 	l.cond.Broadcast()
+}
+
+// batchesSoFar returns the sizes of the batches the link took so far.
+func (l *gatedLink) batchesSoFar() []int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]int(nil), l.batches...)
 }
 
 // taken returns how many packets the link took so far.
@@ -274,5 +282,38 @@ func TestBatchesInOrder(t *testing.T) {
 			t.Fatalf("packet %d: %d references after the link took it, want 1 (the test's own)", i, refs)
 		}
 		p.DecRef()
+	}
+}
+
+// TestBatchesSendersReadyTogether: senders made ready at once (the relay's
+// readers of the connections whose answers one poll found) go to the
+// link in one batch, not one system call each: the sender that wakes the
+// dispatcher makes it the goroutine Go runs next, and it yields to the
+// others first.
+func TestBatchesSendersReadyTogether(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	l := newGatedLink(true)
+	q := New(l, 1024, nil)
+	t.Cleanup(q.Close)
+	const n = 20
+	for round := range 3 {
+		before := len(l.batchesSoFar())
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		for i := range n {
+			wg.Go(func() {
+				<-start
+				write(q, byte(i))
+			})
+		}
+		time.Sleep(10 * time.Millisecond) // every sender waits on start
+		close(start)
+		wg.Wait()
+		waitFor(t, "the packets", func() bool { return l.taken() == (round+1)*n })
+		batches := l.batchesSoFar()[before:]
+		t.Logf("round %d: %d packets in batches %v", round, n, batches)
+		if len(batches) > 3 {
+			t.Fatalf("%d senders ready together went out in %d batches %v, want at most 3", n, len(batches), batches)
+		}
 	}
 }
