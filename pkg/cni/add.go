@@ -277,6 +277,16 @@ func (a *addition) finish(result *current.Result, proc launch.Process) error {
 	}
 	att.GSO = st.GSO
 	a.step("status")
+	if st.GSO.Mode == offload.ModeSoftware && att.HostVeth != "" {
+		// The stack's packets reach the pod's link whole and its kernel's
+		// GSO cuts them to the MTU there; with GRO on the node's end the
+		// node takes each burst back as one aggregate (twice the
+		// throughput pod→node, BENCHMARKS.md). Only speed depends on it.
+		if on, err := offload.LinkGROOn(att.HostVeth); err != nil || !on {
+			a.log.Warn("software GSO: GRO stays off on the node's end of the pod's link", "link", att.HostVeth, "on", on, "err", err)
+		}
+		a.step("gro")
+	}
 	if conf.NetworkPolicy {
 		if err := a.requestPolicy(a.paths, att); err != nil {
 			return err

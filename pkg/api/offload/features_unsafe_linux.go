@@ -62,14 +62,23 @@ func featureBlocks(n int) int { return (n + 31) / 32 }
 // setFeaturesOff asks the kernel to turn the features for which off says
 // true off (ETHTOOL_SFEATURES), leaving all others as they are.
 func setFeaturesOff(fd int, ifName string, nbits int, off func(bit int) bool) error {
+	return setFeatures(fd, ifName, nbits, off, false)
+}
+
+// setFeatures asks the kernel to turn the features for which which says
+// true on or off (ETHTOOL_SFEATURES), leaving all others as they are.
+func setFeatures(fd int, ifName string, nbits int, which func(bit int) bool, on bool) error {
 	blocks := featureBlocks(nbits)
 	// struct ethtool_sfeatures: cmd, size, then {valid, requested} blocks.
 	buf := make([]uint32, 2+2*blocks)
 	buf[0] = unix.ETHTOOL_SFEATURES
 	buf[1] = uint32(blocks)
 	for bit := range nbits {
-		if off(bit) {
-			buf[2+2*(bit/32)] |= 1 << (bit % 32) // valid; requested stays 0
+		if which(bit) {
+			buf[2+2*(bit/32)] |= 1 << (bit % 32) // valid
+			if on {
+				buf[2+2*(bit/32)+1] |= 1 << (bit % 32) // requested
+			}
 		}
 	}
 	if err := ethtoolIoctlPtr(fd, ifName, unsafe.Pointer(&buf[0])); err != nil {

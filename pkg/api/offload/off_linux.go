@@ -3,6 +3,7 @@ package offload
 import (
 	"fmt"
 	"path"
+	"slices"
 
 	"golang.org/x/sys/unix"
 )
@@ -54,6 +55,43 @@ func LinkTSOOff(ifName string) error {
 	}
 	return nil
 }
+
+// LinkGROOn turns generic receive offload on for ifName, as "ethtool -K
+// ifName gro on" does. On the node's end of a pod's veth it has the node
+// receive what the pod's stack sends in software mode as the aggregates
+// the stack handed its kernel, not as the MTU-sized segments the kernel's
+// GSO cut them into: a veth with GRO on receives through NAPI, which
+// merges a burst's segments before the node's TCP sees them. It reports
+// whether GRO is on afterwards (a device may keep it fixed off).
+func LinkGROOn(ifName string) (bool, error) {
+	if len(ifName) >= unix.IFNAMSIZ {
+		return false, fmt.Errorf("interface name %q longer than %d bytes", ifName, unix.IFNAMSIZ-1)
+	}
+	fd, err := ioctlSocket()
+	if err != nil {
+		return false, err
+	}
+	defer unix.Close(fd)
+	names, err := featureNames(fd, ifName)
+	if err != nil {
+		return false, fmt.Errorf("turning GRO on on %s: %w", ifName, err)
+	}
+	gro := slices.Index(names, groFeature)
+	if gro < 0 {
+		return false, fmt.Errorf("turning GRO on on %s: no %s feature", ifName, groFeature)
+	}
+	if err := setFeatures(fd, ifName, len(names), func(bit int) bool { return bit == gro }, true); err != nil {
+		return false, fmt.Errorf("turning GRO on on %s: %w", ifName, err)
+	}
+	active, err := activeFeatures(fd, ifName, len(names))
+	if err != nil {
+		return false, fmt.Errorf("reading %s's features: %w", ifName, err)
+	}
+	return active[gro], nil
+}
+
+// groFeature is what "ethtool -K dev gro" sets.
+const groFeature = "rx-gro"
 
 // featuresOff turns off the features of ifName whose names match patterns.
 func featuresOff(ifName string, patterns []string) error {

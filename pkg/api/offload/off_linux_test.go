@@ -169,3 +169,62 @@ func TestLinkTSOOff(t *testing.T) {
 		t.Errorf("LinkTSOOff(nosuchlink0): got %v, want an error naming the link", err)
 	}
 }
+
+// TestLinkGROOn turns GRO on on a fresh veth, where it is off (a veth
+// has no NAPI until GRO or XDP asks for one), and reads it back through
+// ethtool(8) where installed; the other offloads stay as they were.
+func TestLinkGROOn(t *testing.T) {
+	netns := newTestNS(t)
+	const name, peer = "gro0", "gro1"
+	err := netns.Do(func(ns.NetNS) error {
+		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: peer}); err != nil {
+			return fmt.Errorf("adding veth %s: %v", name, err)
+		}
+		groActive := func() (bool, error) {
+			fd, err := ioctlSocket()
+			if err != nil {
+				return false, err
+			}
+			defer unix.Close(fd)
+			names, err := featureNames(fd, name)
+			if err != nil {
+				return false, err
+			}
+			active, err := activeFeatures(fd, name, len(names))
+			if err != nil {
+				return false, err
+			}
+			return active[slices.Index(names, groFeature)], nil
+		}
+		if on, err := groActive(); err != nil || on {
+			return fmt.Errorf("a fresh veth's GRO: on %v, %v; want off, or the test proves nothing", on, err)
+		}
+		on, err := LinkGROOn(name)
+		if err != nil || !on {
+			return fmt.Errorf("LinkGROOn(%s): on %v, %v", name, on, err)
+		}
+		if on, err := groActive(); err != nil || !on {
+			return fmt.Errorf("GRO read back: on %v, %v", on, err)
+		}
+		fd, err := ioctlSocket()
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		if tso, err := ethtoolGet(fd, name, unix.ETHTOOL_GTSO); err != nil || !tso {
+			return fmt.Errorf("TSO after GRO on: %v, %v; want it left on", tso, err)
+		}
+		if out, err := exec.Command("ethtool", "-k", name).Output(); err == nil &&
+			!strings.Contains(string(out), "generic-receive-offload: on") {
+			return fmt.Errorf("ethtool -k %s says GRO is not on:\n%s", name, out)
+		}
+		_, err = LinkGROOn("nosuchlink0")
+		if err == nil {
+			return fmt.Errorf("LinkGROOn on a missing link succeeded")
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
