@@ -27,9 +27,12 @@
 // instead. That pays while requests come often and the CPU it spins is
 // idle anyway; it costs bulk traffic (the poller spins on the core the
 // receiving application needs) and other pods on a node whose cores are
-// all taken. So the governor polls only on one thread, for traffic of
-// small frames at a request rate, and while the node's other work leaves
-// a core's fraction idle.
+// all taken, or nearly: under redis on two CPUs (client, server and
+// stack busy) polling, always on or not, gained nothing and at times cost
+// a fifth of the requests. So the governor polls only on one thread, for
+// traffic of small frames at a request rate, when the node had half a
+// core idle without it, and while no task waits long for a CPU; every
+// second it looks again without polling.
 package governor
 
 import (
@@ -86,21 +89,22 @@ const (
 	// a governor at one thread then sleeps until Wake instead of ticking:
 	// an idle stack wakes for nothing (kubelet's probes stay below it).
 	quietFrames = 64
-	// spareStart and spareKeep are the idle CPU, in cores, that the rest
-	// of the node (all but this stack) must leave for busy polling to be
-	// turned on, and to stay on: half a core, so that the poller spins on
-	// time nobody else asked for, and a quarter once on, so that the
-	// noise of one interval does not switch it.
-	spareStart = 0.5
-	spareKeep  = 0.25
+	// idleStart is the idle CPU, in cores, that the node must have had
+	// over an interval without polling for busy polling to be turned on:
+	// half a core that nobody, the stack included, asked for. Polling
+	// then spends only what was idle: under redis on two CPUs (client,
+	// server and stack busy, 1.7-1.8 cores) it stays off, under a round
+	// trip at a time (under one core busy) it goes on.
+	idleStart = 0.5
+	// probeEvery: while polling, the node's idle cannot be seen (the
+	// poller spends it), so every probeEvery intervals one goes without
+	// polling, and the rule for turning it on decides again.
+	probeEvery = 10
 	// waitStart and waitKeep bound the share of an interval during which
 	// some task on the node waited for a CPU, for busy polling to be
-	// turned on and to stay on. The time the stack itself takes cannot
-	// tell idle it borrowed from CPU others wanted: on a node whose cores
-	// eight spinners kept busy, the stack's own share looked like half a
-	// core spare. Waiting tells them apart: 0.31–0.36 under redis on two
-	// CPUs (three busy threads, polling or not), 0.53 with three spinners
-	// on two CPUs, 1.0 with eight.
+	// turned on and to stay on between probes: polling that makes others
+	// wait goes at once. 0.31-0.36 under redis on two CPUs, 0.53 with
+	// three spinners on two CPUs, 1.0 with eight.
 	waitStart = 0.4
 	waitKeep  = 0.5
 )
@@ -131,9 +135,11 @@ type Governor struct {
 	wake     chan struct{}
 
 	// cpus is the node's CPU count and poll switches busy polling; nil
-	// when the governor does not decide it (BusyPoll).
-	cpus int
-	poll func(bool)
+	// when the governor does not decide it (BusyPoll). polled counts the
+	// intervals since polling went on, for the probes.
+	cpus   int
+	poll   func(bool)
+	polled int
 }
 
 // New returns a governor between one and most threads, starting at one
@@ -244,32 +250,36 @@ func (g *Governor) decidePoll(prev, cur Sample) {
 		return
 	}
 	on := g.stats.BusyPoll.Load()
-	if want := decidePoll(on, g.n, g.cpus, g.interval, prev, cur); want != on {
+	want := decidePoll(on, g.n, g.cpus, g.interval, prev, cur)
+	if want && on {
+		if g.polled++; g.polled >= probeEvery {
+			want = false // a probe: the next interval shows the idle
+		}
+	}
+	if want != on {
+		g.polled = 0
 		g.stats.BusyPoll.Store(want)
 		g.poll(want)
 	}
 }
 
 // decidePoll is whether one interval asks for busy polling, on telling
-// whether it is on: for traffic of small frames, on one thread, while the
-// node's CPUs other than this stack's leave spareStart idle (spareKeep
-// once on) and tasks waited for a CPU less than waitStart of the
-// interval (waitKeep once on). The stack's own CPU, polling included, is
-// taken out of the node's busy time: what it spins on an idle core is
-// idle time it borrowed, not load that should turn it off; the wait says
-// whether it was idle.
+// whether it was on during it: for traffic of small frames, on one
+// thread, while tasks waited for a CPU less than waitStart of the
+// interval (waitKeep once on); and, to turn it on, the node's CPUs, this
+// stack's included, left idleStart idle. Once on, the idle is the
+// poller's and cannot be read: the governor's probes read it again.
 func decidePoll(on bool, n, cpus int, interval time.Duration, prev, cur Sample) bool {
 	frames := cur.RxFrames - prev.RxFrames + cur.TxFrames - prev.TxFrames
 	if n != 1 || frames < quietFrames || isBulk(prev, cur) || cur.NodeBusy == 0 || cur.NodeBusy < prev.NodeBusy || cur.NodeWait < prev.NodeWait {
 		return false
 	}
-	others := float64((cur.NodeBusy-prev.NodeBusy)-(cur.CPU-prev.CPU)) / float64(interval)
-	spare := float64(cpus) - others
 	wait := float64(cur.NodeWait-prev.NodeWait) / float64(interval)
 	if on {
-		return spare >= spareKeep && wait < waitKeep
+		return wait < waitKeep
 	}
-	return spare >= spareStart && wait < waitStart
+	idle := float64(cpus) - float64(cur.NodeBusy-prev.NodeBusy)/float64(interval)
+	return idle >= idleStart && wait < waitStart
 }
 
 // decide is the count one interval (from prev to cur, interval long) asks
