@@ -16,7 +16,7 @@ import (
 // kernel's pressure stall information, PSI), both opened before the
 // sandbox and read with pread, which the sandbox allows. Both are the
 // whole node's whatever the stack's namespaces: the busy poller must know
-// whether the node, not the pod, has a core to spare.
+// whether the node, not the pod, has idle CPU.
 type nodeCPU struct {
 	f, pressure *os.File
 	cpus        int

@@ -108,7 +108,7 @@ var (
 	descBusyPoll = podDesc("busy_poll_active",
 		"Whether the pod stack's thread busy-polls after traffic now (1) or sleeps (0); absent when busy polling is off for the pod.")
 	descBusyPollEnabled = podDesc("busy_poll_enabled_total",
-		"Times the stack's governor turned busy polling on: requests flowed on one thread and the node had a core to spare.")
+		"Times the stack's governor turned busy polling on: requests flowed on one thread and the node had idle CPU.")
 	descGSOInfo = podDesc("gso_info",
 		"The pod's GSO decision: requested is what the pod asked for (annotation, conflist or default auto), gso_mode what its stack runs.",
 		"requested")

@@ -221,7 +221,7 @@ func TestGovernorSeries(t *testing.T) {
 # HELP cni_usernet_pod_busy_poll_active Whether the pod stack's thread busy-polls after traffic now (1) or sleeps (0); absent when busy polling is off for the pod.
 # TYPE cni_usernet_pod_busy_poll_active gauge
 cni_usernet_pod_busy_poll_active{container_id="c0ffee",gso_mode="hardware",interface="eth0",namespace="ns1",pod="web"} 1
-# HELP cni_usernet_pod_busy_poll_enabled_total Times the stack's governor turned busy polling on: requests flowed on one thread and the node had a core to spare.
+# HELP cni_usernet_pod_busy_poll_enabled_total Times the stack's governor turned busy polling on: requests flowed on one thread and the node had idle CPU.
 # TYPE cni_usernet_pod_busy_poll_enabled_total counter
 cni_usernet_pod_busy_poll_enabled_total{container_id="c0ffee",gso_mode="hardware",interface="eth0",namespace="ns1",pod="web"} 5
 # HELP cni_usernet_pod_stack_threads Threads running the pod stack's Go code now (its GOMAXPROCS): one, and more while bulk traffic saturates them when the count is left to the stack's governor.

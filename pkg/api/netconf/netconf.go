@@ -86,7 +86,7 @@ type NetConf struct {
 	// traffic ("50us"), so that a request arriving within it does not have
 	// to wake it: lower request latency for the CPU it spins. Absent or
 	// "auto": the stack's governor turns it on while requests flow and
-	// the node has a core to spare (pkg/stack/governor); "0s": off.
+	// the node has idle CPU (pkg/stack/governor); "0s": off.
 	BusyPoll string `json:"busyPoll,omitempty"`
 	// MaxTCP, MaxUDP and UDPIdle bound the relay.
 	MaxTCP  int    `json:"maxTCP,omitempty"`

@@ -75,7 +75,7 @@ type Config struct {
 	// BusyPoll keeps the stack's thread polling for that long after
 	// traffic instead of sleeping (pkg/stack/busypoll), up to MaxBusyPoll.
 	// Zero: the stack's governor polls for DefaultBusyPoll while requests
-	// flow and the node has a core to spare (pkg/stack/governor), where
+	// flow and the node has idle CPU (pkg/stack/governor), where
 	// it also decides the thread count; BusyPollOff: never.
 	BusyPoll Duration `json:"busyPoll,omitempty"`
 	// BusyPollOff turns busy polling off. A stack of an earlier release
