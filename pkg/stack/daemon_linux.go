@@ -66,8 +66,14 @@ func (d *Daemon) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go d.releaseWhenQuiet(ctx)
+	governed := make(chan struct{})
 	if d.governor != nil {
-		go d.governor.Run(ctx)
+		go func() {
+			defer close(governed)
+			d.governor.Run(ctx)
+		}()
+	} else {
+		close(governed)
 	}
 	var err error
 	select {
@@ -77,6 +83,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 		err = fmt.Errorf("the stack no longer receives from the pod's link: %w", err)
 		d.log.Error("shutting down for a restart", "err", err)
 	}
+	// The governor reads the stack and the node's load: it stops first.
+	cancel()
+	<-governed
 	d.ctl.Close()
 	d.stack.Close()
 	if d.nodeCPU != nil {
