@@ -91,11 +91,13 @@ const (
 	quietFrames = 64
 	// idleStart is the idle CPU, in cores, that the node must have had
 	// over an interval without polling for busy polling to be turned on:
-	// half a core that nobody, the stack included, asked for. Polling
-	// then spends only what was idle: under redis on two CPUs (client,
-	// server and stack busy, 1.7-1.8 cores) it stays off, under a round
-	// trip at a time (under one core busy) it goes on.
-	idleStart = 0.5
+	// three quarters of a core that nobody, the stack included, asked
+	// for. Polling then spends only what was idle: under redis on two
+	// CPUs (client, server and stack busy, 1.7-1.8 cores, 0.2-0.3 idle)
+	// it stays off, under a round trip at a time (0.8-1.0 core busy) it
+	// goes on. With half a core, redis's noisier intervals turned it on
+	// and it cost redis 5-15 % in each round of an A/B.
+	idleStart = 0.75
 	// probeEvery: while polling, the node's idle cannot be seen (the
 	// poller spends it), so every probeEvery intervals one goes without
 	// polling, and the rule for turning it on decides again.
