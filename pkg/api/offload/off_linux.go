@@ -63,31 +63,26 @@ func LinkTSOOff(ifName string) error {
 // GSO cut them into: a veth with GRO on receives through NAPI, which
 // merges a burst's segments before the node's TCP sees them. It reports
 // whether GRO is on afterwards (a device may keep it fixed off).
-func LinkGROOn(ifName string) (bool, error) {
-	if len(ifName) >= unix.IFNAMSIZ {
-		return false, fmt.Errorf("interface name %q longer than %d bytes", ifName, unix.IFNAMSIZ-1)
-	}
-	fd, err := ioctlSocket()
-	if err != nil {
-		return false, err
-	}
-	defer unix.Close(fd)
-	names, err := featureNames(fd, ifName)
+func LinkGROOn(ifName string) (on bool, err error) {
+	err = withFeatures(ifName, func(fd int, names []string) error {
+		gro := slices.Index(names, groFeature)
+		if gro < 0 {
+			return fmt.Errorf("no %s feature", groFeature)
+		}
+		if err := setFeatures(fd, ifName, len(names), func(bit int) bool { return bit == gro }, true); err != nil {
+			return err
+		}
+		active, err := activeFeatures(fd, ifName, len(names))
+		if err != nil {
+			return err
+		}
+		on = active[gro]
+		return nil
+	})
 	if err != nil {
 		return false, fmt.Errorf("turning GRO on on %s: %w", ifName, err)
 	}
-	gro := slices.Index(names, groFeature)
-	if gro < 0 {
-		return false, fmt.Errorf("turning GRO on on %s: no %s feature", ifName, groFeature)
-	}
-	if err := setFeatures(fd, ifName, len(names), func(bit int) bool { return bit == gro }, true); err != nil {
-		return false, fmt.Errorf("turning GRO on on %s: %w", ifName, err)
-	}
-	active, err := activeFeatures(fd, ifName, len(names))
-	if err != nil {
-		return false, fmt.Errorf("reading %s's features: %w", ifName, err)
-	}
-	return active[gro], nil
+	return on, nil
 }
 
 // groFeature is what "ethtool -K dev gro" sets.
@@ -95,6 +90,14 @@ const groFeature = "rx-gro"
 
 // featuresOff turns off the features of ifName whose names match patterns.
 func featuresOff(ifName string, patterns []string) error {
+	return withFeatures(ifName, func(fd int, names []string) error {
+		return setFeaturesOff(fd, ifName, len(names), func(bit int) bool { return matchesAny(names[bit], patterns) })
+	})
+}
+
+// withFeatures runs do with an ethtool ioctl socket and the names of
+// ifName's features, indexed by their bit.
+func withFeatures(ifName string, do func(fd int, names []string) error) error {
 	if len(ifName) >= unix.IFNAMSIZ {
 		return fmt.Errorf("interface name %q longer than %d bytes", ifName, unix.IFNAMSIZ-1)
 	}
@@ -107,5 +110,5 @@ func featuresOff(ifName string, patterns []string) error {
 	if err != nil {
 		return err
 	}
-	return setFeaturesOff(fd, ifName, len(names), func(bit int) bool { return matchesAny(names[bit], patterns) })
+	return do(fd, names)
 }
