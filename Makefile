@@ -44,11 +44,8 @@ lint: gvisor
 # are race-built too and halt on a race), with short transfers; then the
 # root suites at full size without it, one package at a time: the hostile
 # and stress tests load both cores and must not starve each other.
-# atexit_sleep_ms=0: a race-built binary otherwise sleeps a second before
-# it exits, and every plugin call, IPAM call and stack stop of the race
-# pass is one (a DEL of nothing took 2 s, not 0.15).
 test-root: helm kubeconform gvisor
-	HELM=$(CURDIR)/bin/helm KUBECONFORM=$(CURDIR)/bin/kubeconform GORACE="halt_on_error=1 atexit_sleep_ms=0" $(GO) test -race -short -count=1 -timeout 20m ./...
+	HELM=$(CURDIR)/bin/helm KUBECONFORM=$(CURDIR)/bin/kubeconform GORACE=halt_on_error=1 $(GO) test -race -short -count=1 -timeout 20m ./...
 	$(GO) test -p 1 -count=1 -timeout 20m ./test/...
 
 # Every fuzz target for a fixed number of inputs (~10 s each here). Counts,
