@@ -58,6 +58,16 @@ type Config struct {
 	Log     *slog.Logger
 }
 
+// The defaults of Config's restart and reconcile fields, and of the node
+// agent's flags that set them.
+const (
+	DefaultReconcileInterval = 30 * time.Second
+	DefaultBackoff           = time.Second
+	DefaultMaxBackoff        = 60 * time.Second
+	DefaultStableAfter       = 60 * time.Second
+	DefaultCrashLoop         = 5
+)
+
 func (c *Config) defaults() {
 	if c.ReadyTimeout == 0 {
 		c.ReadyTimeout = 10 * time.Second
@@ -66,19 +76,19 @@ func (c *Config) defaults() {
 		c.ScanInterval = time.Second
 	}
 	if c.ReconcileInterval == 0 {
-		c.ReconcileInterval = 30 * time.Second
+		c.ReconcileInterval = DefaultReconcileInterval
 	}
 	if c.Backoff == 0 {
-		c.Backoff = time.Second
+		c.Backoff = DefaultBackoff
 	}
 	if c.MaxBackoff == 0 {
-		c.MaxBackoff = 60 * time.Second
+		c.MaxBackoff = DefaultMaxBackoff
 	}
 	if c.StableAfter == 0 {
-		c.StableAfter = 60 * time.Second
+		c.StableAfter = DefaultStableAfter
 	}
 	if c.CrashLoop == 0 {
-		c.CrashLoop = 5
+		c.CrashLoop = DefaultCrashLoop
 	}
 	if c.Log == nil {
 		c.Log = slog.New(slog.DiscardHandler)
