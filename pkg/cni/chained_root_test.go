@@ -14,7 +14,7 @@ import (
 
 	"github.com/cni-usernet/cni-usernet/pkg/api/state"
 	"github.com/cni-usernet/cni-usernet/pkg/node/wirens"
-	"github.com/cni-usernet/cni-usernet/test/nettest"
+	"github.com/cni-usernet/cni-usernet/test/lib/nettest"
 )
 
 // ptpAdd runs the real ptp plugin's ADD for id in pod, masquerading as

@@ -15,7 +15,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 
 	"github.com/cni-usernet/cni-usernet/pkg/api/kube"
-	"github.com/cni-usernet/cni-usernet/test/nettest"
+	"github.com/cni-usernet/cni-usernet/test/lib/nettest"
 )
 
 // fakeAPI is an API server with one pod per name and a record of the

@@ -16,7 +16,7 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/api/agentapi"
 	"github.com/cni-usernet/cni-usernet/pkg/api/control"
 	"github.com/cni-usernet/cni-usernet/pkg/api/policy"
-	"github.com/cni-usernet/cni-usernet/test/nettest"
+	"github.com/cni-usernet/cni-usernet/test/lib/nettest"
 )
 
 // fakeAgent serves the node agent's socket in the env's run directory with

@@ -13,7 +13,7 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/node/shaping"
 	"github.com/cni-usernet/cni-usernet/pkg/node/sourceguard"
 	"github.com/cni-usernet/cni-usernet/pkg/node/wirens"
-	"github.com/cni-usernet/cni-usernet/test/nettest"
+	"github.com/cni-usernet/cni-usernet/test/lib/nettest"
 )
 
 // TestWireNamespace: after ADD the pod's namespace holds lo and eth0, the

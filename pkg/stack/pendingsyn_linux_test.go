@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/cni-usernet/cni-usernet/pkg/stack/packetsock"
-	"github.com/cni-usernet/cni-usernet/test/nettest"
+	"github.com/cni-usernet/cni-usernet/test/lib/nettest"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"

@@ -15,7 +15,7 @@ import (
 
 	"github.com/containernetworking/cni/libcni"
 
-	"github.com/cni-usernet/cni-usernet/test/nettest"
+	"github.com/cni-usernet/cni-usernet/test/lib/nettest"
 )
 
 // TestAgentInstall runs the node agent (standalone) from an image's layout

@@ -24,7 +24,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/cni-usernet/cni-usernet/pkg/api/state"
-	"github.com/cni-usernet/cni-usernet/test/nettest"
+	"github.com/cni-usernet/cni-usernet/test/lib/nettest"
 )
 
 const cniVersion = "1.1.0"

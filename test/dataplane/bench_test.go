@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cni-usernet/cni-usernet/test/nettest"
+	"github.com/cni-usernet/cni-usernet/test/lib/nettest"
 )
 
 // BenchmarkBulk moves b.N MiB through a pod's stack in each direction and

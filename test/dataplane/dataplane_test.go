@@ -20,7 +20,7 @@ import (
 
 	"github.com/cni-usernet/cni-usernet/pkg/api/control"
 	"github.com/cni-usernet/cni-usernet/pkg/api/state"
-	"github.com/cni-usernet/cni-usernet/test/nettest"
+	"github.com/cni-usernet/cni-usernet/test/lib/nettest"
 )
 
 const cniVersion = "1.1.0"

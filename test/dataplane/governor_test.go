@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cni-usernet/cni-usernet/test/nettest"
+	"github.com/cni-usernet/cni-usernet/test/lib/nettest"
 )
 
 // TestBusyPoll checks that a stack with "busyPoll" carries request/response

@@ -13,7 +13,7 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
-	"github.com/cni-usernet/cni-usernet/test/nettest"
+	"github.com/cni-usernet/cni-usernet/test/lib/nettest"
 )
 
 // TestSoftwareModeAggregatesOnTheNode: in software mode ADD turns GRO on

@@ -11,7 +11,7 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/api/state"
 	"github.com/cni-usernet/cni-usernet/pkg/node/attachment"
 	"github.com/cni-usernet/cni-usernet/pkg/node/launch"
-	"github.com/cni-usernet/cni-usernet/test/nettest"
+	"github.com/cni-usernet/cni-usernet/test/lib/nettest"
 )
 
 // TestStackRestartsFromSpec kills a pod's stack and starts a new one with

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cni-usernet/cni-usernet/test/nettest"
+	"github.com/cni-usernet/cni-usernet/test/lib/nettest"
 )
 
 // requestLineRE finds, in tcpdump -nn -e -A output, the header line of a

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cni-usernet/cni-usernet/test/promcheck"
+	"github.com/cni-usernet/cni-usernet/test/lib/promcheck"
 )
 
 // agentMetricsURL is node 1's agent, which serves on the node's host

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/cni-usernet/cni-usernet/pkg/api/state"
-	"github.com/cni-usernet/cni-usernet/test/nettest"
+	"github.com/cni-usernet/cni-usernet/test/lib/nettest"
 )
 
 // The hostPorts of the HostPort check: high, so that nothing of the lab's

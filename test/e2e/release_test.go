@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cni-usernet/cni-usernet/test/promcheck"
+	"github.com/cni-usernet/cni-usernet/test/lib/promcheck"
 )
 
 // releaseVersion is the version TestKubernetesRelease builds its release

@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/cni-usernet/cni-usernet/pkg/api/state"
-	"github.com/cni-usernet/cni-usernet/test/promcheck"
+	"github.com/cni-usernet/cni-usernet/test/lib/promcheck"
 )
 
 // previousRelease is the release the upgrade and rollback go from and

@@ -20,7 +20,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 
-	"github.com/cni-usernet/cni-usernet/test/attack"
+	"github.com/cni-usernet/cni-usernet/test/lib/attack"
 )
 
 // The ports of TestKubernetesWire, as in test/hostile's rig: the victim

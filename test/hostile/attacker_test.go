@@ -13,8 +13,8 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
-	"github.com/cni-usernet/cni-usernet/test/attack"
-	"github.com/cni-usernet/cni-usernet/test/nettest"
+	"github.com/cni-usernet/cni-usernet/test/lib/attack"
+	"github.com/cni-usernet/cni-usernet/test/lib/nettest"
 )
 
 // attackerEnv carries an attack.Spec (JSON) to the test binary started as

@@ -26,7 +26,7 @@ import (
 
 	"github.com/cni-usernet/cni-usernet/pkg/api/control"
 	"github.com/cni-usernet/cni-usernet/pkg/api/state"
-	"github.com/cni-usernet/cni-usernet/test/nettest"
+	"github.com/cni-usernet/cni-usernet/test/lib/nettest"
 )
 
 // requireHping3 finds hping3 (and timeout, which bounds it), failing the

@@ -36,7 +36,7 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/api/state"
 	"github.com/cni-usernet/cni-usernet/pkg/stack"
 	"github.com/cni-usernet/cni-usernet/pkg/stack/relay"
-	"github.com/cni-usernet/cni-usernet/test/nettest"
+	"github.com/cni-usernet/cni-usernet/test/lib/nettest"
 )
 
 const cniVersion = "1.1.0"

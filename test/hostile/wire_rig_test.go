@@ -18,9 +18,9 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/api/policy"
 	"github.com/cni-usernet/cni-usernet/pkg/api/state"
 	"github.com/cni-usernet/cni-usernet/pkg/node/attachment"
-	"github.com/cni-usernet/cni-usernet/test/attack"
-	"github.com/cni-usernet/cni-usernet/test/nettest"
-	"github.com/cni-usernet/cni-usernet/test/standin"
+	"github.com/cni-usernet/cni-usernet/test/lib/attack"
+	"github.com/cni-usernet/cni-usernet/test/lib/nettest"
+	"github.com/cni-usernet/cni-usernet/test/lib/standin"
 )
 
 // The ports of the wire rig. The victim admits the attacker on victimUDP

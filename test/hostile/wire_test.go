@@ -16,8 +16,8 @@ import (
 	"golang.org/x/sys/unix"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 
-	"github.com/cni-usernet/cni-usernet/test/attack"
-	"github.com/cni-usernet/cni-usernet/test/nettest"
+	"github.com/cni-usernet/cni-usernet/test/lib/attack"
+	"github.com/cni-usernet/cni-usernet/test/lib/nettest"
 )
 
 // wireSettle is how long after an attacker exits its packets may still be on

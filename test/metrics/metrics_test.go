@@ -24,8 +24,8 @@ import (
 
 	"github.com/cni-usernet/cni-usernet/pkg/api/state"
 
-	"github.com/cni-usernet/cni-usernet/test/nettest"
-	"github.com/cni-usernet/cni-usernet/test/promcheck"
+	"github.com/cni-usernet/cni-usernet/test/lib/nettest"
+	"github.com/cni-usernet/cni-usernet/test/lib/promcheck"
 )
 
 // metricsAddr is the agent's endpoint on the node namespace's loopback.

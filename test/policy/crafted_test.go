@@ -12,7 +12,7 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 
 	"github.com/cni-usernet/cni-usernet/pkg/api/policy"
-	"github.com/cni-usernet/cni-usernet/test/nettest"
+	"github.com/cni-usernet/cni-usernet/test/lib/nettest"
 )
 
 // TestCraftedSYNs: SYNs that netstack sees only once reassembled (two

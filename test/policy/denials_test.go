@@ -20,7 +20,7 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 
 	"github.com/cni-usernet/cni-usernet/pkg/api/policy"
-	"github.com/cni-usernet/cni-usernet/test/nettest"
+	"github.com/cni-usernet/cni-usernet/test/lib/nettest"
 )
 
 // findDenial is the first recent denial in the stack's status that

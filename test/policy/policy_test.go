@@ -27,8 +27,8 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/api/state"
 	"github.com/cni-usernet/cni-usernet/pkg/node/attachment"
 	"github.com/cni-usernet/cni-usernet/pkg/node/launch"
-	"github.com/cni-usernet/cni-usernet/test/nettest"
-	"github.com/cni-usernet/cni-usernet/test/standin"
+	"github.com/cni-usernet/cni-usernet/test/lib/nettest"
+	"github.com/cni-usernet/cni-usernet/test/lib/standin"
 )
 
 const cniVersion = "1.1.0"

@@ -15,7 +15,7 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/api/stackconfig"
 	"github.com/cni-usernet/cni-usernet/pkg/api/state"
 	"github.com/cni-usernet/cni-usernet/pkg/node/launch"
-	"github.com/cni-usernet/cni-usernet/test/nettest"
+	"github.com/cni-usernet/cni-usernet/test/lib/nettest"
 )
 
 // previousRelease is the release a rollback goes back to (version-1 specs).

@@ -15,7 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cni-usernet/cni-usernet/pkg/api/state"
-	"github.com/cni-usernet/cni-usernet/test/nettest"
+	"github.com/cni-usernet/cni-usernet/test/lib/nettest"
 )
 
 // TestStressAddDelWithTraffic runs ADD/DEL loops in parallel with traffic

@@ -23,7 +23,7 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/api/state"
 	"github.com/cni-usernet/cni-usernet/pkg/node/launch"
 	"github.com/cni-usernet/cni-usernet/pkg/stack/sandbox"
-	"github.com/cni-usernet/cni-usernet/test/nettest"
+	"github.com/cni-usernet/cni-usernet/test/lib/nettest"
 )
 
 const cniVersion = "1.1.0"

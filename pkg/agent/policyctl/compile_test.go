@@ -8,7 +8,7 @@ import (
 
 	"github.com/cni-usernet/cni-usernet/pkg/agent/netpolicy"
 	"github.com/cni-usernet/cni-usernet/pkg/api/state"
-	"github.com/cni-usernet/cni-usernet/test/nettest"
+	"github.com/cni-usernet/cni-usernet/test/lib/nettest"
 )
 
 // A policy the compiler cannot fully use: its warnings go to the log and,

@@ -25,7 +25,7 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/api/kube"
 	"github.com/cni-usernet/cni-usernet/pkg/api/policy"
 	"github.com/cni-usernet/cni-usernet/pkg/api/state"
-	"github.com/cni-usernet/cni-usernet/test/nettest"
+	"github.com/cni-usernet/cni-usernet/test/lib/nettest"
 )
 
 // The collections' paths, as the reflectors ask for them.

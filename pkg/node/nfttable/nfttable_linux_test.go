@@ -4,7 +4,7 @@ import (
 	"testing"
 
 	"github.com/cni-usernet/cni-usernet/pkg/node/nfttable"
-	"github.com/cni-usernet/cni-usernet/test/nettest"
+	"github.com/cni-usernet/cni-usernet/test/lib/nettest"
 	"github.com/google/nftables"
 )
 

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/cni-usernet/cni-usernet/pkg/stack/podsock"
-	"github.com/cni-usernet/cni-usernet/test/nettest"
+	"github.com/cni-usernet/cni-usernet/test/lib/nettest"
 )
 
 // TestDiagListsListeners: the sock_diag dump names every listening TCP

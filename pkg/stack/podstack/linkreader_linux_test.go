@@ -17,7 +17,7 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/api/podnet"
 	"github.com/cni-usernet/cni-usernet/pkg/stack/packetsock"
 	"github.com/cni-usernet/cni-usernet/pkg/stack/relay"
-	"github.com/cni-usernet/cni-usernet/test/nettest"
+	"github.com/cni-usernet/cni-usernet/test/lib/nettest"
 )
 
 // TestLinkReaderServesTheLink builds a stack on one end of a veth the way

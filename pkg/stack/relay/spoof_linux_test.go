@@ -12,7 +12,7 @@ import (
 
 	"github.com/cni-usernet/cni-usernet/pkg/api/podnet"
 	"github.com/cni-usernet/cni-usernet/pkg/stack/podsock"
-	"github.com/cni-usernet/cni-usernet/test/nettest"
+	"github.com/cni-usernet/cni-usernet/test/lib/nettest"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"golang.org/x/sys/unix"
 	"gvisor.dev/gvisor/pkg/tcpip"

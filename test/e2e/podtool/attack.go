@@ -25,7 +25,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/cni-usernet/cni-usernet/test/attack"
+	"github.com/cni-usernet/cni-usernet/test/lib/attack"
 )
 
 func attackMain(args []string) int {

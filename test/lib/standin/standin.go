@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/cni-usernet/cni-usernet/pkg/api/control"
-	"github.com/cni-usernet/cni-usernet/test/nettest"
+	"github.com/cni-usernet/cni-usernet/test/lib/nettest"
 )
 
 // Agent serves the node agent's socket (<runDir>/agent.sock,
