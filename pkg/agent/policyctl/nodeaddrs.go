@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"slices"
 
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
 )
 
@@ -23,8 +24,10 @@ var vipDevices = []string{"kube-ipvs0"}
 // of vipDevices.
 func nodeAddrs() ([]netip.Addr, error) {
 	// One dump of every address, then the links' names: a dump per link
-	// would cost the node's whole address table once per pod veth.
-	addrs, err := netlink.AddrList(nil, netlink.FAMILY_ALL)
+	// would cost the node's whole address table once per pod veth. A dump
+	// interrupted by address churn (pods coming and going) is retried: its
+	// partial list would drop a node address from every pod's policy.
+	addrs, err := netlinksafe.AddrList(nil, netlink.FAMILY_ALL)
 	if err != nil {
 		return nil, fmt.Errorf("listing the node's addresses: %w", err)
 	}
