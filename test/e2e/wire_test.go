@@ -41,7 +41,7 @@ const (
 )
 
 // TestKubernetesWire is test/hostile's TestWire on the real cluster: the
-// hostile pod is podtool (test/attack) in a pod with the runtime's
+// hostile pod is podtool (test/lib/attack) in a pod with the runtime's
 // default capabilities ("attacker") and in one whose securityContext adds
 // NET_ADMIN ("attacker-admin"), beside a victim and a peer on node 1, with
 // NetworkPolicies as in the rig there, run with kubectl exec. Every

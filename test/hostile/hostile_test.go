@@ -4,7 +4,7 @@
 // frames) while a bulk transfer runs; a SYN flood at full speed from the
 // node (hping3) and a connection flood from inside a pod, each measured
 // beside the kernel veth (docs/reliability/hostile.md); and the hostile pod
-// itself (TestWire, with test/attack): a root process with a container's
+// itself (TestWire, with test/lib/attack): a root process with a container's
 // capabilities, with and without CAP_NET_ADMIN, cannot reach past its
 // policies, spoof, poison the node's neighbour table, create or move links
 // that lead anywhere, reach other namespaces, or read denied traffic

@@ -30,7 +30,7 @@ const wireSettle = 500 * time.Millisecond
 // namespace of its own where the node's /run and the stacks' files are
 // hidden, with containerd's default capabilities (NetRaw: CAP_NET_RAW
 // among them) or those and CAP_NET_ADMIN (NetAdmin) — attacks the pods
-// beside it and the node (test/attack). Every attack must fail, each in a
+// beside it and the node (test/lib/attack). Every attack must fail, each in a
 // subtest of its own:
 //
 //   - Links: the pod sees loopback and a TUN, no link to the wire.

@@ -1,6 +1,6 @@
 package main
 
-// podtool attack: the hostile pod of test/attack, run inside a real pod by
+// podtool attack: the hostile pod of test/lib/attack, run inside a real pod by
 // test/e2e (wire_test.go) through kubectl exec.
 //
 //	podtool attack run SPEC
