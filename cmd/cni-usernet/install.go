@@ -6,18 +6,19 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 
-	"github.com/cni-usernet/cni-usernet/pkg/agent/install"
+	"github.com/cni-usernet/cni-usernet/pkg/api/netconf"
 	"github.com/cni-usernet/cni-usernet/pkg/node/attachment"
+	"github.com/cni-usernet/cni-usernet/pkg/node/install"
 )
 
 // installName is the binary's name in the plugin directory and the "type"
 // configurations use.
 const installName = "cni-usernet"
 
-// Its own directory: the state directory's top level is one file per
-// attachment (the agent uses the same path).
-const installRecordDefault = "/var/lib/cni-usernet/install/install.json"
+// installRecordDefault is where the agent keeps its record too.
+var installRecordDefault = filepath.Join(netconf.DefaultStateDir, install.RecordName)
 
 // installCommand is `cni-usernet install`: the binary first, the
 // configuration last, so that no runtime reads a configuration naming a

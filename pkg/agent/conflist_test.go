@@ -9,14 +9,14 @@ import (
 
 	"github.com/containernetworking/cni/libcni"
 
-	"github.com/cni-usernet/cni-usernet/pkg/agent/install"
+	"github.com/cni-usernet/cni-usernet/pkg/node/install"
 )
 
 // TestStandaloneConflistChainsMetaPlugins: the conflist the agent writes
 // loads as a runtime loads it, with portmap after cni-usernet declaring
 // the capability the runtimes fill in, and without it when switched off;
 // never the bandwidth plugin, whose work cni-usernet does standalone.
-// Chained, both go into the node's list (pkg/agent/install places them).
+// Chained, both go into the node's list (pkg/node/install places them).
 func TestStandaloneConflistChainsMetaPlugins(t *testing.T) {
 	plugin := []byte(`{"type":"cni-usernet","gso":"auto"}`)
 	for _, tc := range []struct {

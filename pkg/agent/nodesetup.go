@@ -12,16 +12,16 @@ import (
 	"strings"
 	"time"
 
-	"github.com/cni-usernet/cni-usernet/pkg/agent/install"
 	"github.com/cni-usernet/cni-usernet/pkg/agent/noderoutes"
 	"github.com/cni-usernet/cni-usernet/pkg/api/kube"
 	"github.com/cni-usernet/cni-usernet/pkg/api/netconf"
 	"github.com/cni-usernet/cni-usernet/pkg/node/attachment"
+	"github.com/cni-usernet/cni-usernet/pkg/node/install"
 )
 
 // nodeSetup is the agent's node-install step (--install): it puts the
 // plugin's binaries and CNI configuration on the node through
-// pkg/agent/install, keeps them and the plugin's kubeconfig in place, and
+// pkg/node/install, keeps them and the plugin's kubeconfig in place, and
 // when the DaemonSet is deleted takes them away again (nodeteardown.go).
 type nodeSetup struct {
 	f    *agentFlags
@@ -76,10 +76,8 @@ func newNodeSetup(ctx context.Context, f *agentFlags, log *slog.Logger) (*nodeSe
 		ConfDir:     f.cniConfDir,
 		Name:        "cni-usernet",
 		Mode:        install.Mode(f.mode),
-		// A directory of its own: the state directory's top level is
-		// one file per attachment.
-		RecordPath: filepath.Join(f.stateDir, "install", "install.json"),
-		Log:        log,
+		RecordPath:  filepath.Join(f.stateDir, install.RecordName),
+		Log:         log,
 	}
 	if n.opts.Helpers, err = helperBinaries(filepath.Dir(self), f); err != nil {
 		return nil, err
@@ -212,7 +210,7 @@ func standaloneConflist(plugin []byte, meta [][]byte) []byte {
 // form the Kubernetes runtimes pass the pod's hostPorts and bandwidth
 // annotations to (the capabilities), as flannel's and Calico's lists
 // carry them. The bandwidth plugin only in chain mode, before ours
-// (pkg/agent/install); standalone, our plugin takes the capability.
+// (pkg/node/install); standalone, our plugin takes the capability.
 var (
 	portmapPlugin   = []byte(`{"type":"portmap","capabilities":{"portMappings":true},"snat":true}`)
 	bandwidthPlugin = []byte(`{"type":"bandwidth","capabilities":{"bandwidth":true}}`)

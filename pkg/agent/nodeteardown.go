@@ -11,8 +11,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/cni-usernet/cni-usernet/pkg/agent/install"
 	"github.com/cni-usernet/cni-usernet/pkg/api/state"
+	"github.com/cni-usernet/cni-usernet/pkg/node/install"
 )
 
 // shutdown uninstalls when the agent stops because its DaemonSet is gone

@@ -121,7 +121,7 @@ func newLab(t *testing.T, o labOptions) *lab {
 	delete(plugin, "cniVersion")
 	delete(plugin, "name")
 	// As pkg/agent writes them (pluginConf, standaloneConflist,
-	// metaPlugins) and pkg/agent/install chains them: standalone, cni-usernet
+	// metaPlugins) and pkg/node/install chains them: standalone, cni-usernet
 	// shapes the pod itself; chained, the bandwidth plugin goes before it.
 	portmap := map[string]any{"type": "portmap", "capabilities": map[string]bool{"portMappings": true}, "snat": true}
 	bandwidth := map[string]any{"type": "bandwidth", "capabilities": map[string]bool{"bandwidth": true}}

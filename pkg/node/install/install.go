@@ -27,6 +27,13 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/api/netconf"
 )
 
+// RecordName is the install record's path under the plugin's state
+// directory (netconf.DefaultStateDir, or the agent's --state-dir), for
+// the agent and the install and uninstall commands alike: a directory of
+// its own, since the state directory's top level is one file per
+// attachment.
+const RecordName = "install/install.json"
+
 // Mode says how the CNI configuration is installed.
 type Mode string
 
@@ -84,7 +91,8 @@ type Options struct {
 	// is updated, and only those are removed by Uninstall. Nil: none.
 	Helpers []Helper
 	// RecordPath is where Install records what it replaced and created,
-	// for Uninstall (the agent passes /var/lib/cni-usernet/install.json).
+	// for Uninstall (the agent and the install command pass RecordName
+	// under the state directory).
 	// Its directory also holds a copy of a binary we replaced and a lock
 	// file. Required.
 	RecordPath string

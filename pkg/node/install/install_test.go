@@ -39,7 +39,7 @@ func newNode(t *testing.T) *node {
 		t:       t,
 		binDir:  filepath.Join(root, "opt/cni/bin"),
 		confDir: filepath.Join(root, "etc/cni/net.d"),
-		record:  filepath.Join(root, "var/lib/cni-usernet/install.json"),
+		record:  filepath.Join(root, "var/lib/cni-usernet", RecordName),
 		source:  filepath.Join(root, "build/cni-usernet"),
 		stack:   filepath.Join(root, "build/cni-usernet-stack"),
 	}
