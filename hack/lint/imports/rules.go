@@ -2,8 +2,9 @@
 // code that runs on the host side (the CNI plugin the runtime runs at
 // every ADD, the node agent, the operator's commands, the contracts and
 // node libraries they share) never links a pod stack's packages or
-// gVisor; the plugin's binary links no client-go; and no package a
-// process shares depends on one process's own packages. `make lint` runs
+// gVisor; the plugin's binary links no client-go and nothing of the
+// agent; and no package a process shares depends on one process's own
+// packages. `make lint` runs
 // it; docs/architecture.md ("Layout") gives the groups.
 package main
 
@@ -64,7 +65,9 @@ var rules = []rule{
 		"contracts and shared node code depend on no one process"},
 	{under("pkg/stack"), under("pkg/cni", "pkg/agent", "pkg/cli"),
 		"a pod's stack links none of the host-side processes"},
-	{under("pkg/cni"), under("pkg/agent", "pkg/cli"), "the plugin reaches the agent through pkg/api/agentapi"},
+	{under("cmd/cni-usernet", "pkg/cni", "pkg/cli"), under("pkg/agent"),
+		"the plugin's binary carries none of the agent: it reaches the agent through pkg/api/agentapi, and what both run is node code (pkg/node)"},
+	{under("pkg/cni"), under("pkg/cli"), "the plugin's verbs do not run the operator's commands"},
 	{under("pkg/agent"), under("pkg/cni", "pkg/cli"), "the agent does not run the plugin's verbs"},
 }
 

@@ -21,6 +21,10 @@ func TestViolations(t *testing.T) {
 		{"contract links the agent", Package{m + "pkg/api/control", []string{m + "pkg/agent/metrics"}}, "pkg/agent/metrics"},
 		{"stack links the plugin", Package{m + "pkg/stack/podstack", []string{m + "pkg/cni"}}, "pkg/cni"},
 		{"stack links netstack", Package{m + "pkg/stack/podstack", []string{"gvisor.dev/gvisor/pkg/tcpip/stack"}}, ""},
+		{"plugin's binary links the agent's installer", Package{m + "cmd/cni-usernet", []string{m + "pkg/node/install", m + "pkg/agent/install"}}, "pkg/agent/install"},
+		{"a command links the agent", Package{m + "pkg/cli/status", []string{m + "pkg/agent/metrics"}}, "pkg/agent/metrics"},
+		{"plugin links the agent", Package{m + "pkg/cni", []string{m + "pkg/agent"}}, "pkg/agent"},
+		{"agent's binary links the agent", Package{m + "cmd/cni-usernet-agent", []string{m + "pkg/agent", m + "pkg/node/install"}}, ""},
 		{"agent links the plugin", Package{m + "pkg/agent", []string{m + "pkg/cni"}}, "pkg/cni"},
 		{"a name that only starts like a group", Package{m + "pkg/cnitool", []string{m + "pkg/stack"}}, ""},
 	} {
