@@ -118,7 +118,7 @@ bin/kubeconform: hack/helm/go.mod hack/helm/go.sum
 	cd hack/helm && $(GO) build -trimpath -o ../../bin/kubeconform github.com/yannh/kubeconform/cmd/kubeconform
 
 clean:
-	rm -rf bin results third_party
+	rm -rf bin results third_party/gvisor
 
 # A real two-node Kubernetes on this machine (hack/k8s, ~11 min the first
 # time: it builds Kubernetes), cni-usernet's image, and the end-to-end test

@@ -4,6 +4,7 @@
 # (From the k8s-lab recipe; kubectl added: CI machines have none.)
 set -euo pipefail
 LAB=$(cd "$(dirname "$0")/.." && pwd)
+FLANNEL_SRC=$(cd "$LAB/../../third_party/flannel" && pwd)
 . "$LAB/lib/common.sh"
 CRICTL_VERSION=${CRICTL_VERSION:-v1.34.0}
 mkdir -p "$BIN"
@@ -38,20 +39,20 @@ if ! [ -x "$BIN/coredns" ]; then
   log "built coredns in $(( $(date +%s) - s ))s"
 fi
 # flannel, the primary CNI of the chained-mode test (flannel.sh): flanneld
-# from its Go module with the vxlan backend only (flannel/main.go), and its
-# CNI plugin from the last containernetworking/plugins that carries it
-# (flannel/cni/go.mod).
-FLANNEL_VERSION=$(sed -n 's/^[[:space:]]*\(require \)\{0,1\}github.com\/flannel-io\/flannel \(v[^ ]*\)$/\2/p' "$LAB/flannel/go.mod")
+# from its Go module with the vxlan backend only (upstream's main, vendored
+# in third_party/flannel), and its CNI plugin from the last
+# containernetworking/plugins that carries it (flannel-cni/go.mod).
+FLANNEL_VERSION=$(sed -n 's/^[[:space:]]*\(require \)\{0,1\}github.com\/flannel-io\/flannel \(v[^ ]*\)$/\2/p' "$FLANNEL_SRC/go.mod")
 if ! { [ -x "$BIN/flanneld" ] && "$BIN/flanneld" --version 2>&1 | grep -qx "$FLANNEL_VERSION"; }; then
-  log "building flanneld $FLANNEL_VERSION (flannel/go.mod)"
+  log "building flanneld $FLANNEL_VERSION (third_party/flannel/go.mod)"
   s=$(date +%s)
-  (cd "$LAB/flannel" && CGO_ENABLED=0 nice -n 19 go build -trimpath \
+  (cd "$FLANNEL_SRC" && CGO_ENABLED=0 nice -n 19 go build -trimpath \
     -ldflags "-s -w -X github.com/flannel-io/flannel/pkg/version.Version=$FLANNEL_VERSION" -o "$BIN/flanneld" .)
   log "built flanneld in $(( $(date +%s) - s ))s"
 fi
 if ! [ -x "$BIN/flannel" ]; then
-  log "building flannel's CNI plugin (flannel/cni/go.mod)"
-  (cd "$LAB/flannel/cni" && CGO_ENABLED=0 nice -n 19 go build -trimpath -ldflags "-s -w" -o "$BIN/flannel" \
+  log "building flannel's CNI plugin (flannel-cni/go.mod)"
+  (cd "$LAB/flannel-cni" && CGO_ENABLED=0 nice -n 19 go build -trimpath -ldflags "-s -w" -o "$BIN/flannel" \
     github.com/containernetworking/plugins/plugins/meta/flannel)
 fi
 # containerd 2 for the K8S_LAB_CONTAINERD=2 variant (lib/common.sh), from
