@@ -365,7 +365,7 @@ func startPolicy(ctx context.Context, f *agentFlags, setup *nodeSetup, m *policy
 		return nil
 	}
 	c, err := policyctl.New(policyctl.Options{
-		Client:  api.kube,
+		Config:  api.rest,
 		Event:   api.event,
 		Store:   state.Store{Dir: f.stateDir},
 		Node:    f.nodeName,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -20,7 +21,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/cni-usernet/cni-usernet/pkg/agent/noderoutes"
-	"github.com/cni-usernet/cni-usernet/pkg/api/kube"
+	"github.com/cni-usernet/cni-usernet/pkg/agent/podevent"
 )
 
 // serviceAccountDir is where kubelet mounts the agent pod's service
@@ -36,9 +37,8 @@ type apiClient struct {
 	rest *rest.Config
 	core *rest.RESTClient // core/v1
 	apps *rest.RESTClient // apps/v1
-	// kube is the same server and credentials for the policy
-	// controller, whose Options take a kube.Client.
-	kube *kube.Client
+	// events posts the agent's Events, the policy controller's too.
+	events *podevent.Client
 	// caPEM is the service account's CA, written into the plugin's
 	// kubeconfig.
 	caPEM []byte
@@ -68,16 +68,8 @@ func newAPIClient(cfg *rest.Config, ca []byte) (*apiClient, error) {
 	if c.apps, err = groupClient(cfg, appsv1.SchemeGroupVersion); err != nil {
 		return nil, fmt.Errorf("connecting to the API server: %w", err)
 	}
-	// In-cluster, rest.InClusterConfig gives the token it read and its
-	// file: the file alone, re-read as kubelet rotates it (kube.Config
-	// takes one or the other).
-	token := cfg.BearerToken
-	if cfg.BearerTokenFile != "" {
-		token = ""
-	}
-	c.kube, err = kube.New(kube.Config{Server: cfg.Host, CAPEM: ca, Token: token, TokenFile: cfg.BearerTokenFile, UserAgent: cfg.UserAgent})
-	if err != nil {
-		return nil, fmt.Errorf("connecting to the API server: %w", err)
+	if c.events, err = podevent.New(cfg); err != nil {
+		return nil, err
 	}
 	return c, nil
 }
@@ -217,28 +209,32 @@ func (c *apiClient) podUID(ctx context.Context, namespace, name string) (string,
 }
 
 // event posts e as a core/v1 Event on its pod (RBAC: create events)
-// through the same client the plugin uses, so that the agent's and the
-// plugin's Events are built one way.
-func (c *apiClient) event(ctx context.Context, e kube.Event) error {
-	return c.kube.Event(ctx, e)
+// through the client the policy controller posts its Events with.
+func (c *apiClient) event(ctx context.Context, e podevent.Event) error {
+	return c.events.Post(ctx, e)
 }
 
-// Why a request failed, in client-go's errors and in pkg/api/kube's (the
-// policy controller's Events).
-func isUnauthorized(err error) bool {
-	return apierrors.IsUnauthorized(err) || errors.Is(err, kube.ErrUnauthorized)
+// apiFailure says in words why an API request failed, for the logs: the
+// agent's one reading of client-go's errors.
+func apiFailure(err error) string {
+	switch {
+	case apierrors.IsUnauthorized(err):
+		return "token rejected (the ServiceAccount was deleted, or deleted and created again)"
+	case apierrors.IsForbidden(err):
+		return "forbidden (the ClusterRole or its binding was deleted)"
+	case isUnreachable(err):
+		return "API server unreachable"
+	case apierrors.IsNotFound(err):
+		return "not found"
+	}
+	return "request failed"
 }
 
-func isForbidden(err error) bool {
-	return apierrors.IsForbidden(err) || errors.Is(err, kube.ErrForbidden)
-}
-
-func isNotFound(err error) bool {
-	return apierrors.IsNotFound(err) || errors.Is(err, kube.ErrNotFound)
-}
-
+// isUnreachable says whether the API server did not serve a request: no
+// connection or answer, or an answer that says to try again later.
 func isUnreachable(err error) bool {
-	return errors.Is(err, kube.ErrUnreachable) || errors.Is(err, context.DeadlineExceeded) ||
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) ||
 		apierrors.IsServiceUnavailable(err) || apierrors.IsTooManyRequests(err) ||
 		apierrors.IsServerTimeout(err) || apierrors.IsTimeout(err) || apierrors.IsInternalError(err)
 }

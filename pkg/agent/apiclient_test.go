@@ -4,6 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"encoding/pem"
+	"errors"
+	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -11,11 +14,13 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/rest"
 
-	"github.com/cni-usernet/cni-usernet/pkg/api/kube"
+	"github.com/cni-usernet/cni-usernet/pkg/agent/podevent"
 )
 
 // apiServer answers the agent's own calls from a table of paths.
@@ -61,7 +66,7 @@ func TestAPIClientNodes(t *testing.T) {
 	if err != nil || len(cidrs) != 1 || cidrs[0] != "10.244.1.0/24" {
 		t.Errorf("nodePodCIDRs: got %v, %v, want the single podCIDR", cidrs, err)
 	}
-	if _, err := c.nodePodCIDRs(ctx, "gone"); !isNotFound(err) {
+	if _, err := c.nodePodCIDRs(ctx, "gone"); !apierrors.IsNotFound(err) {
 		t.Errorf("nodePodCIDRs of a missing node: got %v, want not found", err)
 	}
 	nodes, err := c.listNodes(ctx)
@@ -100,8 +105,8 @@ func TestAPIClientDaemonSetExists(t *testing.T) {
 		{200, false, true, nil},
 		{200, true, false, nil},
 		{404, false, false, nil},
-		{403, false, false, isForbidden},
-		{401, false, false, isUnauthorized},
+		{403, false, false, apierrors.IsForbidden},
+		{401, false, false, apierrors.IsUnauthorized},
 		{503, false, false, isUnreachable},
 	} {
 		mu.Lock()
@@ -114,9 +119,8 @@ func TestAPIClientDaemonSetExists(t *testing.T) {
 	}
 }
 
-// maxEventMessage is the longest message kube.Client.Event posts.
-const maxEventMessage = 1024
-
+// TestAPIClientEvent: the Event on a pod is posted with its UID, read
+// first (the body is podevent's, tested there).
 func TestAPIClientEvent(t *testing.T) {
 	var got map[string]any
 	c := apiServer(t, func(w http.ResponseWriter, r *http.Request) {
@@ -135,31 +139,43 @@ func TestAPIClientEvent(t *testing.T) {
 	if err != nil || uid != "uid-p" {
 		t.Fatalf("podUID: got %q, %v", uid, err)
 	}
-	at := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	err = c.event(ctx, kube.Event{Namespace: "ns", PodName: "p", PodUID: uid, Type: kube.EventWarning, Reason: "StackNotRestarted",
-		Message: strings.Repeat("é", 700), Action: "RestartStack", Node: "node-1", Time: at})
+	err = c.event(ctx, podevent.Event{Namespace: "ns", PodName: "p", PodUID: uid, Type: corev1.EventTypeWarning, Reason: "StackNotRestarted",
+		Message: "why", Action: "RestartStack", Node: "node-1"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	io := got["involvedObject"].(map[string]any)
-	src := got["source"].(map[string]any)
-	md := got["metadata"].(map[string]any)
-	msg := got["message"].(string)
-	if got["kind"] != "Event" || got["apiVersion"] != "v1" || io["kind"] != "Pod" || io["uid"] != "uid-p" || got["type"] != "Warning" ||
-		got["reason"] != "StackNotRestarted" || src["host"] != "node-1" || src["component"] != kube.DefaultComponent ||
-		!strings.HasPrefix(md["name"].(string), "p.") || got["firstTimestamp"] != "2026-01-02T03:04:05Z" ||
-		len(msg) > maxEventMessage || !strings.HasSuffix(msg, "...") {
+	if io["uid"] != "uid-p" || got["reason"] != "StackNotRestarted" || got["message"] != "why" {
 		t.Errorf("event body: %v", got)
 	}
-	if err := c.event(ctx, kube.Event{Namespace: "ns", PodName: "p", Type: kube.EventWarning, Reason: "X", Node: "n"}); err == nil {
+	if err := c.event(ctx, podevent.Event{Namespace: "ns", PodName: "p", Type: corev1.EventTypeWarning, Reason: "X", Node: "n"}); err == nil {
 		t.Error("an event without the pod's UID: got nil error")
 	}
 }
 
+func TestAPIFailureReasons(t *testing.T) {
+	pod := schema.GroupResource{Resource: "pods"}
+	for _, c := range []struct {
+		err  error
+		want string
+	}{
+		{apierrors.NewUnauthorized("no"), "token rejected"},
+		{apierrors.NewForbidden(pod, "p", errors.New("no")), "forbidden"},
+		{apierrors.NewServiceUnavailable("down"), "API server unreachable"},
+		{apierrors.NewTooManyRequests("slow down", 1), "API server unreachable"},
+		{apierrors.NewNotFound(pod, "p"), "not found"},
+		{fmt.Errorf("get: %w", context.DeadlineExceeded), "API server unreachable"},
+		{&net.OpError{Op: "dial", Err: errors.New("connection refused")}, "API server unreachable"},
+		{errors.New("odd"), "request failed"},
+	} {
+		if got := apiFailure(c.err); !strings.HasPrefix(got, c.want) {
+			t.Errorf("apiFailure(%v) = %q, want %q...", c.err, got, c.want)
+		}
+	}
+}
+
 // TestAPIClientInCluster: rest.InClusterConfig gives the token it read
-// and its file; the client takes them (the file alone for the plugin's
-// kube.Client, which refuses both). The agent did not start in a cluster
-// without this.
+// and its file; every client the agent makes from it takes both.
 func TestAPIClientInCluster(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "token")
 	if err := os.WriteFile(file, []byte("tok"), 0o600); err != nil {

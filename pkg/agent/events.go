@@ -5,7 +5,9 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/cni-usernet/cni-usernet/pkg/api/kube"
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/cni-usernet/cni-usernet/pkg/agent/podevent"
 	"github.com/cni-usernet/cni-usernet/pkg/api/state"
 )
 
@@ -22,8 +24,8 @@ func refusedEvent(c *apiClient, node string, log *slog.Logger) func(*state.Attac
 			defer cancel()
 			uid, err := c.podUID(ctx, att.PodNS, att.PodName)
 			if err == nil {
-				err = c.event(ctx, kube.Event{Namespace: att.PodNS, PodName: att.PodName, PodUID: uid,
-					Type: kube.EventWarning, Reason: "StackNotRestarted", Message: why, Action: "RestartStack", Node: node})
+				err = c.event(ctx, podevent.Event{Namespace: att.PodNS, PodName: att.PodName, PodUID: uid,
+					Type: corev1.EventTypeWarning, Reason: "StackNotRestarted", Message: why, Action: "RestartStack", Node: node})
 			}
 			if err != nil {
 				log.Warn("cannot post the refused restart as an Event", "pod", att.PodNS+"/"+att.PodName, "reason", apiFailure(err), "err", err)

@@ -2,14 +2,14 @@ package agent
 
 import (
 	"context"
-	"errors"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"sort"
 	"strings"
 	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
 	"github.com/cni-usernet/cni-usernet/pkg/api/state"
 	"github.com/cni-usernet/cni-usernet/pkg/node/install"
@@ -29,7 +29,7 @@ func (n *nodeSetup) shutdown(log *slog.Logger) {
 		return
 	}
 	exists, err := n.api.daemonSetExists(ctx, ns, n.f.daemonSet)
-	if isUnauthorized(err) || isForbidden(err) {
+	if apierrors.IsUnauthorized(err) || apierrors.IsForbidden(err) {
 		// `kubectl delete -f` of the manifest removes our service account
 		// or its role too: nobody revokes those for a mere restart.
 		log.Info("DaemonSet check refused: taken as deleted with the manifest", "reason", apiFailure(err), "err", err)
@@ -76,25 +76,6 @@ func (n *nodeSetup) newerAgentStarted(log *slog.Logger) bool {
 		return true
 	}
 	return false
-}
-
-// apiFailure says in words why an API request failed, for the logs.
-func apiFailure(err error) string {
-	switch {
-	case isUnauthorized(err):
-		return "token rejected (the ServiceAccount was deleted, or deleted and created again)"
-	case isForbidden(err):
-		return "forbidden (the ClusterRole or its binding was deleted)"
-	case isUnreachable(err):
-		return "API server unreachable"
-	case isNotFound(err):
-		return "not found"
-	}
-	var ne net.Error
-	if errors.As(err, &ne) {
-		return "API server unreachable"
-	}
-	return "request failed"
 }
 
 // drainPoll is how often a deferred uninstall looks at the attachments.

@@ -1,11 +1,8 @@
 package agent
 
 import (
-	"context"
-	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cni-usernet/cni-usernet/pkg/api/kube"
 	"github.com/cni-usernet/cni-usernet/pkg/api/state"
 	"github.com/cni-usernet/cni-usernet/pkg/node/launch"
 	"github.com/cni-usernet/cni-usernet/pkg/util/atomicfile"
@@ -147,23 +143,6 @@ func TestDrainDroppedWhenANewerAgentStarts(t *testing.T) {
 	newer.Wait()
 	if !n.drain(log) {
 		t.Error("drain with no attachments and a dead claimant did not proceed")
-	}
-}
-
-func TestAPIFailureReasons(t *testing.T) {
-	for _, c := range []struct {
-		err  error
-		want string
-	}{
-		{&kube.APIError{StatusCode: 401}, "token rejected"},
-		{&kube.APIError{StatusCode: 403}, "forbidden"},
-		{&kube.APIError{StatusCode: 503}, "API server unreachable"},
-		{fmt.Errorf("get: %w", context.DeadlineExceeded), "API server unreachable"},
-		{&net.OpError{Op: "dial", Err: errors.New("connection refused")}, "API server unreachable"},
-	} {
-		if got := apiFailure(c.err); !strings.HasPrefix(got, c.want) {
-			t.Errorf("apiFailure(%v) = %q, want %q...", c.err, got, c.want)
-		}
 	}
 }
 

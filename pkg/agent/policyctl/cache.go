@@ -85,7 +85,7 @@ func newCache(o Options, ch changes, synced func()) (*cache, error) {
 // newReflector is the one place a collection's watch is made.
 func newReflector[T any](o Options, k watch.Kind, onChange func(old, new *T), log *slog.Logger) (*watch.Informer[T], error) {
 	return watch.New(watch.Options[T]{
-		Config: watch.RESTConfig(o.Client.Config()), Kind: k, Log: log,
+		Config: o.Config, Kind: k, Log: log,
 		OnChange: onChange,
 		Backoff:  o.watchBackoff, MaxBackoff: 10 * o.watchBackoff,
 	})

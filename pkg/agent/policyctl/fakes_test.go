@@ -21,8 +21,9 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/client-go/rest"
+
 	"github.com/cni-usernet/cni-usernet/pkg/agent/netpolicy"
-	"github.com/cni-usernet/cni-usernet/pkg/api/kube"
 	"github.com/cni-usernet/cni-usernet/pkg/api/policy"
 	"github.com/cni-usernet/cni-usernet/pkg/api/state"
 	"github.com/cni-usernet/cni-usernet/test/lib/nettest"
@@ -78,13 +79,9 @@ func newFakeAPI(t *testing.T) *fakeAPI {
 	return a
 }
 
-func (a *fakeAPI) client() *kube.Client {
+func (a *fakeAPI) config() *rest.Config {
 	ca := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: a.srv.Certificate().Raw})
-	c, err := kube.New(kube.Config{Server: a.srv.URL, CAPEM: ca, Token: "tok"})
-	if err != nil {
-		a.t.Fatal(err)
-	}
-	return c
+	return &rest.Config{Host: a.srv.URL, BearerToken: "tok", TLSClientConfig: rest.TLSClientConfig{CAData: ca}}
 }
 
 func (a *fakeAPI) notify() {
@@ -384,7 +381,7 @@ func (e *policyEnv) start(t *testing.T) (*Controller, func()) {
 	t.Helper()
 	log := slog.New(slog.NewTextHandler(e.logs, nil))
 	c, err := New(Options{
-		Client:       e.api.client(),
+		Config:       e.api.config(),
 		Store:        e.store,
 		Node:         "node-1",
 		NodeAddrs:    func() ([]netip.Addr, error) { return testNode, nil },

@@ -7,14 +7,17 @@ import (
 	"net/netip"
 	"time"
 
-	"github.com/cni-usernet/cni-usernet/pkg/api/kube"
+	"k8s.io/client-go/rest"
+
+	"github.com/cni-usernet/cni-usernet/pkg/agent/podevent"
 	"github.com/cni-usernet/cni-usernet/pkg/api/state"
 )
 
 // Options configure the policy controller.
 type Options struct {
-	// Client watches the API server. Required.
-	Client *kube.Client
+	// Config is the API server and credentials the watches (and, by
+	// default, the Events) use. Required.
+	Config *rest.Config
 	// Store is the node's attachment state: the local pods. Required.
 	Store state.Store
 	// Node is this node's name, for Events. Empty: no Events.
@@ -23,8 +26,8 @@ type Options struct {
 	// addresses of the agent's network namespace (the node's: the agent
 	// runs in the host network).
 	NodeAddrs func() ([]netip.Addr, error)
-	// Event posts an Event on a pod. Nil: Client.Event.
-	Event func(context.Context, kube.Event) error
+	// Event posts an Event on a pod. Nil: a podevent.Client of Config.
+	Event func(context.Context, podevent.Event) error
 	// Debounce is how long a change waits at most for the ones that
 	// follow it (a kubectl apply of many objects) before the pods are
 	// compiled; a change followed by none for a fifth of it waits only
@@ -63,14 +66,18 @@ type Options struct {
 
 func (o *Options) validate() error {
 	switch {
-	case o.Client == nil:
-		return errors.New("no API client")
+	case o.Config == nil:
+		return errors.New("no API server configuration")
 	}
 	if o.NodeAddrs == nil {
 		o.NodeAddrs = nodeAddrs
 	}
 	if o.Event == nil {
-		o.Event = o.Client.Event
+		events, err := podevent.New(o.Config)
+		if err != nil {
+			return err
+		}
+		o.Event = events.Post
 	}
 	if o.Debounce == 0 {
 		o.Debounce = 50 * time.Millisecond

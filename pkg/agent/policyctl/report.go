@@ -6,8 +6,10 @@ import (
 	"log/slog"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+
 	"github.com/cni-usernet/cni-usernet/pkg/agent/netpolicy"
-	"github.com/cni-usernet/cni-usernet/pkg/api/kube"
+	"github.com/cni-usernet/cni-usernet/pkg/agent/podevent"
 )
 
 // reporter tells what the controller does: log lines, Events on the
@@ -17,7 +19,7 @@ type reporter struct {
 	metrics *Metrics
 	// node is this node's name; empty: no Events.
 	node  string
-	event func(context.Context, kube.Event) error
+	event func(context.Context, podevent.Event) error
 }
 
 // failures is one pod's run of consecutive failed pushes.
@@ -46,9 +48,9 @@ func (r *reporter) pushFailed(ctx context.Context, f *failures, t target, uid st
 	}
 	ectx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
-	if err := r.event(ectx, kube.Event{
+	if err := r.event(ectx, podevent.Event{
 		Namespace: t.namespace, PodName: t.pod, PodUID: uid,
-		Type: kube.EventWarning, Reason: "NetworkPolicyNotApplied",
+		Type: corev1.EventTypeWarning, Reason: "NetworkPolicyNotApplied",
 		Message: fmt.Sprintf("the pod's stack does not hold its current network policy (it keeps the last one it holds); retrying: %v", err),
 		Action:  "ApplyNetworkPolicy", Node: r.node,
 	}); err != nil {
@@ -133,9 +135,9 @@ func (r *reporter) compileWarnings(pod *netpolicy.Pod, warnings string) {
 	if r.node == "" || pod.Metadata.UID == "" {
 		return
 	}
-	e := kube.Event{
+	e := podevent.Event{
 		Namespace: pod.Metadata.Namespace, PodName: pod.Metadata.Name, PodUID: pod.Metadata.UID,
-		Type: kube.EventWarning, Reason: "NetworkPolicySkipped",
+		Type: corev1.EventTypeWarning, Reason: "NetworkPolicySkipped",
 		Message: "parts of the network policies selecting this pod were skipped; what they would allow stays closed: " + warnings,
 		Action:  "CompileNetworkPolicy", Node: r.node,
 	}

@@ -67,8 +67,8 @@ func (o *Options[T]) validate() error {
 }
 
 // Informer is one collection's cache, kept by client-go's reflector. It
-// gives its callers what pkg/api/kube's Reflector gives (Run, Retry,
-// HasSynced, Synced, Err, Get, Len, List), over the trimmed types.
+// gives its callers a reflector's surface (Run, Retry, HasSynced, Synced,
+// Err, Get, Len, List), over the trimmed types.
 //
 // It is an informer without the informer's queue and indexer: the
 // reflector writes into the typed map directly. A shared informer would

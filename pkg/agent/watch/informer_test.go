@@ -23,7 +23,6 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/cni-usernet/cni-usernet/pkg/agent/netpolicy"
-	"github.com/cni-usernet/cni-usernet/pkg/api/kube"
 )
 
 // fakePods is an API server for the pods collection: lists, watches from
@@ -53,7 +52,7 @@ func newFakePods(t *testing.T, proto bool) (*fakePods, *rest.Config) {
 	srv := httptest.NewTLSServer(f)
 	t.Cleanup(func() { f.setDown(true); srv.Close() })
 	ca := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw})
-	return f, RESTConfig(kube.Config{Server: srv.URL, CAPEM: ca, Token: "tok"})
+	return f, &rest.Config{Host: srv.URL, BearerToken: "tok", TLSClientConfig: rest.TLSClientConfig{CAData: ca}}
 }
 
 func (f *fakePods) notify() { close(f.wake); f.wake = make(chan struct{}) }

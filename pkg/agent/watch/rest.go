@@ -10,8 +10,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/client-go/rest"
-
-	"github.com/cni-usernet/cni-usernet/pkg/api/kube"
 )
 
 // scheme holds only the API groups the watches decode: client-go's
@@ -27,23 +25,6 @@ func init() {
 	utilruntime.Must(discoveryv1.AddToScheme(scheme))
 	utilruntime.Must(networkingv1.AddToScheme(scheme))
 	utilruntime.Must(metav1.AddMetaToScheme(scheme))
-}
-
-// RESTConfig is client-go's configuration for the server and credentials
-// of c. A token file stays a file: client-go re-reads it, as kubelet
-// rotates projected service account tokens in place.
-// (kube.Config holds one or the other, as client-go wants.)
-func RESTConfig(c kube.Config) *rest.Config {
-	return &rest.Config{
-		Host:            c.Server,
-		BearerToken:     c.Token,
-		BearerTokenFile: c.TokenFile,
-		TLSClientConfig: rest.TLSClientConfig{
-			CAData: c.CAPEM, ServerName: c.TLSServerName,
-			CertData: c.CertPEM, KeyData: c.KeyPEM,
-		},
-		UserAgent: c.UserAgent,
-	}
 }
 
 // Media types asked for. Protobuf first: decoding it costs a fraction of

@@ -1,0 +1,108 @@
+package podevent
+
+import (
+	"context"
+	"encoding/json"
+	"encoding/pem"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/client-go/rest"
+)
+
+func server(t *testing.T, h http.HandlerFunc) *Client {
+	t.Helper()
+	srv := httptest.NewTLSServer(h)
+	t.Cleanup(srv.Close)
+	ca := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw})
+	c, err := New(&rest.Config{Host: srv.URL, BearerToken: "tok", TLSClientConfig: rest.TLSClientConfig{CAData: ca}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func TestPost(t *testing.T) {
+	var got map[string]any
+	c := server(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost || r.URL.Path != "/api/v1/namespaces/ns/events" {
+			t.Errorf("unexpected %s %s", r.Method, r.URL.Path)
+		}
+		if r.Header.Get("Authorization") != "Bearer tok" {
+			t.Errorf("Authorization %q, want the bearer token", r.Header.Get("Authorization"))
+		}
+		json.NewDecoder(r.Body).Decode(&got)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(201)
+		json.NewEncoder(w).Encode(got)
+	})
+	at := time.Date(2026, 1, 2, 3, 4, 5, 600, time.UTC)
+	err := c.Post(context.Background(), Event{Namespace: "ns", PodName: "p", PodUID: "uid-p", Type: corev1.EventTypeWarning,
+		Reason: "StackNotRestarted", Message: strings.Repeat("é", 700), Action: "RestartStack", Node: "node-1", Time: at})
+	if err != nil {
+		t.Fatal(err)
+	}
+	io := got["involvedObject"].(map[string]any)
+	src := got["source"].(map[string]any)
+	md := got["metadata"].(map[string]any)
+	msg := got["message"].(string)
+	if got["kind"] != "Event" || got["apiVersion"] != "v1" || io["kind"] != "Pod" || io["uid"] != "uid-p" || got["type"] != "Warning" ||
+		got["reason"] != "StackNotRestarted" || got["action"] != "RestartStack" || got["count"] != 1.0 ||
+		src["host"] != "node-1" || src["component"] != "cni-usernet" ||
+		got["reportingComponent"] != "cni-usernet" || got["reportingInstance"] != "node-1" ||
+		!strings.HasPrefix(md["name"].(string), "p.") || got["firstTimestamp"] != "2026-01-02T03:04:05Z" ||
+		got["lastTimestamp"] != "2026-01-02T03:04:05Z" || got["eventTime"] != nil ||
+		len(msg) > maxMessage || !strings.HasSuffix(msg, "...") || !utf8Valid(msg) {
+		t.Errorf("event body: %v", got)
+	}
+}
+
+func utf8Valid(s string) bool { return strings.ToValidUTF8(s, "\uFFFD") == s }
+
+func TestPostRefused(t *testing.T) {
+	c := server(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(403)
+		json.NewEncoder(w).Encode(map[string]any{"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden", "code": 403})
+	})
+	e := Event{Namespace: "ns", PodName: "p", PodUID: "u", Type: corev1.EventTypeWarning, Reason: "X", Node: "n"}
+	if err := c.Post(context.Background(), e); !apierrors.IsForbidden(err) {
+		t.Errorf("a refused event: got %v, want forbidden", err)
+	}
+}
+
+func TestValidate(t *testing.T) {
+	ok := Event{Namespace: "ns", PodName: "p", PodUID: "u", Type: corev1.EventTypeNormal, Reason: "R", Node: "n"}
+	if err := ok.Validate(); err != nil {
+		t.Errorf("%+v: got %v, want nil", ok, err)
+	}
+	for name, change := range map[string]func(*Event){
+		"no UID":      func(e *Event) { e.PodUID = "" },
+		"no node":     func(e *Event) { e.Node = "" },
+		"bad type":    func(e *Event) { e.Type = "Error" },
+		"no reason":   func(e *Event) { e.Reason = "" },
+		"long reason": func(e *Event) { e.Reason = strings.Repeat("R", maxReason+1) },
+	} {
+		e := ok
+		change(&e)
+		if err := e.Validate(); err == nil {
+			t.Errorf("%s: got nil error", name)
+		}
+	}
+}
+
+func TestEventName(t *testing.T) {
+	at := time.Unix(0, 0x1234)
+	if got := eventName("p", at); got != "p.1234" {
+		t.Errorf("eventName = %q, want p.1234", got)
+	}
+	long := strings.Repeat("a", 250) + "-" + strings.Repeat("b", 2)
+	if got := eventName(long, at); len(got) > 253 || strings.Contains(got, "-.") {
+		t.Errorf("eventName of a long pod name = %q (%d bytes), want at most 253 and no '-.'", got, len(got))
+	}
+}
