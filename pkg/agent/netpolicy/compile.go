@@ -45,7 +45,7 @@ type Compiler struct {
 	// only from their pods).
 	*podView
 	// policies are the policies of each namespace, sorted by name.
-	policies map[string][]*compiledPolicy
+	policies map[string][]*parsedPolicy
 	snap     *Snapshot
 
 	mu sync.Mutex // guards the three below
@@ -117,7 +117,7 @@ func NewIndexedCompiler(idx Indexes, snap *Snapshot, local []LocalPod) *Compiler
 	c := &Compiler{
 		podView:     idx.Pods.view().withLocal(local),
 		tables:      idx.Services,
-		policies:    make(map[string][]*compiledPolicy),
+		policies:    make(map[string][]*parsedPolicy),
 		podSets:     make(map[string][]*peerPod),
 		peerSets:    make(map[string]*peerSet),
 		namedGroups: make(map[string][]portGroup),
@@ -128,12 +128,12 @@ func NewIndexedCompiler(idx Indexes, snap *Snapshot, local []LocalPod) *Compiler
 		if np == nil {
 			continue
 		}
-		cp := newCompiledPolicy(np, key)
+		cp := parsePolicy(np, key)
 		ns := np.Metadata.Namespace
 		c.policies[ns] = append(c.policies[ns], cp)
 	}
 	for _, ps := range c.policies {
-		slices.SortFunc(ps, func(a, b *compiledPolicy) int { return strings.Compare(a.name, b.name) })
+		slices.SortFunc(ps, func(a, b *parsedPolicy) int { return strings.Compare(a.name, b.name) })
 	}
 	return c
 }
@@ -268,7 +268,7 @@ func (c *Compiler) CompilePod(pod LocalPod, node []netip.Addr, generation uint64
 		if !cp.sel.matches(labels) || !cp.ingress && !cp.egress {
 			continue
 		}
-		b := cp.compiled(c)
+		b := cp.resolved(c)
 		deps.addPolicy(b)
 		warnings = append(warnings, cp.warnings...)
 		warnings = append(warnings, b.warnings...)

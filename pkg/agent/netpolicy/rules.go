@@ -10,9 +10,10 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/api/policy"
 )
 
-// compiledPolicy is one NetworkPolicy: what it selects is checked for every
-// pod; its rules are compiled once, when it first selects a pod.
-type compiledPolicy struct {
+// parsedPolicy is one NetworkPolicy: what it selects is checked for every
+// pod; its rules are resolved (peers, ports) once, when it first selects a
+// pod, and that body is then compiled into each pod's policy.
+type parsedPolicy struct {
 	np      *NetworkPolicy
 	name    string // "namespace/name"
 	sel     selector
@@ -56,8 +57,8 @@ type namedPort struct {
 	protocol policy.Protocol
 }
 
-func newCompiledPolicy(np *NetworkPolicy, key string) *compiledPolicy {
-	cp := &compiledPolicy{np: np, name: objectKey(np.Metadata, key)}
+func parsePolicy(np *NetworkPolicy, key string) *parsedPolicy {
+	cp := &parsedPolicy{np: np, name: objectKey(np.Metadata, key)}
 	var err error
 	cp.sel, err = newSelector(&np.Spec.PodSelector)
 	if err != nil {
@@ -82,7 +83,7 @@ func newCompiledPolicy(np *NetworkPolicy, key string) *compiledPolicy {
 	return cp
 }
 
-func (cp *compiledPolicy) warn(format string, args ...any) {
+func (cp *parsedPolicy) warn(format string, args ...any) {
 	cp.warnings = append(cp.warnings, Warning{Object: cp.name, Message: fmt.Sprintf(format, args...)})
 }
 
@@ -125,12 +126,12 @@ func containerPort(containers []Container, n namedPort) (policy.PortRange, bool)
 	return policy.PortRange{}, false
 }
 
-func (cp *compiledPolicy) compiled(c *Compiler) *policyBody {
-	cp.once.Do(func() { cp.body = c.compileBody(cp) })
+func (cp *parsedPolicy) resolved(c *Compiler) *policyBody {
+	cp.once.Do(func() { cp.body = c.resolveBody(cp) })
 	return cp.body
 }
 
-func (c *Compiler) compileBody(cp *compiledPolicy) *policyBody {
+func (c *Compiler) resolveBody(cp *parsedPolicy) *policyBody {
 	b := &policyBody{}
 	warn := func(format string, args ...any) {
 		b.warnings = append(b.warnings, Warning{Object: cp.name, Message: fmt.Sprintf(format, args...)})

@@ -8,9 +8,9 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/agent/netpolicy"
 )
 
-// round is one compilation of local pods against one snapshot of the
+// round is one recompute of local pods against one snapshot of the
 // cache: the work shared between the pods (netpolicy.Compiler's index) is
-// done once, when the round is made; compile then does each pod's own.
+// done once, when the round is made; compile then compiles each pod.
 type round struct {
 	snap     *netpolicy.Snapshot
 	pods     func(key string) *netpolicy.Pod
@@ -19,7 +19,7 @@ type round struct {
 	warnings *warnings
 }
 
-// newRound prepares the compilation of targets against snap, with the
+// newRound prepares the recompute of targets against snap, with the
 // cluster's pods and namespaces from idx and the local pods' objects
 // from pods. Every target whose pod is known is a local pod of the round,
 // so that one the API shows no address for yet (during its ADD) is
