@@ -17,6 +17,10 @@ import (
 	"time"
 
 	current "github.com/containernetworking/cni/pkg/types/100"
+
+	"github.com/cni-usernet/cni-usernet/hack/bench/cgroup"
+	"github.com/cni-usernet/cni-usernet/hack/bench/procfs"
+	"github.com/cni-usernet/cni-usernet/hack/bench/runlog"
 )
 
 const (
@@ -86,9 +90,9 @@ type bench struct {
 	atts       []*attachment
 	namespaces []string
 	procs      map[*proc]bool
-	scaleUp    string    // conflist of the scale section's pods while they are attached
-	peerNodeUp bool      // peerVeth exists in the node namespace
-	cgfs       *cgroupFS // the hierarchies, once the limits or sizing section found them
+	scaleUp    string     // conflist of the scale section's pods while they are attached
+	peerNodeUp bool       // peerVeth exists in the node namespace
+	cgfs       *cgroup.FS // the hierarchies, once the limits or sizing section found them
 }
 
 func newBench(o options) (*bench, error) {
@@ -131,14 +135,10 @@ func (b *bench) record(round int, cfg, metric string, v float64) {
 }
 
 func (b *bench) fail(round int, cfg, workload string, err error) {
-	logf("  %s %s: FAILED: %v", cfg, workload, err)
+	runlog.Logf("  %s %s: FAILED: %v", cfg, workload, err)
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.failures = append(b.failures, failure{round, cfg, workload, err.Error()})
-}
-
-func logf(format string, args ...any) {
-	fmt.Fprintf(os.Stderr, time.Now().Format("15:04:05 ")+format+"\n", args...)
 }
 
 // run sets the topology up and runs every round. It returns an error only
@@ -153,13 +153,13 @@ func (b *bench) run(ctx context.Context) error {
 		if c.usernet() {
 			if _, err := os.Stat(filepath.Join(b.o.BinDir, "cni-usernet")); err != nil {
 				b.skipped[c.Name] = "cni-usernet not built (see build-cni-usernet.log)"
-				logf("%s: skipped: %s", c.Name, b.skipped[c.Name])
+				runlog.Logf("%s: skipped: %s", c.Name, b.skipped[c.Name])
 				continue
 			}
 		}
 		if why := b.peerMissing(c); why != "" {
 			b.skipped[c.Name] = why
-			logf("%s: skipped: %s", c.Name, why)
+			runlog.Logf("%s: skipped: %s", c.Name, why)
 			continue
 		}
 		a, err := b.attach(ctx, c)
@@ -167,7 +167,7 @@ func (b *bench) run(ctx context.Context) error {
 			b.fail(0, c.Name, "setup", err)
 			continue
 		}
-		logf("%s: pod %s ip %s host veth %s", c.Name, a.NS, a.IP, a.HostVeth)
+		runlog.Logf("%s: pod %s ip %s host veth %s", c.Name, a.NS, a.IP, a.HostVeth)
 		live = append(live, a)
 	}
 	for _, ac := range addConfigs {
@@ -183,7 +183,7 @@ func (b *bench) run(ctx context.Context) error {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			logf("round %d/%d: %s", r, b.o.Rounds, a.Config)
+			runlog.Logf("round %d/%d: %s", r, b.o.Rounds, a.Config)
 			b.runWorkloads(ctx, r, a)
 		}
 		for _, ac := range addConfigs {
@@ -192,7 +192,7 @@ func (b *bench) run(ctx context.Context) error {
 			}
 			for _, a := range live {
 				if a.Config == ac.Of {
-					logf("round %d/%d: %s (%d pods, %d at a time)", r, b.o.Rounds, ac.Name, b.o.AddPods, b.o.AddParallel)
+					runlog.Logf("round %d/%d: %s (%d pods, %d at a time)", r, b.o.Rounds, ac.Name, b.o.AddPods, b.o.AddParallel)
 					if err := b.addLatency(ctx, r, ac.Name, a); err != nil {
 						b.fail(r, ac.Name, "add", err)
 					}
@@ -243,7 +243,7 @@ func (b *bench) setupNode(ctx context.Context) error {
 		// No ub-* namespace, so no benchmark runs: a cgroup of ours is
 		// a killed run's.
 		if fs, err := b.cgroups(); err == nil {
-			fs.sweep()
+			fs.Sweep()
 		}
 	}
 	if err := b.addNS(ctx, nodeNS); err != nil {
@@ -282,7 +282,7 @@ func (b *bench) delNS(ctx context.Context, name string) {
 		if len(pids) == 0 {
 			break
 		}
-		logf("ending processes left in %s: %s", name, strings.Join(pids, " "))
+		runlog.Logf("ending processes left in %s: %s", name, strings.Join(pids, " "))
 		for _, p := range pids {
 			if pid, err := strconv.Atoi(p); err == nil && pid > 1 {
 				_ = syscall.Kill(pid, syscall.SIGKILL)
@@ -291,7 +291,7 @@ func (b *bench) delNS(ctx context.Context, name string) {
 		time.Sleep(200 * time.Millisecond)
 	}
 	if _, err := b.output(ctx, 10*time.Second, "", "ip", "netns", "del", name); err != nil {
-		logf("cleanup: %v", err)
+		runlog.Logf("cleanup: %v", err)
 	}
 }
 
@@ -521,10 +521,10 @@ func (b *bench) cleanup() {
 			continue
 		}
 		if _, err := b.output(ctx, time.Minute, a.nodeNS(), b.cniArgsFor(a.cfg, "del", a.ConfPath, "--id", a.ID, "--netns", "/run/netns/"+a.NS)...); err != nil {
-			logf("cleanup: DEL %s: %v", a.ID, err)
+			runlog.Logf("cleanup: DEL %s: %v", a.ID, err)
 		}
-		if a.cfg.usernet() && a.StackPID > 0 && running(a.StackPID) && strings.Contains(cmdline(a.StackPID), "cni-usernet") {
-			logf("cleanup: stack %d of %s survived DEL; ending it", a.StackPID, a.ID)
+		if a.cfg.usernet() && a.StackPID > 0 && procfs.Running(a.StackPID) && strings.Contains(procfs.Cmdline(a.StackPID), "cni-usernet") {
+			runlog.Logf("cleanup: stack %d of %s survived DEL; ending it", a.StackPID, a.ID)
 			_ = syscall.Kill(a.StackPID, syscall.SIGKILL)
 		}
 	}
@@ -532,7 +532,7 @@ func (b *bench) cleanup() {
 		b.delNS(ctx, nss[i])
 	}
 	if b.cgfs != nil {
-		b.cgfs.sweep()
+		b.cgfs.Sweep()
 	}
 	// runsc bind-mounts an empty network namespace for its gofers at
 	// <root>/null-netns and leaves it; unmount every stacked copy, as runsc
@@ -543,13 +543,8 @@ func (b *bench) cleanup() {
 	for syscall.Unmount(filepath.Join(b.tmp, "run", "netns"), syscall.MNT_DETACH) == nil {
 	}
 	if err := os.RemoveAll(b.tmp); err != nil {
-		logf("cleanup: %v", err)
+		runlog.Logf("cleanup: %v", err)
 	}
-}
-
-func cmdline(pid int) string {
-	raw, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-	return string(bytes.ReplaceAll(raw, []byte{0}, []byte{' '}))
 }
 
 // proc is a long-running server started by the benchmark.
@@ -589,7 +584,7 @@ func (b *bench) output(ctx context.Context, timeout time.Duration, ns string, ar
 		if ctx.Err() != nil {
 			err = fmt.Errorf("%w (%v)", err, ctx.Err())
 		}
-		return stdout.Bytes(), fmt.Errorf("%s: %w: %s", shortCmd(argv), err, tail(stderr.String()+stdout.String(), 600))
+		return stdout.Bytes(), fmt.Errorf("%s: %w: %s", shortCmd(argv), err, runlog.Tail(stderr.String()+stdout.String(), 600))
 	}
 	return stdout.Bytes(), nil
 }
@@ -598,14 +593,6 @@ func shortCmd(argv []string) string {
 	s := strings.Join(argv, " ")
 	if len(s) > 160 {
 		s = s[:160] + "…"
-	}
-	return s
-}
-
-func tail(s string, n int) string {
-	s = strings.TrimSpace(s)
-	if len(s) > n {
-		s = "…" + s[len(s)-n:]
 	}
 	return s
 }
@@ -657,7 +644,7 @@ func (b *bench) waitListen(ctx context.Context, p *proc, ns string, port int) er
 		select {
 		case <-p.done:
 			raw, _ := os.ReadFile(p.log)
-			return fmt.Errorf("server exited: %s", tail(string(raw), 600))
+			return fmt.Errorf("server exited: %s", runlog.Tail(string(raw), 600))
 		case <-ctx.Done():
 			return ctx.Err()
 		default:
@@ -669,15 +656,4 @@ func (b *bench) waitListen(ctx context.Context, p *proc, ns string, port int) er
 		time.Sleep(50 * time.Millisecond)
 	}
 	return errors.New("server did not listen within 15s")
-}
-
-// running reports whether pid is a live process; a zombie (exited, not yet
-// reaped) is not, though kill(pid, 0) succeeds on it.
-func running(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	i := bytes.LastIndexByte(b, ')')
-	return i >= 0 && i+2 < len(b) && b[i+2] != 'Z'
 }

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cni-usernet/cni-usernet/hack/bench/runlog"
 	"github.com/cni-usernet/cni-usernet/pkg/agent/noderoutes"
 )
 
@@ -106,7 +107,7 @@ func (b *bench) attachCrossNode(ctx context.Context, c *config) (*attachment, er
 		return nil, err
 	}
 	srv.client = cli
-	logf("%s: client pod %s ip %s on node %s", c.Name, cli.NS, cli.IP, cli.Node)
+	runlog.Logf("%s: client pod %s ip %s on node %s", c.Name, cli.NS, cli.IP, cli.Node)
 	return srv, nil
 }
 
@@ -217,7 +218,7 @@ func (b *bench) agentRoutes(ctx context.Context, c *config, nodes [2]xnode) erro
 		if err != nil {
 			return err
 		}
-		logf("%s: node %s: %s", c.Name, n.Name, strings.TrimSpace(string(out)))
+		runlog.Logf("%s: node %s: %s", c.Name, n.Name, strings.TrimSpace(string(out)))
 	}
 	return nil
 }

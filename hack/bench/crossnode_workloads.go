@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cni-usernet/cni-usernet/hack/bench/procfs"
+	"github.com/cni-usernet/cni-usernet/hack/bench/runlog"
 	"github.com/cni-usernet/cni-usernet/pkg/agent/noderoutes"
 )
 
@@ -80,12 +82,12 @@ func (b *bench) vxlanBytes(ctx context.Context, r int, srv *attachment) {
 	}
 	gb := (links[0].Stats.RX.Bytes + links[0].Stats.TX.Bytes) / 1e9
 	b.record(r, srv.Config, "vxlan_gb", gb)
-	logf("  %.1f GB through node A's %s so far", gb, links[0].Name)
+	runlog.Logf("  %.1f GB through node A's %s so far", gb, links[0].Name)
 }
 
 // stacksCPU is the CPU time of both pods' stacks (0 for ptp pods).
 func stacksCPU(srv *attachment) float64 {
-	return processCPU(srv.StackPID) + processCPU(srv.client.StackPID)
+	return procfs.ProcessCPU(srv.StackPID) + procfs.ProcessCPU(srv.client.StackPID)
 }
 
 func (b *bench) crossIperf(ctx context.Context, r int, srv *attachment) error {
@@ -101,9 +103,9 @@ func (b *bench) crossIperf(ctx context.Context, r int, srv *attachment) error {
 		if dir == "b2a" {
 			argv = append(argv, "-R")
 		}
-		sys0, stack0 := systemCPU(), stacksCPU(srv)
+		sys0, stack0 := procfs.SystemCPU(), stacksCPU(srv)
 		out, err := b.output(ctx, b.o.IperfTime+30*time.Second, srv.client.NS, argv...)
-		sysS, stackS := systemCPU()-sys0, stacksCPU(srv)-stack0
+		sysS, stackS := procfs.SystemCPU()-sys0, stacksCPU(srv)-stack0
 		gbps, retrans, bytes, perr := parseIperf(out)
 		if perr != nil {
 			return fmt.Errorf("%s: %w", dir, perr)
@@ -119,7 +121,7 @@ func (b *bench) crossIperf(ctx context.Context, r int, srv *attachment) error {
 				b.record(r, srv.Config, "stack_cpu_gb_"+dir, stackS/gb)
 			}
 		}
-		logf("  iperf3 %s %.2f Gbit/s, %.0f retransmits", dir, gbps, retrans)
+		runlog.Logf("  iperf3 %s %.2f Gbit/s, %.0f retransmits", dir, gbps, retrans)
 	}
 	return nil
 }
@@ -131,10 +133,10 @@ func (b *bench) crossRedis(ctx context.Context, r int, srv *attachment) error {
 		return err
 	}
 	defer b.stop(p)
-	sys0, stack0 := systemCPU(), stacksCPU(srv)
+	sys0, stack0 := procfs.SystemCPU(), stacksCPU(srv)
 	out, err := b.output(ctx, 5*time.Minute, srv.client.NS, "redis-benchmark", "-h", srv.IP, "-p", strconv.Itoa(redisPort),
 		"-n", strconv.Itoa(b.o.RedisN), "-t", "set,get", "--csv")
-	sysS, stackS := systemCPU()-sys0, stacksCPU(srv)-stack0
+	sysS, stackS := procfs.SystemCPU()-sys0, stacksCPU(srv)-stack0
 	if err != nil {
 		return err
 	}
@@ -151,7 +153,7 @@ func (b *bench) crossRedis(ctx context.Context, r int, srv *attachment) error {
 		b.record(r, srv.Config, "redis_"+t+"_krps", res[t][0]/1000)
 		b.record(r, srv.Config, "redis_"+t+"_p50_ms", res[t][1])
 	}
-	logf("  redis SET %.0f GET %.0f rps", res["set"][0], res["get"][0])
+	runlog.Logf("  redis SET %.0f GET %.0f rps", res["set"][0], res["get"][0])
 	return nil
 }
 
@@ -161,10 +163,10 @@ func (b *bench) crossRR(ctx context.Context, r int, srv *attachment) error {
 		return err
 	}
 	defer b.stop(p)
-	sys0 := systemCPU()
+	sys0 := procfs.SystemCPU()
 	out, err := b.output(ctx, b.o.RRTime+time.Minute, srv.client.NS, b.self, "rr-client",
 		"-addr", net.JoinHostPort(srv.IP, strconv.Itoa(rrPort)), "-time", b.o.RRTime.String())
-	sysS := systemCPU() - sys0
+	sysS := procfs.SystemCPU() - sys0
 	if err != nil {
 		return err
 	}
@@ -177,7 +179,7 @@ func (b *bench) crossRR(ctx context.Context, r int, srv *attachment) error {
 	if res.N > 0 {
 		b.record(r, srv.Config, "cpu_rr", sysS*1000/(float64(res.N+rrWarmup)/1000))
 	}
-	logf("  TCP_RR p50 %.1f µs, p99 %.1f µs (%d round trips)", res.P50US, res.P99US, res.N)
+	runlog.Logf("  TCP_RR p50 %.1f µs, p99 %.1f µs (%d round trips)", res.P50US, res.P99US, res.N)
 	return nil
 }
 

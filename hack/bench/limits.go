@@ -3,11 +3,14 @@ package main
 import (
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/cni-usernet/cni-usernet/hack/bench/cgroup"
+	"github.com/cni-usernet/cni-usernet/hack/bench/procfs"
+	"github.com/cni-usernet/cni-usernet/hack/bench/runlog"
 )
 
 // The limits section (--cpu-limits): what a pod's CPU limit leaves it
@@ -111,17 +114,17 @@ func (b *bench) limits(ctx context.Context, live []*attachment) {
 		}
 	}
 	if err != nil {
-		logf("limits: skipped: %v", err)
+		runlog.Logf("limits: skipped: %v", err)
 		return
 	}
-	logf("limits: %s", fs)
+	runlog.Logf("limits: %s", fs)
 	for r := 1; r <= b.o.Rounds; r++ {
 		for _, j := range roundOrder(jobs, r) {
 			if ctx.Err() != nil {
 				return
 			}
 			row := limitRow(j.a.Config, j.l.Label)
-			logf("limits round %d/%d: %s", r, b.o.Rounds, row)
+			runlog.Logf("limits round %d/%d: %s", r, b.o.Rounds, row)
 			if err := b.underLimit(ctx, r, fs, j.l, j.a); err != nil {
 				b.fail(r, row, "setup", err)
 			}
@@ -130,12 +133,12 @@ func (b *bench) limits(ctx context.Context, live []*attachment) {
 }
 
 // cgroups finds the hierarchies once per run; sweep runs at cleanup.
-func (b *bench) cgroups() (*cgroupFS, error) {
+func (b *bench) cgroups() (*cgroup.FS, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.cgfs == nil {
-		fs := &cgroupFS{}
-		if err := fs.detect(); err != nil {
+		fs := &cgroup.FS{}
+		if err := fs.Detect(); err != nil {
 			return nil, err
 		}
 		b.cgfs = fs
@@ -148,31 +151,31 @@ func (b *bench) cgroups() (*cgroupFS, error) {
 // stack's share is read from the kernel's counters, not from /proc's
 // ticks. v1's quota, like v2's, holds a cgroup's descendants.
 type podCgroup struct {
-	pod, server, stack *cgroup
+	pod, server, stack *cgroup.Group
 }
 
-func (b *bench) underLimit(ctx context.Context, r int, fs *cgroupFS, l cpuLimit, a *attachment) (err error) {
+func (b *bench) underLimit(ctx context.Context, r int, fs *cgroup.FS, l cpuLimit, a *attachment) (err error) {
 	row := limitRow(a.Config, l.Label)
-	base := cgPrefix + strings.ReplaceAll(row, "@", "-")
+	base := cgroup.Prefix + strings.ReplaceAll(row, "@", "-")
 	var pc podCgroup
 	defer func() {
-		for _, m := range fs.mounts() {
-			if rerr := removeCgroupTree(m, filepath.Join(m, base)); rerr != nil && err == nil {
+		for _, m := range fs.Mounts() {
+			if rerr := cgroup.RemoveTree(m, filepath.Join(m, base)); rerr != nil && err == nil {
 				err = rerr
 			}
 		}
 	}()
-	if pc.pod, err = fs.create(base, "cpu"); err != nil {
+	if pc.pod, err = fs.Create(base, "cpu"); err != nil {
 		return err
 	}
-	if err := pc.pod.setCPULimit(l.Cores); err != nil {
+	if err := pc.pod.SetCPULimit(l.Cores); err != nil {
 		return err
 	}
-	if pc.server, err = fs.create(base+"/server", "cpu"); err != nil {
+	if pc.server, err = fs.Create(base+"/server", "cpu"); err != nil {
 		return err
 	}
 	if a.cfg.usernet() {
-		if pc.stack, err = fs.create(base+"/stack", "cpu"); err != nil {
+		if pc.stack, err = fs.Create(base+"/stack", "cpu"); err != nil {
 			return err
 		}
 		// The stack may have been restarted since the last round.
@@ -181,15 +184,15 @@ func (b *bench) underLimit(ctx context.Context, r int, fs *cgroupFS, l cpuLimit,
 			return err
 		}
 		a.StackPID = st.PID
-		was, err := placementOf(a.StackPID)
+		was, err := cgroup.PlacementOf(a.StackPID)
 		if err != nil {
 			return err
 		}
-		if err := pc.stack.join(a.StackPID); err != nil {
+		if err := pc.stack.Join(a.StackPID); err != nil {
 			return err
 		}
 		defer func() {
-			if rerr := fs.restore(a.StackPID, was, pc.stack); rerr != nil && err == nil {
+			if rerr := fs.Restore(a.StackPID, was, pc.stack); rerr != nil && err == nil {
 				err = fmt.Errorf("moving the stack back: %w", rerr)
 			}
 		}()
@@ -217,42 +220,18 @@ func (b *bench) serveLimited(ctx context.Context, r int, row string, a *attachme
 		b.stop(p)
 		return nil, fmt.Errorf("%s: no server process to limit", row)
 	}
-	pids := processGroup(p.cmd.Process.Pid)
+	pids := procfs.ProcessGroup(p.cmd.Process.Pid)
 	if len(pids) == 0 {
 		b.stop(p)
 		return nil, fmt.Errorf("%s: server %d has no live process", name, p.cmd.Process.Pid)
 	}
 	for _, pid := range pids {
-		if err := pc.server.join(pid); err != nil {
+		if err := pc.server.Join(pid); err != nil {
 			b.stop(p)
 			return nil, err
 		}
 	}
 	return p, nil
-}
-
-// processGroup lists the live processes of process group pgid: `ip netns
-// exec` execs the server in place, but a server that forks keeps its
-// children there.
-func processGroup(pgid int) []int {
-	entries, _ := os.ReadDir("/proc")
-	var out []int
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-		if err != nil {
-			continue
-		}
-		i := strings.LastIndexByte(string(raw), ')')
-		f := strings.Fields(string(raw[i+1:])) // f[0] state, f[1] ppid, f[2] pgrp
-		if len(f) > 2 && f[0] != "Z" && f[2] == strconv.Itoa(pgid) {
-			out = append(out, pid)
-		}
-	}
-	return out
 }
 
 // cpuSnap is the counters a limited workload is measured between.
@@ -263,17 +242,17 @@ type cpuSnap struct {
 }
 
 func (pc podCgroup) snap() (cpuSnap, error) {
-	s := cpuSnap{at: time.Now(), machine: systemCPU()}
+	s := cpuSnap{at: time.Now(), machine: procfs.SystemCPU()}
 	var err error
-	if s.pod, err = pc.pod.cpuSeconds(); err != nil {
+	if s.pod, err = pc.pod.CPUSeconds(); err != nil {
 		return s, err
 	}
 	if pc.stack != nil {
-		if s.stack, err = pc.stack.cpuSeconds(); err != nil {
+		if s.stack, err = pc.stack.CPUSeconds(); err != nil {
 			return s, err
 		}
 	}
-	s.periods, s.throttled, err = pc.pod.throttling()
+	s.periods, s.throttled, err = pc.pod.Throttling()
 	return s, err
 }
 
@@ -323,7 +302,7 @@ func (b *bench) limitIperf(ctx context.Context, r int, row string, a *attachment
 		}
 		b.record(r, row, "tcp_"+dir+"_gbps", gbps)
 		b.recordCPU(r, row, dir, s0, s1, pc.stack != nil)
-		logf("  iperf3 %s %.2f Gbit/s; pod %.2f cores, stack %.0f%% of them, throttled in %.0f%% of periods",
+		runlog.Logf("  iperf3 %s %.2f Gbit/s; pod %.2f cores, stack %.0f%% of them, throttled in %.0f%% of periods",
 			dir, gbps, (s1.pod-s0.pod)/s1.at.Sub(s0.at).Seconds(), 100*share(s1.stack-s0.stack, s1.pod-s0.pod), 100*share(s1.throttled-s0.throttled, s1.periods-s0.periods))
 	}
 	return nil
@@ -357,7 +336,7 @@ func (b *bench) limitRedis(ctx context.Context, r int, row string, l cpuLimit, a
 		b.record(r, row, "redis_"+t+"_krps", res[t][0]/1000)
 	}
 	b.recordCPU(r, row, "redis", s0, s1, pc.stack != nil)
-	logf("  redis SET %.0f GET %.0f rps (%d each); pod %.2f cores, stack %.0f%% of them, throttled in %.0f%% of periods",
+	runlog.Logf("  redis SET %.0f GET %.0f rps (%d each); pod %.2f cores, stack %.0f%% of them, throttled in %.0f%% of periods",
 		res["set"][0], res["get"][0], b.limitRedisN(l), (s1.pod-s0.pod)/s1.at.Sub(s0.at).Seconds(),
 		100*share(s1.stack-s0.stack, s1.pod-s0.pod), 100*share(s1.throttled-s0.throttled, s1.periods-s0.periods))
 	return nil

@@ -122,24 +122,6 @@ func TestConflistKnobs(t *testing.T) {
 	}
 }
 
-func TestParseSmapsRollup(t *testing.T) {
-	raw := []byte(`55d0c0000000-7ffd5b3f1000 ---p 00000000 00:00 0                          [rollup]
-Rss:               14920 kB
-Pss:                4410 kB
-Pss_Dirty:          3900 kB
-Pss_Anon:           3890 kB
-Pss_File:            520 kB
-Pss_Shmem:             0 kB
-`)
-	s, err := parseSmapsRollup(raw)
-	if err != nil || s.Rss != 14920*1024 || s.Pss != 4410*1024 || s.PssAnon != 3890*1024 || s.PssFile != 520*1024 {
-		t.Errorf("got %+v, %v; want Rss 14920 kB, Pss 4410 kB, Pss_Anon 3890 kB, Pss_File 520 kB", s, err)
-	}
-	if _, err := parseSmapsRollup([]byte("Swap: 0 kB\n")); err == nil {
-		t.Error("got no error for smaps_rollup without Rss and Pss")
-	}
-}
-
 func TestShortReason(t *testing.T) {
 	got := shortReason("redis-benchmark -h 10.199.3.1 -p 6379: exit status 1: Error: Connection reset by peer\n\"test\",\"rps\"")
 	if want := "exit status 1: Error: Connection reset by peer"; got != want {

@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/cni-usernet/cni-usernet/hack/bench/runlog"
 )
 
 // The peers: what a user would run instead of cni-usernet to give a pod a
@@ -145,7 +147,7 @@ func (b *bench) attachTap(ctx context.Context, a *attachment) error {
 		select {
 		case <-p.done:
 			raw, _ := os.ReadFile(p.log)
-			return fmt.Errorf("%s exited: %s", a.cfg.Peer, tail(string(raw), 400))
+			return fmt.Errorf("%s exited: %s", a.cfg.Peer, runlog.Tail(string(raw), 400))
 		default:
 		}
 		if time.Now().After(deadline) {
@@ -257,7 +259,7 @@ func (b *bench) startRunsc(ctx context.Context, a *attachment) error {
 	for _, port := range serverPorts {
 		if _, err := b.output(ctx, time.Minute, nodeNS, b.self, "probe", "-addr", net.JoinHostPort(a.IP, strconv.Itoa(port)), "-timeout", "45s"); err != nil {
 			raw, _ := os.ReadFile(p.log)
-			return fmt.Errorf("runsc sandbox: port %d: %w (sandbox log: %s)", port, err, tail(string(raw), 400))
+			return fmt.Errorf("runsc sandbox: port %d: %w (sandbox log: %s)", port, err, runlog.Tail(string(raw), 400))
 		}
 	}
 	out, err := b.output(ctx, 20*time.Second, "", b.runscArgv(a, "state", a.runscID)...)
@@ -274,7 +276,7 @@ func (b *bench) startRunsc(ctx context.Context, a *attachment) error {
 	if out, _ := b.output(ctx, 5*time.Second, "", "ip", "-n", a.NS, "-4", "-o", "addr", "show", "dev", "eth0"); strings.Contains(string(out), a.IP+"/") {
 		return fmt.Errorf("runsc left %s on the kernel's eth0: its netstack did not take the interface over", a.IP)
 	}
-	logf("%s: runsc sandbox pid %d serves %s from netstack", a.Config, a.StackPID, a.IP)
+	runlog.Logf("%s: runsc sandbox pid %d serves %s from netstack", a.Config, a.StackPID, a.IP)
 	return nil
 }
 
@@ -286,7 +288,7 @@ func (b *bench) stopPeer(ctx context.Context, a *attachment) {
 	}
 	_, _ = b.output(ctx, 20*time.Second, "", b.runscArgv(a, "kill", "--all", a.runscID, "KILL")...)
 	if _, err := b.output(ctx, 30*time.Second, "", b.runscArgv(a, "delete", "--force", a.runscID)...); err != nil {
-		logf("cleanup: runsc delete %s: %v", a.runscID, err)
+		runlog.Logf("cleanup: runsc delete %s: %v", a.runscID, err)
 	}
 }
 

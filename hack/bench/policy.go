@@ -12,6 +12,7 @@ import (
 
 	current "github.com/containernetworking/cni/pkg/types/100"
 
+	"github.com/cni-usernet/cni-usernet/hack/bench/runlog"
 	"github.com/cni-usernet/cni-usernet/pkg/api/control"
 	"github.com/cni-usernet/cni-usernet/pkg/api/policy"
 	"github.com/cni-usernet/cni-usernet/pkg/api/state"
@@ -71,7 +72,7 @@ func (b *bench) pushPolicy(c *config, a *attachment, res *current.Result) error 
 	if _, err := control.PutPolicy(att.ControlSocket, 20*time.Second, p); err != nil {
 		return err
 	}
-	logf("  %d-rule policy in force in %s", c.PolicyRules, time.Since(start).Round(time.Millisecond))
+	runlog.Logf("  %d-rule policy in force in %s", c.PolicyRules, time.Since(start).Round(time.Millisecond))
 	return nil
 }
 

@@ -10,6 +10,9 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/cni-usernet/cni-usernet/hack/bench/cgroup"
+	"github.com/cni-usernet/cni-usernet/hack/bench/runlog"
 )
 
 // metric describes one column of the report.
@@ -438,7 +441,7 @@ func (b *bench) writeReport() error {
 	if len(b.failures) > 0 {
 		fmt.Fprintf(&w, "\n## Failures\n\n| round | configuration | workload | error |\n|---|---|---|---|\n")
 		for _, f := range b.failures {
-			fmt.Fprintf(&w, "| %d | %s | %s | %s |\n", f.Round, f.Config, f.Workload, strings.ReplaceAll(tail(firstLine(f.Error), 300), "|", "\\|"))
+			fmt.Fprintf(&w, "| %d | %s | %s | %s |\n", f.Round, f.Config, f.Workload, strings.ReplaceAll(runlog.Tail(firstLine(f.Error), 300), "|", "\\|"))
 		}
 	}
 	return os.WriteFile(filepath.Join(b.o.Out, "table.md"), []byte(w.String()), 0o644)
@@ -537,7 +540,7 @@ func shortReason(err string) string {
 	if i := strings.LastIndex(l, ": exit status "); i >= 0 {
 		l = l[i+2:]
 	}
-	return tail(l, 120)
+	return runlog.Tail(l, 120)
 }
 
 func mdCell(s string) string { return strings.ReplaceAll(s, "|", "\\|") }
@@ -663,7 +666,7 @@ func (b *bench) limitsReport(w *strings.Builder, cells map[string]map[string]*ce
 	}
 	fmt.Fprintf(w, "\n## Under a pod's CPU limit\n\n")
 	fmt.Fprintf(w, "The pod's server (and for cni-usernet its stack) in a cgroup with the limit's CFS quota (period %d ms; `max`: no quota); the clients in the node namespace, unlimited. iperf3 %s per direction, redis-benchmark -n %s (limits %s). Ratios to `kernel` under the same limit. The stack's share: its CPU time over the pod cgroup's. Throttled: the share of CFS periods in which the pod used up its quota. Machine: all CPUs' busy cores, the clients and the softirq work no pod is billed for included.\n",
-		cfsPeriodUs/1000, b.o.IperfTime, strings.Join(ns, " / "), strings.Join(labels, " / "))
+		cgroup.CFSPeriodUs/1000, b.o.IperfTime, strings.Join(ns, " / "), strings.Join(labels, " / "))
 	for _, g := range []string{"What the pod gets", "Where its CPU goes"} {
 		var ms []metric
 		for _, m := range limitMetrics {

@@ -4,11 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/cni-usernet/cni-usernet/hack/bench/procfs"
+	"github.com/cni-usernet/cni-usernet/hack/bench/runlog"
 )
 
 // The scale section (--scale, on in full runs): how the cost grows with the
@@ -39,7 +41,7 @@ func (b *bench) scale(ctx context.Context, live []*attachment) {
 		byName[a.Config] = a
 	}
 	if u := byName["usernet-hardware"]; u != nil {
-		logf("scale: %d idle cni-usernet pods", b.o.ScalePods)
+		runlog.Logf("scale: %d idle cni-usernet pods", b.o.ScalePods)
 		if err := b.idlePods(ctx, u); err != nil {
 			b.fail(0, scaleIdle, "idle pods", err)
 		}
@@ -55,7 +57,7 @@ func (b *bench) scale(ctx context.Context, live []*attachment) {
 			if ctx.Err() != nil {
 				return
 			}
-			logf("scale: %s, %d streams node→pod", name, n)
+			runlog.Logf("scale: %s, %d streams node→pod", name, n)
 			workload := fmt.Sprintf("streams %d", n)
 			err := b.streams(ctx, a, n)
 			if err != nil && strings.Contains(err.Error(), "the server has terminated") && ctx.Err() == nil {
@@ -98,7 +100,7 @@ func (b *bench) idlePods(ctx context.Context, u *attachment) error {
 	b.record(0, scaleIdle, "add_all_p50_ms", quantile(res.AddMS, 0.5))
 	b.record(0, scaleIdle, "add_last20_p50_ms", quantile(last, 0.5))
 	b.record(0, scaleIdle, "add_last20_p99_ms", quantile(last, 0.99))
-	logf("  ADD of %d pods one at a time: p50 %.0f ms; last 20: p50 %.0f, p99 %.0f ms", n, quantile(res.AddMS, 0.5), quantile(last, 0.5), quantile(last, 0.99))
+	runlog.Logf("  ADD of %d pods one at a time: p50 %.0f ms; last 20: p50 %.0f, p99 %.0f ms", n, quantile(res.AddMS, 0.5), quantile(last, 0.5), quantile(last, 0.99))
 
 	time.Sleep(5 * time.Second) // let the stacks settle after start
 	pids, err := b.stackPIDs(ctx, scalePrefix)
@@ -108,13 +110,13 @@ func (b *bench) idlePods(ctx context.Context, u *attachment) error {
 	if len(pids) != n {
 		return fmt.Errorf("cni-usernet status lists %d healthy stacks of the %d pods", len(pids), n)
 	}
-	var sum smaps
+	var sum procfs.Smaps
 	for _, pid := range pids {
-		s, err := readSmapsRollup(pid)
+		s, err := procfs.ReadSmapsRollup(pid)
 		if err != nil {
 			return err
 		}
-		sum.add(s)
+		sum.Add(s)
 	}
 	const mib = 1024 * 1024
 	b.record(0, scaleIdle, "pss_per_pod_mib", sum.Pss/float64(n)/mib)
@@ -122,15 +124,15 @@ func (b *bench) idlePods(ctx context.Context, u *attachment) error {
 	b.record(0, scaleIdle, "pss_file_per_pod_mib", sum.PssFile/float64(n)/mib)
 	b.record(0, scaleIdle, "rss_per_pod_mib", sum.Rss/float64(n)/mib)
 	b.record(0, scaleIdle, "pss_total_mib", sum.Pss/mib)
-	logf("  %d stacks: PSS %.1f MiB per pod (anon %.1f, file %.1f), RSS %.1f MiB per pod, %.0f MiB in all",
+	runlog.Logf("  %d stacks: PSS %.1f MiB per pod (anon %.1f, file %.1f), RSS %.1f MiB per pod, %.0f MiB in all",
 		n, sum.Pss/float64(n)/mib, sum.PssAnon/float64(n)/mib, sum.PssFile/float64(n)/mib, sum.Rss/float64(n)/mib, sum.Pss/mib)
 
 	// What idle stacks cost the node: their CPU over idleCPUWindow.
-	cpu0 := processesCPU(pids)
+	cpu0 := procfs.ProcessesCPU(pids)
 	time.Sleep(idleCPUWindow)
-	perPodMin := (processesCPU(pids) - cpu0) * 1000 / float64(n) * float64(time.Minute) / float64(idleCPUWindow)
+	perPodMin := (procfs.ProcessesCPU(pids) - cpu0) * 1000 / float64(n) * float64(time.Minute) / float64(idleCPUWindow)
 	b.record(0, scaleIdle, "idle_cpu_ms_per_pod_min", perPodMin)
-	logf("  idle: %.2f ms of CPU per pod per minute", perPodMin)
+	runlog.Logf("  idle: %.2f ms of CPU per pod per minute", perPodMin)
 
 	t0 := time.Now()
 	dres, err := b.scaleDown(ctx, u.ConfPath)
@@ -138,7 +140,7 @@ func (b *bench) idlePods(ctx context.Context, u *attachment) error {
 		return err
 	}
 	b.record(0, scaleIdle, "del_p50_ms", quantile(dres.DelMS, 0.5))
-	logf("  DEL of %d pods: p50 %.0f ms, %.0f s in all", n, quantile(dres.DelMS, 0.5), time.Since(t0).Seconds())
+	runlog.Logf("  DEL of %d pods: p50 %.0f ms, %.0f s in all", n, quantile(dres.DelMS, 0.5), time.Since(t0).Seconds())
 	return nil
 }
 
@@ -198,53 +200,6 @@ func (b *bench) stackPIDs(ctx context.Context, prefix string) ([]int, error) {
 	return pids, nil
 }
 
-// smaps is the part of /proc/PID/smaps_rollup the scale section reads, in bytes.
-type smaps struct{ Rss, Pss, PssAnon, PssFile float64 }
-
-func (s *smaps) add(o smaps) {
-	s.Rss += o.Rss
-	s.Pss += o.Pss
-	s.PssAnon += o.PssAnon
-	s.PssFile += o.PssFile
-}
-
-func readSmapsRollup(pid int) (smaps, error) {
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
-	if err != nil {
-		return smaps{}, err
-	}
-	return parseSmapsRollup(raw)
-}
-
-func parseSmapsRollup(raw []byte) (smaps, error) {
-	var s smaps
-	seen := 0
-	for _, l := range strings.Split(string(raw), "\n") {
-		f := strings.Fields(l)
-		if len(f) != 3 || f[2] != "kB" {
-			continue
-		}
-		kb, err := strconv.ParseFloat(f[1], 64)
-		if err != nil {
-			return s, fmt.Errorf("smaps_rollup line %q: %w", l, err)
-		}
-		switch f[0] {
-		case "Rss:":
-			s.Rss, seen = kb*1024, seen+1
-		case "Pss:":
-			s.Pss, seen = kb*1024, seen+1
-		case "Pss_Anon:":
-			s.PssAnon = kb * 1024
-		case "Pss_File:":
-			s.PssFile = kb * 1024
-		}
-	}
-	if seen < 2 {
-		return s, fmt.Errorf("smaps_rollup has no Rss or Pss")
-	}
-	return s, nil
-}
-
 // streams runs n concurrent streams node→pod against pod a: aggregate
 // Gbit/s, and for a stack the peak RSS sampled while they run.
 func (b *bench) streams(ctx context.Context, a *attachment, n int) error {
@@ -274,7 +229,7 @@ func (b *bench) streams(ctx context.Context, a *attachment, n int) error {
 		go func() {
 			defer sampler.Done()
 			for {
-				if rss, err := vmRSS(a.StackPID); err == nil && rss > peak {
+				if rss, err := procfs.VMRSS(a.StackPID); err == nil && rss > peak {
 					peak = rss
 				}
 				select {
@@ -325,7 +280,7 @@ func (b *bench) streams(ctx context.Context, a *attachment, n int) error {
 		b.record(0, a.Config, fmt.Sprintf("streams_%d_rss_mib", n), peak)
 		msg = fmt.Sprintf(", stack peak RSS %.1f MiB", peak)
 	}
-	logf("  %d streams: %.2f Gbit/s%s", n, sum, msg)
+	runlog.Logf("  %d streams: %.2f Gbit/s%s", n, sum, msg)
 	return nil
 }
 
@@ -333,23 +288,3 @@ func (b *bench) streams(ctx context.Context, a *attachment, n int) error {
 // CPU: long enough for the Go runtime's background work and the stacks'
 // own timers to show.
 const idleCPUWindow = 20 * time.Second
-
-// processesCPU is the CPU seconds (user and system) pids have used, from
-// /proc/<pid>/stat's utime and stime; a process gone counts nothing.
-func processesCPU(pids []int) float64 {
-	var ticks float64
-	for _, pid := range pids {
-		raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-		if err != nil {
-			continue
-		}
-		i := strings.LastIndexByte(string(raw), ')')
-		f := strings.Fields(string(raw[i+1:])) // f[0] is field 3, state
-		if len(f) > 12 {
-			u, _ := strconv.ParseFloat(f[11], 64)
-			s, _ := strconv.ParseFloat(f[12], 64)
-			ticks += u + s
-		}
-	}
-	return ticks / 100 // USER_HZ
-}

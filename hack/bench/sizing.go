@@ -3,14 +3,15 @@ package main
 import (
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
+	"github.com/cni-usernet/cni-usernet/hack/bench/cgroup"
+	"github.com/cni-usernet/cni-usernet/hack/bench/procfs"
+	"github.com/cni-usernet/cni-usernet/hack/bench/runlog"
 	"github.com/cni-usernet/cni-usernet/pkg/node/podcgroup"
 )
 
@@ -18,7 +19,7 @@ import (
 // its pod's memory, for users sizing requests and limits. One more pod is
 // attached with usernet-hardware's configuration and a pod UID, and the
 // benchmark makes the cgroup kubelet would have made for that pod in a
-// kubepods tree of its own (cgPrefix+"sizing/kubepods", a tree one level
+// kubepods tree of its own (cgroup.Prefix+"sizing/kubepods", a tree one level
 // down as kubelet's --cgroup-root makes it). The plugin then finds the
 // pod's cgroup by the UID and puts the stack in it right after starting
 // it, as on a node: the cgroup holds the stack alone, and is charged what
@@ -66,40 +67,40 @@ func (b *bench) sizing(ctx context.Context, live []*attachment) {
 	}
 	if err != nil {
 		b.skipped[sizingRow] = err.Error()
-		logf("sizing: skipped: %v", err)
+		runlog.Logf("sizing: skipped: %v", err)
 		return
 	}
-	logf("sizing: a stack alone in its pod's cgroup (%s)", fs)
+	runlog.Logf("sizing: a stack alone in its pod's cgroup (%s)", fs)
 	if err := b.sizeStack(ctx, fs, live[i]); err != nil {
 		b.fail(0, sizingRow, "setup", err)
 	}
 }
 
-func (b *bench) sizeStack(ctx context.Context, fs *cgroupFS, u *attachment) (err error) {
-	top := cgPrefix + sizingRow
+func (b *bench) sizeStack(ctx context.Context, fs *cgroup.FS, u *attachment) (err error) {
+	top := cgroup.Prefix + sizingRow
 	defer func() {
-		for _, m := range fs.mounts() {
-			if rerr := removeCgroupTree(m, filepath.Join(m, top)); rerr != nil && err == nil {
+		for _, m := range fs.Mounts() {
+			if rerr := cgroup.RemoveTree(m, filepath.Join(m, top)); rerr != nil && err == nil {
 				err = rerr
 			}
 		}
 	}()
-	uid := fmt.Sprintf("%s%d", cgPrefix, time.Now().UnixNano())
-	var g *cgroup
+	uid := fmt.Sprintf("%s%d", cgroup.Prefix, time.Now().UnixNano())
+	var g *cgroup.Group
 	rel := top
 	for _, next := range []string{"kubepods", "besteffort", "pod" + uid, ""} {
 		// The plugin checks that the pod's cgroup is in every hierarchy
 		// it charges: cpu and cpuacct as well as memory.
-		if g, err = fs.create(rel, "cpu", "memory"); err != nil {
+		if g, err = fs.Create(rel, "cpu", "memory"); err != nil {
 			return err
 		}
 		if next != "" {
 			rel += "/" + next
 		}
 	}
-	want := "/" + g.rel // where the plugin puts the stack
+	want := "/" + g.Rel // where the plugin puts the stack
 	ctrl := "memory"
-	if g.v2 {
+	if g.V2 {
 		want, ctrl = want+"/"+podcgroup.StackLeaf, ""
 	}
 
@@ -123,21 +124,21 @@ func (b *bench) sizeStack(ctx context.Context, fs *cgroupFS, u *attachment) (err
 		return err
 	}
 	a.StackPID = st.PID
-	pl, err := placementOf(a.StackPID)
+	pl, err := cgroup.PlacementOf(a.StackPID)
 	if err != nil {
 		return err
 	}
 	if pl[ctrl] != want {
 		return fmt.Errorf("the stack is in memory cgroup %q, not in its pod's, %q (see the plugin's log in logs/cni-usernet)", pl[ctrl], want)
 	}
-	logf("  sizing pod %s ip %s, stack %d in %s", a.NS, a.IP, a.StackPID, g.memory)
+	runlog.Logf("  sizing pod %s ip %s, stack %d in %s", a.NS, a.IP, a.StackPID, g.Memory)
 
 	measure := func(phase string) error {
-		u, err := g.memUsage()
+		u, err := g.MemUsage()
 		if err != nil {
 			return err
 		}
-		rss, err := readRSS(a.StackPID)
+		rss, err := procfs.ReadRSS(a.StackPID)
 		if err != nil {
 			return err
 		}
@@ -214,7 +215,7 @@ func (b *bench) sizeStack(ctx context.Context, fs *cgroupFS, u *attachment) (err
 	return measure("settled")
 }
 
-func (b *bench) recordSizing(phase string, r rss, u memUsage) {
+func (b *bench) recordSizing(phase string, r procfs.RSS, u cgroup.MemUsage) {
 	const mib = 1 << 20
 	b.record(0, sizingRow, phase+"_rss", r.Total/mib)
 	b.record(0, sizingRow, phase+"_rss_anon", r.Anon/mib)
@@ -223,66 +224,22 @@ func (b *bench) recordSizing(phase string, r rss, u memUsage) {
 	b.record(0, sizingRow, phase+"_anon", u.Anon/mib)
 	b.record(0, sizingRow, phase+"_file", u.File/mib)
 	b.record(0, sizingRow, phase+"_kernel", u.Kernel/mib)
-	logf("  %s: RSS %.1f MiB (anon %.1f, file %.1f), pod cgroup charged %.1f MiB (anon %.1f, file %.1f, kernel %.1f)",
+	runlog.Logf("  %s: RSS %.1f MiB (anon %.1f, file %.1f), pod cgroup charged %.1f MiB (anon %.1f, file %.1f, kernel %.1f)",
 		phase, r.Total/mib, r.Anon/mib, r.File/mib, u.Charge/mib, u.Anon/mib, u.File/mib, u.Kernel/mib)
-}
-
-// rss is a process's resident memory in bytes, from /proc/PID/status:
-// anonymous, and file-backed (the binary's text, shared with every stack
-// of the node and charged to whichever cgroup first read it).
-type rss struct{ Total, Anon, File float64 }
-
-func readRSS(pid int) (rss, error) {
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return rss{}, err
-	}
-	return parseStatusRSS(raw)
-}
-
-func parseStatusRSS(raw []byte) (rss, error) {
-	var r rss
-	seen := 0
-	for _, l := range strings.Split(string(raw), "\n") {
-		k, v, ok := strings.Cut(l, ":")
-		if !ok {
-			continue
-		}
-		var dst *float64
-		switch k {
-		case "VmRSS":
-			dst = &r.Total
-		case "RssAnon":
-			dst = &r.Anon
-		case "RssFile":
-			dst = &r.File
-		default:
-			continue
-		}
-		kb, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)
-		if err != nil {
-			return rss{}, fmt.Errorf("/proc/PID/status %s: %w", k, err)
-		}
-		*dst, seen = kb*1024, seen+1
-	}
-	if seen != 3 {
-		return rss{}, fmt.Errorf("/proc/PID/status lacks VmRSS, RssAnon or RssFile")
-	}
-	return r, nil
 }
 
 // peakDuring runs load and records the stack's peak RSS and its cgroup's
 // peak charge (each with its split at that moment), sampled every 100 ms.
-func (b *bench) peakDuring(phase string, pid int, g *cgroup, load func() error) error {
+func (b *bench) peakDuring(phase string, pid int, g *cgroup.Group, load func() error) error {
 	var (
 		mu      sync.Mutex
-		peakRSS rss
-		peak    memUsage
+		peakRSS procfs.RSS
+		peak    cgroup.MemUsage
 		serr    error
 	)
 	sample := func() {
-		r, err1 := readRSS(pid)
-		u, err2 := g.memUsage()
+		r, err1 := procfs.ReadRSS(pid)
+		u, err2 := g.MemUsage()
 		mu.Lock()
 		defer mu.Unlock()
 		if err1 != nil || err2 != nil {

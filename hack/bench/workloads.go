@@ -14,6 +14,9 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/cni-usernet/cni-usernet/hack/bench/procfs"
+	"github.com/cni-usernet/cni-usernet/hack/bench/runlog"
 )
 
 // Ports of the servers in the pod.
@@ -89,7 +92,7 @@ func (b *bench) tapBytes(ctx context.Context, r int, a *attachment) {
 		total += v
 	}
 	b.record(r, a.Config, "tap_gb", total/1e9)
-	logf("  %.1f GB through %s's tap so far", total/1e9, a.cfg.Peer)
+	runlog.Logf("  %.1f GB through %s's tap so far", total/1e9, a.cfg.Peer)
 }
 
 // serve starts a server in the pod and waits until it listens. A runsc pod's
@@ -119,16 +122,16 @@ func (b *bench) idleStack(ctx context.Context, r int, a *attachment) error {
 		}
 		a.Status = st.raw
 		if st.PID != a.StackPID {
-			logf("  %s: stack pid %d (was %d)", a.Config, st.PID, a.StackPID)
+			runlog.Logf("  %s: stack pid %d (was %d)", a.Config, st.PID, a.StackPID)
 			a.StackPID = st.PID
 		}
 	}
-	rss, err := vmRSS(a.StackPID)
+	rss, err := procfs.VMRSS(a.StackPID)
 	if err != nil {
 		return err
 	}
 	b.record(r, a.Config, "rss_mib", rss)
-	logf("  idle stack RSS %.1f MiB", rss)
+	runlog.Logf("  idle stack RSS %.1f MiB", rss)
 	return nil
 }
 
@@ -146,11 +149,11 @@ func (b *bench) iperf(ctx context.Context, r int, a *attachment) error {
 		if dir == "p2n" {
 			argv = append(argv, "-R")
 		}
-		sys0, stack0 := systemCPU(), processCPU(a.StackPID)
+		sys0, stack0 := procfs.SystemCPU(), procfs.ProcessCPU(a.StackPID)
 		t0 := time.Now()
 		out, err := b.output(ctx, b.o.IperfTime+30*time.Second, nodeNS, argv...)
 		wall := time.Since(t0).Seconds()
-		sysCores, stackCores := (systemCPU()-sys0)/wall, (processCPU(a.StackPID)-stack0)/wall
+		sysCores, stackCores := (procfs.SystemCPU()-sys0)/wall, (procfs.ProcessCPU(a.StackPID)-stack0)/wall
 		gbps, retrans, bytes, perr := parseIperf(out)
 		if perr != nil { // iperf3 -J reports its own errors in the JSON
 			return fmt.Errorf("%s: %w", dir, perr)
@@ -172,7 +175,7 @@ func (b *bench) iperf(ctx context.Context, r int, a *attachment) error {
 				b.record(r, a.Config, "stack_cpu_"+dir, stackCores/gbps)
 			}
 		}
-		logf("  iperf3 %s %.2f Gbit/s, %.0f retransmits, %.2f cores busy (stack: %.2f)", dir, gbps, retrans, sysCores, stackCores)
+		runlog.Logf("  iperf3 %s %.2f Gbit/s, %.0f retransmits, %.2f cores busy (stack: %.2f)", dir, gbps, retrans, sysCores, stackCores)
 	}
 	return nil
 }
@@ -211,10 +214,10 @@ func (b *bench) redis(ctx context.Context, r int, a *attachment) error {
 		return err
 	}
 	defer b.stop(srv)
-	sys0, stack0 := systemCPU(), processCPU(a.StackPID)
+	sys0, stack0 := procfs.SystemCPU(), procfs.ProcessCPU(a.StackPID)
 	out, err := b.output(ctx, 5*time.Minute, nodeNS, "redis-benchmark", "-h", a.IP, "-p", strconv.Itoa(redisPort),
 		"-n", strconv.Itoa(b.o.RedisN), "-t", "set,get", "--csv")
-	sysS, stackS := systemCPU()-sys0, processCPU(a.StackPID)-stack0
+	sysS, stackS := procfs.SystemCPU()-sys0, procfs.ProcessCPU(a.StackPID)-stack0
 	if err != nil {
 		return err
 	}
@@ -233,7 +236,7 @@ func (b *bench) redis(ctx context.Context, r int, a *attachment) error {
 		b.record(r, a.Config, "redis_"+t+"_krps", res[t][0]/1000)
 		b.record(r, a.Config, "redis_"+t+"_p50_ms", res[t][1])
 	}
-	logf("  redis SET %.0f GET %.0f rps, p50 %.3f / %.3f ms", res["set"][0], res["get"][0], res["set"][1], res["get"][1])
+	runlog.Logf("  redis SET %.0f GET %.0f rps, p50 %.3f / %.3f ms", res["set"][0], res["get"][0], res["set"][1], res["get"][1])
 	return nil
 }
 
@@ -337,7 +340,7 @@ func (b *bench) nginx(ctx context.Context, r int, a *attachment) error {
 	}
 	b.record(r, a.Config, "nginx_rps", res.rps)
 	b.record(r, a.Config, "nginx_mbs", res.kbps*1024/1e6)
-	logf("  nginx 10 MiB: %.1f req/s, %.0f MB/s (%v requests)", res.rps, res.kbps*1024/1e6, res.complete)
+	runlog.Logf("  nginx 10 MiB: %.1f req/s, %.0f MB/s (%v requests)", res.rps, res.kbps*1024/1e6, res.complete)
 	return nil
 }
 
@@ -373,7 +376,7 @@ func parseAB(out []byte) (abResult, error) {
 		}
 	}
 	if seen < 5 {
-		return res, fmt.Errorf("unexpected ab output: %s", tail(string(out), 400))
+		return res, fmt.Errorf("unexpected ab output: %s", runlog.Tail(string(out), 400))
 	}
 	return res, nil
 }
@@ -398,10 +401,10 @@ func (b *bench) tcpRR(ctx context.Context, r int, a *attachment) error {
 		}
 		frames0 = st.Stats.Wire.TxPackets
 	}
-	sys0, stack0, wake0 := systemCPU(), processCPU(a.StackPID), processWakeups(a.StackPID)
+	sys0, stack0, wake0 := procfs.SystemCPU(), procfs.ProcessCPU(a.StackPID), procfs.ProcessWakeups(a.StackPID)
 	out, err := b.output(ctx, b.o.RRTime+time.Minute, nodeNS, b.self, "rr-client",
 		"-addr", net.JoinHostPort(a.IP, strconv.Itoa(rrPort)), "-time", b.o.RRTime.String())
-	sysS, stackS, wakes := systemCPU()-sys0, processCPU(a.StackPID)-stack0, processWakeups(a.StackPID)-wake0
+	sysS, stackS, wakes := procfs.SystemCPU()-sys0, procfs.ProcessCPU(a.StackPID)-stack0, procfs.ProcessWakeups(a.StackPID)-wake0
 	if err != nil {
 		return err
 	}
@@ -432,7 +435,7 @@ func (b *bench) tcpRR(ctx context.Context, r int, a *attachment) error {
 			b.record(r, a.Config, "stack_wakeups_rr", float64(wakes)/(krt*1000))
 		}
 	}
-	logf("  TCP_RR p50 %.1f µs, p99 %.1f µs (%d round trips)", res.P50US, res.P99US, res.N)
+	runlog.Logf("  TCP_RR p50 %.1f µs, p99 %.1f µs (%d round trips)", res.P50US, res.P99US, res.N)
 	return nil
 }
 
@@ -473,7 +476,7 @@ func (b *bench) addLatency(ctx context.Context, r int, name string, a *attachmen
 	b.record(r, name, "add_p50_ms", quantile(res.AddMS, 0.50))
 	b.record(r, name, "add_p99_ms", quantile(res.AddMS, 0.99))
 	b.record(r, name, "del_p50_ms", quantile(res.DelMS, 0.50))
-	logf("  ADD p50 %.1f ms, p99 %.1f ms; DEL p50 %.1f ms", quantile(res.AddMS, 0.5), quantile(res.AddMS, 0.99), quantile(res.DelMS, 0.5))
+	runlog.Logf("  ADD p50 %.1f ms, p99 %.1f ms; DEL p50 %.1f ms", quantile(res.AddMS, 0.5), quantile(res.AddMS, 0.99), quantile(res.DelMS, 0.5))
 	return nil
 }
 
@@ -485,86 +488,4 @@ func quantile(vs []float64, q float64) float64 {
 	s := slices.Clone(vs)
 	slices.Sort(s)
 	return s[int(q*float64(len(s)-1)+0.5)]
-}
-
-// USER_HZ: the unit of /proc CPU times, 100 on every Linux ABI Go supports.
-const userHZ = 100
-
-// systemCPU returns the CPU seconds all CPUs spent not idle since boot.
-func systemCPU() float64 {
-	raw, err := os.ReadFile("/proc/stat")
-	if err != nil {
-		return 0
-	}
-	line, _, _ := strings.Cut(string(raw), "\n")
-	f := strings.Fields(line) // cpu user nice system idle iowait irq softirq steal ...
-	var busy float64
-	for i, v := range f[1:] {
-		n, _ := strconv.ParseFloat(v, 64)
-		if i != 3 && i != 4 && i < 8 { // skip idle and iowait; guest is already in user
-			busy += n
-		}
-	}
-	return busy / userHZ
-}
-
-// processCPU returns utime+stime of pid in seconds, 0 if pid ≤ 0 or gone.
-func processCPU(pid int) float64 {
-	if pid <= 0 {
-		return 0
-	}
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	i := strings.LastIndexByte(string(raw), ')')
-	f := strings.Fields(string(raw[i+1:])) // f[0] is field 3 (state)
-	if len(f) < 13 {
-		return 0
-	}
-	ut, _ := strconv.ParseFloat(f[11], 64)
-	st, _ := strconv.ParseFloat(f[12], 64)
-	return (ut + st) / userHZ
-}
-
-func vmRSS(pid int) (float64, error) {
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, err
-	}
-	for _, l := range strings.Split(string(raw), "\n") {
-		if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
-			kb, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)
-			return kb / 1024, err
-		}
-	}
-	return 0, fmt.Errorf("no VmRSS for pid %d", pid)
-}
-
-// processWakeups returns how often pid's threads have blocked and been woken
-// (the sum of their voluntary_ctxt_switches), 0 if pid ≤ 0 or gone. A
-// thread that waits in epoll, a futex or a blocking system call counts one
-// each time; preemption does not, so a loaded machine does not inflate it.
-func processWakeups(pid int) uint64 {
-	if pid <= 0 {
-		return 0
-	}
-	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
-	if err != nil {
-		return 0
-	}
-	var n uint64
-	for _, task := range tasks {
-		raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/status", pid, task.Name()))
-		if err != nil {
-			continue
-		}
-		for _, line := range strings.Split(string(raw), "\n") {
-			if v, ok := strings.CutPrefix(line, "voluntary_ctxt_switches:"); ok {
-				c, _ := strconv.ParseUint(strings.TrimSpace(v), 10, 64)
-				n += c
-			}
-		}
-	}
-	return n
 }

@@ -1,4 +1,7 @@
-package main
+// Package cgroup makes the benchmark's own cgroups, kubelet's way: finds the
+// hierarchies, creates and limits cgroups, moves processes in and back, reads
+// their CPU and memory, and removes every one it made.
+package cgroup
 
 import (
 	"bufio"
@@ -11,23 +14,26 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/cni-usernet/cni-usernet/hack/bench/procfs"
+	"github.com/cni-usernet/cni-usernet/hack/bench/runlog"
 )
 
 // The limits and sizing sections put a pod's processes into cgroups the
-// benchmark makes directly under each hierarchy's root, named cgPrefix…,
+// benchmark makes directly under each hierarchy's root, named Prefix…,
 // as kubelet makes a pod's: the root is the one place where a v2 cgroup
 // may both hold processes and enable controllers for its children, and a
 // prefix lets cleanup find what a killed run left.
 
 const (
-	cgPrefix = "ub-bench-"
-	// cfsPeriodUs is kubelet's CFS period (its --cpu-cfs-quota-period
+	Prefix = "ub-bench-"
+	// CFSPeriodUs is kubelet's CFS period (its --cpu-cfs-quota-period
 	// default): a limit of 100m is 10 ms of CPU in every 100 ms.
-	cfsPeriodUs = 100000
+	CFSPeriodUs = 100000
 )
 
-// cgroupFS is where this machine mounts the controllers the benchmark uses.
-type cgroupFS struct {
+// FS is where this machine mounts the controllers the benchmark uses.
+type FS struct {
 	// V2 is the unified hierarchy's mount when it holds the cpu
 	// controller; empty when cpu is on a v1 hierarchy (v1, or a hybrid
 	// whose unified mount holds no controllers, as on this project's VMs).
@@ -37,7 +43,7 @@ type cgroupFS struct {
 	// when there is no v1 memory hierarchy.
 	CPU, CPUAcct, Memory string
 	// enabled are the controllers this run turned on in the v2 root's
-	// cgroup.subtree_control, turned off again by sweep.
+	// cgroup.subtree_control, turned off again by Sweep.
 	enabled []string
 }
 
@@ -64,8 +70,8 @@ func parseMountinfo(raw []byte) []mountEntry {
 // unified mount's cgroup.controllers: a hybrid node mounts one that holds
 // none, and its cpu is on v1. A controller mounted twice (a bind mount)
 // is taken where it is first mounted.
-func findCgroupFS(mounts []mountEntry, controllers func(dir string) string) (cgroupFS, error) {
-	var fs cgroupFS
+func findCgroupFS(mounts []mountEntry, controllers func(dir string) string) (FS, error) {
+	var fs FS
 	var unified []string
 	for _, m := range mounts {
 		switch m.fstype {
@@ -83,19 +89,20 @@ func findCgroupFS(mounts []mountEntry, controllers func(dir string) string) (cgr
 	}
 	if fs.CPU != "" {
 		if fs.CPUAcct == "" {
-			return cgroupFS{}, fmt.Errorf("cgroup v1 cpu hierarchy at %s but no cpuacct hierarchy to read a cgroup's CPU time from", fs.CPU)
+			return FS{}, fmt.Errorf("cgroup v1 cpu hierarchy at %s but no cpuacct hierarchy to read a cgroup's CPU time from", fs.CPU)
 		}
 		return fs, nil
 	}
 	for _, u := range unified {
 		if slices.Contains(strings.Fields(controllers(u)), "cpu") {
-			return cgroupFS{V2: u}, nil
+			return FS{V2: u}, nil
 		}
 	}
-	return cgroupFS{}, errors.New("no cgroup v1 cpu hierarchy and no cgroup v2 mount with the cpu controller")
+	return FS{}, errors.New("no cgroup v1 cpu hierarchy and no cgroup v2 mount with the cpu controller")
 }
 
-func (f *cgroupFS) detect() error {
+// Detect fills f from this machine's mounts.
+func (f *FS) Detect() error {
 	raw, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
 		return err
@@ -107,25 +114,26 @@ func (f *cgroupFS) detect() error {
 	return err
 }
 
-func (f *cgroupFS) String() string {
+func (f *FS) String() string {
 	if f.V2 != "" {
 		return "cgroup v2 at " + f.V2
 	}
 	return fmt.Sprintf("cgroup v1: cpu at %s, cpuacct at %s, memory at %s", f.CPU, f.CPUAcct, f.Memory)
 }
 
-// cgroup is one cgroup the benchmark made. On v2 its three directories
+// Group is one cgroup the benchmark made. On v2 its three directories
 // are one.
-type cgroup struct {
-	rel                  string // path below the hierarchies' roots
-	cpu, cpuacct, memory string // "" where it was not made
-	v2                   bool
+type Group struct {
+	Rel          string // path below the hierarchies' roots
+	cpu, cpuacct string // "" where it was not made
+	Memory       string // "" where it was not made
+	V2           bool
 }
 
 // dirs are the cgroup's directories, each once.
-func (g *cgroup) dirs() []string {
+func (g *Group) dirs() []string {
 	var out []string
-	for _, d := range []string{g.cpu, g.cpuacct, g.memory} {
+	for _, d := range []string{g.cpu, g.cpuacct, g.Memory} {
 		if d != "" && !slices.Contains(out, d) {
 			out = append(out, d)
 		}
@@ -133,24 +141,24 @@ func (g *cgroup) dirs() []string {
 	return out
 }
 
-// create makes cgroup rel, whose parent exists, in the hierarchies of the
+// Create makes cgroup rel, whose parent exists, in the hierarchies of the
 // controllers asked for ("cpu", which brings cpuacct on v1, and
 // "memory"). On v2 they are enabled in the parent's cgroup.subtree_control
 // first: a cgroup has a controller's files (cpu.max, memory.current) only
 // when its parent hands the controller down.
-func (f *cgroupFS) create(rel string, controllers ...string) (*cgroup, error) {
-	g := &cgroup{rel: rel, v2: f.V2 != ""}
-	if g.v2 {
+func (f *FS) Create(rel string, controllers ...string) (*Group, error) {
+	g := &Group{Rel: rel, V2: f.V2 != ""}
+	if g.V2 {
 		if err := f.enable(filepath.Dir(rel), controllers); err != nil {
 			return nil, err
 		}
 		d := filepath.Join(f.V2, rel)
-		g.cpu, g.cpuacct, g.memory = d, d, d
+		g.cpu, g.cpuacct, g.Memory = d, d, d
 		if !slices.Contains(controllers, "cpu") {
 			g.cpu = ""
 		}
 		if !slices.Contains(controllers, "memory") {
-			g.memory = ""
+			g.Memory = ""
 		}
 	} else {
 		for _, c := range controllers {
@@ -161,7 +169,7 @@ func (f *cgroupFS) create(rel string, controllers ...string) (*cgroup, error) {
 				if f.Memory == "" {
 					return nil, errors.New("no cgroup v1 memory hierarchy")
 				}
-				g.memory = filepath.Join(f.Memory, rel)
+				g.Memory = filepath.Join(f.Memory, rel)
 			}
 		}
 	}
@@ -176,7 +184,7 @@ func (f *cgroupFS) create(rel string, controllers ...string) (*cgroup, error) {
 // enable turns controllers on in the cgroup.subtree_control of v2 cgroup
 // parent ("." for the root), remembering those it turned on in the root:
 // the benchmark's own cgroups go with their controllers.
-func (f *cgroupFS) enable(parent string, controllers []string) error {
+func (f *FS) enable(parent string, controllers []string) error {
 	p := filepath.Join(f.V2, parent, "cgroup.subtree_control")
 	raw, err := os.ReadFile(p)
 	if err != nil {
@@ -197,20 +205,20 @@ func (f *cgroupFS) enable(parent string, controllers []string) error {
 	return nil
 }
 
-// setCPULimit gives the cgroup a CFS quota of cores per period, the way
+// SetCPULimit gives the cgroup a CFS quota of cores per period, the way
 // kubelet turns a pod's CPU limit into one; cores 0 removes the quota.
-func (g *cgroup) setCPULimit(cores float64) error {
+func (g *Group) SetCPULimit(cores float64) error {
 	quota := "-1"
 	if cores > 0 {
 		quota = strconv.FormatInt(cfsQuotaUs(cores), 10)
 	}
-	if g.v2 {
+	if g.V2 {
 		if quota == "-1" {
 			quota = "max"
 		}
-		return writeCgroupFile(filepath.Join(g.cpu, "cpu.max"), fmt.Sprintf("%s %d", quota, cfsPeriodUs))
+		return writeCgroupFile(filepath.Join(g.cpu, "cpu.max"), fmt.Sprintf("%s %d", quota, CFSPeriodUs))
 	}
-	if err := writeCgroupFile(filepath.Join(g.cpu, "cpu.cfs_period_us"), strconv.Itoa(cfsPeriodUs)); err != nil {
+	if err := writeCgroupFile(filepath.Join(g.cpu, "cpu.cfs_period_us"), strconv.Itoa(CFSPeriodUs)); err != nil {
 		return err
 	}
 	return writeCgroupFile(filepath.Join(g.cpu, "cpu.cfs_quota_us"), quota)
@@ -219,7 +227,7 @@ func (g *cgroup) setCPULimit(cores float64) error {
 // cfsQuotaUs is kubelet's milliCPUToQuota: the limit in millicores times
 // the period, at least the kernel's minimum of 1 ms.
 func cfsQuotaUs(cores float64) int64 {
-	q := int64(cores*1000+0.5) * cfsPeriodUs / 1000
+	q := int64(cores*1000+0.5) * CFSPeriodUs / 1000
 	return max(q, 1000)
 }
 
@@ -230,8 +238,8 @@ func writeCgroupFile(p, v string) error {
 	return nil
 }
 
-// join moves process pid, all its threads, into the cgroup.
-func (g *cgroup) join(pid int) error {
+// Join moves process pid, all its threads, into the cgroup.
+func (g *Group) Join(pid int) error {
 	for _, d := range g.dirs() {
 		if err := writeCgroupFile(filepath.Join(d, "cgroup.procs"), strconv.Itoa(pid)); err != nil {
 			return err
@@ -241,7 +249,7 @@ func (g *cgroup) join(pid int) error {
 }
 
 // procsFiles are the cgroup.procs files to write to for joining.
-func (g *cgroup) procsFiles() []string {
+func (g *Group) procsFiles() []string {
 	var out []string
 	for _, d := range g.dirs() {
 		out = append(out, filepath.Join(d, "cgroup.procs"))
@@ -249,9 +257,9 @@ func (g *cgroup) procsFiles() []string {
 	return out
 }
 
-// cpuSeconds is the CPU time the cgroup and its descendants have used.
-func (g *cgroup) cpuSeconds() (float64, error) {
-	if g.v2 {
+// CPUSeconds is the CPU time the cgroup and its descendants have used.
+func (g *Group) CPUSeconds() (float64, error) {
+	if g.V2 {
 		v, err := readKeyed(filepath.Join(g.cpuacct, "cpu.stat"), "usage_usec")
 		return v / 1e6, err
 	}
@@ -263,9 +271,9 @@ func (g *cgroup) cpuSeconds() (float64, error) {
 	return ns / 1e9, err
 }
 
-// throttling returns the CFS periods in which the cgroup ran and those in
+// Throttling returns the CFS periods in which the cgroup ran and those in
 // which it used up its quota; the same keys on v1 and v2.
-func (g *cgroup) throttling() (periods, throttled float64, err error) {
+func (g *Group) Throttling() (periods, throttled float64, err error) {
 	p := filepath.Join(g.cpu, "cpu.stat")
 	if periods, err = readKeyed(p, "nr_periods"); err != nil {
 		return 0, 0, err
@@ -274,18 +282,18 @@ func (g *cgroup) throttling() (periods, throttled float64, err error) {
 	return periods, throttled, err
 }
 
-// memUsage is what the memory cgroup is charged, in bytes, and its
+// MemUsage is what the memory cgroup is charged, in bytes, and its
 // split: anonymous memory, page cache, and the kernel's own (v1: the kmem
 // counter, which holds no socket buffers unless a TCP limit is set; v2:
 // memory.stat's kernel and sock).
-type memUsage struct{ Charge, Anon, File, Kernel float64 }
+type MemUsage struct{ Charge, Anon, File, Kernel float64 }
 
-func (g *cgroup) memUsage() (memUsage, error) {
-	var u memUsage
+func (g *Group) MemUsage() (MemUsage, error) {
+	var u MemUsage
 	var err error
-	stat := filepath.Join(g.memory, "memory.stat")
-	if g.v2 {
-		if u.Charge, err = readNumber(filepath.Join(g.memory, "memory.current")); err != nil {
+	stat := filepath.Join(g.Memory, "memory.stat")
+	if g.V2 {
+		if u.Charge, err = readNumber(filepath.Join(g.Memory, "memory.current")); err != nil {
 			return u, err
 		}
 		kv, err := readKeyedAll(stat)
@@ -295,7 +303,7 @@ func (g *cgroup) memUsage() (memUsage, error) {
 		u.Anon, u.File, u.Kernel = kv["anon"], kv["file"], kv["kernel"]+kv["sock"]
 		return u, nil
 	}
-	if u.Charge, err = readNumber(filepath.Join(g.memory, "memory.usage_in_bytes")); err != nil {
+	if u.Charge, err = readNumber(filepath.Join(g.Memory, "memory.usage_in_bytes")); err != nil {
 		return u, err
 	}
 	kv, err := readKeyedAll(stat)
@@ -303,7 +311,7 @@ func (g *cgroup) memUsage() (memUsage, error) {
 		return u, err
 	}
 	u.Anon, u.File = kv["rss"], kv["cache"]
-	u.Kernel, err = readNumber(filepath.Join(g.memory, "memory.kmem.usage_in_bytes"))
+	u.Kernel, err = readNumber(filepath.Join(g.Memory, "memory.kmem.usage_in_bytes"))
 	return u, err
 }
 
@@ -348,11 +356,12 @@ func readKeyed(p, key string) (float64, error) {
 	return v, nil
 }
 
-// placement is where a process sits: its /proc/PID/cgroup paths by the
+// Placement is where a process sits: its /proc/PID/cgroup paths by the
 // controllers the benchmark moves it in ("" for v2).
-type placement map[string]string
+type Placement map[string]string
 
-func placementOf(pid int) (placement, error) {
+// PlacementOf reads pid's placement from /proc/PID/cgroup.
+func PlacementOf(pid int) (Placement, error) {
 	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
 	if err != nil {
 		return nil, err
@@ -360,8 +369,8 @@ func placementOf(pid int) (placement, error) {
 	return parseProcCgroup(raw), nil
 }
 
-func parseProcCgroup(raw []byte) placement {
-	pl := placement{}
+func parseProcCgroup(raw []byte) Placement {
+	pl := Placement{}
 	for _, l := range strings.Split(strings.TrimSpace(string(raw)), "\n") {
 		f := strings.SplitN(l, ":", 3)
 		if len(f) != 3 {
@@ -378,9 +387,9 @@ func parseProcCgroup(raw []byte) placement {
 	return pl
 }
 
-// restore moves pid back to where it was: in each hierarchy g moved it
+// Restore moves pid back to where it was: in each hierarchy g moved it
 // in, to the cgroup pl names.
-func (f *cgroupFS) restore(pid int, pl placement, g *cgroup) error {
+func (f *FS) Restore(pid int, pl Placement, g *Group) error {
 	var errs []error
 	move := func(mount, ctrl string) {
 		if p, ok := pl[ctrl]; ok {
@@ -388,7 +397,7 @@ func (f *cgroupFS) restore(pid int, pl placement, g *cgroup) error {
 		}
 	}
 	switch {
-	case g.v2:
+	case g.V2:
 		move(f.V2, "")
 	default:
 		if g.cpu != "" {
@@ -397,15 +406,15 @@ func (f *cgroupFS) restore(pid int, pl placement, g *cgroup) error {
 				move(f.CPUAcct, "cpuacct")
 			}
 		}
-		if g.memory != "" {
+		if g.Memory != "" {
 			move(f.Memory, "memory")
 		}
 	}
 	return errors.Join(errs...)
 }
 
-// mounts are the hierarchies the benchmark makes cgroups in, each once.
-func (f *cgroupFS) mounts() []string {
+// Mounts are the hierarchies the benchmark makes cgroups in, each once.
+func (f *FS) Mounts() []string {
 	var out []string
 	for _, m := range []string{f.V2, f.CPU, f.CPUAcct, f.Memory} {
 		if m != "" && !slices.Contains(out, m) {
@@ -415,32 +424,32 @@ func (f *cgroupFS) mounts() []string {
 	return out
 }
 
-// sweep removes every cgPrefix cgroup, this run's or a killed run's, and
+// Sweep removes every Prefix cgroup, this run's or a killed run's, and
 // turns off the v2 controllers this run turned on. A process still in one
 // goes to the hierarchy's root first: the benchmark's servers and stacks
 // have ended or been moved back by then, and anything else is not ours to
 // kill.
-func (f *cgroupFS) sweep() {
-	for _, m := range f.mounts() {
-		dirs, _ := filepath.Glob(filepath.Join(m, cgPrefix+"*"))
+func (f *FS) Sweep() {
+	for _, m := range f.Mounts() {
+		dirs, _ := filepath.Glob(filepath.Join(m, Prefix+"*"))
 		for _, d := range dirs {
-			if err := removeCgroupTree(m, d); err != nil {
-				logf("cleanup: %v", err)
+			if err := RemoveTree(m, d); err != nil {
+				runlog.Logf("cleanup: %v", err)
 			}
 		}
 	}
 	for _, c := range f.enabled {
 		p := filepath.Join(f.V2, "cgroup.subtree_control")
 		if err := os.WriteFile(p, []byte("-"+c), 0); err != nil {
-			logf("cleanup: turning the %s controller off again in %s: %v", c, p, err)
+			runlog.Logf("cleanup: turning the %s controller off again in %s: %v", c, p, err)
 		}
 	}
 	f.enabled = nil
 }
 
-// removeCgroupTree removes cgroup dir of the hierarchy mounted at mount,
+// RemoveTree removes cgroup dir of the hierarchy mounted at mount,
 // children first.
-func removeCgroupTree(mount, dir string) error {
+func RemoveTree(mount, dir string) error {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
@@ -450,14 +459,14 @@ func removeCgroupTree(mount, dir string) error {
 	}
 	for _, e := range entries {
 		if e.IsDir() {
-			if err := removeCgroupTree(mount, filepath.Join(dir, e.Name())); err != nil {
+			if err := RemoveTree(mount, filepath.Join(dir, e.Name())); err != nil {
 				return err
 			}
 		}
 	}
 	raw, _ := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
 	for _, pid := range strings.Fields(string(raw)) {
-		logf("cleanup: process %s (%s) still in %s; moving it to the root cgroup", pid, tail(cmdline(atoi(pid)), 80), dir)
+		runlog.Logf("cleanup: process %s (%s) still in %s; moving it to the root cgroup", pid, runlog.Tail(procfs.Cmdline(atoi(pid)), 80), dir)
 		_ = os.WriteFile(filepath.Join(mount, "cgroup.procs"), []byte(pid), 0)
 	}
 	// A process that just exited leaves its cgroup a moment later.
