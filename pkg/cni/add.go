@@ -25,6 +25,7 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/api/offload"
 	"github.com/cni-usernet/cni-usernet/pkg/api/stackconfig"
 	"github.com/cni-usernet/cni-usernet/pkg/api/state"
+	"github.com/cni-usernet/cni-usernet/pkg/node/ethtool"
 	"github.com/cni-usernet/cni-usernet/pkg/node/launch"
 	"github.com/cni-usernet/cni-usernet/pkg/node/shaping"
 	"github.com/cni-usernet/cni-usernet/pkg/util/atomicfile"
@@ -282,7 +283,7 @@ func (a *addition) finish(result *current.Result, proc launch.Process) error {
 		// GSO cuts them to the MTU there; with GRO on the node's end the
 		// node takes each burst back as one aggregate (twice the
 		// throughput pod→node, BENCHMARKS.md). Only speed depends on it.
-		if on, err := offload.LinkGROOn(att.HostVeth); err != nil || !on {
+		if on, err := ethtool.LinkGROOn(att.HostVeth); err != nil || !on {
 			a.log.Warn("software GSO: GRO stays off on the node's end of the pod's link", "link", att.HostVeth, "on", on, "err", err)
 		}
 		a.step("gro")

@@ -15,6 +15,7 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/api/podnet"
 	"github.com/cni-usernet/cni-usernet/pkg/api/state"
 	"github.com/cni-usernet/cni-usernet/pkg/node/attachment"
+	"github.com/cni-usernet/cni-usernet/pkg/node/podkernel"
 	"github.com/cni-usernet/cni-usernet/pkg/node/sourceguard"
 	"github.com/cni-usernet/cni-usernet/pkg/node/wirens"
 )
@@ -69,7 +70,7 @@ func (inv *invocation) moveToWire(podNS, wire ns.NetNS, specPath string, u *undo
 	var spec *podnet.Spec
 	err = podNS.Do(func(ns.NetNS) error {
 		var err error
-		if spec, err = podnet.Collect(ifName); err != nil {
+		if spec, err = podkernel.Collect(ifName); err != nil {
 			return err
 		}
 		if err := spec.Validate(); err != nil {

@@ -20,6 +20,7 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/api/podnet"
 	"github.com/cni-usernet/cni-usernet/pkg/api/policy"
 	"github.com/cni-usernet/cni-usernet/pkg/api/stackconfig"
+	"github.com/cni-usernet/cni-usernet/pkg/stack/enforce"
 	"github.com/cni-usernet/cni-usernet/pkg/stack/governor"
 	"github.com/cni-usernet/cni-usernet/pkg/stack/packetsock"
 	"github.com/cni-usernet/cni-usernet/pkg/stack/podstack"
@@ -43,7 +44,7 @@ type Daemon struct {
 	stack           *podstack.Stack
 	// policy is the network policy in force; nil when the stack does not
 	// enforce policy (stackconfig.Config.Policy).
-	policy *policy.Enforcer
+	policy *enforce.Enforcer
 	ctl    *control.Server
 	// governor follows the load with the thread count and, left to it,
 	// busy polling; nil: both fixed (Govern).

@@ -7,6 +7,7 @@ import (
 	"os"
 
 	"github.com/cni-usernet/cni-usernet/pkg/api/podnet"
+	"github.com/cni-usernet/cni-usernet/pkg/node/podkernel"
 	"github.com/cni-usernet/cni-usernet/pkg/stack/podsock"
 	"github.com/cni-usernet/cni-usernet/pkg/stack/relay"
 	"github.com/cni-usernet/cni-usernet/pkg/util/steptime"
@@ -19,11 +20,11 @@ const listenBacklog = 4096
 // openPodSide opens the relay's listeners on loopback, in the pod's
 // network namespace and while the process still holds its capabilities
 // (transparency needs CAP_NET_RAW), and diverts the applications' TCP and
-// UDP to them (podnet.InstallDivert). IPv6 listeners exist only when the
+// UDP to them (podkernel.InstallDivert). IPv6 listeners exist only when the
 // pod has an IPv6 address.
 func openPodSide(tun *os.File, spec *podnet.Spec, ph *steptime.Steps) (*relay.PodSide, error) {
 	p := &relay.PodSide{TUN: tun}
-	d := podnet.Divert{TUN: tun.Name()}
+	d := podkernel.Divert{TUN: tun.Name()}
 	loopbacks := []netip.Addr{netip.MustParseAddr("127.0.0.1")}
 	for _, a := range spec.PodIPs() {
 		if a.Addr().Is6() {
@@ -59,7 +60,7 @@ func openPodSide(tun *os.File, spec *podnet.Spec, ph *steptime.Steps) (*relay.Po
 		return nil, err
 	}
 	p.Diag = diag
-	if err := podnet.InstallDivert(d); err != nil {
+	if err := podkernel.InstallDivert(d); err != nil {
 		p.Close()
 		return nil, fmt.Errorf("diverting the applications' traffic to the stack: %w", err)
 	}

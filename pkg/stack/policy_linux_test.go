@@ -9,6 +9,7 @@ import (
 
 	"github.com/cni-usernet/cni-usernet/pkg/api/podnet"
 	"github.com/cni-usernet/cni-usernet/pkg/api/policy"
+	"github.com/cni-usernet/cni-usernet/pkg/stack/enforce"
 )
 
 // TestStartPolicy: a stack starts with the policy file when there is one,
@@ -25,7 +26,7 @@ func TestStartPolicy(t *testing.T) {
 	dir := t.TempDir()
 	node, other := netip.MustParseAddr("10.1.0.1"), netip.MustParseAddr("10.1.0.7")
 
-	closed := func(t *testing.T, e *policy.Enforcer) {
+	closed := func(t *testing.T, e *enforce.Enforcer) {
 		t.Helper()
 		m := e.Current()
 		if m.Generation() != 0 || !m.Isolated(policy.Ingress) || !m.Isolated(policy.Egress) {

@@ -14,6 +14,8 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/api/podnet"
 	"github.com/cni-usernet/cni-usernet/pkg/api/policy"
 	"github.com/cni-usernet/cni-usernet/pkg/api/stackconfig"
+	"github.com/cni-usernet/cni-usernet/pkg/node/podkernel"
+	"github.com/cni-usernet/cni-usernet/pkg/stack/enforce"
 	"github.com/cni-usernet/cni-usernet/pkg/stack/packetsock"
 	"github.com/cni-usernet/cni-usernet/pkg/stack/podstack"
 	"github.com/cni-usernet/cni-usernet/pkg/stack/relay"
@@ -106,11 +108,11 @@ func (d *Daemon) loadSpec(wire wireNS) error {
 // configured from the spec, and the relay's listeners and divert
 // (openPodSide). On error nothing of it is left open.
 func (d *Daemon) openPod() (*relay.PodSide, error) {
-	tun, err := podnet.OpenTUN(d.cfg.TUNName)
+	tun, err := podkernel.OpenTUN(d.cfg.TUNName)
 	if err != nil {
 		return nil, err
 	}
-	if err := podnet.ConfigureTUN(d.cfg.TUNName, d.cfg.TUNMTU, d.spec); err != nil {
+	if err := podkernel.ConfigureTUN(d.cfg.TUNName, d.cfg.TUNMTU, d.spec); err != nil {
 		tun.Close()
 		return nil, err
 	}
@@ -152,7 +154,7 @@ func (d *Daemon) buildStack(pod *relay.PodSide, link *packetsock.Link) (*podstac
 // spec's gateways (the host side of the pod's link, where kubelet's
 // probes come from). An unreadable file closes the pod too: open would
 // be the wrong way to fail.
-func startPolicy(path string, spec *podnet.Spec, log *slog.Logger) (*policy.Enforcer, error) {
+func startPolicy(path string, spec *podnet.Spec, log *slog.Logger) (*enforce.Enforcer, error) {
 	p, err := policy.ReadFile(path)
 	if err != nil {
 		if !errors.Is(err, fs.ErrNotExist) {
@@ -166,7 +168,7 @@ func startPolicy(path string, spec *podnet.Spec, log *slog.Logger) (*policy.Enfo
 		}
 		p = policy.Closed(node)
 	}
-	e, err := policy.NewEnforcer(p)
+	e, err := enforce.NewEnforcer(p)
 	if err != nil {
 		return nil, fmt.Errorf("network policy: %w", err)
 	}
@@ -195,7 +197,7 @@ func loadOrCollect(cfg stackconfig.Config) (*podnet.Spec, error) {
 	if !errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("reading spec: %w", err)
 	}
-	spec, err = podnet.Collect(cfg.IfName)
+	spec, err = podkernel.Collect(cfg.IfName)
 	if err != nil {
 		return nil, err
 	}

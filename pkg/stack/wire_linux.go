@@ -12,9 +12,10 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cni-usernet/cni-usernet/pkg/api/offload"
-	"github.com/cni-usernet/cni-usernet/pkg/api/podnet"
+	"github.com/cni-usernet/cni-usernet/pkg/node/ethtool"
 	"github.com/cni-usernet/cni-usernet/pkg/node/ingressdrop"
 	"github.com/cni-usernet/cni-usernet/pkg/node/launch"
+	"github.com/cni-usernet/cni-usernet/pkg/node/podkernel"
 	"github.com/cni-usernet/cni-usernet/pkg/stack/packetsock"
 )
 
@@ -24,11 +25,11 @@ import (
 func (d *Daemon) takeLink() error {
 	cfg, log := d.cfg, d.log
 	if cfg.PodLinkOffloadsOff {
-		if err := offload.LinkOffloadsOff(cfg.IfName); err != nil {
+		if err := ethtool.LinkOffloadsOff(cfg.IfName); err != nil {
 			return err
 		}
 	}
-	link, err := offload.Detect(cfg.IfName)
+	link, err := ethtool.Detect(cfg.IfName)
 	if err != nil {
 		return fmt.Errorf("detecting GSO on %s: %w", cfg.IfName, err)
 	}
@@ -47,7 +48,7 @@ func (d *Daemon) takeLink() error {
 		// that cannot take them whole. Where TSO stays on anyway (a
 		// device with it fixed on), the device segments instead: the
 		// same frames on the wire.
-		if err := offload.LinkTSOOff(cfg.IfName); err != nil {
+		if err := ethtool.LinkTSOOff(cfg.IfName); err != nil {
 			log.Warn("software GSO: TSO stays on, the link segments", "err", err)
 		}
 	}
@@ -57,7 +58,7 @@ func (d *Daemon) takeLink() error {
 	if err := ingressdrop.Install(cfg.IfName); err != nil {
 		return fmt.Errorf("dropping kernel ingress on %s: %w", cfg.IfName, err)
 	}
-	if err := podnet.Strip(cfg.IfName); err != nil {
+	if err := podkernel.Strip(cfg.IfName); err != nil {
 		return fmt.Errorf("taking addresses and routes off %s: %w", cfg.IfName, err)
 	}
 	return nil

@@ -63,6 +63,8 @@ var rules = []rule{
 		"the binary the runtime runs at every ADD stays small: no client-go"},
 	{under("pkg/api", "pkg/node", "pkg/util"), under("pkg/cni", "pkg/agent", "pkg/stack", "pkg/cli"),
 		"contracts and shared node code depend on no one process"},
+	{under("pkg/api"), under("pkg/node", "pkg/stack"),
+		"contracts are types, parsing and validation: the kernel work and the enforcement they describe live in pkg/node and pkg/stack"},
 	{under("pkg/stack"), under("pkg/cni", "pkg/agent", "pkg/cli"),
 		"a pod's stack links none of the host-side processes"},
 	{under("cmd/cni-usernet", "pkg/cni", "pkg/cli"), under("pkg/agent"),

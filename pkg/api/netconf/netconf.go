@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/cni-usernet/cni-usernet/pkg/api/offload"
-	"github.com/cni-usernet/cni-usernet/pkg/node/shaping"
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/cni/pkg/version"
 )
@@ -131,7 +130,7 @@ type NetConf struct {
 		// Bandwidth is the pod's bandwidth annotations, passed to a
 		// plugin that declares the "bandwidth" capability: cni-usernet
 		// shapes its pods itself (pkg/node/shaping).
-		Bandwidth *shaping.Limits `json:"bandwidth,omitempty"`
+		Bandwidth *Limits `json:"bandwidth,omitempty"`
 	} `json:"runtimeConfig,omitzero"`
 
 	// Filled by Parse.

@@ -1,10 +1,8 @@
-// Package offload owns the decision of how a pod link segments large packets:
-// it reads what the kernel reports about a link's generic segmentation
-// offload (GSO) and resolves a requested Mode into the mode and size limits
-// the userspace stack must honour.
-//
-// Detection (Detect) only reads; Decide and MaxBurst are pure functions of
-// the collected LinkGSO, so the policy is testable without a kernel.
+// Package offload is the decision of how a pod link segments large packets:
+// the requested Mode, what a link offers (LinkGSO, read from the kernel by
+// pkg/node/ethtool), and the mode and size limits the userspace stack must
+// honour. Decide and MaxBurst are pure functions of a LinkGSO, so the
+// policy is testable without a kernel.
 package offload
 
 import (

@@ -1,7 +1,9 @@
-// Package podnet owns the pod's kernel-side network facts: it collects what
-// the kernel had configured on the pod's interface into a Spec, strips it from
-// the kernel, and configures the TUN device that carries the pod IPs for the
-// applications.
+// Package podnet is the pod's network facts (Spec): the addresses, routes
+// and neighbours the kernel had configured on the pod's interface, written
+// by the plugin and read by the stack, which moves them to its TUN. It is
+// a package of its own because it is the file the plugin and the stack
+// share, and a contract links no kernel code: the netlink work on these
+// facts is pkg/node/podkernel's.
 package podnet
 
 import (

@@ -1,10 +1,9 @@
 package policy
 
 import (
-	"log/slog"
+	"errors"
 	"net/netip"
 	"strconv"
-	"sync"
 	"time"
 )
 
@@ -104,110 +103,28 @@ type Denial struct {
 // counters count all of them.
 const RecentDenials = 64
 
-// Denial log lines: at most denialLogLines per denialLogWindow; the
-// denials beyond get none, and the next line that is written says how
-// many did not (a flood from a denied peer must not fill the stack's log).
-const (
-	denialLogLines  = 10
-	denialLogWindow = time.Second
-)
-
-// denial is a record of the ring: plain values, so that recording one
-// allocates nothing (the label is the matcher's string).
-type denial struct {
-	at    time.Time
-	flow  Flow
-	why   Reason
-	label string
-	gen   uint64
+// Status is the policy in force and the denials, for the control socket.
+type Status struct {
+	Generation      uint64 `json:"generation"`
+	IngressIsolated bool   `json:"ingressIsolated"`
+	EgressIsolated  bool   `json:"egressIsolated"`
+	Denied          Denied `json:"denied"`
+	// RecentDenials are the last RecentDenials denials, oldest first.
+	RecentDenials []Denial `json:"recentDenials,omitempty"`
+	// DenialLogsSuppressed counts the denials that got no log line
+	// (the rate limit).
+	DenialLogsSuppressed uint64 `json:"denialLogsSuppressed,omitempty"`
 }
 
-// denialLog keeps the recent denials of an Enforcer and logs them through
-// a rate limit. Safe for concurrent use: denials are rare next to
-// packets, even a flood's next to the work each of its packets costs, so
-// a mutex serves.
-type denialLog struct {
-	mu sync.Mutex // guards everything below
-	// ring holds the last RecentDenials; allocated at the first denial,
-	// so that a stack that denies nothing pays nothing for it.
-	ring   *[RecentDenials]denial
-	next   int // where the next record goes
-	held   int // records in ring
-	limit  logLimit
-	logger *slog.Logger // nil: no log lines
+// Denied counts denials per isolating policies' label.
+type Denied struct {
+	Ingress map[string]uint64 `json:"ingress"`
+	Egress  map[string]uint64 `json:"egress"`
 }
 
-// add records a denial at now and writes its log line if the rate limit
-// lets it.
-func (l *denialLog) add(now time.Time, f Flow, why Reason, label string, gen uint64) {
-	l.mu.Lock()
-	if l.ring == nil {
-		l.ring = new([RecentDenials]denial)
-	}
-	l.ring[l.next] = denial{at: now, flow: f, why: why, label: label, gen: gen}
-	l.next = (l.next + 1) % RecentDenials
-	l.held = min(l.held+1, RecentDenials)
-	logger := l.logger
-	var (
-		write      bool
-		suppressed uint64
-	)
-	if logger != nil {
-		write, suppressed = l.limit.take(now)
-	}
-	l.mu.Unlock()
-	if !write {
-		return
-	}
-	attrs := []any{"direction", f.Dir.String(), "protocol", ProtoName(f.Proto), "peer", f.Peer,
-		"port", f.Port, "local", f.Local, "policies", label, "reason", why.String(), "generation", gen}
-	if suppressed > 0 {
-		attrs = append(attrs, "suppressed", suppressed)
-	}
-	logger.Info("network policy denied", attrs...)
-}
+// ErrStale is the error of a push older than the policy in force.
+var ErrStale = errors.New("policy is older than the one in force")
 
-// recent returns the records held, oldest first.
-func (l *denialLog) recent() (out []Denial, suppressed uint64) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.held == 0 {
-		return nil, l.limit.total
-	}
-	out = make([]Denial, 0, l.held)
-	for i := range l.held {
-		d := &l.ring[(l.next-l.held+i+RecentDenials)%RecentDenials]
-		out = append(out, Denial{
-			Time: d.at, Direction: d.flow.Dir.String(), Protocol: ProtoName(d.flow.Proto),
-			Peer: d.flow.Peer, Port: d.flow.Port, Local: d.flow.Local,
-			Policies: d.label, Reason: d.why.String(), Generation: d.gen,
-		})
-	}
-	return out, l.limit.total
-}
-
-// logLimit lets denialLogLines lines through per denialLogWindow. Not
-// safe for concurrent use (denialLog guards it).
-type logLimit struct {
-	window time.Time // when the current window began
-	lines  int       // lines written in it
-	// pending counts the denials without a line since the last line;
-	// total all of them.
-	pending, total uint64
-}
-
-// take reports whether a denial at now gets a log line, and if so how
-// many went without one since the last line.
-func (l *logLimit) take(now time.Time) (write bool, suppressed uint64) {
-	if now.Sub(l.window) >= denialLogWindow || now.Before(l.window) {
-		l.window, l.lines = now, 0
-	}
-	if l.lines >= denialLogLines {
-		l.pending++
-		l.total++
-		return false, 0
-	}
-	l.lines++
-	suppressed, l.pending = l.pending, 0
-	return true, suppressed
-}
+// ErrOff is the error of a push to a stack that does not enforce policy
+// (stackconfig.Config.Policy false).
+var ErrOff = errors.New("policy enforcement is off")

@@ -51,9 +51,28 @@ type Matcher struct {
 	// services maps a Service's VIP to the backends the egress rules
 	// allow, decided at compile time.
 	services map[serviceKey][]netip.AddrPort
-	// log records the denials; set by the Enforcer that holds the
-	// matcher (nil: not recorded).
-	log *denialLog
+	// sink records the denials; set by the holder that attaches m (nil:
+	// not recorded).
+	sink DenialSink
+}
+
+// DenialSink records the denials a Matcher counts, with the label of the
+// direction's isolating policies and the matcher's generation: the
+// stack's enforcer keeps the recent ones and logs them.
+type DenialSink interface {
+	Denied(at time.Time, f Flow, why Reason, label string, gen uint64)
+}
+
+// Attach gives m its denial counter for each isolated direction (counter
+// returns the one for a direction's label) and the sink of its denials.
+// Called once, before m is shared.
+func (m *Matcher) Attach(counter func(d Dir, label string) *atomic.Uint64, sink DenialSink) {
+	for d := range m.dirs {
+		if dm := &m.dirs[d]; dm.isolated {
+			dm.denied = counter(Dir(d), dm.label)
+		}
+	}
+	m.sink = sink
 }
 
 type serviceKey struct {
@@ -70,8 +89,8 @@ type dirMatcher struct {
 	anyProto *addrSet
 	// ports is what rules with ports allow, per protocol (portIndex).
 	ports [3]portTable
-	// denied counts this direction's denials; set by the Enforcer that
-	// holds the matcher (nil: not counted).
+	// denied counts this direction's denials; set by Attach (nil: not
+	// counted).
 	denied *atomic.Uint64
 }
 
@@ -259,16 +278,15 @@ func (m *Matcher) CheckFlow(f Flow) bool {
 	return ok
 }
 
-// Deny counts a denial of f for why, and records it in the recent
-// denials of the Enforcer that holds m (with a log line, rate-limited),
-// for a verdict site that denies without Allow's say.
+// Deny counts a denial of f for why and hands it to m's sink, for a
+// verdict site that denies without Allow's say.
 func (m *Matcher) Deny(f Flow, why Reason) {
 	dm := &m.dirs[f.Dir]
 	if dm.denied != nil {
 		dm.denied.Add(1)
 	}
-	if m.log != nil {
-		m.log.add(time.Now(), f, why, dm.label, m.gen)
+	if m.sink != nil {
+		m.sink.Denied(time.Now(), f, why, dm.label, m.gen)
 	}
 }
 

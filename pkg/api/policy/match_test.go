@@ -1,7 +1,6 @@
 package policy_test
 
 import (
-	"errors"
 	"fmt"
 	"net/netip"
 	"testing"
@@ -295,60 +294,6 @@ func TestResolveService(t *testing.T) {
 	m, _ = policy.Compile(p)
 	if be, isSvc, ok := m.ResolveService(vip, tcp, 1); isSvc || !ok || be != vip {
 		t.Errorf("egress open: got %s %v %v, want the VIP, false, true", be, isSvc, ok)
-	}
-}
-
-func TestEnforcer(t *testing.T) {
-	open := &policy.PodPolicy{Version: policy.FormatVersion, Generation: 5}
-	e, err := policy.NewEnforcer(open)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if e.For(policy.Ingress) != nil || e.For(policy.Egress) != nil {
-		t.Fatal("open policy: got a matcher to ask, want none (the fast path)")
-	}
-	closed := policy.Closed([]netip.Addr{addr("10.0.0.1")})
-	closed.Generation = 4
-	if err := e.Set(closed); !errors.Is(err, policy.ErrStale) {
-		t.Fatalf("older generation: got %v, want ErrStale", err)
-	}
-	closed.Generation = 5
-	if err := e.Set(closed); err != nil {
-		t.Fatalf("same generation: %v", err)
-	}
-	m := e.For(policy.Ingress)
-	if m == nil || e.For(policy.Egress) == nil {
-		t.Fatal("closed policy: no matcher to ask")
-	}
-	for range 3 {
-		m.Check(policy.Ingress, addr("10.0.0.9"), tcp, 80)
-	}
-	m.Check(policy.Ingress, addr("10.0.0.1"), tcp, 80) // the node
-	e.For(policy.Egress).Check(policy.Egress, addr("10.0.0.9"), udp, 53)
-	bad := &policy.PodPolicy{Version: policy.FormatVersion + 1, Generation: 9}
-	if err := e.Set(bad); err == nil || errors.Is(err, policy.ErrStale) {
-		t.Fatalf("unknown version: got %v, want a validation error", err)
-	}
-	// A new policy isolated by the same policies counts on.
-	next := policy.Closed(nil)
-	next.Generation = 6
-	next.Egress = policy.Direction{}
-	if err := e.Set(next); err != nil {
-		t.Fatal(err)
-	}
-	if e.For(policy.Egress) != nil {
-		t.Error("egress no longer isolated: still a matcher to ask")
-	}
-	e.For(policy.Ingress).Check(policy.Ingress, addr("10.0.0.1"), tcp, 80) // no longer the node
-	s := e.Status()
-	if s.Generation != 6 || !s.IngressIsolated || s.EgressIsolated {
-		t.Errorf("status: got %+v", s)
-	}
-	if got := s.Denied.Ingress["(pending)"]; got != 4 {
-		t.Errorf("ingress denials: got %d, want 4", got)
-	}
-	if got := s.Denied.Egress["(pending)"]; got != 1 {
-		t.Errorf("egress denials: got %d, want 1", got)
 	}
 }
 

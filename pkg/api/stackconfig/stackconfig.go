@@ -43,7 +43,7 @@ type Config struct {
 	// TUNMTU is the TUN's MTU. Zero: DefaultTUNMTU.
 	TUNMTU uint32 `json:"tunMTU,omitempty"`
 	// LegacyTUNOffload and LegacyAppQueueLen have no effect since the
-	// applications' TCP and UDP stopped crossing the TUN (podnet.Divert);
+	// applications' TCP and UDP stopped crossing the TUN (podkernel.Divert);
 	// kept so that configurations written by earlier versions still load.
 	LegacyTUNOffload  bool `json:"tunOffload,omitempty"`
 	LegacyAppQueueLen int  `json:"appQueueLen,omitempty"`
@@ -191,7 +191,7 @@ const MaxBusyPoll = 10 * time.Millisecond
 const DefaultTUNName = "usernet0"
 
 // DefaultTUNMTU is the TUN's MTU. The applications' TCP and UDP do not
-// cross the TUN (podnet.Divert), but the kernel derives the MSS an
+// cross the TUN (podkernel.Divert), but the kernel derives the MSS an
 // application's SYN announces from the route's MTU, and that SYN reaches
 // the stack's listener over loopback: 65520, like pasta and slirp4netns,
 // lets the loopback connection use large segments.

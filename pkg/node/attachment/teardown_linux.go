@@ -16,11 +16,11 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/cni-usernet/cni-usernet/pkg/api/podnet"
 	"github.com/cni-usernet/cni-usernet/pkg/api/stackconfig"
 	"github.com/cni-usernet/cni-usernet/pkg/api/state"
 	"github.com/cni-usernet/cni-usernet/pkg/node/ingressdrop"
 	"github.com/cni-usernet/cni-usernet/pkg/node/launch"
+	"github.com/cni-usernet/cni-usernet/pkg/node/podkernel"
 	"github.com/cni-usernet/cni-usernet/pkg/node/sourceguard"
 	"github.com/cni-usernet/cni-usernet/pkg/node/wirens"
 )
@@ -206,11 +206,11 @@ func (td *Teardown) openPodNS() (ns.NetNS, error) {
 // host is the index of the attachment's node-side veth (hostIndex).
 func (td *Teardown) cleanPodNS(wire bool, host int) error {
 	for _, tun := range []string{td.TUNName, td.IfName} {
-		if err := podnet.DeleteTUN(tun); err != nil {
+		if err := podkernel.DeleteTUN(tun); err != nil {
 			return err
 		}
 	}
-	if err := podnet.RemoveDivert(); err != nil {
+	if err := podkernel.RemoveDivert(); err != nil {
 		return err
 	}
 	if wire {

@@ -10,57 +10,19 @@
 // CNI_IFNAME, which here is the stack's TUN; shaping the pod end directly
 // also spares the ifb it redirects the pod's traffic through.
 //
-// It is a package of its own, not part of the plugin, because its Limits
-// are part of the network configuration: pkg/api/netconf parses and
-// validates the runtime's argument into them, and the plugin applies
-// them; its root tests run in namespaces of their own.
+// It is a package of its own, not part of the plugin, so that its root
+// tests run in namespaces of their own; the limits themselves are part of
+// the network configuration (netconf.Limits).
 package shaping
 
 import (
 	"errors"
 	"fmt"
-	"math"
 
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
-
-// Limits are the runtime's bandwidth argument: rates in bits per second,
-// bursts in bits. Zero rate: that direction is not shaped.
-type Limits struct {
-	IngressRate  uint64 `json:"ingressRate,omitempty"`
-	IngressBurst uint64 `json:"ingressBurst,omitempty"`
-	EgressRate   uint64 `json:"egressRate,omitempty"`
-	EgressBurst  uint64 `json:"egressBurst,omitempty"`
-}
-
-// Zero reports whether nothing is to be shaped.
-func (l Limits) Zero() bool { return l.IngressRate == 0 && l.EgressRate == 0 }
-
-// Validate refuses what the bandwidth plugin refuses, with its reasons: a
-// rate without a burst, and a burst the kernel's 32-bit byte counters
-// cannot hold.
-func (l Limits) Validate() error {
-	for _, d := range []struct {
-		name        string
-		rate, burst uint64
-	}{{"ingress", l.IngressRate, l.IngressBurst}, {"egress", l.EgressRate, l.EgressBurst}} {
-		if d.rate == 0 {
-			continue
-		}
-		if d.burst == 0 {
-			return fmt.Errorf("%sRate %d bit/s needs a %sBurst", d.name, d.rate, d.name)
-		}
-		if d.rate < 8 {
-			return fmt.Errorf("%sRate %d bit/s is below one byte per second", d.name, d.rate)
-		}
-		if d.burst/8 >= math.MaxUint32 {
-			return fmt.Errorf("%sBurst %d bits is too large: at most %d", d.name, d.burst, uint64(math.MaxUint32-1)*8)
-		}
-	}
-	return nil
-}
 
 // latency is how long a packet may wait in the bucket's queue before it
 // is dropped: the bandwidth plugin's 25 ms, from which the queue's byte

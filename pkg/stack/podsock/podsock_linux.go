@@ -1,7 +1,7 @@
 // Package podsock opens the pod kernel's side of the relay: transparent
 // TCP and UDP sockets that talk to the pod's applications from a remote
 // peer's own address and port, and the listeners that receive what the
-// applications send to the network (see podnet.Divert for the routing
+// applications send to the network (see podkernel.Divert for the routing
 // that brings it there).
 //
 // Transparency (IP_TRANSPARENT / IPV6_TRANSPARENT) is what lets a socket

@@ -6,6 +6,7 @@ import (
 
 	"github.com/cni-usernet/cni-usernet/pkg/api/control"
 	"github.com/cni-usernet/cni-usernet/pkg/api/policy"
+	"github.com/cni-usernet/cni-usernet/pkg/stack/enforce"
 	"github.com/cni-usernet/cni-usernet/pkg/stack/wirequeue"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
@@ -60,7 +61,7 @@ type countingLink struct {
 	answerSYN func(ipPacket []byte, from tcpip.LinkAddress) bool
 	// policy takes the ingress verdict on the packets that open
 	// connections (policy.go). Never nil.
-	policy *policy.Enforcer
+	policy *enforce.Enforcer
 }
 
 var (

@@ -12,8 +12,8 @@ import (
 
 	"github.com/cni-usernet/cni-usernet/pkg/api/offload"
 	"github.com/cni-usernet/cni-usernet/pkg/api/podnet"
-	"github.com/cni-usernet/cni-usernet/pkg/api/policy"
 	"github.com/cni-usernet/cni-usernet/pkg/stack/busypoll"
+	"github.com/cni-usernet/cni-usernet/pkg/stack/enforce"
 	"github.com/cni-usernet/cni-usernet/pkg/stack/packetsock"
 	"github.com/cni-usernet/cni-usernet/pkg/stack/relay"
 	"github.com/cni-usernet/cni-usernet/pkg/stack/wirequeue"
@@ -72,7 +72,7 @@ type Options struct {
 	// connections it accepts (a SYN cookie completes a handshake without
 	// a SYN) and on the applications' connections. Its denials are logged
 	// to Relay.Logger. Nil: everything is allowed.
-	Policy *policy.Enforcer
+	Policy *enforce.Enforcer
 	// Relay configures the relay between the legs.
 	Relay relay.Options
 	// BusyPoll, when set, keeps the stack's thread polling for that long
@@ -173,7 +173,7 @@ func Build(o Options) (*Stack, error) {
 		o.TCPBufferBytes = DefaultTCPBufferBytes
 	}
 	if o.Policy == nil {
-		o.Policy = policy.AllowAll()
+		o.Policy = enforce.AllowAll()
 	}
 	o.Relay.Policy = o.Policy
 	// Each denial gets a line in the stack's log (rate-limited).
@@ -305,7 +305,7 @@ func (s *Stack) fdbasedOptions(mac net.HardwareAddr) *fdbased.Options {
 		fo.GSOMaxSize = o.GSO.Link.MaxBurst(o.Spec.MTU)
 	case offload.ModeSoftware:
 		// The kernel's GSO segments these on the way to the link (its
-		// TSO is off, see offload.LinkTSOOff): one system call and one
+		// TSO is off, see ethtool.LinkTSOOff): one system call and one
 		// copy per 64 KiB. Splitting them here and sending the frames
 		// with one sendmmsg moved 2.8x less pod→node in one interleaved
 		// run (BENCHMARKS.md, History: software GSO by the kernel's GSO).

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/cni-usernet/cni-usernet/pkg/api/policy"
+	"github.com/cni-usernet/cni-usernet/pkg/stack/enforce"
 	"gvisor.dev/gvisor/pkg/buffer"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
@@ -65,7 +66,7 @@ func fragHeader(next uint8, offset uint16, more bool) []byte {
 func TestAdmitIngress(t *testing.T) {
 	allowPeer := policy.Rule{Peers: []policy.Peer{{CIDR: netip.MustParsePrefix("10.1.0.0/16")}, {CIDR: netip.MustParsePrefix("fd01::/16")}},
 		Ports: []policy.PortRange{{Protocol: policy.TCP, First: 80}}}
-	e, err := policy.NewEnforcer(&policy.PodPolicy{Version: policy.FormatVersion,
+	e, err := enforce.NewEnforcer(&policy.PodPolicy{Version: policy.FormatVersion,
 		Ingress: policy.Direction{Isolated: true, Policies: []string{"ns/p"}, Rules: []policy.Rule{allowPeer}}})
 	if err != nil {
 		t.Fatal(err)
@@ -146,7 +147,7 @@ func FuzzAdmitIngress(f *testing.F) {
 	f.Add(uint16(header.IPv4ProtocolNumber), ipv4Packet(deniedV4, policy.ProtoTCP, header.IPv4FlagMoreFragments, 0, []byte{1}))
 	f.Add(uint16(header.IPv6ProtocolNumber), ipv6Packet(deniedV6, uint8(header.IPv6FragmentExtHdrIdentifier), fragHeader(policy.ProtoTCP, 0, true), tcpSeg(80, 0)))
 	f.Add(uint16(header.IPv6ProtocolNumber), ipv6Packet(deniedV6, uint8(header.IPv6HopByHopOptionsExtHdrIdentifier), optHeader(policy.ProtoICMPv6), []byte{128, 0}))
-	e, err := policy.NewEnforcer(&policy.PodPolicy{Version: policy.FormatVersion,
+	e, err := enforce.NewEnforcer(&policy.PodPolicy{Version: policy.FormatVersion,
 		Ingress: policy.Direction{Isolated: true, Rules: []policy.Rule{{Peers: []policy.Peer{{CIDR: netip.MustParsePrefix("10.1.0.0/16")}},
 			Ports: []policy.PortRange{{Protocol: policy.TCP, First: 80}}}}}})
 	if err != nil {
@@ -168,7 +169,7 @@ func FuzzAdmitIngress(f *testing.F) {
 // pod's address and port, and why: no rule, or a packet that cannot be
 // judged.
 func TestAdmitIngressRecords(t *testing.T) {
-	e, err := policy.NewEnforcer(&policy.PodPolicy{Version: policy.FormatVersion, Generation: 3,
+	e, err := enforce.NewEnforcer(&policy.PodPolicy{Version: policy.FormatVersion, Generation: 3,
 		Ingress: policy.Direction{Isolated: true, Policies: []string{"ns/p"}}})
 	if err != nil {
 		t.Fatal(err)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/cni-usernet/cni-usernet/pkg/api/policy"
+	"github.com/cni-usernet/cni-usernet/pkg/stack/enforce"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 )
 
@@ -32,7 +33,7 @@ func (d *countingDialer) DialUDP(netip.AddrPort, netip.AddrPort) (*net.UDPConn, 
 
 // acceptingRelay makes rig's relay enforce e and accept from rig's
 // listener as a mirror, dialling d.
-func acceptingRelay(t *testing.T, rig *cookieRig, e *policy.Enforcer, d Dialer) *Relay {
+func acceptingRelay(t *testing.T, rig *cookieRig, e *enforce.Enforcer, d Dialer) *Relay {
 	t.Helper()
 	r := rig.r
 	r.opts = Options{Policy: e}
@@ -93,7 +94,7 @@ func TestCookieHandshakeTakesIngressVerdict(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			rig := newCookieRig(t, v6)
-			e, err := policy.NewEnforcer(&policy.PodPolicy{Version: policy.FormatVersion, Generation: 1})
+			e, err := enforce.NewEnforcer(&policy.PodPolicy{Version: policy.FormatVersion, Generation: 1})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/cni-usernet/cni-usernet/pkg/api/policy"
+	"github.com/cni-usernet/cni-usernet/pkg/stack/enforce"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv6"
@@ -32,7 +33,7 @@ type Pinger struct {
 	tun   io.Writer
 	stats *Stats
 	// policy takes the egress verdict on each echo request.
-	policy *policy.Enforcer
+	policy *enforce.Enforcer
 	queue  chan echo
 	done   chan struct{}
 	once   sync.Once
@@ -40,7 +41,7 @@ type Pinger struct {
 }
 
 // newPinger starts the relay workers.
-func newPinger(wire Leg, tun io.Writer, stats *Stats, pol *policy.Enforcer) *Pinger {
+func newPinger(wire Leg, tun io.Writer, stats *Stats, pol *enforce.Enforcer) *Pinger {
 	p := &Pinger{wire: wire, tun: tun, stats: stats, policy: pol, queue: make(chan echo, pingQueue), done: make(chan struct{})}
 	for range pingWorkers {
 		p.wg.Add(1)

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/cni-usernet/cni-usernet/pkg/api/policy"
+	"github.com/cni-usernet/cni-usernet/pkg/stack/enforce"
 )
 
 func egressPolicy(t *testing.T, gen uint64) *policy.PodPolicy {
@@ -28,7 +29,7 @@ func egressPolicy(t *testing.T, gen uint64) *policy.PodPolicy {
 // TestEgressTo: the verdict on the applications' new connections and
 // flows, and the Service VIPs dialled as their allowed backend.
 func TestEgressTo(t *testing.T) {
-	e, err := policy.NewEnforcer(egressPolicy(t, 1))
+	e, err := enforce.NewEnforcer(egressPolicy(t, 1))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,7 +88,7 @@ func TestEgressTo(t *testing.T) {
 
 // TestPingerEgress: a denied echo request is consumed and never relayed.
 func TestPingerEgress(t *testing.T) {
-	e, err := policy.NewEnforcer(egressPolicy(t, 1))
+	e, err := enforce.NewEnforcer(egressPolicy(t, 1))
 	if err != nil {
 		t.Fatal(err)
 	}

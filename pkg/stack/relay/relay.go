@@ -17,7 +17,7 @@ import (
 	"time"
 
 	"github.com/cni-usernet/cni-usernet/pkg/api/control"
-	"github.com/cni-usernet/cni-usernet/pkg/api/policy"
+	"github.com/cni-usernet/cni-usernet/pkg/stack/enforce"
 	"github.com/cni-usernet/cni-usernet/pkg/stack/podsock"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/stack"
@@ -40,7 +40,7 @@ type Leg struct {
 }
 
 // PodSide is the pod kernel's side of the relay: descriptors the stack
-// opened during setup (see podsock and podnet.Divert). The relay owns them
+// opened during setup (see podsock and podkernel.Divert). The relay owns them
 // once New succeeds.
 type PodSide struct {
 	// TUN carries what the applications send that the divert rules leave
@@ -168,7 +168,7 @@ type Options struct {
 	// on the applications' connections, flows and echo requests, and
 	// dials a Service VIP's allowed backend itself when egress is
 	// isolated (docs/policy.md). Nil: everything is allowed.
-	Policy *policy.Enforcer
+	Policy *enforce.Enforcer
 	// Logger receives the relay's messages: per-connection and per-flow
 	// failures at Debug (a flood must not fill the stack's log; the
 	// counters in Stats say how many), problems with the stack at Warn.

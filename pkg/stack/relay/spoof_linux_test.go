@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/cni-usernet/cni-usernet/pkg/api/podnet"
+	"github.com/cni-usernet/cni-usernet/pkg/node/podkernel"
 	"github.com/cni-usernet/cni-usernet/pkg/stack/podsock"
 	"github.com/cni-usernet/cni-usernet/test/lib/nettest"
 	"github.com/containernetworking/plugins/pkg/ns"
@@ -64,15 +65,15 @@ func newPodRig(t *testing.T) *podRig {
 	}
 	pod := PodSide{}
 	err := nettest.In(rig.ns, func() error {
-		tun, err := podnet.OpenTUN(rigTUN)
+		tun, err := podkernel.OpenTUN(rigTUN)
 		if err != nil {
 			return err
 		}
 		pod.TUN = tun
-		if err := podnet.ConfigureTUN(rigTUN, 1500, spec); err != nil {
+		if err := podkernel.ConfigureTUN(rigTUN, 1500, spec); err != nil {
 			return err
 		}
-		d := podnet.Divert{TUN: rigTUN}
+		d := podkernel.Divert{TUN: rigTUN}
 		for _, lo := range []netip.Addr{netip.MustParseAddr("127.0.0.1"), netip.IPv6Loopback()} {
 			tl, err := podsock.ListenTCP(netip.AddrPortFrom(lo, 0), 128)
 			if err != nil {
@@ -91,7 +92,7 @@ func newPodRig(t *testing.T) *podRig {
 				d.TCP6, d.UDP6 = tcpAt, udpAt
 			}
 		}
-		return podnet.InstallDivert(d)
+		return podkernel.InstallDivert(d)
 	})
 	if err != nil {
 		pod.Close()

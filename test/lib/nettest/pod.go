@@ -20,8 +20,8 @@ import (
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
 
-	"github.com/cni-usernet/cni-usernet/pkg/api/podnet"
 	"github.com/cni-usernet/cni-usernet/pkg/node/launch"
+	"github.com/cni-usernet/cni-usernet/pkg/node/podkernel"
 	"github.com/cni-usernet/cni-usernet/pkg/node/wirens"
 )
 
@@ -290,16 +290,16 @@ func NSLeaks(netns ns.NetNS) []string {
 				return fmt.Errorf("listing policy rules: %w", err)
 			}
 			for _, r := range rules {
-				if r.Table == podnet.DivertTable {
+				if r.Table == podkernel.DivertTable {
 					leaks = append(leaks, fmt.Sprintf("policy rule to table %d", r.Table))
 				}
 			}
-			routes, err := netlinksafe.RouteListFiltered(fam, &netlink.Route{Table: podnet.DivertTable}, netlink.RT_FILTER_TABLE)
+			routes, err := netlinksafe.RouteListFiltered(fam, &netlink.Route{Table: podkernel.DivertTable}, netlink.RT_FILTER_TABLE)
 			if err != nil {
 				return fmt.Errorf("listing routes: %w", err)
 			}
 			for range routes {
-				leaks = append(leaks, fmt.Sprintf("route in table %d", podnet.DivertTable))
+				leaks = append(leaks, fmt.Sprintf("route in table %d", podkernel.DivertTable))
 			}
 		}
 		return nil

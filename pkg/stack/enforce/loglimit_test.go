@@ -1,4 +1,4 @@
-package policy
+package enforce
 
 import (
 	"testing"
@@ -37,19 +37,5 @@ func TestLogLimit(t *testing.T) {
 	// every line until it catches up.
 	if ok, _ := l.take(t0.Add(-time.Hour)); !ok {
 		t.Fatal("no line after the clock went back")
-	}
-}
-
-func TestReasonAndProtoNames(t *testing.T) {
-	for r, want := range map[Reason]string{NoRuleAdmits: "no rule admits", NoAllowedBackend: "no allowed backend",
-		TinyFragment: "first fragment without ports", TooManyHeaders: "too many extension headers", 99: "reason 99"} {
-		if got := r.String(); got != want {
-			t.Errorf("Reason(%d): got %q, want %q", r, got, want)
-		}
-	}
-	for p, want := range map[uint8]string{ProtoTCP: "TCP", ProtoUDP: "UDP", ProtoSCTP: "SCTP", ProtoICMP: "ICMP", ProtoICMPv6: "ICMPv6", 47: "47"} {
-		if got := ProtoName(p); got != want {
-			t.Errorf("ProtoName(%d): got %q, want %q", p, got, want)
-		}
 	}
 }

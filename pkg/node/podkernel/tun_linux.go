@@ -1,4 +1,4 @@
-package podnet
+package podkernel
 
 import (
 	"errors"
@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 
+	"github.com/cni-usernet/cni-usernet/pkg/api/podnet"
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -69,7 +70,7 @@ func DeleteTUN(name string) error {
 // the applications' traffic reaches the stack through it. Traffic to the
 // pod's own IPs and to loopback stays in the kernel (local table). It is
 // idempotent, for a restarted stack.
-func ConfigureTUN(name string, mtu uint32, s *Spec) error {
+func ConfigureTUN(name string, mtu uint32, s *podnet.Spec) error {
 	link, err := netlinksafe.LinkByName(name)
 	if err != nil {
 		return fmt.Errorf("looking up %s: %w", name, err)

@@ -1,4 +1,4 @@
-package podnet
+package podkernel
 
 import (
 	"errors"
@@ -8,6 +8,7 @@ import (
 	"os"
 	"slices"
 
+	"github.com/cni-usernet/cni-usernet/pkg/api/podnet"
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -15,14 +16,14 @@ import (
 
 // Collect reads what the kernel has configured on ifName in the current
 // network namespace. It changes nothing.
-func Collect(ifName string) (*Spec, error) {
+func Collect(ifName string) (*podnet.Spec, error) {
 	link, err := netlinksafe.LinkByName(ifName)
 	if err != nil {
 		return nil, fmt.Errorf("looking up %s: %w", ifName, err)
 	}
 	attrs := link.Attrs()
-	s := &Spec{
-		Version: SpecVersion,
+	s := &podnet.Spec{
+		Version: podnet.SpecVersion,
 		IfName:  ifName,
 		MAC:     attrs.HardwareAddr.String(),
 		MTU:     uint32(attrs.MTU),
@@ -68,7 +69,7 @@ func Collect(ifName string) (*Spec, error) {
 		if !ok {
 			continue
 		}
-		s.Neighbors = append(s.Neighbors, Neighbor{IP: ip.Unmap(), MAC: n.HardwareAddr.String()})
+		s.Neighbors = append(s.Neighbors, podnet.Neighbor{IP: ip.Unmap(), MAC: n.HardwareAddr.String()})
 	}
 	return s, nil
 }
@@ -85,8 +86,8 @@ func prefixOf(n *net.IPNet) (netip.Prefix, bool) {
 	return netip.PrefixFrom(ip.Unmap(), ones), true
 }
 
-func routeOf(r netlink.Route) (Route, bool) {
-	var rt Route
+func routeOf(r netlink.Route) (podnet.Route, bool) {
+	var rt podnet.Route
 	if r.Dst == nil {
 		// The kernel reports default routes with no destination.
 		switch r.Family {

@@ -1,20 +1,20 @@
-package policy
+// Package enforce holds the network policy a stack enforces: the compiled
+// policy in force for each direction, swapped atomically when the agent
+// pushes a new one, the denial counters that survive the swap, and the
+// recent denials with their rate-limited log lines. The wire leg and the
+// relay take their verdicts from it; what a policy means is
+// pkg/api/policy's.
+package enforce
 
 import (
-	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
 	"sync"
 	"sync/atomic"
+
+	"github.com/cni-usernet/cni-usernet/pkg/api/policy"
 )
-
-// ErrStale is the error of a push older than the policy in force.
-var ErrStale = errors.New("policy is older than the one in force")
-
-// ErrOff is the error of a push to a stack that does not enforce policy
-// (stackconfig.Config.Policy false).
-var ErrOff = errors.New("policy enforcement is off")
 
 // Enforcer holds the policy a stack enforces, shared by the wire leg and
 // the relay, and counts its denials. The verdict sites ask For(d): nil
@@ -25,8 +25,8 @@ var ErrOff = errors.New("policy enforcement is off")
 type Enforcer struct {
 	// dirs holds the matcher in force for each direction that is
 	// isolated, nil for one that is not.
-	dirs [2]atomic.Pointer[Matcher]
-	cur  atomic.Pointer[Matcher]
+	dirs [2]atomic.Pointer[policy.Matcher]
+	cur  atomic.Pointer[policy.Matcher]
 	// mu serializes Set and guards denied.
 	mu sync.Mutex
 	// denied counts denials per direction and label, across policies: a
@@ -37,12 +37,12 @@ type Enforcer struct {
 }
 
 // NewEnforcer returns an Enforcer holding p.
-func NewEnforcer(p *PodPolicy) (*Enforcer, error) {
+func NewEnforcer(p *policy.PodPolicy) (*Enforcer, error) {
 	e := &Enforcer{}
 	for d := range e.denied {
 		e.denied[d] = make(map[string]*atomic.Uint64)
 	}
-	m, err := Compile(p)
+	m, err := policy.Compile(p)
 	if err != nil {
 		return nil, err
 	}
@@ -53,7 +53,7 @@ func NewEnforcer(p *PodPolicy) (*Enforcer, error) {
 // AllowAll is an Enforcer that allows everything, for a stack that does
 // not enforce policy.
 func AllowAll() *Enforcer {
-	e, err := NewEnforcer(&PodPolicy{Version: FormatVersion})
+	e, err := NewEnforcer(&policy.PodPolicy{Version: policy.FormatVersion})
 	if err != nil {
 		panic(err) // the empty policy is valid
 	}
@@ -62,7 +62,7 @@ func AllowAll() *Enforcer {
 
 // For is the matcher to ask for a new connection or flow in direction d,
 // nil when d allows everything.
-func (e *Enforcer) For(d Dir) *Matcher {
+func (e *Enforcer) For(d policy.Dir) *policy.Matcher {
 	if e == nil {
 		return nil
 	}
@@ -70,20 +70,20 @@ func (e *Enforcer) For(d Dir) *Matcher {
 }
 
 // Current is the matcher in force.
-func (e *Enforcer) Current() *Matcher { return e.cur.Load() }
+func (e *Enforcer) Current() *policy.Matcher { return e.cur.Load() }
 
 // Set compiles p and puts it in force, unless it is invalid or older than
-// the policy in force (ErrStale). A push of the same generation is
+// the policy in force (policy.ErrStale). A push of the same generation is
 // accepted: the agent repeats its last push to a restarted stack.
-func (e *Enforcer) Set(p *PodPolicy) error {
-	m, err := Compile(p)
+func (e *Enforcer) Set(p *policy.PodPolicy) error {
+	m, err := policy.Compile(p)
 	if err != nil {
 		return err
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if cur := e.cur.Load(); p.Generation < cur.gen {
-		return fmt.Errorf("generation %d, in force %d: %w", p.Generation, cur.gen, ErrStale)
+	if cur := e.cur.Load(); p.Generation < cur.Generation() {
+		return fmt.Errorf("generation %d, in force %d: %w", p.Generation, cur.Generation(), policy.ErrStale)
 	}
 	e.install(m)
 	return nil
@@ -91,23 +91,18 @@ func (e *Enforcer) Set(p *PodPolicy) error {
 
 // install attaches the denial counters to m and swaps it in. Called with
 // mu held, or before e is shared.
-func (e *Enforcer) install(m *Matcher) {
-	for d := range m.dirs {
-		dm := &m.dirs[d]
-		if !dm.isolated {
-			continue
-		}
-		c := e.denied[d][dm.label]
+func (e *Enforcer) install(m *policy.Matcher) {
+	m.Attach(func(d policy.Dir, label string) *atomic.Uint64 {
+		c := e.denied[d][label]
 		if c == nil {
 			c = new(atomic.Uint64)
-			e.denied[d][dm.label] = c
+			e.denied[d][label] = c
 		}
-		dm.denied = c
-	}
-	m.log = &e.log
+		return c
+	}, &e.log)
 	e.cur.Store(m)
-	for d := range m.dirs {
-		if m.dirs[d].isolated {
+	for _, d := range []policy.Dir{policy.Ingress, policy.Egress} {
+		if m.Isolated(d) {
 			e.dirs[d].Store(m)
 		} else {
 			e.dirs[d].Store(nil)
@@ -124,39 +119,20 @@ func (e *Enforcer) SetLogger(l *slog.Logger) {
 	e.log.mu.Unlock()
 }
 
-// Status is the policy in force and the denials, for the control socket.
-type Status struct {
-	Generation      uint64 `json:"generation"`
-	IngressIsolated bool   `json:"ingressIsolated"`
-	EgressIsolated  bool   `json:"egressIsolated"`
-	Denied          Denied `json:"denied"`
-	// RecentDenials are the last RecentDenials denials, oldest first.
-	RecentDenials []Denial `json:"recentDenials,omitempty"`
-	// DenialLogsSuppressed counts the denials that got no log line
-	// (the rate limit).
-	DenialLogsSuppressed uint64 `json:"denialLogsSuppressed,omitempty"`
-}
-
-// Denied counts denials per isolating policies' label.
-type Denied struct {
-	Ingress map[string]uint64 `json:"ingress"`
-	Egress  map[string]uint64 `json:"egress"`
-}
-
 // Status reads the policy in force and the denial counters.
-func (e *Enforcer) Status() Status {
+func (e *Enforcer) Status() policy.Status {
 	m := e.cur.Load()
-	s := Status{Generation: m.gen, IngressIsolated: m.dirs[Ingress].isolated, EgressIsolated: m.dirs[Egress].isolated}
+	s := policy.Status{Generation: m.Generation(), IngressIsolated: m.Isolated(policy.Ingress), EgressIsolated: m.Isolated(policy.Egress)}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	read := func(d Dir) map[string]uint64 {
+	read := func(d policy.Dir) map[string]uint64 {
 		out := make(map[string]uint64, len(e.denied[d]))
 		for k, c := range maps.All(e.denied[d]) {
 			out[k] = c.Load()
 		}
 		return out
 	}
-	s.Denied = Denied{Ingress: read(Ingress), Egress: read(Egress)}
+	s.Denied = policy.Denied{Ingress: read(policy.Ingress), Egress: read(policy.Egress)}
 	s.RecentDenials, s.DenialLogsSuppressed = e.log.recent()
 	return s
 }

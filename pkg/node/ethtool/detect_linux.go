@@ -1,9 +1,11 @@
-package offload
+package ethtool
 
 import (
 	"fmt"
 
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
+
+	"github.com/cni-usernet/cni-usernet/pkg/api/offload"
 )
 
 // Detect reads the segmentation offload of the link named ifName in the
@@ -11,15 +13,15 @@ import (
 // over rtnetlink, the GSO and TSO features over the SIOCETHTOOL ioctl.
 // It changes nothing. Callers that switch namespaces must hold the OS
 // thread (ns.Do does).
-func Detect(ifName string) (LinkGSO, error) {
+func Detect(ifName string) (offload.LinkGSO, error) {
 	link, err := netlinksafe.LinkByName(ifName)
 	if err != nil {
-		return LinkGSO{}, fmt.Errorf("looking up link %s: %w", ifName, err)
+		return offload.LinkGSO{}, fmt.Errorf("looking up link %s: %w", ifName, err)
 	}
 	attrs := link.Attrs()
-	l := LinkGSO{MaxSize: attrs.GSOMaxSize, MaxSegs: attrs.GSOMaxSegs}
+	l := offload.LinkGSO{MaxSize: attrs.GSOMaxSize, MaxSegs: attrs.GSOMaxSegs}
 	if l.GSO, l.TSO, err = ethtoolSegmentation(ifName); err != nil {
-		return LinkGSO{}, fmt.Errorf("reading offload features of %s: %w", ifName, err)
+		return offload.LinkGSO{}, fmt.Errorf("reading offload features of %s: %w", ifName, err)
 	}
 	return l, nil
 }

@@ -1,4 +1,4 @@
-package control_test
+package enforce_test
 
 import (
 	"context"
@@ -14,10 +14,13 @@ import (
 
 	"github.com/cni-usernet/cni-usernet/pkg/api/control"
 	"github.com/cni-usernet/cni-usernet/pkg/api/policy"
+	"github.com/cni-usernet/cni-usernet/pkg/stack/enforce"
 )
 
-// source is a stack's control source with an Enforcer (nil: policy off).
-type source struct{ e *policy.Enforcer }
+// source is a stack's control source with an Enforcer (nil: policy off):
+// the policy endpoint the stack serves, from the control socket's client
+// to the Enforcer.
+type source struct{ e *enforce.Enforcer }
 
 func (s *source) Healthy() error { return nil }
 func (s *source) Status() any {
@@ -66,7 +69,7 @@ func refusal(t *testing.T, err error, status int, reason string) {
 }
 
 func TestPutPolicy(t *testing.T) {
-	e, err := policy.NewEnforcer(policy.Closed(nil))
+	e, err := enforce.NewEnforcer(policy.Closed(nil))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,7 +121,7 @@ func unixDial(path string) func(context.Context, string, string) (net.Conn, erro
 }
 
 func TestPutPolicyNotJSON(t *testing.T) {
-	e, _ := policy.NewEnforcer(policy.Closed(nil))
+	e, _ := enforce.NewEnforcer(policy.Closed(nil))
 	path := listen(t, &source{e})
 	// PutPolicy always sends JSON; the handler must refuse what is not.
 	c := &http.Client{Transport: &http.Transport{DialContext: unixDial(path)}}
@@ -141,7 +144,7 @@ func TestPutPolicyOff(t *testing.T) {
 // TestPutPolicyWhileChecking swaps policies while verdicts are taken, as
 // the wire leg and the relay do (run with -race).
 func TestPutPolicyWhileChecking(t *testing.T) {
-	e, _ := policy.NewEnforcer(policy.Closed(nil))
+	e, _ := enforce.NewEnforcer(policy.Closed(nil))
 	path := listen(t, &source{e})
 	stop := make(chan struct{})
 	var wg sync.WaitGroup

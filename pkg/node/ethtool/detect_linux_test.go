@@ -1,4 +1,4 @@
-package offload
+package ethtool
 
 import (
 	"errors"
@@ -9,6 +9,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 
+	"github.com/cni-usernet/cni-usernet/pkg/api/offload"
 	"github.com/cni-usernet/cni-usernet/test/lib/nettest"
 )
 
@@ -37,8 +38,8 @@ func TestDetectVeth(t *testing.T) {
 		if !l.GSO || l.MaxSize == 0 || l.MaxSegs == 0 || !l.Offers() {
 			t.Errorf("fresh veth: got %+v, Offers %v, want GSO on, non-zero limits, Offers true", l, l.Offers())
 		}
-		if d, err := Decide(ModeAuto, l); err != nil || d.Mode != ModeHardware {
-			t.Errorf("Decide(auto) on fresh veth: got %+v, %v, want mode hardware", d, err)
+		if d, err := offload.Decide(offload.ModeAuto, l); err != nil || d.Mode != offload.ModeHardware {
+			t.Errorf("offload.Decide(auto) on fresh veth: got %+v, %v, want mode hardware", d, err)
 		}
 
 		// With gso and tso switched off, auto falls back to software and
@@ -53,11 +54,11 @@ func TestDetectVeth(t *testing.T) {
 		if l.GSO || l.TSO || l.Offers() {
 			t.Errorf("after gso off tso off: got %+v, Offers %v, want GSO and TSO off, Offers false", l, l.Offers())
 		}
-		if d, err := Decide(ModeAuto, l); err != nil || d.Mode != ModeSoftware {
-			t.Errorf("Decide(auto) after gso off: got %+v, %v, want mode software", d, err)
+		if d, err := offload.Decide(offload.ModeAuto, l); err != nil || d.Mode != offload.ModeSoftware {
+			t.Errorf("offload.Decide(auto) after gso off: got %+v, %v, want mode software", d, err)
 		}
-		if _, err := Decide(ModeHardware, l); !errors.Is(err, ErrNoGSO) {
-			t.Errorf("Decide(hardware) after gso off: got error %v, want ErrNoGSO", err)
+		if _, err := offload.Decide(offload.ModeHardware, l); !errors.Is(err, offload.ErrNoGSO) {
+			t.Errorf("offload.Decide(hardware) after gso off: got error %v, want offload.ErrNoGSO", err)
 		}
 		if got := l.MaxBurst(1500); got != 0 {
 			t.Errorf("MaxBurst(1500) after gso off: got %d, want 0", got)
