@@ -42,6 +42,9 @@ type Options[T any] struct {
 	// Backoff is the first wait after a failed list or watch, doubled up
 	// to MaxBackoff, with jitter. Zero: client-go's, 800 ms and 30 s.
 	Backoff, MaxBackoff time.Duration
+	// now is the clock LogEvery is measured on, for tests; nil:
+	// time.Now.
+	now func() time.Time
 }
 
 func (o *Options[T]) validate() error {
@@ -53,6 +56,9 @@ func (o *Options[T]) validate() error {
 	}
 	if o.Log == nil {
 		o.Log = slog.Default()
+	}
+	if o.now == nil {
+		o.now = time.Now
 	}
 	if o.LogEvery == 0 {
 		o.LogEvery = 30 * time.Second
@@ -228,7 +234,7 @@ func (i *Informer[T]) report(err error) {
 		return
 	}
 	i.err = err
-	now := time.Now()
+	now := i.o.now()
 	if !i.lastLog.IsZero() && now.Sub(i.lastLog) < i.o.LogEvery {
 		i.suppressed++
 		i.mu.Unlock()

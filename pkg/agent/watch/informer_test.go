@@ -21,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/serializer/streaming"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
+	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/cni-usernet/cni-usernet/pkg/agent/netpolicy"
 )
@@ -39,6 +40,7 @@ type fakePods struct {
 	wake    chan struct{}
 	down    bool
 	lists   int
+	refused int
 }
 
 type fakeEvent struct {
@@ -97,6 +99,13 @@ func (f *fakePods) delQuietly(key string) {
 	f.rv++
 }
 
+// refusedCount is how many requests were answered 503 while down.
+func (f *fakePods) refusedCount() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.refused
+}
+
 func (f *fakePods) listCount() int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -122,6 +131,7 @@ func (f *fakePods) encode(obj runtime.Object) []byte {
 func (f *fakePods) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	f.mu.Lock()
 	if f.down {
+		f.refused++
 		f.mu.Unlock()
 		w.WriteHeader(http.StatusServiceUnavailable)
 		return
@@ -427,12 +437,24 @@ func TestInformerRelistTellsTheDifference(t *testing.T) {
 }
 
 // Err names the failure while the server cannot be reached at the
-// start, and nothing is synced.
+// start, and nothing is synced; the failures are logged once per
+// LogEvery, on the informer's clock.
 func TestInformerErrBeforeSync(t *testing.T) {
 	f, cfg := newFakePods(t, false)
 	f.setDown(true)
 	logs := &logBuf{}
-	i := runPods(t, cfg, 20*time.Millisecond, logs, &changes{})
+	clock := clocktesting.NewFakeClock(time.Now())
+	log := slog.New(slog.NewTextHandler(logs, nil))
+	i, err := New(Options[netpolicy.Pod]{Config: cfg, Kind: Pods, Log: log, Backoff: 20 * time.Millisecond, MaxBackoff: 20 * time.Millisecond,
+		LogEvery: time.Minute, now: clock.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { i.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+
 	eventually(t, "Err", func() bool { return i.Err() != nil })
 	if i.HasSynced() {
 		t.Error("synced without a list")
@@ -440,9 +462,21 @@ func TestInformerErrBeforeSync(t *testing.T) {
 	if !strings.Contains(i.Err().Error(), "pods") {
 		t.Errorf("Err %q: want it to name the resource", i.Err())
 	}
-	time.Sleep(200 * time.Millisecond)
+	refused := f.refusedCount()
+	eventually(t, "more failed requests", func() bool { return f.refusedCount() >= refused+3 })
 	if c := strings.Count(logs.String(), "nothing cached yet"); c != 1 {
-		t.Errorf("log lines about the failures: got %d, want 1 (rate-limited):\n%s", c, logs)
+		t.Errorf("log lines about the failures within LogEvery: got %d, want 1:\n%s", c, logs)
+	}
+	clock.Step(time.Minute)
+	eventually(t, "a second line once LogEvery passed", func() bool { return strings.Count(logs.String(), "nothing cached yet") == 2 })
+	var lines []string
+	for _, l := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(l, "nothing cached yet") {
+			lines = append(lines, l)
+		}
+	}
+	if len(lines) != 2 || strings.Contains(lines[1], "errorsNotLogged=0") {
+		t.Errorf("the second line does not count the failures left out:\n%s", logs)
 	}
 	f.setDown(false)
 	eventually(t, "synced once back", i.HasSynced)
