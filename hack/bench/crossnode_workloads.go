@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cni-usernet/cni-usernet/hack/bench/loadgen"
 	"github.com/cni-usernet/cni-usernet/hack/bench/procfs"
 	"github.com/cni-usernet/cni-usernet/hack/bench/runlog"
 	"github.com/cni-usernet/cni-usernet/pkg/agent/noderoutes"
@@ -106,7 +107,7 @@ func (b *bench) crossIperf(ctx context.Context, r int, srv *attachment) error {
 		sys0, stack0 := procfs.SystemCPU(), stacksCPU(srv)
 		out, err := b.output(ctx, b.o.IperfTime+30*time.Second, srv.client.NS, argv...)
 		sysS, stackS := procfs.SystemCPU()-sys0, stacksCPU(srv)-stack0
-		gbps, retrans, bytes, perr := parseIperf(out)
+		gbps, retrans, bytes, perr := loadgen.ParseIperf(out)
 		if perr != nil {
 			return fmt.Errorf("%s: %w", dir, perr)
 		}
@@ -140,7 +141,7 @@ func (b *bench) crossRedis(ctx context.Context, r int, srv *attachment) error {
 	if err != nil {
 		return err
 	}
-	res, err := parseRedis(out)
+	res, err := loadgen.ParseRedis(out)
 	if err != nil {
 		return err
 	}
@@ -170,14 +171,14 @@ func (b *bench) crossRR(ctx context.Context, r int, srv *attachment) error {
 	if err != nil {
 		return err
 	}
-	var res rrResult
+	var res loadgen.RRResult
 	if err := json.Unmarshal(out, &res); err != nil {
 		return fmt.Errorf("parsing rr-client output %q: %w", out, err)
 	}
 	b.record(r, srv.Config, "rr_p50_us", res.P50US)
 	b.record(r, srv.Config, "rr_p99_us", res.P99US)
 	if res.N > 0 {
-		b.record(r, srv.Config, "cpu_rr", sysS*1000/(float64(res.N+rrWarmup)/1000))
+		b.record(r, srv.Config, "cpu_rr", sysS*1000/(float64(res.N+loadgen.RRWarmup)/1000))
 	}
 	runlog.Logf("  TCP_RR p50 %.1f µs, p99 %.1f µs (%d round trips)", res.P50US, res.P99US, res.N)
 	return nil

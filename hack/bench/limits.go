@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/cni-usernet/cni-usernet/hack/bench/cgroup"
+	"github.com/cni-usernet/cni-usernet/hack/bench/loadgen"
 	"github.com/cni-usernet/cni-usernet/hack/bench/procfs"
 	"github.com/cni-usernet/cni-usernet/hack/bench/runlog"
 )
@@ -291,7 +292,7 @@ func (b *bench) limitIperf(ctx context.Context, r int, row string, a *attachment
 		}
 		out, err := b.output(ctx, b.o.IperfTime+time.Minute, nodeNS, argv...)
 		s1, serr := pc.snap()
-		gbps, _, _, perr := parseIperf(out)
+		gbps, _, _, perr := loadgen.ParseIperf(out)
 		switch {
 		case perr != nil:
 			return fmt.Errorf("%s: %w", dir, perr)
@@ -328,7 +329,7 @@ func (b *bench) limitRedis(ctx context.Context, r int, row string, l cpuLimit, a
 	if serr != nil {
 		return serr
 	}
-	res, err := parseRedis(out)
+	res, err := loadgen.ParseRedis(out)
 	if err != nil {
 		return err
 	}

@@ -32,6 +32,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/cni-usernet/cni-usernet/hack/bench/loadgen"
 )
 
 func main() {
@@ -40,9 +42,9 @@ func main() {
 		case "cni":
 			os.Exit(cniMain(os.Args[2:]))
 		case "rr-server":
-			os.Exit(rrServerMain(os.Args[2:]))
+			os.Exit(loadgen.RRServerMain(os.Args[2:]))
 		case "rr-client":
-			os.Exit(rrClientMain(os.Args[2:]))
+			os.Exit(loadgen.RRClientMain(os.Args[2:]))
 		case "probe":
 			os.Exit(probeMain(os.Args[2:]))
 		case "noderoutes":

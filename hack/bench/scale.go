@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cni-usernet/cni-usernet/hack/bench/loadgen"
 	"github.com/cni-usernet/cni-usernet/hack/bench/procfs"
 	"github.com/cni-usernet/cni-usernet/hack/bench/runlog"
 )
@@ -257,7 +258,7 @@ func (b *bench) streams(ctx context.Context, a *attachment, n int) error {
 			}
 			out, err := b.output(ctx, b.o.IperfTime+time.Minute, nodeNS, "iperf3", "-c", a.IP, "-p", strconv.Itoa(iperfPort+10+i),
 				"-t", secs, "-P", strconv.Itoa(per), "-J")
-			gbps, _, _, perr := parseIperf(out)
+			gbps, _, _, perr := loadgen.ParseIperf(out)
 			if perr != nil {
 				err = perr
 			}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/cni-usernet/cni-usernet/hack/bench/cgroup"
+	"github.com/cni-usernet/cni-usernet/hack/bench/loadgen"
 	"github.com/cni-usernet/cni-usernet/hack/bench/procfs"
 	"github.com/cni-usernet/cni-usernet/hack/bench/runlog"
 	"github.com/cni-usernet/cni-usernet/pkg/node/podcgroup"
@@ -171,7 +172,7 @@ func (b *bench) sizeStack(ctx context.Context, fs *cgroup.FS, u *attachment) (er
 		}
 		err := b.peakDuring(dir, a.StackPID, g, func() error {
 			out, err := b.output(ctx, b.o.IperfTime+time.Minute, nodeNS, argv...)
-			if _, _, _, perr := parseIperf(out); perr != nil {
+			if _, _, _, perr := loadgen.ParseIperf(out); perr != nil {
 				return perr
 			}
 			return err
@@ -193,7 +194,7 @@ func (b *bench) sizeStack(ctx context.Context, fs *cgroup.FS, u *attachment) (er
 		if err != nil {
 			return err
 		}
-		_, err = parseRedis(out)
+		_, err = loadgen.ParseRedis(out)
 		return err
 	})
 	b.stop(srv)

@@ -1,20 +1,18 @@
 package main
 
 import (
-	"bufio"
 	"context"
-	"encoding/csv"
 	"encoding/json"
 	"fmt"
 	"net"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/cni-usernet/cni-usernet/hack/bench/loadgen"
 	"github.com/cni-usernet/cni-usernet/hack/bench/procfs"
 	"github.com/cni-usernet/cni-usernet/hack/bench/runlog"
 )
@@ -154,7 +152,7 @@ func (b *bench) iperf(ctx context.Context, r int, a *attachment) error {
 		out, err := b.output(ctx, b.o.IperfTime+30*time.Second, nodeNS, argv...)
 		wall := time.Since(t0).Seconds()
 		sysCores, stackCores := (procfs.SystemCPU()-sys0)/wall, (procfs.ProcessCPU(a.StackPID)-stack0)/wall
-		gbps, retrans, bytes, perr := parseIperf(out)
+		gbps, retrans, bytes, perr := loadgen.ParseIperf(out)
 		if perr != nil { // iperf3 -J reports its own errors in the JSON
 			return fmt.Errorf("%s: %w", dir, perr)
 		}
@@ -180,33 +178,6 @@ func (b *bench) iperf(ctx context.Context, r int, a *attachment) error {
 	return nil
 }
 
-// parseIperf reads iperf3 -J: the receiver's rate and byte count, the
-// sender's retransmits.
-func parseIperf(out []byte) (gbps, retrans, bytes float64, err error) {
-	var res struct {
-		Error string `json:"error"`
-		End   struct {
-			SumSent struct {
-				Retransmits float64 `json:"retransmits"`
-			} `json:"sum_sent"`
-			SumReceived struct {
-				BitsPerSecond float64 `json:"bits_per_second"`
-				Bytes         float64 `json:"bytes"`
-			} `json:"sum_received"`
-		} `json:"end"`
-	}
-	if err := json.Unmarshal(out, &res); err != nil {
-		return 0, 0, 0, fmt.Errorf("parsing iperf3 output: %w", err)
-	}
-	if res.Error != "" {
-		return 0, 0, 0, fmt.Errorf("iperf3: %s", res.Error)
-	}
-	if res.End.SumReceived.BitsPerSecond <= 0 {
-		return 0, 0, 0, fmt.Errorf("iperf3 reported no throughput")
-	}
-	return res.End.SumReceived.BitsPerSecond / 1e9, res.End.SumSent.Retransmits, res.End.SumReceived.Bytes, nil
-}
-
 func (b *bench) redis(ctx context.Context, r int, a *attachment) error {
 	srv, err := b.serve(ctx, r, a, "redis", redisPort, "redis-server", "--port", strconv.Itoa(redisPort),
 		"--bind", "0.0.0.0", "--protected-mode", "no", "--save", "", "--appendonly", "no", "--dir", b.tmp)
@@ -221,7 +192,7 @@ func (b *bench) redis(ctx context.Context, r int, a *attachment) error {
 	if err != nil {
 		return err
 	}
-	res, err := parseRedis(out)
+	res, err := loadgen.ParseRedis(out)
 	if err != nil {
 		return err
 	}
@@ -238,38 +209,6 @@ func (b *bench) redis(ctx context.Context, r int, a *attachment) error {
 	}
 	runlog.Logf("  redis SET %.0f GET %.0f rps, p50 %.3f / %.3f ms", res["set"][0], res["get"][0], res["set"][1], res["get"][1])
 	return nil
-}
-
-// parseRedis reads redis-benchmark --csv: test → {rps, p50 ms}.
-func parseRedis(out []byte) (map[string][2]float64, error) {
-	rows, err := csv.NewReader(strings.NewReader(string(out))).ReadAll()
-	if err != nil {
-		return nil, fmt.Errorf("parsing redis-benchmark output: %w", err)
-	}
-	if len(rows) < 1 {
-		return nil, fmt.Errorf("redis-benchmark printed nothing")
-	}
-	col := func(name string) int { return slices.Index(rows[0], name) }
-	rpsCol, p50Col := col("rps"), col("p50_latency_ms")
-	if rpsCol < 0 || p50Col < 0 {
-		return nil, fmt.Errorf("redis-benchmark CSV header %q lacks rps or p50_latency_ms", rows[0])
-	}
-	res := map[string][2]float64{}
-	for _, row := range rows[1:] {
-		rps, err1 := strconv.ParseFloat(row[rpsCol], 64)
-		p50, err2 := strconv.ParseFloat(row[p50Col], 64)
-		if err1 != nil || err2 != nil || rps <= 0 {
-			return nil, fmt.Errorf("bad redis-benchmark row %q", row)
-		}
-		res[strings.ToLower(row[0])] = [2]float64{rps, p50}
-	}
-	if _, ok := res["set"]; !ok {
-		return nil, fmt.Errorf("redis-benchmark reported no SET")
-	}
-	if _, ok := res["get"]; !ok {
-		return nil, fmt.Errorf("redis-benchmark reported no GET")
-	}
-	return res, nil
 }
 
 const nginxConf = `daemon off;
@@ -328,57 +267,20 @@ func (b *bench) nginx(ctx context.Context, r int, a *attachment) error {
 	if err != nil {
 		return err
 	}
-	res, err := parseAB(out)
+	res, err := loadgen.ParseAB(out)
 	if err != nil {
 		return err
 	}
-	if res.failed > 0 || res.complete == 0 {
-		return fmt.Errorf("ab: %v of %v requests failed", res.failed, res.complete)
+	if res.Failed > 0 || res.Complete == 0 {
+		return fmt.Errorf("ab: %v of %v requests failed", res.Failed, res.Complete)
 	}
-	if res.length != 10<<20 {
-		return fmt.Errorf("ab: document length %v, want %d", res.length, 10<<20)
+	if res.Length != 10<<20 {
+		return fmt.Errorf("ab: document length %v, want %d", res.Length, 10<<20)
 	}
-	b.record(r, a.Config, "nginx_rps", res.rps)
-	b.record(r, a.Config, "nginx_mbs", res.kbps*1024/1e6)
-	runlog.Logf("  nginx 10 MiB: %.1f req/s, %.0f MB/s (%v requests)", res.rps, res.kbps*1024/1e6, res.complete)
+	b.record(r, a.Config, "nginx_rps", res.RPS)
+	b.record(r, a.Config, "nginx_mbs", res.KBps*1024/1e6)
+	runlog.Logf("  nginx 10 MiB: %.1f req/s, %.0f MB/s (%v requests)", res.RPS, res.KBps*1024/1e6, res.Complete)
 	return nil
-}
-
-type abResult struct{ rps, kbps, complete, failed, length float64 }
-
-var abLine = regexp.MustCompile(`^(Requests per second|Transfer rate|Complete requests|Failed requests|Document Length):\s+([0-9.]+)`)
-
-func parseAB(out []byte) (abResult, error) {
-	var res abResult
-	seen := 0
-	sc := bufio.NewScanner(strings.NewReader(string(out)))
-	for sc.Scan() {
-		m := abLine.FindStringSubmatch(sc.Text())
-		if m == nil {
-			continue
-		}
-		v, err := strconv.ParseFloat(m[2], 64)
-		if err != nil {
-			return res, err
-		}
-		seen++
-		switch m[1] {
-		case "Requests per second":
-			res.rps = v
-		case "Transfer rate":
-			res.kbps = v
-		case "Complete requests":
-			res.complete = v
-		case "Failed requests":
-			res.failed = v
-		case "Document Length":
-			res.length = v
-		}
-	}
-	if seen < 5 {
-		return res, fmt.Errorf("unexpected ab output: %s", runlog.Tail(string(out), 400))
-	}
-	return res, nil
 }
 
 func (b *bench) tcpRR(ctx context.Context, r int, a *attachment) error {
@@ -416,14 +318,14 @@ func (b *bench) tcpRR(ctx context.Context, r int, a *attachment) error {
 		}
 		frames = float64(st.Stats.Wire.TxPackets - frames0)
 	}
-	var res rrResult
+	var res loadgen.RRResult
 	if err := json.Unmarshal(out, &res); err != nil {
 		return fmt.Errorf("parsing rr-client output %q: %w", out, err)
 	}
 	b.record(r, a.Config, "rr_p50_us", res.P50US)
 	b.record(r, a.Config, "rr_p99_us", res.P99US)
 	// core·ms per 1000 round trips, the client's warm-up included.
-	if krt := float64(res.N+rrWarmup) / 1000; res.N > 0 {
+	if krt := float64(res.N+loadgen.RRWarmup) / 1000; res.N > 0 {
 		b.record(r, a.Config, "cpu_rr", sysS*1000/krt)
 		if a.StackPID > 0 {
 			b.record(r, a.Config, "stack_cpu_rr", stackS*1000/krt)

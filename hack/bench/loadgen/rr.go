@@ -1,4 +1,4 @@
-package main
+package loadgen
 
 import (
 	"encoding/json"
@@ -13,17 +13,18 @@ import (
 
 // TCP_RR: one connection, one byte each way, as fast as the round trips go.
 
-// rrResult is what rr-client prints.
-// rrWarmup round trips open every rr-client run, unmeasured.
-const rrWarmup = 1000
+// RRWarmup round trips open every rr-client run, unmeasured.
+const RRWarmup = 1000
 
-type rrResult struct {
+// RRResult is what rr-client prints.
+type RRResult struct {
 	N     int     `json:"n"`
 	P50US float64 `json:"p50Us"`
 	P99US float64 `json:"p99Us"`
 }
 
-func rrServerMain(args []string) int {
+// RRServerMain is the rr-server role: the pod's end of TCP_RR.
+func RRServerMain(args []string) int {
 	fs := flag.NewFlagSet("rr-server", flag.ContinueOnError)
 	addr := fs.String("listen", ":7777", "listen address")
 	if err := fs.Parse(args); err != nil {
@@ -55,10 +56,11 @@ func rrServerMain(args []string) int {
 	}
 }
 
-func rrClientMain(args []string) int {
+// RRClientMain is the rr-client role: the node's end of TCP_RR, printing an RRResult.
+func RRClientMain(args []string) int {
 	fs := flag.NewFlagSet("rr-client", flag.ContinueOnError)
 	addr := fs.String("addr", "", "server address")
-	d := fs.Duration("time", 10*time.Second, fmt.Sprintf("measurement duration (after %d warm-up round trips)", rrWarmup))
+	d := fs.Duration("time", 10*time.Second, fmt.Sprintf("measurement duration (after %d warm-up round trips)", RRWarmup))
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -84,7 +86,7 @@ func rrClientMain(args []string) int {
 		}
 		return time.Since(start), nil
 	}
-	for range rrWarmup {
+	for range RRWarmup {
 		if _, err := rt(); err != nil {
 			fmt.Fprintln(os.Stderr, "warm-up:", err)
 			return 1
@@ -101,7 +103,7 @@ func rrClientMain(args []string) int {
 	}
 	slices.Sort(lat)
 	us := func(q float64) float64 { return float64(lat[int(q*float64(len(lat)-1))].Nanoseconds()) / 1000 }
-	if err := json.NewEncoder(os.Stdout).Encode(rrResult{N: len(lat), P50US: us(0.50), P99US: us(0.99)}); err != nil {
+	if err := json.NewEncoder(os.Stdout).Encode(RRResult{N: len(lat), P50US: us(0.50), P99US: us(0.99)}); err != nil {
 		return 1
 	}
 	return 0
