@@ -1,7 +1,8 @@
 // Command cni-usernet is the CNI plugin (when called with CNI_COMMAND set,
 // as runtimes do), the node's status table
 // ("status"), capture, the recent policy denials ("denials") and the
-// by-hand installer. Pods' stacks run from cni-usernet-stack, installed
+// by-hand installer; each command is a package under pkg/cli, and this
+// file only dispatches to them. Pods' stacks run from cni-usernet-stack, installed
 // beside it: this binary, which the runtime runs at every ADD, links no
 // part of the stack (no netstack, no sandbox). The node agent is
 // cni-usernet-agent, beside it in the image: it links client-go, which
@@ -12,7 +13,12 @@ import (
 	"fmt"
 	"os"
 
+	"github.com/cni-usernet/cni-usernet/pkg/cli/capture"
+	"github.com/cni-usernet/cni-usernet/pkg/cli/denials"
+	"github.com/cni-usernet/cni-usernet/pkg/cli/install"
+	"github.com/cni-usernet/cni-usernet/pkg/cli/status"
 	"github.com/cni-usernet/cni-usernet/pkg/cni"
+	"github.com/cni-usernet/cni-usernet/pkg/util/buildinfo"
 )
 
 const usage = `usage:
@@ -38,20 +44,20 @@ func main() {
 	var err error
 	switch os.Args[1] {
 	case "status":
-		err = runStatus(os.Args[2:], os.Stdout)
+		err = status.Run(os.Args[2:], os.Stdout, os.Stderr)
 	case "denials":
-		err = runDenials(os.Args[2:], os.Stdout, os.Stderr)
+		err = denials.Run(os.Args[2:], os.Stdout, os.Stderr)
 	case "capture":
-		err = runCapture(os.Args[2:], os.Stdout, os.Stderr)
+		err = capture.Run(os.Args[2:], os.Stdout, os.Stderr)
 	case "agent":
 		fmt.Fprintln(os.Stderr, "cni-usernet: the node agent is its own binary, cni-usernet-agent (same flags), beside cni-usernet in the image")
 		os.Exit(2)
 	case "install":
-		err = installCommand(os.Args[2:])
+		err = install.Run(os.Args[2:], os.Stdout, os.Stderr)
 	case "uninstall":
-		err = uninstallCommand(os.Args[2:])
+		err = install.RunUninstall(os.Args[2:], os.Stderr)
 	case "version", "--version":
-		fmt.Println("cni-usernet", cni.Version)
+		fmt.Println(buildinfo.String("cni-usernet"))
 	case "help", "-h", "--help":
 		fmt.Print(usage)
 	default:

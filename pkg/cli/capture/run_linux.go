@@ -123,9 +123,9 @@ type ifaceState struct {
 	late atomic.Uint64
 }
 
-// Run captures until ctx ends, Count or Duration is reached, or the output
+// Record captures until ctx ends, Count or Duration is reached, or the output
 // fails (a reader that went away), and writes pcapng to o.Out.
-func Run(ctx context.Context, o Options) (Summary, error) {
+func Record(ctx context.Context, o Options) (Summary, error) {
 	if err := o.Validate(); err != nil {
 		return Summary{}, fmt.Errorf("capture options: %w", err)
 	}

@@ -1,12 +1,16 @@
-package main
+// Package status is `cni-usernet status`: every attachment on the node
+// with its stack's health, GSO decision and counters, read from the state
+// directory and each stack's control socket. The other commands that
+// speak of attachments (denials, capture) read them through it.
+package status
 
 import (
+	"cmp"
 	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
 	"net/netip"
-	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -18,8 +22,9 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/node/launch"
 )
 
-// attachmentStatus is one row of `cni-usernet status`.
-type attachmentStatus struct {
+// Attachment is one row of `cni-usernet status`: an attachment and what
+// its stack says of itself.
+type Attachment struct {
 	ContainerID string   `json:"containerID"`
 	IfName      string   `json:"ifName"`
 	Pod         string   `json:"pod,omitempty"`
@@ -29,28 +34,34 @@ type attachmentStatus struct {
 	Problem     string   `json:"problem,omitempty"`
 	// Restarts is how often the node agent restarted the stack.
 	Restarts int             `json:"restarts"`
-	GSO      gsoStatus       `json:"gso"`
+	GSO      GSO             `json:"gso"`
 	Stats    *control.Status `json:"stats,omitempty"`
 }
 
-type gsoStatus struct {
+// GSO is the attachment's GSO decision: the stack's when it answers,
+// else the one recorded at ADD.
+type GSO struct {
 	Mode    string `json:"mode"`
 	MaxSize uint32 `json:"maxSize"`
 	MaxSegs uint32 `json:"maxSegs"`
 	Reason  string `json:"reason,omitempty"`
 }
 
-func runStatus(argv []string, out io.Writer) error {
+// Run is `cni-usernet status [--json] [--state-dir DIR]`. With --json,
+// stdout stays one JSON document and the unreadable state files go to
+// stderr; in the table they follow it on stdout.
+func Run(argv []string, out, errOut io.Writer) error {
 	fs := flag.NewFlagSet("status", flag.ContinueOnError)
+	fs.SetOutput(errOut)
 	asJSON := fs.Bool("json", false, "print a JSON array")
 	dir := fs.String("state-dir", netconf.DefaultStateDir, "state directory of the plugin")
 	if err := fs.Parse(argv); err != nil {
 		return err
 	}
 	atts, errs := state.Store{Dir: *dir}.List()
-	rows := make([]attachmentStatus, 0, len(atts))
+	rows := make([]Attachment, 0, len(atts))
 	for _, a := range atts {
-		rows = append(rows, statusOf(a))
+		rows = append(rows, Of(a))
 	}
 	if *asJSON {
 		enc := json.NewEncoder(out)
@@ -61,11 +72,8 @@ func runStatus(argv []string, out io.Writer) error {
 	} else {
 		printTable(out, rows)
 	}
-	// With --json, stdout stays one JSON document; the unreadable files
-	// go to stderr.
-	errOut := out
-	if *asJSON {
-		errOut = os.Stderr
+	if !*asJSON {
+		errOut = out
 	}
 	for _, e := range errs {
 		fmt.Fprintln(errOut, "unreadable:", e)
@@ -73,10 +81,12 @@ func runStatus(argv []string, out io.Writer) error {
 	return nil
 }
 
-func statusOf(a *state.Attachment) attachmentStatus {
-	s := attachmentStatus{
+// Of is a's row: its record, and when its stack runs and answers on the
+// control socket, the stack's status; else Problem says why not.
+func Of(a *state.Attachment) Attachment {
+	s := Attachment{
 		ContainerID: a.ContainerID, IfName: a.IfName, IPs: a.IPs, PID: a.StackPID,
-		GSO: gsoStatus{Mode: string(a.GSO.Mode), MaxSize: a.GSO.Link.MaxSize, MaxSegs: a.GSO.Link.MaxSegs, Reason: a.GSO.Reason},
+		GSO: GSO{Mode: string(a.GSO.Mode), MaxSize: a.GSO.Link.MaxSize, MaxSegs: a.GSO.Link.MaxSegs, Reason: a.GSO.Reason},
 	}
 	if a.PodName != "" {
 		s.Pod = a.PodNS + "/" + a.PodName
@@ -109,15 +119,15 @@ func statusOf(a *state.Attachment) attachmentStatus {
 	}
 	s.Healthy = true
 	s.Stats = &st
-	s.GSO = gsoStatus{Mode: string(st.GSO.Mode), MaxSize: st.GSO.Link.MaxSize, MaxSegs: st.GSO.Link.MaxSegs, Reason: st.GSO.Reason}
+	s.GSO = GSO{Mode: string(st.GSO.Mode), MaxSize: st.GSO.Link.MaxSize, MaxSegs: st.GSO.Link.MaxSegs, Reason: st.GSO.Reason}
 	return s
 }
 
-func printTable(out io.Writer, rows []attachmentStatus) {
+func printTable(out io.Writer, rows []Attachment) {
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "CONTAINER\tIF\tPOD\tIPS\tPID\tHEALTHY\tGSO\tGSO_MAX_SIZE\tGSO_MAX_SEGS\tGSO_BATCHES\tTX/RX PKTS\tTCP RELAYS\tPOLICY")
 	for _, r := range rows {
-		id := shortID(r.ContainerID)
+		id := ShortID(r.ContainerID)
 		var ips []string
 		for _, ip := range r.IPs {
 			if p, err := netip.ParsePrefix(ip); err == nil {
@@ -146,7 +156,7 @@ func printTable(out io.Writer, rows []attachmentStatus) {
 	tw.Flush()
 	for _, r := range rows {
 		if r.GSO.Reason != "" {
-			fmt.Fprintf(out, "%s/%s gso: %s\n", shortID(r.ContainerID), r.IfName, r.GSO.Reason)
+			fmt.Fprintf(out, "%s/%s gso: %s\n", ShortID(r.ContainerID), r.IfName, r.GSO.Reason)
 		}
 	}
 }
@@ -177,7 +187,13 @@ func policyColumn(p *policy.Status) string {
 	return s
 }
 
-func shortID(id string) string {
+// Label is how the commands name the attachment's pod: "namespace/name",
+// or the short container ID of an attachment without one.
+func (s Attachment) Label() string { return cmp.Or(s.Pod, ShortID(s.ContainerID)) }
+
+// ShortID is a container ID as the commands print it, by its first 12
+// characters as the runtimes' tools do.
+func ShortID(id string) string {
 	if len(id) > 12 {
 		return id[:12]
 	}

@@ -1,4 +1,4 @@
-package main
+package capture
 
 import (
 	"context"
@@ -18,7 +18,7 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/api/netconf"
 	"github.com/cni-usernet/cni-usernet/pkg/api/pcap"
 	"github.com/cni-usernet/cni-usernet/pkg/api/state"
-	"github.com/cni-usernet/cni-usernet/pkg/cli/capture"
+	"github.com/cni-usernet/cni-usernet/pkg/cli/status"
 	"github.com/cni-usernet/cni-usernet/pkg/node/launch"
 )
 
@@ -35,7 +35,10 @@ Captures a pod's traffic on both legs of its stack and writes pcapng:
 flags:
 `
 
-func runCapture(argv []string, stdout, stderr io.Writer) error {
+// Run is `cni-usernet capture`: it finds the pod's running stack, asks it
+// where and what to capture, and records to stdout or -w's file until
+// the count, the duration or an interrupt.
+func Run(argv []string, stdout, stderr io.Writer) error {
 	f, err := parseCaptureFlags(argv, stderr)
 	if err != nil {
 		return err
@@ -72,7 +75,7 @@ func runCapture(argv []string, stdout, stderr io.Writer) error {
 		}
 		fmt.Fprintf(stderr, "cni-usernet capture: capturing %s: %s\n", describe(a), strings.Join(legs, ", "))
 	}
-	sum, err := capture.Run(ctx, o)
+	sum, err := Record(ctx, o)
 	printSummary(stderr, sum)
 	if err != nil {
 		return fmt.Errorf("capture: %w", err)
@@ -89,7 +92,7 @@ func runCapture(argv []string, stdout, stderr io.Writer) error {
 type captureFlags struct {
 	target, out, ifName, stateDir string
 	// opts holds the count, duration, snap length and legs.
-	opts capture.Options
+	opts Options
 }
 
 func parseCaptureFlags(argv []string, stderr io.Writer) (captureFlags, error) {
@@ -159,7 +162,7 @@ func findRunningAttachment(stateDir, target, ifName string) (*state.Attachment, 
 
 // fromStack fills in o where and what to capture, from a's record and its
 // stack's status.
-func fromStack(o *capture.Options, a *state.Attachment) error {
+func fromStack(o *Options, a *state.Attachment) error {
 	var st control.Status
 	if err := control.FetchStatus(a.ControlSocket, 5*time.Second, &st); err != nil {
 		if errors.Is(err, iofs.ErrPermission) {
@@ -208,9 +211,9 @@ func openCaptureOutput(path string, stdout io.Writer) (*os.File, error) {
 
 func describe(a *state.Attachment) string {
 	if a.PodName != "" {
-		return fmt.Sprintf("pod %s/%s (container %s, %s)", a.PodNS, a.PodName, shortID(a.ContainerID), a.IfName)
+		return fmt.Sprintf("pod %s/%s (container %s, %s)", a.PodNS, a.PodName, status.ShortID(a.ContainerID), a.IfName)
 	}
-	return fmt.Sprintf("container %s (%s)", shortID(a.ContainerID), a.IfName)
+	return fmt.Sprintf("container %s (%s)", status.ShortID(a.ContainerID), a.IfName)
 }
 
 // findAttachment resolves <namespace>/<pod> (what the runtime passed in
@@ -234,12 +237,12 @@ func findAttachment(atts []*state.Attachment, target, ifName string) (*state.Att
 	}
 	var names []string
 	for _, a := range found {
-		names = append(names, shortID(a.ContainerID)+"/"+a.IfName)
+		names = append(names, status.ShortID(a.ContainerID)+"/"+a.IfName)
 	}
 	return nil, fmt.Errorf("%q names %d attachments (%s): give a longer container ID or --if", target, len(found), strings.Join(names, ", "))
 }
 
-func printSummary(w io.Writer, s capture.Summary) {
+func printSummary(w io.Writer, s Summary) {
 	var parts []string
 	for _, i := range s.Ifaces {
 		parts = append(parts, fmt.Sprintf("%s (%s) %d", i.Name, i.Leg, i.Written))

@@ -1,4 +1,4 @@
-package main
+package denials
 
 import (
 	"bytes"
@@ -10,6 +10,7 @@ import (
 
 	"github.com/cni-usernet/cni-usernet/pkg/api/control"
 	"github.com/cni-usernet/cni-usernet/pkg/api/policy"
+	"github.com/cni-usernet/cni-usernet/pkg/cli/status"
 )
 
 var zone = time.FixedZone("node", 3600)
@@ -24,7 +25,7 @@ func denialAt(sec int, dir, proto, peer string, port uint16) policy.Denial {
 // container when it has none; a stack without policy has none.
 func TestDenialsOf(t *testing.T) {
 	d := denialAt(1, "ingress", "TCP", "10.244.2.9", 8080)
-	st := attachmentStatus{ContainerID: "0123456789abcdef", IfName: "eth0", Pod: "shop/web-0", Healthy: true,
+	st := status.Attachment{ContainerID: "0123456789abcdef", IfName: "eth0", Pod: "shop/web-0", Healthy: true,
 		Stats: &control.Status{Policy: &policy.Status{RecentDenials: []policy.Denial{d}}}}
 	got := denialsOf(st)
 	if len(got) != 1 || got[0].Pod != "shop/web-0" || got[0].ContainerID != st.ContainerID || got[0].IfName != "eth0" || got[0].Denial != d {
@@ -66,21 +67,21 @@ func TestPrintDenials(t *testing.T) {
 func TestRunDenialsNoStacks(t *testing.T) {
 	dir := t.TempDir()
 	var out, errOut bytes.Buffer
-	if err := runDenials([]string{"--state-dir", dir}, &out, &errOut); err != nil {
+	if err := Run([]string{"--state-dir", dir}, &out, &errOut); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.HasPrefix(out.String(), "TIME ") || strings.Count(out.String(), "\n") != 1 {
 		t.Errorf("table: got %q, want the header alone", out.String())
 	}
 	out.Reset()
-	if err := runDenials([]string{"--state-dir", dir, "-json"}, &out, &errOut); err != nil {
+	if err := Run([]string{"--state-dir", dir, "-json"}, &out, &errOut); err != nil {
 		t.Fatal(err)
 	}
 	var rows []podDenial
 	if err := json.Unmarshal(out.Bytes(), &rows); err != nil || rows == nil || len(rows) != 0 {
 		t.Errorf("JSON: got %q (%v), want []", out.String(), err)
 	}
-	if err := runDenials([]string{"--state-dir", dir, "shop/web-0"}, &out, &errOut); err == nil {
+	if err := Run([]string{"--state-dir", dir, "shop/web-0"}, &out, &errOut); err == nil {
 		t.Error("an argument was taken")
 	}
 }

@@ -1,7 +1,11 @@
-package main
+// Package denials is `cni-usernet denials`: the recent network policy
+// denials of every local stack that enforces policy, one list, oldest
+// first. It reads what `cni-usernet status` reads (pkg/cli/status) and
+// prints another view of it; a package of its own so that each command
+// of the plugin's binary is one package with its flags and output.
+package denials
 
 import (
-	"cmp"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -14,6 +18,7 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/api/netconf"
 	"github.com/cni-usernet/cni-usernet/pkg/api/policy"
 	"github.com/cni-usernet/cni-usernet/pkg/api/state"
+	"github.com/cni-usernet/cni-usernet/pkg/cli/status"
 )
 
 // podDenial is one line of `cni-usernet denials`: a stack's recent
@@ -27,11 +32,11 @@ type podDenial struct {
 	policy.Denial
 }
 
-// runDenials prints the recent denials of every local stack that
+// Run prints the recent denials of every local stack that
 // enforces network policy, oldest first, as `hubble observe --verdict
 // DROPPED` lists flows: what each stack keeps (policy.RecentDenials per
 // stack), read from the status `cni-usernet status` reads.
-func runDenials(argv []string, out, errOut io.Writer) error {
+func Run(argv []string, out, errOut io.Writer) error {
 	fs := flag.NewFlagSet("denials", flag.ContinueOnError)
 	fs.SetOutput(errOut)
 	asJSON := fs.Bool("json", false, "print a JSON array")
@@ -50,9 +55,9 @@ func runDenials(argv []string, out, errOut io.Writer) error {
 		if *pod != "" && a.PodNS+"/"+a.PodName != *pod && !strings.HasPrefix(a.ContainerID, *pod) {
 			continue
 		}
-		st := statusOf(a)
+		st := status.Of(a)
 		if !st.Healthy {
-			fmt.Fprintf(errOut, "%s: no status: %s\n", podLabel(st), st.Problem)
+			fmt.Fprintf(errOut, "%s: no status: %s\n", st.Label(), st.Problem)
 			continue
 		}
 		rows = append(rows, denialsOf(st)...)
@@ -78,18 +83,16 @@ func runDenials(argv []string, out, errOut io.Writer) error {
 
 // denialsOf is the recent denials in one attachment's status; none when
 // its stack does not enforce policy.
-func denialsOf(st attachmentStatus) []podDenial {
+func denialsOf(st status.Attachment) []podDenial {
 	if st.Stats == nil || st.Stats.Policy == nil {
 		return nil
 	}
 	rows := make([]podDenial, 0, len(st.Stats.Policy.RecentDenials))
 	for _, d := range st.Stats.Policy.RecentDenials {
-		rows = append(rows, podDenial{Pod: podLabel(st), ContainerID: st.ContainerID, IfName: st.IfName, Denial: d})
+		rows = append(rows, podDenial{Pod: st.Label(), ContainerID: st.ContainerID, IfName: st.IfName, Denial: d})
 	}
 	return rows
 }
-
-func podLabel(st attachmentStatus) string { return cmp.Or(st.Pod, shortID(st.ContainerID)) }
 
 // denialTime is how a denial's time is printed: to the millisecond, in
 // the stack's time zone (the node's), as hubble prints flows.
