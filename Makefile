@@ -1,7 +1,7 @@
 # cni-usernet — see README.md.
 GO ?= go
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
-LDFLAGS := -X github.com/cni-usernet/cni-usernet/pkg/cni.Version=$(VERSION)
+LDFLAGS := -X github.com/cni-usernet/cni-usernet/pkg/util/buildinfo.Version=$(VERSION)
 
 .PHONY: build deps demo test test-unit test-root fuzz lint bench bench-quick bench-policy clean gvisor release
 
@@ -13,7 +13,7 @@ gvisor:
 
 build: gvisor
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/cni-usernet ./cmd/cni-usernet
-	CGO_ENABLED=0 $(GO) build -trimpath -o bin/cni-usernet-stack ./cmd/cni-usernet-stack
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/cni-usernet-stack ./cmd/cni-usernet-stack
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/cni-usernet-agent ./cmd/cni-usernet-agent
 	mkdir -p bin/cni
 	# a running stack keeps the old file

@@ -13,10 +13,11 @@ version=${VERSION:-$(git describe --always --dirty 2>/dev/null || echo dev)}
 mkdir -p "$root"
 chmod 0755 "$root"   # the image's / (mktemp makes it 0700)
 build() { CGO_ENABLED=0 GOOS=linux $GO build -trimpath "$@"; }
-build -ldflags "-s -w -X github.com/cni-usernet/cni-usernet/pkg/cni.Version=$version" \
-  -o "$root/cni-usernet" ./cmd/cni-usernet
-build -ldflags "-s -w" -o "$root/cni-usernet-stack" ./cmd/cni-usernet-stack
-build -ldflags "-s -w" -o "$root/cni-usernet-agent" ./cmd/cni-usernet-agent
+# one stamp for the three binaries: each prints it for `version`
+stamp="-s -w -X github.com/cni-usernet/cni-usernet/pkg/util/buildinfo.Version=$version"
+build -ldflags "$stamp" -o "$root/cni-usernet" ./cmd/cni-usernet
+build -ldflags "$stamp" -o "$root/cni-usernet-stack" ./cmd/cni-usernet-stack
+build -ldflags "$stamp" -o "$root/cni-usernet-agent" ./cmd/cni-usernet-agent
 build -ldflags "-s -w" -o "$root/" \
   github.com/containernetworking/plugins/plugins/meta/portmap \
   github.com/containernetworking/plugins/plugins/meta/bandwidth

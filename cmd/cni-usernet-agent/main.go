@@ -15,9 +15,14 @@ import (
 	"os"
 
 	"github.com/cni-usernet/cni-usernet/pkg/agent"
+	"github.com/cni-usernet/cni-usernet/pkg/util/buildinfo"
 )
 
 func main() {
+	if len(os.Args) == 2 && (os.Args[1] == "version" || os.Args[1] == "--version") {
+		fmt.Println(buildinfo.String("cni-usernet-agent"))
+		return
+	}
 	err := agent.Run(os.Args[1:])
 	switch {
 	case errors.Is(err, flag.ErrHelp):

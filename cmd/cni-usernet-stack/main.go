@@ -15,10 +15,12 @@ import (
 	"os"
 
 	"github.com/cni-usernet/cni-usernet/pkg/stack"
+	"github.com/cni-usernet/cni-usernet/pkg/util/buildinfo"
 )
 
 const usage = `usage:
   cni-usernet-stack stack --config FILE   run a pod's stack (started by the cni-usernet plugin)
+  cni-usernet-stack version
 `
 
 func main() {
@@ -30,6 +32,8 @@ func main() {
 	switch os.Args[1] {
 	case "stack":
 		err = stack.Run(os.Args[2:])
+	case "version", "--version":
+		fmt.Println(buildinfo.String("cni-usernet-stack"))
 	case "help", "-h", "--help":
 		fmt.Print(usage)
 	default:

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/cni-usernet/cni-usernet/pkg/node/attachment"
+	"github.com/cni-usernet/cni-usernet/pkg/util/buildinfo"
 	"github.com/cni-usernet/cni-usernet/pkg/util/steptime"
 
 	"github.com/containernetworking/cni/pkg/skel"
@@ -23,9 +24,6 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/api/state"
 )
 
-// Version is set at build time.
-var Version = "dev"
-
 // Main runs the plugin the way a runtime calls it: CNI_* environment
 // variables and the configuration on stdin, the result on stdout.
 func Main() {
@@ -35,7 +33,7 @@ func Main() {
 		Check:  recorded("CHECK", cmdCheck),
 		GC:     cmdGC,
 		Status: cmdStatus,
-	}, version.PluginSupports(netconf.CNIVersions...), "cni-usernet "+Version+": a userspace TCP/IP stack per pod")
+	}, version.PluginSupports(netconf.CNIVersions...), buildinfo.String("cni-usernet")+": a userspace TCP/IP stack per pod")
 }
 
 // k8sArgs are the CNI_ARGS Kubernetes runtimes pass.
