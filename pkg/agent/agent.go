@@ -27,6 +27,7 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/api/agentapi"
 	"github.com/cni-usernet/cni-usernet/pkg/api/netconf"
 	"github.com/cni-usernet/cni-usernet/pkg/api/offload"
+	"github.com/cni-usernet/cni-usernet/pkg/api/podnet"
 	"github.com/cni-usernet/cni-usernet/pkg/api/state"
 	"github.com/cni-usernet/cni-usernet/pkg/node/attachment"
 	"github.com/cni-usernet/cni-usernet/pkg/node/launch"
@@ -116,10 +117,10 @@ func parseAgentFlags(args []string) (*agentFlags, error) {
 	if f.mode != "standalone" && f.mode != "chain" {
 		return nil, fmt.Errorf("--mode %q: want standalone or chain", f.mode)
 	}
-	if f.mtu != 0 && (f.mtu < 576 || f.mtu > 65535) {
+	if f.mtu != 0 && (f.mtu < podnet.MinMTU || f.mtu > podnet.MaxMTU) {
 		// The plugin's bounds (pkg/api/netconf): a conflist outside them
 		// fails every pod's ADD.
-		return nil, fmt.Errorf("--mtu %d: want 576..65535, or 0 (automatic)", f.mtu)
+		return nil, fmt.Errorf("--mtu %d: want %d..%d, or 0 (automatic)", f.mtu, podnet.MinMTU, podnet.MaxMTU)
 	}
 	if _, err := offload.ParseMode(f.gso); err != nil {
 		return nil, fmt.Errorf("--gso: %w", err)

@@ -3,19 +3,19 @@ package noderoutes
 import (
 	"fmt"
 	"net/netip"
+
+	"github.com/cni-usernet/cni-usernet/pkg/api/podnet"
 )
 
 // DefaultLinkMTU is the underlay's MTU assumed when no link of the node
 // says: Ethernet's.
 const DefaultLinkMTU = 1500
 
-// The pods' MTU the plugin accepts (pkg/api/netconf): IPv4's minimum
-// datagram a host must take whole, and IPv6's minimum link MTU when the
-// pods get IPv6.
+// The pods' MTU the plugin accepts (podnet.MinMTU and the rest).
 const (
-	minPodMTU4 = 576
-	minPodMTU6 = 1280
-	maxPodMTU  = 65535
+	minPodMTU4 = podnet.MinMTU
+	minPodMTU6 = podnet.MinMTUv6
+	maxPodMTU  = podnet.MaxMTU
 )
 
 // MTUOptions are what the pods' MTU is chosen from (PodMTU). The zero

@@ -16,6 +16,7 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 
 	"github.com/cni-usernet/cni-usernet/pkg/api/offload"
+	"github.com/cni-usernet/cni-usernet/pkg/api/podnet"
 	"github.com/cni-usernet/cni-usernet/pkg/api/stackconfig"
 	"github.com/cni-usernet/cni-usernet/pkg/api/state"
 )
@@ -23,11 +24,9 @@ import (
 // Limits of the keys. Each says where it comes from; the error for a key
 // quotes accepted[key], so a user reads the rule, not just the refusal.
 const (
-	// minMTU is IPv4's minimum datagram every host must accept (RFC 791);
-	// minMTUv6 is IPv6's minimum link MTU (RFC 8200).
-	minMTU   = 576
-	minMTUv6 = 1280
-	maxMTU   = 65535
+	minMTU   = podnet.MinMTU
+	minMTUv6 = podnet.MinMTUv6
+	maxMTU   = podnet.MaxMTU
 	// The smallest GSO cap that still holds one frame of the smallest
 	// MTU with its Ethernet header; and the kernel's GSO_MAX_SIZE without
 	// BIG TCP, above which nothing is capped (the stack never builds a

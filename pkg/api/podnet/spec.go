@@ -30,6 +30,17 @@ import (
 //	   Version != 1, so they refuse this version.
 const SpecVersion = 2
 
+// The MTUs a pod's link may have: IPv4's minimum datagram every host must
+// accept (RFC 791), IPv6's minimum link MTU when the pod has IPv6 (RFC
+// 8200), and the largest an IP packet's length field allows. The
+// conflist's check, the agent's choice of the pods' MTU and the stack's
+// spec all take them from here.
+const (
+	MinMTU   = 576
+	MinMTUv6 = 1280
+	MaxMTU   = 65535
+)
+
 // ErrNewer marks a spec written for a newer stack than this one.
 var ErrNewer = errors.New("written by a newer cni-usernet")
 
@@ -81,8 +92,8 @@ func (s *Spec) Validate() error {
 	if s.IfName == "" {
 		return fmt.Errorf("spec has no interface name")
 	}
-	if s.MTU < 576 {
-		return fmt.Errorf("spec MTU %d is below 576", s.MTU)
+	if s.MTU < MinMTU {
+		return fmt.Errorf("spec MTU %d is below %d", s.MTU, MinMTU)
 	}
 	if len(s.PodIPs()) == 0 {
 		return fmt.Errorf("spec of %s has no pod address", s.IfName)
