@@ -244,7 +244,7 @@ func (a *addition) startStack() (launch.Process, error) {
 	}
 	proc, err := launch.Start(launch.Options{
 		Binary:       stackBinary,
-		Args:         attachment.StackArgs(p.Config),
+		Args:         launch.StackArgs(p.Config),
 		Netns:        att.Netns,
 		WireNetns:    att.WireNetns,
 		LogPath:      p.Log,

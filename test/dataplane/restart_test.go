@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/cni-usernet/cni-usernet/pkg/api/state"
-	"github.com/cni-usernet/cni-usernet/pkg/node/attachment"
 	"github.com/cni-usernet/cni-usernet/pkg/node/launch"
 	"github.com/cni-usernet/cni-usernet/test/lib/nettest"
 )
@@ -50,7 +49,7 @@ func TestStackRestartsFromSpec(t *testing.T) {
 	}
 	proc, err := launch.Start(launch.Options{
 		Binary:       att.StackBinary,
-		Args:         attachment.StackArgs(att.ConfigPath),
+		Args:         launch.StackArgs(att.ConfigPath),
 		Netns:        pod.NS.Path(),
 		WireNetns:    att.WireNetns,
 		LogPath:      att.LogPath,

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/cni-usernet/cni-usernet/pkg/api/state"
+	"github.com/cni-usernet/cni-usernet/pkg/node/launch"
 )
 
 // labNode is one node of the lab as the test reaches it: node 1 is this
@@ -164,7 +165,7 @@ func account(n labNode, network string) (nodeAccount, error) {
 			continue
 		}
 		argv := strings.Split(strings.TrimSuffix(string(b), "\x00"), "\x00")
-		if len(argv) != 4 || argv[1] != "stack" || argv[2] != "--config" || !strings.HasPrefix(argv[3], stacksDir) {
+		if config, ok := launch.StackConfigOf(argv); !ok || !strings.HasPrefix(config, stacksDir) {
 			continue
 		}
 		status, err := os.ReadFile(p + "/status")

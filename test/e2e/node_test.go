@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/cni-usernet/cni-usernet/pkg/api/state"
+	"github.com/cni-usernet/cni-usernet/pkg/node/launch"
 )
 
 // What the DaemonSet installs on the node, at the paths the manifest gives.
@@ -120,7 +121,7 @@ func readNodeState(t *testing.T, network string) nodeState {
 			continue
 		}
 		argv := strings.Split(strings.TrimSuffix(string(b), "\x00"), "\x00")
-		if len(argv) == 4 && argv[1] == "stack" && argv[2] == "--config" && strings.HasPrefix(argv[3], stacksDir) {
+		if config, ok := launch.StackConfigOf(argv); ok && strings.HasPrefix(config, stacksDir) {
 			var pid int
 			fmt.Sscanf(strings.TrimPrefix(c, "/proc/"), "%d", &pid)
 			s.stacks = append(s.stacks, pid)

@@ -494,7 +494,7 @@ func TestRestartKeepsPolicy(t *testing.T) {
 		var err error
 		proc, err = launch.Start(launch.Options{
 			Binary:       r.att.StackBinary,
-			Args:         attachment.StackArgs(r.att.ConfigPath),
+			Args:         launch.StackArgs(r.att.ConfigPath),
 			Netns:        r.pod.NS.Path(),
 			LogPath:      r.att.LogPath,
 			ReadyTimeout: 20 * time.Second,

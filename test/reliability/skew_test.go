@@ -178,7 +178,7 @@ func TestSkewRollbackToPreviousRelease(t *testing.T) {
 	att := loadAtt(t, env, pod)
 	killStack(t, env, pod)
 	logPath := filepath.Join(t.TempDir(), "previous-release-stack.log")
-	p, err := launch.Start(launch.Options{Binary: old, Args: []string{"stack", "--config", att.ConfigPath},
+	p, err := launch.Start(launch.Options{Binary: old, Args: launch.StackArgs(att.ConfigPath),
 		Netns: att.Netns, LogPath: logPath, ReadyTimeout: 10 * time.Second})
 	if err == nil {
 		launch.Stop(p, 5*time.Second)

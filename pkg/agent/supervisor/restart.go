@@ -179,7 +179,7 @@ func (s *Supervisor) restart(containerID, ifName string, dead launch.Process, lo
 	}
 	proc, err := launch.Start(launch.Options{
 		Binary:       binary,
-		Args:         attachment.StackArgs(att.ConfigPath),
+		Args:         launch.StackArgs(att.ConfigPath),
 		Netns:        att.Netns,
 		WireNetns:    att.WireNetns,
 		LogPath:      att.LogPath,

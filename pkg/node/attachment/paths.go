@@ -60,11 +60,6 @@ func HostVethName(containerID, ifName string) string {
 // StopGrace is how long a stack gets to close its connections on SIGTERM.
 const StopGrace = 5 * time.Second
 
-// StackArgs are the arguments after the binary that start (the plugin's
-// ADD, the agent's restart) and find (a teardown without state) the stack
-// of the attachment whose stack configuration is at configPath.
-func StackArgs(configPath string) []string { return []string{"stack", "--config", configPath} }
-
 // StackBinary is the executable that runs pods' stacks for the plugin (or
 // agent) whose executable is exe: cni-usernet-stack beside it (exe itself
 // when exe is that file). The plugin's own binary carries no stack, so

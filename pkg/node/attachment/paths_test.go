@@ -23,9 +23,6 @@ func TestNames(t *testing.T) {
 		filepath.Dir(p.Socket) != "/r" || filepath.Dir(p.Log) != "/l" {
 		t.Fatalf("paths in the wrong places: %+v", p)
 	}
-	if got := StackArgs(p.Config); len(got) != 3 || got[0] != "stack" || got[2] != p.Config {
-		t.Fatalf("stack args %q", got)
-	}
 }
 
 // TestStackBinary: the plugin runs stacks from cni-usernet-stack beside

@@ -91,7 +91,7 @@ func (td *Teardown) Run() error {
 	if td.Proc.PID == 0 {
 		// No state: the stack, if it runs, is the process started with
 		// this attachment's config path.
-		procs = launch.Find(StackArgs(p.Config)...)
+		procs = launch.Find(launch.StackArgs(p.Config)...)
 	}
 	for _, proc := range procs {
 		if err := launch.Stop(proc, StopGrace); err != nil {

@@ -362,6 +362,21 @@ func Find(args ...string) []Process {
 	return out
 }
 
+// StackArgs are the arguments after the binary that start (the plugin's
+// ADD, the agent's restart) and find (a teardown without state,
+// FindStacks) the stack whose configuration is at configPath.
+func StackArgs(configPath string) []string { return []string{"stack", "--config", configPath} }
+
+// StackConfigOf is the configuration path of a process whose whole
+// command line is argv, when that is a stack's (the binary, then
+// StackArgs).
+func StackConfigOf(argv []string) (string, bool) {
+	if len(argv) != 4 || argv[1] != "stack" || argv[2] != "--config" {
+		return "", false
+	}
+	return argv[3], true
+}
+
 // Stack is a running stack process found by its config path.
 type Stack struct {
 	Process
@@ -375,8 +390,8 @@ func FindStacks(dir string) []Stack {
 	dir = filepath.Clean(dir) + "/"
 	var out []Stack
 	eachProcess(func(p Process, argv []string) {
-		if len(argv) == 4 && argv[1] == "stack" && argv[2] == "--config" && strings.HasPrefix(argv[3], dir) {
-			out = append(out, Stack{Process: p, ConfigPath: argv[3]})
+		if config, ok := StackConfigOf(argv); ok && strings.HasPrefix(config, dir) {
+			out = append(out, Stack{Process: p, ConfigPath: config})
 		}
 	})
 	return out
