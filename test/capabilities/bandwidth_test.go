@@ -106,8 +106,8 @@ func TestBandwidth(t *testing.T) {
 	}
 	if testing.Short() {
 		// The runtime's burst (512 MiB) is spent only by a stack at full
-		// speed: a race-built one, at about 80 Mbit/s in gso off, was still
-		// in it after 50 s and measured 1.7x the 50M annotation. make
+		// speed: a race-built one in gso off is still in it when the
+		// measurement starts, and so reads far above the annotation. make
 		// test measures it in its second, full-size pass.
 		t.Skip("measures shaping after the runtime's 512 MiB burst: needs the full-size run, not -short")
 	}

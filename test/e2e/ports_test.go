@@ -118,8 +118,8 @@ const (
 // egress-bandwidth (50M) annotations, which the runtime passes to
 // cni-usernet (standalone) or to the bandwidth plugin chained before it,
 // shape its traffic within
-// ±10 % once the runtime's burst is spent, measured from node 1 with
-// podtool's sink and source.
+// ±10 % once the runtime's burst is spent, as podtool's sink and source
+// on node 1 see it.
 func checkBandwidth(t *testing.T, ns, network string) {
 	m := podManifest(ns, "shaped", "")
 	m = strings.Replace(m, "  labels:", "  annotations: {kubernetes.io/ingress-bandwidth: 10M, kubernetes.io/egress-bandwidth: 50M}\n  labels:", 1)

@@ -406,10 +406,8 @@ func logShed(t *testing.T, name string, eth0Rx uint64, before, after map[string]
 
 // check asserts what a pod under a SYN flood must keep: the probes (>= 90 %
 // answered, none slower than 1 s), the download byte-exact, memory within
-// the bound, the pod answering afterwards. (Until the SYN socket, the
-// probe targets under the node's full-speed flood were only logged; with
-// it the slowest probe took 23-68 ms in nine runs of one hping3 at
-// 114,000-126,000 SYN/s, docs/reliability/hostile.md.)
+// the bound, the pod answering afterwards (docs/reliability/hostile.md
+// gives the slowest probes of runs under the node's full-speed flood).
 func (r *result) check(t *testing.T) {
 	t.Helper()
 	probes, others := r.problems()

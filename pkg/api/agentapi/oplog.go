@@ -4,9 +4,8 @@ package agentapi
 // ADD, DEL and CHECK appends one short line (verb, result, duration) to a
 // file in the state directory, and the agent drains the file into its
 // latency histograms. The plugin is short-lived and must not wait for
-// anyone, so it only appends (one open, lock, write, close: some 60 µs
-// beside an ADD's tens of milliseconds); the file is bounded, and emptied
-// by every drain.
+// anyone, so it only appends (one open, lock, write, close: little beside
+// the ADD it records); the file is bounded, and emptied by every drain.
 
 import (
 	"bufio"

@@ -37,7 +37,7 @@ const (
 	maxGSOMaxSegs = 65535
 	// maxQueueLen bounds the legs' FIFO queues: every queued packet may
 	// hold a 64 KiB GSO burst, so 65536 of them is already 4 GiB per leg,
-	// far past the 1024 that measured best (stackconfig.DefaultQueueLen).
+	// far past the default (stackconfig.DefaultQueueLen).
 	maxQueueLen = 65536
 	// maxStackThreads bounds stackThreads: more than a node's CPUs only
 	// adds idle threads.

@@ -132,9 +132,9 @@ func (d *Duration) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
-// DefaultQueueLen is the default depth of the wire leg's FIFO queue.
-// Measured (README "Queues"): the queue raised one-stream TCP by 10-20 %
-// in hardware and software mode; 1024 packets hold a 4 MiB window of
+// DefaultQueueLen is the default depth of the wire leg's FIFO queue. The
+// queue raises one-stream TCP in hardware and software mode
+// (docs/architecture.md, "Queues"); 1024 packets hold a 4 MiB window of
 // full-size frames without drops.
 const DefaultQueueLen = 1024
 
@@ -142,10 +142,9 @@ const DefaultQueueLen = 1024
 // stack on Go's netpoller, the goroutines a frame wakes (netstack's TCP
 // processor, the relay, the wire queue) run one after the other on the
 // thread that read it; a second P only adds an idle thread that the
-// runtime wakes to spin for work at every hand-off, which cost the stack
-// 40 % of its CPU under request/response and took a core from the
-// applications and the peer on a 2-CPU node (one thread against two, in
-// one interleaved run: docs/architecture.md, "Threads").
+// runtime wakes to spin for work at every hand-off, which costs the stack
+// CPU under request/response and takes a core from the applications and
+// the peer on a 2-CPU node (docs/architecture.md, "Threads").
 const DefaultThreads = 1
 
 // AdaptiveMaxThreads is the most threads a stack whose configuration
@@ -156,10 +155,10 @@ const DefaultThreads = 1
 // pod's CPU limit (its stack is charged to it) caps it too.
 func AdaptiveMaxThreads(cpus int) int { return max(1, min(cpus, MaxAdaptiveThreads)) }
 
-// MaxAdaptiveThreads caps AdaptiveMaxThreads on large nodes: two threads
-// are measured (16 streams into one pod at one stream's throughput on a
-// 2-CPU node); beyond four, one pod's network would take more cores than
-// the applications that use it, for gains this project has not measured.
+// MaxAdaptiveThreads caps AdaptiveMaxThreads on large nodes: beyond four,
+// one pod's network would take more cores than the applications that use
+// it, for gains the benchmark does not show (it runs on two CPUs:
+// docs/architecture.md, "Threads").
 const MaxAdaptiveThreads = 4
 
 // BusyPollWindow is the busy poller's window, zero for none, and whether
