@@ -56,7 +56,7 @@ fuzz: gvisor
 	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime 150000x -fuzzminimizetime 2s ./pkg/api/netconf
 	$(GO) test -run '^$$' -fuzz '^FuzzGSOAnnotation$$' -fuzztime 150000x -fuzzminimizetime 2s ./pkg/api/netconf
 	$(GO) test -run '^$$' -fuzz '^FuzzWireFrames$$' -fuzztime 20000x -fuzzminimizetime 2s ./pkg/stack/podstack
-	$(GO) test -run '^$$' -fuzz '^FuzzAdmitIngress$$' -fuzztime 200000x -fuzzminimizetime 2s ./pkg/stack/podstack
+	$(GO) test -run '^$$' -fuzz '^FuzzAdmitIngress$$' -fuzztime 200000x -fuzzminimizetime 2s ./pkg/stack/wirelink
 	$(GO) test -run '^$$' -fuzz '^FuzzKubeconfigYAML$$' -fuzztime 50000x -fuzzminimizetime 2s ./pkg/api/kube
 	$(GO) test -run '^$$' -fuzz '^FuzzUnmarshal$$' -fuzztime 100000x -fuzzminimizetime 2s ./pkg/api/policy
 	$(GO) test -run '^$$' -fuzz '^FuzzPcapReader$$' -fuzztime 150000x -fuzzminimizetime 2s ./pkg/cli/capture

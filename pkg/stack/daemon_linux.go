@@ -22,8 +22,8 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/api/stackconfig"
 	"github.com/cni-usernet/cni-usernet/pkg/stack/enforce"
 	"github.com/cni-usernet/cni-usernet/pkg/stack/governor"
-	"github.com/cni-usernet/cni-usernet/pkg/stack/packetsock"
 	"github.com/cni-usernet/cni-usernet/pkg/stack/podstack"
+	"github.com/cni-usernet/cni-usernet/pkg/stack/wirelink/packetsock"
 	"github.com/cni-usernet/cni-usernet/pkg/util/steptime"
 )
 

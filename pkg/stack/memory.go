@@ -44,7 +44,7 @@ const (
 // stack's RSS: netstack evicts beyond 4 MiB counted
 // (fragmentation.HighFragThreshold, the kernel's ipfrag_high_thresh, not
 // configurable), which with the stack's charge per fragment
-// (podstack.reassemblyCharge) is at most 6 MiB live, twice that with the
+// (wirelink.reassemblyCharge) is at most 6 MiB live, twice that with the
 // garbage collector's headroom (docs/reliability/hostile.md, "Fragments").
 const ReassemblyBound = 12 << 20
 

@@ -4,7 +4,7 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/cni-usernet/cni-usernet/pkg/stack/packetsock"
+	"github.com/cni-usernet/cni-usernet/pkg/stack/wirelink/packetsock"
 	"github.com/cni-usernet/cni-usernet/test/lib/nettest"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"

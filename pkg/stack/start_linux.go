@@ -16,9 +16,9 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/api/stackconfig"
 	"github.com/cni-usernet/cni-usernet/pkg/node/podkernel"
 	"github.com/cni-usernet/cni-usernet/pkg/stack/enforce"
-	"github.com/cni-usernet/cni-usernet/pkg/stack/packetsock"
 	"github.com/cni-usernet/cni-usernet/pkg/stack/podstack"
 	"github.com/cni-usernet/cni-usernet/pkg/stack/relay"
+	"github.com/cni-usernet/cni-usernet/pkg/stack/wirelink/packetsock"
 	"github.com/cni-usernet/cni-usernet/pkg/util/steptime"
 )
 

@@ -16,7 +16,7 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/node/ingressdrop"
 	"github.com/cni-usernet/cni-usernet/pkg/node/launch"
 	"github.com/cni-usernet/cni-usernet/pkg/node/podkernel"
-	"github.com/cni-usernet/cni-usernet/pkg/stack/packetsock"
+	"github.com/cni-usernet/cni-usernet/pkg/stack/wirelink/packetsock"
 )
 
 // takeLink decides GSO on the pod's link and takes it from the kernel:

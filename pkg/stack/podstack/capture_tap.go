@@ -12,7 +12,7 @@ type wireTap = tap.Tap
 // tapWire puts the capture tap around the wire leg's link, whatever link
 // that is: below the counters and the SYN admission cap, so that a capture
 // shows what arrived on the wire, shed SYNs included, and what left.
-func (s *Stack) tapWire(ep stack.LinkEndpoint) stack.LinkEndpoint {
+func (s *Stack) tapWire(ep stack.LinkEndpoint) *wireTap {
 	s.Capture = tap.NewTap(ep)
 	return s.Capture
 }

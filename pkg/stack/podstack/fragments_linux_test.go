@@ -10,6 +10,7 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/checksum"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
+	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
 
 	"github.com/cni-usernet/cni-usernet/pkg/api/offload"
 )
@@ -44,7 +45,7 @@ func testFragmentFloodHeldAsCounted(t *testing.T, fragSocket bool) {
 	const want = 40_000 // ~3.5 times what 4 MiB admits at 370 bytes each
 	heap0 := liveHeap()
 	rng := rand.New(rand.NewPCG(29, 29))
-	for sent := 0; s.WireStats.fragments.count.Load() < want; {
+	for sent := 0; s.WireStats.Snapshot().RxFragments < want; {
 		// Bursts the socket's receive buffer holds, then wait for the
 		// stack to read them.
 		for range 256 {
@@ -53,25 +54,25 @@ func testFragmentFloodHeldAsCounted(t *testing.T, fragSocket bool) {
 			}
 			sent++
 		}
-		for deadline := time.Now().Add(time.Second); s.WireStats.fragments.count.Load()+64 < uint64(sent) && time.Now().Before(deadline); {
+		for deadline := time.Now().Add(time.Second); s.WireStats.Snapshot().RxFragments+64 < uint64(sent) && time.Now().Before(deadline); {
 			time.Sleep(time.Millisecond)
 		}
 		if sent > 4*want {
-			t.Fatalf("sent %d fragments, the stack counted %d", sent, s.WireStats.fragments.count.Load())
+			t.Fatalf("sent %d fragments, the stack counted %d", sent, s.WireStats.Snapshot().RxFragments)
 		}
 	}
 	grew := int64(liveHeap()) - int64(heap0)
 	t.Logf("%d fragments received; live heap grew by %.1f MiB (netstack's reassembly counts up to %d MiB)",
-		s.WireStats.fragments.count.Load(), float64(grew)/(1<<20), reassemblyLimit>>20)
+		s.WireStats.Snapshot().RxFragments, float64(grew)/(1<<20), reassemblyLimit>>20)
 	if limit := int64(7 * reassemblyLimit / 2); grew > limit {
 		t.Errorf("live heap after the fragment flood grew by %.1f MiB, want <= %.1f MiB", float64(grew)/(1<<20), float64(limit)/(1<<20))
 	}
 	// Every fragment came by the path under test.
-	if shared, all := s.WireStats.fragments.shared.Load(), s.WireStats.fragments.count.Load(); fragSocket && shared != 0 || !fragSocket && shared != all {
+	if shared, all := s.WireStats.Snapshot().RxFragmentsShared, s.WireStats.Snapshot().RxFragments; fragSocket && shared != 0 || !fragSocket && shared != all {
 		t.Errorf("%d of %d fragments came through the link's socket, want %d", shared, all, map[bool]uint64{false: all, true: 0}[fragSocket])
 	}
-	if until := s.ReassemblyHeldUntil(); time.Until(until) < reassemblyTimeout4-5*time.Second || time.Until(until) > reassemblyTimeout4 {
-		t.Errorf("ReassemblyHeldUntil() is %s from now, want about %s", time.Until(until).Round(time.Second), reassemblyTimeout4)
+	if until := s.ReassemblyHeldUntil(); time.Until(until) < ipv4.ReassembleTimeout-5*time.Second || time.Until(until) > ipv4.ReassembleTimeout {
+		t.Errorf("ReassemblyHeldUntil() is %s from now, want about %s", time.Until(until).Round(time.Second), ipv4.ReassembleTimeout)
 	}
 
 	// A datagram in two fragments (the probe's echo request, split after
@@ -150,23 +151,23 @@ func TestFragmentsQueueApart(t *testing.T) {
 	for i := range frags {
 		frags[i] = floodFragment(rng)
 	}
-	before := s.WireStats.fragments.count.Load()
+	before := s.WireStats.Snapshot().RxFragments
 	for i, f := range frags {
 		if _, err := unix.Write(peer, f); err != nil {
 			t.Fatalf("sending fragment %d: %v", i, err)
 		}
 	}
 	_, ok := pingOnce(t, peer, fuzzMAC, 2)
-	atReply := s.WireStats.fragments.count.Load() - before
+	atReply := s.WireStats.Snapshot().RxFragments - before
 	if !ok {
 		t.Fatal("no echo reply behind the fragments within 2s")
 	}
 	deadline := time.Now().Add(5 * time.Second)
-	for s.WireStats.fragments.count.Load()-before < burst && time.Now().Before(deadline) {
+	for s.WireStats.Snapshot().RxFragments-before < burst && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
 	}
-	all := s.WireStats.fragments.count.Load() - before
-	turns := s.WireStats.fragments.turns.Load()
+	all := s.WireStats.Snapshot().RxFragments - before
+	turns := s.WireStats.Snapshot().FragmentTurns
 	t.Logf("echo reply after %d of the %d fragments sent before it had been read (%d read in all, the fragment path yielded %d times)", atReply, burst, all, turns)
 	if all != burst {
 		t.Errorf("the stack read %d of the %d fragments, want all", all, burst)
@@ -205,29 +206,4 @@ func liveHeap() uint64 {
 	var m runtime.MemStats
 	runtime.ReadMemStats(&m)
 	return m.HeapAlloc
-}
-
-func TestIsIPv6Fragment(t *testing.T) {
-	fixed := func(next uint8, ext ...byte) []byte {
-		b := make([]byte, header.IPv6MinimumSize, header.IPv6MinimumSize+len(ext))
-		header.IPv6(b).Encode(&header.IPv6Fields{TransportProtocol: tcpip.TransportProtocolNumber(next), HopLimit: 64})
-		return append(b, ext...)
-	}
-	opts := func(next uint8) []byte { return []byte{next, 0, 1, 4, 0, 0, 0, 0} } // 8 bytes: a PadN
-	for _, c := range []struct {
-		name string
-		h    []byte
-		want bool
-	}{
-		{"UDP", fixed(17), false},
-		{"fragment header first", fixed(44, 17, 0, 0, 1, 0, 0, 0, 7), true},
-		{"behind hop-by-hop and destination options", fixed(0, append(opts(60), opts(44)...)...), true},
-		{"hop-by-hop then TCP", fixed(0, opts(6)...), false},
-		{"truncated extension header", fixed(0, 44), false},
-		{"shorter than the fixed header", make([]byte, 20), false},
-	} {
-		if got := isIPv6Fragment(c.h); got != c.want {
-			t.Errorf("%s: isIPv6Fragment = %v, want %v", c.name, got, c.want)
-		}
-	}
 }

@@ -19,8 +19,8 @@ import (
 
 	"github.com/cni-usernet/cni-usernet/pkg/api/offload"
 	"github.com/cni-usernet/cni-usernet/pkg/api/podnet"
-	"github.com/cni-usernet/cni-usernet/pkg/stack/packetsock"
 	"github.com/cni-usernet/cni-usernet/pkg/stack/relay"
+	"github.com/cni-usernet/cni-usernet/pkg/stack/wirelink/packetsock"
 )
 
 // fuzzStack is one whole pod stack (the wire leg, the relay, the pinger) whose wire

@@ -14,11 +14,11 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/api/podnet"
 	"github.com/cni-usernet/cni-usernet/pkg/stack/busypoll"
 	"github.com/cni-usernet/cni-usernet/pkg/stack/enforce"
-	"github.com/cni-usernet/cni-usernet/pkg/stack/packetsock"
 	"github.com/cni-usernet/cni-usernet/pkg/stack/relay"
-	"github.com/cni-usernet/cni-usernet/pkg/stack/wirequeue"
+	"github.com/cni-usernet/cni-usernet/pkg/stack/wirelink"
+	"github.com/cni-usernet/cni-usernet/pkg/stack/wirelink/packetsock"
+	"github.com/cni-usernet/cni-usernet/pkg/stack/wirelink/wirequeue"
 	"gvisor.dev/gvisor/pkg/tcpip"
-	"gvisor.dev/gvisor/pkg/tcpip/link/fdbased"
 	"gvisor.dev/gvisor/pkg/tcpip/stack"
 )
 
@@ -32,11 +32,11 @@ type Options struct {
 	// PACKET_VNET_HDR exactly when GSO.Mode.VnetHdr(). The link's socket
 	// is required. With a send socket (Link.TX), netstack's link endpoint
 	// writes through it and the link's socket is read by the stack's own
-	// reader on Go's netpoller (linkReader), so that what a frame wakes
-	// runs on the thread that read it; without, fdbased reads and writes
-	// the link's socket. The SYN and fragment sockets, when open, are read
-	// on paths of their own (synPath, fragPath); without, the link's
-	// socket carries those frames too.
+	// reader on Go's netpoller (wirelink's linkReader), so that what a
+	// frame wakes runs on the thread that read it; without, fdbased reads
+	// and writes the link's socket. The SYN and fragment sockets, when
+	// open, are read on paths of their own (wirelink's synPath,
+	// fragPath); without, the link's socket carries those frames too.
 	Link *packetsock.Link
 	// Pod is the pod kernel's side: the TUN and the relay's listeners.
 	// Required.
@@ -59,7 +59,7 @@ type Options struct {
 	// (A queue that sent inline when idle, to save a hand-off per lone
 	// packet, lost 20-60 % of bulk throughput and gained nothing on
 	// request/response: hack/bench/run.sh --quick --baseline, BENCHMARKS.md.)
-	// A full queue makes the sender wait (pkg/stack/wirequeue): a packet dropped
+	// A full queue makes the sender wait (pkg/stack/wirelink/wirequeue): a packet dropped
 	// there is one netstack's TCP believes sent.
 	WireQueueLen int
 	// TCPBufferBytes is the largest send and receive buffer of a netstack
@@ -88,11 +88,6 @@ type Options struct {
 // DefaultTCPBufferBytes is Options.TCPBufferBytes's default.
 const DefaultTCPBufferBytes = 4 << 20
 
-// softwareGSOMaxSize is the largest packet software GSO takes from TCP:
-// the IP length field's limit. The kernel splits it before the device, so
-// the link's own limits do not apply.
-const softwareGSOMaxSize = 65535
-
 // Validate reports the first problem with o.
 func (o *Options) Validate() error {
 	if o.Spec == nil {
@@ -116,18 +111,13 @@ func (o *Options) Validate() error {
 type Stack struct {
 	Wire      *stack.Stack
 	Relay     *relay.Relay
-	WireStats LinkStats
+	WireStats wirelink.LinkStats
 	opts      Options
 
 	// Capture taps the wire leg (capture_tap.go); idle, one atomic load.
 	Capture *wireTap
-	// syn reads the link's SYN socket; nil without one (Link.SYN).
-	syn *synPath
-	// frag reads the link's fragment socket; nil without one
-	// (Link.Fragments).
-	frag *fragPath
-	// reader reads the link's socket; nil when fdbased does (no Link.TX).
-	reader *linkReader
+	// link is the wire leg's link and its readers; nil until attachWire.
+	link *wirelink.Link
 	// Busy busy-polls after traffic; nil without Options.BusyPoll.
 	Busy *busypoll.Poller
 	// failed gets, once, why a reader of the link stopped on its own;
@@ -142,8 +132,8 @@ type Stack struct {
 // the pod's link, from the reader's goroutine: it must not block. Without
 // the stack's own link reader (fdbased reads the link), f is never called.
 func (s *Stack) OnLinkBatch(f func()) {
-	if s.reader != nil {
-		s.reader.onBatch.Store(&f)
+	if s.link != nil {
+		s.link.OnBatch(f)
 	}
 }
 
@@ -197,7 +187,7 @@ func Build(o Options) (*Stack, error) {
 		o.Relay.Traffic = busy.Touch
 	}
 	s := &Stack{opts: o, failed: make(chan error, 1), Busy: busy}
-	direct := &directWriter{fd: o.sendFD(), vnetHdr: o.GSO.Mode.VnetHdr(), mac: mac}
+	direct := wirelink.NewDirectWriter(o.Link, o.GSO.Mode.VnetHdr(), mac)
 	// Protocol handlers must be in place before the NIC delivers its first
 	// packet (netstack does not synchronise setting them), so the relay
 	// comes before the NIC.
@@ -205,7 +195,7 @@ func Build(o Options) (*Stack, error) {
 		s.shutdown()
 		return nil, err
 	}
-	s.Relay, err = relay.New(relay.Leg{Stack: s.Wire, NIC: wireNIC, MTU: o.Spec.MTU, WriteDirect: direct.write}, o.Pod, o.Relay)
+	s.Relay, err = relay.New(relay.Leg{Stack: s.Wire, NIC: wireNIC, MTU: o.Spec.MTU, WriteDirect: direct.Write}, o.Pod, o.Relay)
 	if err != nil {
 		s.Wire.Destroy()
 		s.Wire = nil
@@ -222,27 +212,33 @@ func Build(o Options) (*Stack, error) {
 	return s, nil
 }
 
-// sendFD is the socket frames are sent on.
-func (o *Options) sendFD() int {
-	if o.Link.TX > 0 {
-		return o.Link.TX
-	}
-	return o.Link.FD
-}
-
 // attachWire creates the wire leg's link endpoint and NIC on the link's
 // sockets, and starts the stack's readers of them.
 func (s *Stack) attachWire(mac net.HardwareAddr) error {
 	o := s.opts
-	ep, err := fdbased.New(s.fdbasedOptions(mac))
-	if err != nil {
-		return fmt.Errorf("creating the link endpoint: %w", err)
+	lo := wirelink.Options{
+		Sockets:           o.Link,
+		IfName:            o.Spec.IfName,
+		MTU:               o.Spec.MTU,
+		MAC:               mac,
+		GSO:               o.GSO,
+		GRO:               o.GRO,
+		VerifyRXChecksums: o.VerifyRXChecksums,
+		Stats:             &s.WireStats,
+		Policy:            o.Policy,
+		CookiesSent:       s.Wire.Stats().TCP.ListenOverflowSynCookieSent.Value,
+		AnswerSYN:         s.Relay.AnswerSYN,
+		SYNCookieAnswer:   s.Relay.SYNCookieAnswer,
+		CountFastCookies:  s.Relay.CountFastCookies,
+		Busy:              s.Busy,
+		Failed:            s.fail,
 	}
-	ep = s.tapWire(ep)
-	link := newCountingLink(ep, &s.WireStats)
-	link.gate = &synGate{cookiesSent: s.Wire.Stats().TCP.ListenOverflowSynCookieSent.Value}
-	link.answerSYN = s.Relay.AnswerSYN
-	link.policy = o.Policy
+	ep, err := wirelink.NewEndpoint(&lo)
+	if err != nil {
+		return err
+	}
+	s.link = wirelink.New(s.tapWire(ep), lo)
+	link := s.link.Endpoint()
 	// Created disabled and enabled once configured, so that no packet
 	// meets a half-configured NIC.
 	nicOpts := stack.NICOptions{Name: o.Spec.IfName, Disabled: true}
@@ -259,106 +255,13 @@ func (s *Stack) attachWire(mac net.HardwareAddr) error {
 		return fmt.Errorf("enabling NIC: %s", err)
 	}
 	// The sockets queue what arrives until their readers start.
-	return s.startReaders(link, tcpip.LinkAddress(mac))
+	return s.link.Start()
 }
 
-// fdbasedOptions configures netstack's link endpoint: it sends, and reads
-// the link's socket unless the stack has a send socket and reads it
-// itself (linkReader).
-func (s *Stack) fdbasedOptions(mac net.HardwareAddr) *fdbased.Options {
-	o := s.opts
-	fo := fdbased.Options{
-		FDs:                []int{o.sendFD()},
-		MTU:                o.Spec.MTU,
-		EthernetHeader:     true,
-		Address:            tcpip.LinkAddress(mac),
-		PacketDispatchMode: fdbased.RecvMMsg,
-		RXChecksumOffload:  !o.VerifyRXChecksums,
-		GRO:                o.GRO,
-		// One processor: fdbased then delivers each received batch in the
-		// reading goroutine. With more, it hands packets to per-processor
-		// queues that have no bound: a flood the stack cannot keep up with
-		// piles up there (measured: 600 MB RSS, and an established
-		// connection's segments stuck for tens of seconds behind the
-		// backlog) instead of in the socket's receive buffer, where the
-		// kernel drops the excess.
-		ProcessorsPerChannel: 1,
-		// Called with nil when the endpoint is closed, with the error when
-		// its reader ended on one.
-		ClosedFunc: func(err tcpip.Error) {
-			if err != nil {
-				s.fail(fmt.Errorf("reading %s: %s", o.Spec.IfName, err))
-			}
-		},
-	}
-	if o.Link.TX > 0 {
-		// A fanout group needs a socket that receives (EINVAL on a
-		// send-only one), and one socket has nobody to share with.
-		fo.PreConfigured, fo.IsPacketSocket = true, []bool{true}
-		// fdbased still runs a reader on the send-only socket, which
-		// never receives: readv's one set of buffers instead of
-		// recvmmsg's eight keeps ~1 MiB out of every idle stack.
-		fo.PacketDispatchMode = fdbased.Readv
-	}
-	switch o.GSO.Mode {
-	case offload.ModeHardware:
-		fo.GSOMaxSize = o.GSO.Link.MaxBurst(o.Spec.MTU)
-	case offload.ModeSoftware:
-		// The kernel's GSO segments these on the way to the link (its
-		// TSO is off, see ethtool.LinkTSOOff): one system call and one
-		// copy per 64 KiB. Splitting them here and sending the frames
-		// with one sendmmsg moved 2.8x less pod→node in one interleaved
-		// run (BENCHMARKS.md, History: software GSO by the kernel's GSO).
-		fo.GSOMaxSize = softwareGSOMaxSize
-	}
-	return &fo
-}
-
-// startReaders starts the stack's readers of the link's sockets: the
-// link's socket's when fdbased does not read it, the SYN socket's and the
-// fragment socket's when the link has them. Stack.shutdown stops those
-// that started.
-func (s *Stack) startReaders(link *countingLink, mac tcpip.LinkAddress) error {
-	o := s.opts
-	if o.Link.TX > 0 {
-		r, err := newLinkReader(o.Link.FD, o.GSO.Mode.VnetHdr())
-		if err != nil {
-			return err
-		}
-		r.mac = mac
-		r.rxChecksumValidated = !o.VerifyRXChecksums
-		r.gro.Init(o.GRO)
-		r.gro.Dispatcher = s.Capture
-		r.failed = s.fail
-		r.busy = s.Busy
-		s.reader = r
-		r.start()
-	}
-	if o.Link.SYN != nil {
-		p, err := newSYNPath(o.Link.SYN, mac)
-		if err != nil {
-			return err
-		}
-		p.link, p.tap = link, s.Capture
-		p.answer, p.count = s.Relay.SYNCookieAnswer, s.Relay.CountFastCookies
-		p.rxChecksumValidated = !o.VerifyRXChecksums
-		p.failed = s.fail
-		s.syn = p
-		p.start()
-	}
-	if o.Link.Fragments > 0 {
-		p, err := newFragPath(o.Link.Fragments, int(o.Spec.MTU), mac)
-		if err != nil {
-			return err
-		}
-		p.link, p.tap = link, s.Capture
-		p.rxChecksumValidated = !o.VerifyRXChecksums
-		p.failed = s.fail
-		s.frag = p
-		p.start()
-	}
-	return nil
-}
+// ReassemblyHeldUntil is when the reassemblies the fragments received so
+// far may have opened have all timed out: until then netstack may hold
+// their memory. The zero time if no fragment arrived.
+func (s *Stack) ReassemblyHeldUntil() time.Time { return s.WireStats.ReassemblyHeldUntil() }
 
 // WireUp reports whether the wire leg's NIC is enabled.
 func (s *Stack) WireUp() bool { return s.Wire.CheckNIC(wireNIC) }
@@ -375,14 +278,8 @@ func (s *Stack) Close() {
 // shutdown stops the readers, the relay and the wire leg; the sockets
 // stay open.
 func (s *Stack) shutdown() {
-	if s.reader != nil {
-		s.reader.close()
-	}
-	if s.syn != nil {
-		s.syn.stop()
-	}
-	if s.frag != nil {
-		s.frag.stop()
+	if s.link != nil {
+		s.link.Stop()
 	}
 	if s.Relay != nil {
 		s.Relay.Close()

@@ -1,10 +1,11 @@
-package podstack
+package wirelink
 
 import (
 	"time"
 
 	"github.com/cni-usernet/cni-usernet/pkg/api/policy"
-	"github.com/cni-usernet/cni-usernet/pkg/stack/packetsock"
+	"github.com/cni-usernet/cni-usernet/pkg/stack/tap"
+	"github.com/cni-usernet/cni-usernet/pkg/stack/wirelink/packetsock"
 	"golang.org/x/sys/unix"
 	"gvisor.dev/gvisor/pkg/buffer"
 	"gvisor.dev/gvisor/pkg/rawfile"
@@ -29,8 +30,8 @@ type synPath struct {
 	pollLoop
 	sock *packetsock.SYNSocket
 	mac  tcpip.LinkAddress
-	link *countingLink
-	tap  *wireTap
+	gate *gate
+	tap  *tap.Tap
 	// answer builds the cookie SYN-ACK for a SYN's IP packet into buf
 	// (relay.SYNCookieAnswer); count reports what was sent
 	// (relay.CountFastCookies).
@@ -118,11 +119,11 @@ func (p *synPath) handle(now time.Time, frame []byte, cut bool, slot int) bool {
 		return false
 	}
 	p.tap.RecordFrame(false, frame)
-	p.link.stats.RxPackets.Add(1)
-	p.link.stats.RxBytes.Add(uint64(len(frame))) // as the link counts: the frame
+	p.gate.stats.RxPackets.Add(1)
+	p.gate.stats.RxBytes.Add(uint64(len(frame))) // as the link counts: the frame
 	proto := eth.Type()
 	ip := frame[header.EthernetMinimumSize:]
-	if m := p.link.policy.For(policy.Ingress); m != nil && !admitIngress(m, proto, frameHeaders(ip)) {
+	if m := p.gate.policy.For(policy.Ingress); m != nil && !admitIngress(m, proto, frameHeaders(ip)) {
 		return false
 	}
 	var answer func() bool
@@ -138,11 +139,11 @@ func (p *synPath) handle(now time.Time, frame []byte, cut bool, slot int) bool {
 			return true
 		}
 	}
-	verdict := p.link.gate.admit(now, answer)
+	verdict := p.gate.syn.admit(now, answer)
 	if verdict == synPass && cut {
 		verdict = synShed
 	}
-	if p.link.stats.turnedAway(verdict) {
+	if p.gate.stats.turnedAway(verdict) {
 		// Only a successful answer makes the verdict synCookied.
 		return verdict == synCookied
 	}
@@ -151,7 +152,7 @@ func (p *synPath) handle(now time.Time, frame []byte, cut bool, slot int) bool {
 	pkt.NetworkProtocolNumber = proto
 	pkt.RXChecksumValidated = p.rxChecksumValidated
 	// Counted above and admitted: past the link's own gate, to netstack.
-	p.link.Endpoint.DeliverNetworkPacket(proto, pkt)
+	p.gate.Endpoint.DeliverNetworkPacket(proto, pkt)
 	pkt.DecRef()
 	return false
 }

@@ -1,5 +1,5 @@
 //go:build !race
 
-package podstack
+package wirelink
 
 const raceEnabled = false

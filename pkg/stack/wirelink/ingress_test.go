@@ -1,4 +1,4 @@
-package podstack
+package wirelink
 
 import (
 	"encoding/binary"

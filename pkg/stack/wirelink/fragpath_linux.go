@@ -1,8 +1,9 @@
-package podstack
+package wirelink
 
 import (
 	"time"
 
+	"github.com/cni-usernet/cni-usernet/pkg/stack/tap"
 	"golang.org/x/sys/unix"
 	"gvisor.dev/gvisor/pkg/buffer"
 	"gvisor.dev/gvisor/pkg/rawfile"
@@ -37,8 +38,8 @@ import (
 type fragPath struct {
 	recvLoop
 	mac  tcpip.LinkAddress
-	link *countingLink
-	tap  *wireTap
+	gate *gate
+	tap  *tap.Tap
 	// rxChecksumValidated is fdbased's RXChecksumOffload, as synPath's.
 	rxChecksumValidated bool
 
@@ -87,7 +88,7 @@ func newFragPath(fd, mtu int, mac tcpip.LinkAddress) (*fragPath, error) {
 // yield parks the loop between turns while fragments are queued, so that
 // the rest of the stack runs.
 func (p *fragPath) yield() {
-	p.link.stats.fragments.turns.Add(1)
+	p.gate.stats.fragments.turns.Add(1)
 	time.Sleep(fragPause)
 }
 
@@ -129,11 +130,11 @@ func (p *fragPath) deliverFragment(k int) {
 	pkt.LinkHeader().Consume(header.EthernetMinimumSize)
 	pkt.NetworkProtocolNumber = proto
 	pkt.RXChecksumValidated = p.rxChecksumValidated
-	if !p.link.admit(proto, pkt) {
+	if !p.gate.admit(proto, pkt) {
 		return
 	}
 	// The filter takes only fragments; what note does not take for one
 	// (an IPv6 fragment header it cannot reach) netstack parses as usual.
-	p.link.stats.fragments.note(proto, pkt)
-	p.link.Endpoint.DeliverNetworkPacket(proto, pkt)
+	p.gate.stats.fragments.note(proto, pkt)
+	p.gate.Endpoint.DeliverNetworkPacket(proto, pkt)
 }

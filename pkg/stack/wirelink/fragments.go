@@ -1,4 +1,4 @@
-package podstack
+package wirelink
 
 import (
 	"sync/atomic"
@@ -163,8 +163,3 @@ func isIPv6ExtensionHeader(next uint8) bool {
 	}
 	return false
 }
-
-// ReassemblyHeldUntil is when the reassemblies the fragments received so
-// far may have opened have all timed out: until then netstack may hold
-// their memory. The zero time if no fragment arrived.
-func (s *Stack) ReassemblyHeldUntil() time.Time { return s.WireStats.fragments.heldUntil() }

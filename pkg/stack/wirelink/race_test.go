@@ -1,6 +1,6 @@
 //go:build race
 
-package podstack
+package wirelink
 
 // raceEnabled: the race detector allocates where the code does not, so
 // allocation counts are not checked under it.

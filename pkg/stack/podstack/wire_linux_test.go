@@ -15,8 +15,8 @@ import (
 
 	"github.com/cni-usernet/cni-usernet/pkg/api/offload"
 	"github.com/cni-usernet/cni-usernet/pkg/api/podnet"
-	"github.com/cni-usernet/cni-usernet/pkg/stack/packetsock"
 	"github.com/cni-usernet/cni-usernet/pkg/stack/relay"
+	"github.com/cni-usernet/cni-usernet/pkg/stack/wirelink/packetsock"
 	"github.com/cni-usernet/cni-usernet/test/lib/nettest"
 )
 
@@ -32,7 +32,7 @@ func TestLinkReaderServesTheLink(t *testing.T) {
 	for _, mode := range []offload.Mode{offload.ModeOff, offload.ModeHardware} {
 		t.Run(string(mode), func(t *testing.T) {
 			s, netns, peer := readerStack(t, mode)
-			if s.reader == nil {
+			if !s.link.ReadsLink() {
 				t.Fatal("the stack did not read the link itself although it has a send socket")
 			}
 			other := net.HardwareAddr{0x02, 0, 0, 0, 0, 0x77}
