@@ -14,7 +14,7 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 	"gvisor.dev/gvisor/pkg/tcpip/link/channel"
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
-	"gvisor.dev/gvisor/pkg/tcpip/stack"
+	tcpipstack "gvisor.dev/gvisor/pkg/tcpip/stack"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
 )
 
@@ -25,8 +25,8 @@ import (
 // pod's stack sends is recorded.
 type ackPair struct {
 	clock    *faketime.ManualClock
-	pod      *stack.Stack
-	peer     *stack.Stack
+	pod      *tcpipstack.Stack
+	peer     *tcpipstack.Stack
 	podAddr  tcpip.FullAddress
 	mu       sync.Mutex
 	fromPod  []header.TCP
@@ -36,10 +36,10 @@ type ackPair struct {
 func newACKPair(t *testing.T) *ackPair {
 	t.Helper()
 	p := &ackPair{clock: faketime.NewManualClock(), received: make(chan struct{}, 1024)}
-	mk := func() *stack.Stack {
-		return stack.New(stack.Options{
-			NetworkProtocols:   []stack.NetworkProtocolFactory{ipv4.NewProtocol},
-			TransportProtocols: []stack.TransportProtocolFactory{tcp.NewProtocol},
+	mk := func() *tcpipstack.Stack {
+		return tcpipstack.New(tcpipstack.Options{
+			NetworkProtocols:   []tcpipstack.NetworkProtocolFactory{ipv4.NewProtocol},
+			TransportProtocols: []tcpipstack.TransportProtocolFactory{tcp.NewProtocol},
 			Clock:              p.clock,
 		})
 	}
@@ -52,7 +52,7 @@ func newACKPair(t *testing.T) *ackPair {
 	podIP := tcpip.AddrFrom4([4]byte{10, 9, 0, 1})
 	peerIP := tcpip.AddrFrom4([4]byte{10, 9, 0, 2})
 	for _, s := range []struct {
-		st   *stack.Stack
+		st   *tcpipstack.Stack
 		link *channel.Endpoint
 		ip   tcpip.Address
 	}{{p.pod, podLink, podIP}, {p.peer, peerLink, peerIP}} {
@@ -60,7 +60,7 @@ func newACKPair(t *testing.T) *ackPair {
 			t.Fatal(err)
 		}
 		if err := s.st.AddProtocolAddress(1, tcpip.ProtocolAddress{Protocol: ipv4.ProtocolNumber,
-			AddressWithPrefix: s.ip.WithPrefix()}, stack.AddressProperties{}); err != nil {
+			AddressWithPrefix: s.ip.WithPrefix()}, tcpipstack.AddressProperties{}); err != nil {
 			t.Fatal(err)
 		}
 		s.st.SetRouteTable([]tcpip.Route{{Destination: header.IPv4EmptySubnet, NIC: 1}})
@@ -86,7 +86,7 @@ func newACKPair(t *testing.T) *ackPair {
 				default:
 				}
 			}
-			to.InjectInbound(ipv4.ProtocolNumber, stack.NewPacketBuffer(stack.PacketBufferOptions{
+			to.InjectInbound(ipv4.ProtocolNumber, tcpipstack.NewPacketBuffer(tcpipstack.PacketBufferOptions{
 				Payload: buffer.MakeWithData(b),
 			}))
 		}

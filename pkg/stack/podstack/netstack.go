@@ -15,7 +15,7 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/network/arp"
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv6"
-	"gvisor.dev/gvisor/pkg/tcpip/stack"
+	tcpipstack "gvisor.dev/gvisor/pkg/tcpip/stack"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/icmp"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/udp"
@@ -23,13 +23,13 @@ import (
 
 // newStack creates the wire leg's netstack, bufMax being the largest TCP
 // buffer.
-func newStack(bufMax int) (*stack.Stack, error) {
-	netProtos := []stack.NetworkProtocolFactory{
+func newStack(bufMax int) (*tcpipstack.Stack, error) {
+	netProtos := []tcpipstack.NetworkProtocolFactory{
 		ipv4.NewProtocol,
 		ipv6.NewProtocolWithOptions(ipv6.Options{
 			// The kernel did duplicate address detection before the
 			// addresses were handed over.
-			DADConfigs: stack.DADConfigurations{DupAddrDetectTransmits: 0},
+			DADConfigs: tcpipstack.DADConfigurations{DupAddrDetectTransmits: 0},
 			// Addresses and routes come from the spec only. netstack's
 			// defaults would let any frame on the link that looks like a
 			// router advertisement add routers, prefixes and SLAAC
@@ -38,9 +38,9 @@ func newStack(bufMax int) (*stack.Stack, error) {
 		}),
 		arp.NewProtocol,
 	}
-	s := stack.New(stack.Options{
+	s := tcpipstack.New(tcpipstack.Options{
 		NetworkProtocols:   netProtos,
-		TransportProtocols: []stack.TransportProtocolFactory{tcp.NewProtocol, udp.NewProtocol, icmp.NewProtocol4, icmp.NewProtocol6},
+		TransportProtocols: []tcpipstack.TransportProtocolFactory{tcp.NewProtocol, udp.NewProtocol, icmp.NewProtocol4, icmp.NewProtocol6},
 	})
 	if err := setTCPOptions(s, bufMax); err != nil {
 		s.Destroy()
@@ -58,7 +58,7 @@ func newStack(bufMax int) (*stack.Stack, error) {
 const delayedACK = 2 * time.Millisecond
 
 // setTCPOptions configures the stack's TCP as every pod's stack runs it.
-func setTCPOptions(s *stack.Stack, bufMax int) error {
+func setTCPOptions(s *tcpipstack.Stack, bufMax int) error {
 	opts := []tcpip.SettableTransportProtocolOption{
 		ptr(tcpip.TCPDelayedACKOption(delayedACK)),
 		ptr(tcpip.TCPSACKEnabled(true)),
@@ -102,12 +102,12 @@ func protoOf(a tcpip.Address) tcpip.NetworkProtocolNumber {
 }
 
 // configureWire installs the addresses, routes and neighbours the kernel had.
-func configureWire(ns *stack.Stack, spec *podnet.Spec) error {
+func configureWire(ns *tcpipstack.Stack, spec *podnet.Spec) error {
 	hasV6 := false
 	for _, p := range spec.Addrs {
 		addr := tcpip.AddrFromSlice(p.Addr().AsSlice())
 		pa := tcpip.ProtocolAddress{Protocol: protoOf(addr), AddressWithPrefix: tcpip.AddressWithPrefix{Address: addr, PrefixLen: p.Bits()}}
-		if err := ns.AddProtocolAddress(wireNIC, pa, stack.AddressProperties{}); err != nil {
+		if err := ns.AddProtocolAddress(wireNIC, pa, tcpipstack.AddressProperties{}); err != nil {
 			return fmt.Errorf("adding address %s: %s", p, err)
 		}
 		hasV6 = hasV6 || p.Addr().Is6()

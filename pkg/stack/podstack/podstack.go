@@ -19,7 +19,7 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/stack/wirelink/packetsock"
 	"github.com/cni-usernet/cni-usernet/pkg/stack/wirelink/wirequeue"
 	"gvisor.dev/gvisor/pkg/tcpip"
-	"gvisor.dev/gvisor/pkg/tcpip/stack"
+	tcpipstack "gvisor.dev/gvisor/pkg/tcpip/stack"
 )
 
 // Options configures a pod stack. The file descriptors (Link's, Pod's)
@@ -109,7 +109,7 @@ func (o *Options) Validate() error {
 
 // Stack is a running pod stack.
 type Stack struct {
-	Wire      *stack.Stack
+	Wire      *tcpipstack.Stack
 	Relay     *relay.Relay
 	WireStats wirelink.LinkStats
 	opts      Options
@@ -241,7 +241,7 @@ func (s *Stack) attachWire(mac net.HardwareAddr) error {
 	link := s.link.Endpoint()
 	// Created disabled and enabled once configured, so that no packet
 	// meets a half-configured NIC.
-	nicOpts := stack.NICOptions{Name: o.Spec.IfName, Disabled: true}
+	nicOpts := tcpipstack.NICOptions{Name: o.Spec.IfName, Disabled: true}
 	if o.WireQueueLen > 0 {
 		nicOpts.QDisc = wirequeue.New(link, o.WireQueueLen, &s.WireStats.Queue)
 	}

@@ -15,7 +15,7 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/link/qdisc/fifo"
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv6"
-	"gvisor.dev/gvisor/pkg/tcpip/stack"
+	tcpipstack "gvisor.dev/gvisor/pkg/tcpip/stack"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
 	"gvisor.dev/gvisor/pkg/waiter"
 )
@@ -24,7 +24,7 @@ import (
 // link a channel the test reads and writes, and a relay whose fast path
 // knows that listener's cookie key.
 type cookieRig struct {
-	s      *stack.Stack
+	s      *tcpipstack.Stack
 	link   *channel.Endpoint
 	ln     tcpip.Endpoint
 	lnWQ   *waiter.Queue
@@ -41,7 +41,7 @@ type gatedLink struct {
 	gate chan struct{}
 }
 
-func (l *gatedLink) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error) {
+func (l *gatedLink) WritePackets(pkts tcpipstack.PacketBufferList) (int, tcpip.Error) {
 	<-l.gate
 	return l.Endpoint.WritePackets(pkts)
 }
@@ -51,14 +51,14 @@ func (l *gatedLink) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error)
 // closes.
 func newCookieRigWith(t *testing.T, v6 bool, gate chan struct{}) *cookieRig {
 	t.Helper()
-	s := stack.New(stack.Options{
-		NetworkProtocols:   []stack.NetworkProtocolFactory{ipv4.NewProtocol, ipv6.NewProtocol},
-		TransportProtocols: []stack.TransportProtocolFactory{tcp.NewProtocol},
+	s := tcpipstack.New(tcpipstack.Options{
+		NetworkProtocols:   []tcpipstack.NetworkProtocolFactory{ipv4.NewProtocol, ipv6.NewProtocol},
+		TransportProtocols: []tcpipstack.TransportProtocolFactory{tcp.NewProtocol},
 	})
 	t.Cleanup(func() { s.Close(); s.Wait() })
 	link := channel.New(64, 1500, "")
 	t.Cleanup(link.Close)
-	var opts stack.NICOptions
+	var opts tcpipstack.NICOptions
 	if gate != nil {
 		gl := &gatedLink{Endpoint: link, gate: gate}
 		opts.QDisc = fifo.New(gl, 1, 4)
@@ -79,7 +79,7 @@ func newCookieRigWith(t *testing.T, v6 bool, gate chan struct{}) *cookieRig {
 		rig.pod, rig.client, proto = netip.MustParseAddr("fd00::2"), netip.MustParseAddr("fd00::9"), ipv6.ProtocolNumber
 	}
 	pa := tcpip.ProtocolAddress{Protocol: proto, AddressWithPrefix: tcpip.AddrFromSlice(rig.pod.AsSlice()).WithPrefix()}
-	if err := s.AddProtocolAddress(1, pa, stack.AddressProperties{}); err != nil {
+	if err := s.AddProtocolAddress(1, pa, tcpipstack.AddressProperties{}); err != nil {
 		t.Fatal(err)
 	}
 	s.SetRouteTable([]tcpip.Route{{Destination: header.IPv4EmptySubnet, NIC: 1}, {Destination: header.IPv6EmptySubnet, NIC: 1}})
@@ -123,7 +123,7 @@ func (rig *cookieRig) inject(p []byte) {
 	if rig.pod.Is6() {
 		proto = ipv6.ProtocolNumber
 	}
-	rig.link.InjectInbound(proto, stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: buffer.MakeWithData(p)}))
+	rig.link.InjectInbound(proto, tcpipstack.NewPacketBuffer(tcpipstack.PacketBufferOptions{Payload: buffer.MakeWithData(p)}))
 }
 
 // read returns the next packet the stack sent, as IP bytes.

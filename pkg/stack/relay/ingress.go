@@ -5,7 +5,7 @@ import (
 
 	"github.com/cni-usernet/cni-usernet/pkg/api/policy"
 	"gvisor.dev/gvisor/pkg/tcpip"
-	"gvisor.dev/gvisor/pkg/tcpip/stack"
+	tcpipstack "gvisor.dev/gvisor/pkg/tcpip/stack"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
 	"gvisor.dev/gvisor/pkg/waiter"
 )
@@ -21,7 +21,7 @@ import (
 
 // ingressAllowed takes the ingress verdict on the connection or flow id
 // of IP protocol proto, counting a denial.
-func (e *env) ingressAllowed(id stack.TransportEndpointID, proto uint8) bool {
+func (e *env) ingressAllowed(id tcpipstack.TransportEndpointID, proto uint8) bool {
 	m := e.opts.Policy.For(policy.Ingress)
 	if m == nil {
 		return true

@@ -7,7 +7,7 @@ import (
 	"sync"
 
 	"gvisor.dev/gvisor/pkg/tcpip"
-	"gvisor.dev/gvisor/pkg/tcpip/stack"
+	tcpipstack "gvisor.dev/gvisor/pkg/tcpip/stack"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
 )
 
@@ -72,13 +72,13 @@ func (p *pendingSet) len() int {
 // once and the forwarder request's CreateEndpoint returns. It only touches
 // an endpoint still in SYN-RCVD, so a connection that completed meanwhile is
 // left alone.
-func abortHandshake(leg Leg, id stack.TransportEndpointID) bool {
+func abortHandshake(leg Leg, id tcpipstack.TransportEndpointID) bool {
 	proto := netProto(id.LocalAddress)
 	ep, ok := leg.Stack.FindTransportEndpoint(proto, tcp.ProtocolNumber, id, leg.NIC).(*tcp.Endpoint)
 	if !ok || ep.EndpointState() != tcp.StateSynRecv {
 		return false
 	}
-	pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{})
+	pkt := tcpipstack.NewPacketBuffer(tcpipstack.PacketBufferOptions{})
 	defer pkt.DecRef()
 	pkt.NetworkProtocolNumber = proto
 	ep.HandleError(hostUnreachable{}, pkt)
@@ -88,12 +88,12 @@ func abortHandshake(leg Leg, id stack.TransportEndpointID) bool {
 // hostUnreachable is the transport error abortHandshake delivers.
 type hostUnreachable struct{}
 
-var _ stack.TransportError = hostUnreachable{}
+var _ tcpipstack.TransportError = hostUnreachable{}
 
 func (hostUnreachable) Origin() tcpip.SockErrOrigin { return tcpip.SockExtErrorOriginLocal }
 func (hostUnreachable) Type() uint8                 { return 0 }
 func (hostUnreachable) Code() uint8                 { return 0 }
 func (hostUnreachable) Info() uint32                { return 0 }
-func (hostUnreachable) Kind() stack.TransportErrorKind {
-	return stack.DestinationHostUnreachableTransportError
+func (hostUnreachable) Kind() tcpipstack.TransportErrorKind {
+	return tcpipstack.DestinationHostUnreachableTransportError
 }

@@ -20,13 +20,13 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/stack/enforce"
 	"github.com/cni-usernet/cni-usernet/pkg/stack/podsock"
 	"gvisor.dev/gvisor/pkg/tcpip"
-	"gvisor.dev/gvisor/pkg/tcpip/stack"
+	tcpipstack "gvisor.dev/gvisor/pkg/tcpip/stack"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/udp"
 )
 
 // Leg is the wire side of the relay: a stack and the NIC to bind dials to.
 type Leg struct {
-	Stack *stack.Stack
+	Stack *tcpipstack.Stack
 	NIC   tcpip.NICID
 	// MTU is the NIC's MTU: the MSS the SYN cookie fast path advertises
 	// derives from it, as netstack's listener's does. Zero: 1500.

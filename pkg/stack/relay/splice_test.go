@@ -17,7 +17,7 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 	"gvisor.dev/gvisor/pkg/tcpip/link/loopback"
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
-	"gvisor.dev/gvisor/pkg/tcpip/stack"
+	tcpipstack "gvisor.dev/gvisor/pkg/tcpip/stack"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
 	"gvisor.dev/gvisor/pkg/waiter"
 )
@@ -29,7 +29,7 @@ import (
 // socket in the pod's kernel).
 type spliceRig struct {
 	r    *tcpRelay
-	s    *stack.Stack
+	s    *tcpipstack.Stack
 	wire *wireConn
 	peer *gonet.TCPConn
 	pod  podConn
@@ -38,16 +38,16 @@ type spliceRig struct {
 
 func newSpliceRig(t *testing.T) *spliceRig {
 	t.Helper()
-	s := stack.New(stack.Options{
-		NetworkProtocols:   []stack.NetworkProtocolFactory{ipv4.NewProtocol},
-		TransportProtocols: []stack.TransportProtocolFactory{tcp.NewProtocol},
+	s := tcpipstack.New(tcpipstack.Options{
+		NetworkProtocols:   []tcpipstack.NetworkProtocolFactory{ipv4.NewProtocol},
+		TransportProtocols: []tcpipstack.TransportProtocolFactory{tcp.NewProtocol},
 	})
 	t.Cleanup(func() { s.Close(); s.Wait() })
 	if err := s.CreateNIC(1, loopback.New()); err != nil {
 		t.Fatal(err)
 	}
 	addr := tcpip.AddrFrom4([4]byte{10, 0, 0, 1})
-	if err := s.AddProtocolAddress(1, tcpip.ProtocolAddress{Protocol: ipv4.ProtocolNumber, AddressWithPrefix: addr.WithPrefix()}, stack.AddressProperties{}); err != nil {
+	if err := s.AddProtocolAddress(1, tcpip.ProtocolAddress{Protocol: ipv4.ProtocolNumber, AddressWithPrefix: addr.WithPrefix()}, tcpipstack.AddressProperties{}); err != nil {
 		t.Fatal(err)
 	}
 	s.SetRouteTable([]tcpip.Route{{Destination: header.IPv4EmptySubnet, NIC: 1}})
@@ -258,7 +258,7 @@ func TestAbortWaitsForWriteFromNetstack(t *testing.T) {
 
 // connectWire connects a peer to a wire end on port of the stack's
 // address, both in netstack.
-func connectWire(t *testing.T, s *stack.Stack, port uint16) (*wireConn, *gonet.TCPConn) {
+func connectWire(t *testing.T, s *tcpipstack.Stack, port uint16) (*wireConn, *gonet.TCPConn) {
 	t.Helper()
 	lnWQ := new(waiter.Queue)
 	ln, terr := s.NewEndpoint(tcp.ProtocolNumber, ipv4.ProtocolNumber, lnWQ)

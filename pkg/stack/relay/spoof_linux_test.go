@@ -21,7 +21,7 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/link/channel"
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv6"
-	"gvisor.dev/gvisor/pkg/tcpip/stack"
+	tcpipstack "gvisor.dev/gvisor/pkg/tcpip/stack"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/icmp"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/udp"
@@ -99,9 +99,9 @@ func newPodRig(t *testing.T) *podRig {
 		t.Fatalf("setting the pod's kernel up: %v", err)
 	}
 
-	s := stack.New(stack.Options{
-		NetworkProtocols:   []stack.NetworkProtocolFactory{ipv4.NewProtocol, ipv6.NewProtocol},
-		TransportProtocols: []stack.TransportProtocolFactory{tcp.NewProtocol, udp.NewProtocol, icmp.NewProtocol4, icmp.NewProtocol6},
+	s := tcpipstack.New(tcpipstack.Options{
+		NetworkProtocols:   []tcpipstack.NetworkProtocolFactory{ipv4.NewProtocol, ipv6.NewProtocol},
+		TransportProtocols: []tcpipstack.TransportProtocolFactory{tcp.NewProtocol, udp.NewProtocol, icmp.NewProtocol4, icmp.NewProtocol6},
 	})
 	t.Cleanup(func() { s.Close(); s.Wait() })
 	rig.link = channel.New(256, 1500, "")
@@ -115,7 +115,7 @@ func newPodRig(t *testing.T) *podRig {
 			proto = ipv6.ProtocolNumber
 		}
 		pa := tcpip.ProtocolAddress{Protocol: proto, AddressWithPrefix: tcpip.AddressWithPrefix{Address: tcpipAddr(p.Addr()), PrefixLen: p.Bits()}}
-		if err := s.AddProtocolAddress(1, pa, stack.AddressProperties{}); err != nil {
+		if err := s.AddProtocolAddress(1, pa, tcpipstack.AddressProperties{}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -15,7 +15,7 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv6"
-	"gvisor.dev/gvisor/pkg/tcpip/stack"
+	tcpipstack "gvisor.dev/gvisor/pkg/tcpip/stack"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
 	"gvisor.dev/gvisor/pkg/waiter"
 )
@@ -62,7 +62,7 @@ func (t *tcpRelay) install() {
 		defer t.stats.TCPPending.Add(-1)
 		t.forwardInbound(req)
 	})
-	t.wire.Stack.SetTransportProtocolHandler(tcp.ProtocolNumber, func(id stack.TransportEndpointID, pkt *stack.PacketBuffer) bool {
+	t.wire.Stack.SetTransportProtocolHandler(tcp.ProtocolNumber, func(id tcpipstack.TransportEndpointID, pkt *tcpipstack.PacketBuffer) bool {
 		if h := header.TCP(pkt.TransportHeader().Slice()); len(h) >= header.TCPMinimumSize {
 			if f := h.Flags(); f.Contains(header.TCPFlagSyn) && !f.Contains(header.TCPFlagAck) {
 				t.stats.TCPSyns.Add(1)
@@ -170,7 +170,7 @@ func (t *tcpRelay) relayAccepted(ep tcpip.Endpoint, wq *waiter.Queue) {
 		ep.Close()
 		return
 	}
-	id := stack.TransportEndpointID{LocalAddress: local.Addr, LocalPort: local.Port, RemoteAddress: remote.Addr, RemotePort: remote.Port}
+	id := tcpipstack.TransportEndpointID{LocalAddress: local.Addr, LocalPort: local.Port, RemoteAddress: remote.Addr, RemotePort: remote.Port}
 	if !t.ingressAllowed(id, policy.ProtoTCP) {
 		abortSilently(ep, wq)
 		return
@@ -196,7 +196,7 @@ func (t *tcpRelay) relayAccepted(ep tcpip.Endpoint, wq *waiter.Queue) {
 
 // dialApp connects to the application id is for, from id's remote address
 // and port.
-func (t *tcpRelay) dialApp(ctx context.Context, id stack.TransportEndpointID) (*net.TCPConn, error) {
+func (t *tcpRelay) dialApp(ctx context.Context, id tcpipstack.TransportEndpointID) (*net.TCPConn, error) {
 	ctx, cancel := context.WithTimeout(ctx, t.opts.InboundDialTimeout)
 	defer cancel()
 	from, to := addrPort(id.RemoteAddress, id.RemotePort), addrPort(id.LocalAddress, id.LocalPort)

@@ -14,7 +14,7 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 	"gvisor.dev/gvisor/pkg/tcpip/link/nested"
-	"gvisor.dev/gvisor/pkg/tcpip/stack"
+	tcpipstack "gvisor.dev/gvisor/pkg/tcpip/stack"
 )
 
 const (
@@ -43,7 +43,7 @@ type Tap struct {
 	state atomic.Pointer[tapState]
 	// mu guards up, sessions and nextID, and serialises changes to state.
 	mu       sync.Mutex
-	up       stack.NetworkDispatcher
+	up       tcpipstack.NetworkDispatcher
 	sessions map[uint64]*session
 	nextID   uint64
 }
@@ -51,27 +51,27 @@ type Tap struct {
 // tapState is what the data path needs, read with one atomic load.
 type tapState struct {
 	// up receives the packets the tap passes on; nil: detached.
-	up stack.NetworkDispatcher
+	up tcpipstack.NetworkDispatcher
 	// sessions are the captures in progress; empty when there are none.
 	sessions []*session
 }
 
 var (
-	_ stack.LinkEndpoint      = (*Tap)(nil)
-	_ stack.NetworkDispatcher = (*Tap)(nil)
+	_ tcpipstack.LinkEndpoint      = (*Tap)(nil)
+	_ tcpipstack.NetworkDispatcher = (*Tap)(nil)
 )
 
 // NewTap wraps child.
-func NewTap(child stack.LinkEndpoint) *Tap {
+func NewTap(child tcpipstack.LinkEndpoint) *Tap {
 	t := &Tap{sessions: make(map[uint64]*session)}
 	t.Endpoint.Init(child, t)
 	t.state.Store(&tapState{})
 	return t
 }
 
-// Attach implements stack.LinkEndpoint: the dispatcher is published for
+// Attach implements tcpipstack.LinkEndpoint: the dispatcher is published for
 // the data path before the child can deliver to the tap.
-func (t *Tap) Attach(d stack.NetworkDispatcher) {
+func (t *Tap) Attach(d tcpipstack.NetworkDispatcher) {
 	t.mu.Lock()
 	t.up = d
 	t.publishLocked()
@@ -80,7 +80,7 @@ func (t *Tap) Attach(d stack.NetworkDispatcher) {
 }
 
 // DeliverNetworkPacket copies the packet to the captures, then passes it on.
-func (t *Tap) DeliverNetworkPacket(proto tcpip.NetworkProtocolNumber, pkt *stack.PacketBuffer) {
+func (t *Tap) DeliverNetworkPacket(proto tcpip.NetworkProtocolNumber, pkt *tcpipstack.PacketBuffer) {
 	st := t.state.Load()
 	if len(st.sessions) > 0 {
 		t.record(st.sessions, false, proto, pkt)
@@ -91,7 +91,7 @@ func (t *Tap) DeliverNetworkPacket(proto tcpip.NetworkProtocolNumber, pkt *stack
 }
 
 // WritePackets copies the batch to the captures, then writes it.
-func (t *Tap) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error) {
+func (t *Tap) WritePackets(pkts tcpipstack.PacketBufferList) (int, tcpip.Error) {
 	if st := t.state.Load(); len(st.sessions) > 0 {
 		for _, pkt := range pkts.AsSlice() {
 			t.record(st.sessions, true, pkt.NetworkProtocolNumber, pkt)
@@ -104,7 +104,7 @@ func (t *Tap) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error) {
 // room for it; a capture that has none counts a drop, and when none has,
 // the packet is not even copied: a reader that fell behind costs the data
 // path little more than an idle tap.
-func (t *Tap) record(ss []*session, out bool, proto tcpip.NetworkProtocolNumber, pkt *stack.PacketBuffer) {
+func (t *Tap) record(ss []*session, out bool, proto tcpip.NetworkProtocolNumber, pkt *tcpipstack.PacketBuffer) {
 	lh := pkt.LinkHeader().Slice()
 	skip := 0
 	if len(lh) == header.EthernetMinimumSize {
@@ -354,7 +354,7 @@ func (t *Tap) RecordFrame(out bool, frame []byte) {
 	if len(st.sessions) == 0 || len(frame) < header.EthernetMinimumSize {
 		return
 	}
-	pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: buffer.MakeWithData(frame)})
+	pkt := tcpipstack.NewPacketBuffer(tcpipstack.PacketBufferOptions{Payload: buffer.MakeWithData(frame)})
 	defer pkt.DecRef()
 	pkt.LinkHeader().Consume(header.EthernetMinimumSize)
 	t.record(st.sessions, out, header.Ethernet(frame).Type(), pkt)

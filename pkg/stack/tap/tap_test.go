@@ -15,7 +15,7 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 	"gvisor.dev/gvisor/pkg/tcpip/link/channel"
-	"gvisor.dev/gvisor/pkg/tcpip/stack"
+	tcpipstack "gvisor.dev/gvisor/pkg/tcpip/stack"
 )
 
 var (
@@ -26,10 +26,11 @@ var (
 // countingDispatcher stands for the NIC above the tap.
 type countingDispatcher struct{ n int }
 
-func (d *countingDispatcher) DeliverNetworkPacket(tcpip.NetworkProtocolNumber, *stack.PacketBuffer) {
+func (d *countingDispatcher) DeliverNetworkPacket(tcpip.NetworkProtocolNumber, *tcpipstack.PacketBuffer) {
 	d.n++
 }
-func (d *countingDispatcher) DeliverLinkPacket(tcpip.NetworkProtocolNumber, *stack.PacketBuffer) {}
+func (d *countingDispatcher) DeliverLinkPacket(tcpip.NetworkProtocolNumber, *tcpipstack.PacketBuffer) {
+}
 
 func newTestTap(t testing.TB) (*Tap, *countingDispatcher) {
 	ep := channel.New(1024, 1500, podMAC)
@@ -42,19 +43,19 @@ func newTestTap(t testing.TB) (*Tap, *countingDispatcher) {
 
 // inbound builds a received frame as a link endpoint hands it over: the
 // Ethernet header consumed, the IP packet behind it.
-func inbound(payload []byte) *stack.PacketBuffer {
+func inbound(payload []byte) *tcpipstack.PacketBuffer {
 	frame := make([]byte, header.EthernetMinimumSize+len(payload))
 	header.Ethernet(frame).Encode(&header.EthernetFields{SrcAddr: peerMAC, DstAddr: podMAC, Type: header.IPv4ProtocolNumber})
 	copy(frame[header.EthernetMinimumSize:], payload)
-	pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: buffer.MakeWithData(frame)})
+	pkt := tcpipstack.NewPacketBuffer(tcpipstack.PacketBufferOptions{Payload: buffer.MakeWithData(frame)})
 	pkt.LinkHeader().Consume(header.EthernetMinimumSize)
 	return pkt
 }
 
 // outbound builds a packet as the NIC hands it to the link: the Ethernet
 // header pushed.
-func outbound(payload []byte) *stack.PacketBuffer {
-	pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{ReserveHeaderBytes: header.EthernetMinimumSize, Payload: buffer.MakeWithData(payload)})
+func outbound(payload []byte) *tcpipstack.PacketBuffer {
+	pkt := tcpipstack.NewPacketBuffer(tcpipstack.PacketBufferOptions{ReserveHeaderBytes: header.EthernetMinimumSize, Payload: buffer.MakeWithData(payload)})
 	pkt.NetworkProtocolNumber = header.IPv4ProtocolNumber
 	header.Ethernet(pkt.LinkHeader().Push(header.EthernetMinimumSize)).Encode(&header.EthernetFields{SrcAddr: podMAC, DstAddr: peerMAC, Type: header.IPv4ProtocolNumber})
 	return pkt
@@ -145,7 +146,7 @@ func TestTapStreamsBothDirections(t *testing.T) {
 	tap.DeliverNetworkPacket(header.IPv4ProtocolNumber, pkt)
 	pkt.DecRef()
 	out := bytes.Repeat([]byte("out"), 30)
-	var list stack.PacketBufferList
+	var list tcpipstack.PacketBufferList
 	list.PushBack(outbound(out))
 	if n, err := tap.WritePackets(list); n != 1 || err != nil {
 		t.Fatalf("WritePackets: %d, %v", n, err)

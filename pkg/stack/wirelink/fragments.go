@@ -7,7 +7,7 @@ import (
 	"gvisor.dev/gvisor/pkg/buffer"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
-	"gvisor.dev/gvisor/pkg/tcpip/stack"
+	tcpipstack "gvisor.dev/gvisor/pkg/tcpip/stack"
 )
 
 // IP fragments are held by netstack's reassembly until their datagram
@@ -74,14 +74,14 @@ func (l *fragmentLedger) heldUntil() time.Time {
 // compactFragment returns a copy of pkt in a buffer of its own size if pkt
 // is an IP fragment (the caller then delivers and releases the copy), or
 // nil if it is not.
-func (l *fragmentLedger) compactFragment(proto tcpip.NetworkProtocolNumber, pkt *stack.PacketBuffer) *stack.PacketBuffer {
+func (l *fragmentLedger) compactFragment(proto tcpip.NetworkProtocolNumber, pkt *tcpipstack.PacketBuffer) *tcpipstack.PacketBuffer {
 	if !l.note(proto, pkt) {
 		return nil
 	}
 	// ToView copies into a view whose chunk is the smallest that fits
 	// (64 bytes and up, powers of two).
 	link := len(pkt.LinkHeader().Slice())
-	c := stack.NewPacketBuffer(stack.PacketBufferOptions{ReserveHeaderBytes: reassemblyCharge, Payload: buffer.MakeWithView(pkt.ToView())})
+	c := tcpipstack.NewPacketBuffer(tcpipstack.PacketBufferOptions{ReserveHeaderBytes: reassemblyCharge, Payload: buffer.MakeWithView(pkt.ToView())})
 	c.LinkHeader().Consume(link)
 	c.NetworkProtocolNumber = pkt.NetworkProtocolNumber
 	c.PktType = pkt.PktType
@@ -91,7 +91,7 @@ func (l *fragmentLedger) compactFragment(proto tcpip.NetworkProtocolNumber, pkt 
 
 // note counts pkt and remembers when it came if it is an IP fragment, and
 // reports whether it is.
-func (l *fragmentLedger) note(proto tcpip.NetworkProtocolNumber, pkt *stack.PacketBuffer) bool {
+func (l *fragmentLedger) note(proto tcpip.NetworkProtocolNumber, pkt *tcpipstack.PacketBuffer) bool {
 	switch proto {
 	case header.IPv4ProtocolNumber:
 		h, ok := pkt.Data().PullUp(header.IPv4MinimumSize)

@@ -9,7 +9,7 @@ import (
 	"gvisor.dev/gvisor/pkg/rawfile"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
-	"gvisor.dev/gvisor/pkg/tcpip/stack"
+	tcpipstack "gvisor.dev/gvisor/pkg/tcpip/stack"
 )
 
 // fragPath serves the link's fragment socket (packetsock.OpenFragments):
@@ -125,7 +125,7 @@ func (p *fragPath) deliverFragment(k int) {
 	proto := eth.Type()
 	// The one copy: into a view of the smallest chunk that fits, as
 	// compactFragment makes for a fragment read on the link's path.
-	pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{ReserveHeaderBytes: reassemblyCharge, Payload: buffer.MakeWithData(frame)})
+	pkt := tcpipstack.NewPacketBuffer(tcpipstack.PacketBufferOptions{ReserveHeaderBytes: reassemblyCharge, Payload: buffer.MakeWithData(frame)})
 	defer pkt.DecRef()
 	pkt.LinkHeader().Consume(header.EthernetMinimumSize)
 	pkt.NetworkProtocolNumber = proto

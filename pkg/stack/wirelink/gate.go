@@ -8,7 +8,7 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 	"gvisor.dev/gvisor/pkg/tcpip/link/nested"
-	"gvisor.dev/gvisor/pkg/tcpip/stack"
+	tcpipstack "gvisor.dev/gvisor/pkg/tcpip/stack"
 )
 
 // gate is the wire leg's link endpoint as netstack's NIC sees it: it
@@ -32,18 +32,18 @@ type gate struct {
 }
 
 var (
-	_ stack.LinkEndpoint      = (*gate)(nil)
-	_ stack.NetworkDispatcher = (*gate)(nil)
+	_ tcpipstack.LinkEndpoint      = (*gate)(nil)
+	_ tcpipstack.NetworkDispatcher = (*gate)(nil)
 )
 
-func newGate(child stack.LinkEndpoint, stats *LinkStats) *gate {
+func newGate(child tcpipstack.LinkEndpoint, stats *LinkStats) *gate {
 	g := &gate{stats: stats}
 	g.Endpoint.Init(child, g)
 	return g
 }
 
 // DeliverNetworkPacket counts and passes the packet to netstack.
-func (g *gate) DeliverNetworkPacket(proto tcpip.NetworkProtocolNumber, pkt *stack.PacketBuffer) {
+func (g *gate) DeliverNetworkPacket(proto tcpip.NetworkProtocolNumber, pkt *tcpipstack.PacketBuffer) {
 	if !g.admit(proto, pkt) {
 		return
 	}
@@ -58,7 +58,7 @@ func (g *gate) DeliverNetworkPacket(proto tcpip.NetworkProtocolNumber, pkt *stac
 
 // admit counts a received packet and reports whether it may go on to
 // netstack: the ingress policy's verdict, then the SYN gate's.
-func (g *gate) admit(proto tcpip.NetworkProtocolNumber, pkt *stack.PacketBuffer) bool {
+func (g *gate) admit(proto tcpip.NetworkProtocolNumber, pkt *tcpipstack.PacketBuffer) bool {
 	g.stats.RxPackets.Add(1)
 	g.stats.RxBytes.Add(uint64(pkt.Size()))
 	// Before the SYN gate and its cookies: a denied peer gets nothing.
@@ -92,7 +92,7 @@ func (s *LinkStats) turnedAway(v synVerdict) bool {
 }
 
 // cookie hands a SYN the gate turned away from netstack to answerSYN.
-func (g *gate) cookie(pkt *stack.PacketBuffer) bool {
+func (g *gate) cookie(pkt *tcpipstack.PacketBuffer) bool {
 	eth := pkt.LinkHeader().Slice()
 	if len(eth) < header.EthernetMinimumSize {
 		return false

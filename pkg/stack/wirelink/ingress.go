@@ -7,7 +7,7 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/api/policy"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
-	"gvisor.dev/gvisor/pkg/tcpip/stack"
+	tcpipstack "gvisor.dev/gvisor/pkg/tcpip/stack"
 )
 
 // The ingress verdict on the wire leg (docs/policy.md, "Where the stack
@@ -30,7 +30,7 @@ type headerSource interface {
 }
 
 // pktHeaders pulls from a packet buffer (the link's readers).
-type pktHeaders struct{ pkt *stack.PacketBuffer }
+type pktHeaders struct{ pkt *tcpipstack.PacketBuffer }
 
 func (s pktHeaders) pull(n int) ([]byte, bool) { return s.pkt.Data().PullUp(n) }
 

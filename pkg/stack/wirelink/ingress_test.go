@@ -10,7 +10,7 @@ import (
 	"gvisor.dev/gvisor/pkg/buffer"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
-	"gvisor.dev/gvisor/pkg/tcpip/stack"
+	tcpipstack "gvisor.dev/gvisor/pkg/tcpip/stack"
 )
 
 var (
@@ -128,7 +128,7 @@ func TestAdmitIngress(t *testing.T) {
 		if got := admitIngress(m, c.proto, frameHeaders(c.packet)); got != c.want {
 			t.Errorf("%s (frame bytes): got %v, want %v", c.name, got, c.want)
 		}
-		pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: buffer.MakeWithData(c.packet)})
+		pkt := tcpipstack.NewPacketBuffer(tcpipstack.PacketBufferOptions{Payload: buffer.MakeWithData(c.packet)})
 		if got := admitIngress(m, c.proto, pktHeaders{pkt}); got != c.want {
 			t.Errorf("%s (packet buffer): got %v, want %v", c.name, got, c.want)
 		}
@@ -157,7 +157,7 @@ func FuzzAdmitIngress(f *testing.F) {
 	f.Fuzz(func(t *testing.T, proto uint16, packet []byte) {
 		p := tcpip.NetworkProtocolNumber(proto)
 		got := admitIngress(m, p, frameHeaders(packet))
-		pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: buffer.MakeWithData(packet)})
+		pkt := tcpipstack.NewPacketBuffer(tcpipstack.PacketBufferOptions{Payload: buffer.MakeWithData(packet)})
 		defer pkt.DecRef()
 		if again := admitIngress(m, p, pktHeaders{pkt}); again != got {
 			t.Fatalf("frame bytes: %v, packet buffer: %v", got, again)

@@ -27,7 +27,7 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/stack/tap"
 	"github.com/cni-usernet/cni-usernet/pkg/stack/wirelink/packetsock"
 	"gvisor.dev/gvisor/pkg/tcpip"
-	"gvisor.dev/gvisor/pkg/tcpip/stack"
+	tcpipstack "gvisor.dev/gvisor/pkg/tcpip/stack"
 )
 
 // Options configures the wire leg's link.
@@ -100,7 +100,7 @@ func New(t *tap.Tap, o Options) *Link {
 
 // Endpoint is the link endpoint netstack's NIC (or the wire queue) sends
 // to and is delivered from.
-func (l *Link) Endpoint() stack.LinkEndpoint { return l.gate }
+func (l *Link) Endpoint() tcpipstack.LinkEndpoint { return l.gate }
 
 // Start starts the stack's readers of the link's sockets: the link's
 // socket's when fdbased does not read it, the SYN socket's and the

@@ -13,7 +13,7 @@ import (
 	"gvisor.dev/gvisor/pkg/rawfile"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
-	"gvisor.dev/gvisor/pkg/tcpip/stack"
+	tcpipstack "gvisor.dev/gvisor/pkg/tcpip/stack"
 	"gvisor.dev/gvisor/pkg/tcpip/stack/gro"
 )
 
@@ -307,7 +307,7 @@ func (r *linkReader) deliverFrame(k, n int) {
 	if dst := eth.DestinationAddress(); dst != r.mac && dst[0]&1 == 0 {
 		return // the views are reused as they are
 	}
-	pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: b.take(n)})
+	pkt := tcpipstack.NewPacketBuffer(tcpipstack.PacketBufferOptions{Payload: b.take(n)})
 	defer pkt.DecRef()
 	pkt.LinkHeader().Consume(header.EthernetMinimumSize)
 	pkt.NetworkProtocolNumber = eth.Type()

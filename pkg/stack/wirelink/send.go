@@ -15,16 +15,16 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 	"gvisor.dev/gvisor/pkg/tcpip/link/fdbased"
-	"gvisor.dev/gvisor/pkg/tcpip/stack"
+	tcpipstack "gvisor.dev/gvisor/pkg/tcpip/stack"
 )
 
 // WritePackets counts before handing the batch on.
-func (g *gate) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error) {
+func (g *gate) WritePackets(pkts tcpipstack.PacketBufferList) (int, tcpip.Error) {
 	// Summed first: one atomic add per batch, not per packet.
 	var bytes, batches uint64
 	for _, pkt := range pkts.AsSlice() {
 		bytes += uint64(pkt.Size())
-		if pkt.GSOOptions.Type != stack.GSONone && pkt.Data().Size() > int(pkt.GSOOptions.MSS) {
+		if pkt.GSOOptions.Type != tcpipstack.GSONone && pkt.Data().Size() > int(pkt.GSOOptions.MSS) {
 			batches++
 		}
 	}
@@ -56,7 +56,7 @@ func sendFD(s *packetsock.Link) int {
 // NewEndpoint creates netstack's link endpoint on the link's sockets
 // (fdbased): it sends, and reads the link's socket unless the link has a
 // send socket, whose link's socket Link.Start's reader reads.
-func NewEndpoint(o *Options) (stack.LinkEndpoint, error) {
+func NewEndpoint(o *Options) (tcpipstack.LinkEndpoint, error) {
 	ep, err := fdbased.New(o.fdbasedOptions())
 	if err != nil {
 		return nil, fmt.Errorf("creating the link endpoint: %w", err)

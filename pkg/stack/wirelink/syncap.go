@@ -6,7 +6,7 @@ import (
 
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
-	"gvisor.dev/gvisor/pkg/tcpip/stack"
+	tcpipstack "gvisor.dev/gvisor/pkg/tcpip/stack"
 )
 
 // synRate and synBurst cap the SYNs (new connections) the wire leg hands
@@ -51,7 +51,7 @@ func (b *synBucket) take(now time.Time) bool {
 
 // isSYN reports whether pkt (from the link, network header first) is a
 // TCP SYN without ACK: a new connection.
-func isSYN(proto tcpip.NetworkProtocolNumber, pkt *stack.PacketBuffer) bool {
+func isSYN(proto tcpip.NetworkProtocolNumber, pkt *tcpipstack.PacketBuffer) bool {
 	var ipLen int
 	switch proto {
 	case header.IPv4ProtocolNumber:

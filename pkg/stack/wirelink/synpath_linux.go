@@ -11,7 +11,7 @@ import (
 	"gvisor.dev/gvisor/pkg/rawfile"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
-	"gvisor.dev/gvisor/pkg/tcpip/stack"
+	tcpipstack "gvisor.dev/gvisor/pkg/tcpip/stack"
 )
 
 // synPath serves the link's SYN socket (packetsock.NewSYNSocket): the
@@ -147,7 +147,7 @@ func (p *synPath) handle(now time.Time, frame []byte, cut bool, slot int) bool {
 		// Only a successful answer makes the verdict synCookied.
 		return verdict == synCookied
 	}
-	pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: buffer.MakeWithData(frame)})
+	pkt := tcpipstack.NewPacketBuffer(tcpipstack.PacketBufferOptions{Payload: buffer.MakeWithData(frame)})
 	pkt.LinkHeader().Consume(header.EthernetMinimumSize)
 	pkt.NetworkProtocolNumber = proto
 	pkt.RXChecksumValidated = p.rxChecksumValidated

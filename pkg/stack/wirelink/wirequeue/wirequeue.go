@@ -25,7 +25,7 @@ import (
 
 	"gvisor.dev/gvisor/pkg/sleep"
 	"gvisor.dev/gvisor/pkg/tcpip"
-	"gvisor.dev/gvisor/pkg/tcpip/stack"
+	tcpipstack "gvisor.dev/gvisor/pkg/tcpip/stack"
 )
 
 // BatchSize is the most packets handed to the link in one call: a 64 KiB
@@ -54,16 +54,16 @@ type Stats struct {
 	Drops atomic.Uint64
 }
 
-// Queue is a stack.QueueingDiscipline that never drops for lack of room
+// Queue is a tcpipstack.QueueingDiscipline that never drops for lack of room
 // unless the link stops draining it.
 type Queue struct {
-	lower stack.LinkWriter
+	lower tcpipstack.LinkWriter
 	stats *Stats
 
 	mu sync.Mutex
 	// ring holds the queued packets from head on, n of them, each with a
 	// reference of its own.
-	ring    []*stack.PacketBuffer
+	ring    []*tcpipstack.PacketBuffer
 	head, n int
 	// room is closed, and replaced, whenever the dispatcher takes
 	// packets out of a full queue: the waiting senders' wake-up.
@@ -79,18 +79,18 @@ type Queue struct {
 	done      chan struct{}
 }
 
-var _ stack.QueueingDiscipline = (*Queue)(nil)
+var _ tcpipstack.QueueingDiscipline = (*Queue)(nil)
 
 // New starts a queue of up to limit packets in front of lower. stats may
 // be nil.
-func New(lower stack.LinkWriter, limit int, stats *Stats) *Queue {
+func New(lower tcpipstack.LinkWriter, limit int, stats *Stats) *Queue {
 	if stats == nil {
 		stats = new(Stats)
 	}
 	q := &Queue{
 		lower: lower,
 		stats: stats,
-		ring:  make([]*stack.PacketBuffer, max(limit, 1)),
+		ring:  make([]*tcpipstack.PacketBuffer, max(limit, 1)),
 		room:  make(chan struct{}),
 		done:  make(chan struct{}),
 	}
@@ -99,7 +99,7 @@ func New(lower stack.LinkWriter, limit int, stats *Stats) *Queue {
 }
 
 // WritePacket queues pkt, waiting for room when the queue is full.
-func (q *Queue) WritePacket(pkt *stack.PacketBuffer) tcpip.Error {
+func (q *Queue) WritePacket(pkt *tcpipstack.PacketBuffer) tcpip.Error {
 	var (
 		timer   *time.Timer
 		seen    uint64 // q.taken when the timer was last armed
@@ -149,7 +149,7 @@ func (q *Queue) dispatch() {
 	sleeper.AddWaker(&q.newPacket)
 	sleeper.AddWaker(&q.closing)
 	defer sleeper.Done()
-	var batch stack.PacketBufferList
+	var batch tcpipstack.PacketBufferList
 	for sleeper.Fetch(true) != &q.closing {
 		// The sender that woke the dispatcher made it the goroutine Go
 		// runs next, ahead of the others already ready: the relay's
@@ -170,7 +170,7 @@ func (q *Queue) dispatch() {
 
 // take moves up to BatchSize packets from the queue into batch, waking the
 // senders waiting for room, and reports whether there were any.
-func (q *Queue) take(batch *stack.PacketBufferList) bool {
+func (q *Queue) take(batch *tcpipstack.PacketBufferList) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.closed || q.n == 0 {

@@ -8,7 +8,7 @@ import (
 
 	"gvisor.dev/gvisor/pkg/buffer"
 	"gvisor.dev/gvisor/pkg/tcpip"
-	"gvisor.dev/gvisor/pkg/tcpip/stack"
+	tcpipstack "gvisor.dev/gvisor/pkg/tcpip/stack"
 )
 
 // gatedLink is a link that takes a batch only while its gate is open and
@@ -27,7 +27,7 @@ func newGatedLink(open bool) *gatedLink {
 	return l
 }
 
-func (l *gatedLink) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error) {
+func (l *gatedLink) WritePackets(pkts tcpipstack.PacketBufferList) (int, tcpip.Error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for !l.open {
@@ -61,8 +61,8 @@ func (l *gatedLink) taken() int {
 	return len(l.got)
 }
 
-func packet(b byte) *stack.PacketBuffer {
-	return stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: buffer.MakeWithData([]byte{b})})
+func packet(b byte) *tcpipstack.PacketBuffer {
+	return tcpipstack.NewPacketBuffer(tcpipstack.PacketBufferOptions{Payload: buffer.MakeWithData([]byte{b})})
 }
 
 // write offers a packet of its own to q and drops its own reference, as
@@ -175,7 +175,7 @@ type slowLink struct {
 	n     int
 }
 
-func (l *slowLink) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error) {
+func (l *slowLink) WritePackets(pkts tcpipstack.PacketBufferList) (int, tcpip.Error) {
 	time.Sleep(l.pause)
 	l.mu.Lock()
 	l.n += pkts.Len()
@@ -255,7 +255,7 @@ func TestBatchesInOrder(t *testing.T) {
 	link := newGatedLink(false)
 	q := New(link, 256, nil)
 	t.Cleanup(q.Close)
-	var pkts []*stack.PacketBuffer
+	var pkts []*tcpipstack.PacketBuffer
 	for i := range 200 {
 		p := packet(byte(i))
 		pkts = append(pkts, p)
