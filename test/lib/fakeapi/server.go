@@ -1,0 +1,779 @@
+// Package fakeapi is the one Kubernetes API server stand-in of the tests
+// and the policy-scale benchmark: typed objects in a store with one
+// resourceVersion counter; get, list (pages, label and field selectors)
+// and watch (from a resourceVersion, bookmarks, the streaming list's
+// initial events) of them; Events recorded; discovery; TLS with a CA of
+// its own and a bearer token check; and the faults tests inject
+// (answering a code, ending the watches, a raw handler ahead of it all).
+//
+// Objects are encoded once, when written, and a list is their bytes
+// copied: the benchmark's 100,000 pods cost the server little, so that it
+// measures the agent.
+package fakeapi
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
+	"maps"
+	"net"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// Options shape a Server; the zero value serves Kinds over TLS to any
+// token on a loopback port.
+type Options struct {
+	// Kinds are the collections served; nil: Kinds.
+	Kinds []Kind
+	// Token is the one bearer token accepted; empty: any request. See
+	// also SetTokens.
+	Token string
+	// Plain serves http instead of https.
+	Plain bool
+	// Cert is the server's certificate and CAPEM the CA that signed it;
+	// nil: SelfSigned's.
+	Cert  *tls.Certificate
+	CAPEM []byte
+	// Listener is where to serve; nil: a loopback port.
+	Listener net.Listener
+	// Bookmark is the time between BOOKMARKs on a watch that asks for
+	// them; zero: 20 s.
+	Bookmark time.Duration
+	// NoKinds leaves kind and apiVersion out of what is sent, as a
+	// minimal server does; clients must not need them.
+	NoKinds bool
+	// Codec is an encoding other than JSON, used when a client's Accept
+	// names it first.
+	Codec *Codec
+	// Log is told of requests the server does not serve; nil: nothing.
+	Log *slog.Logger
+}
+
+// Codec answers in an encoding other than JSON (protobuf, which the
+// caller's test builds from k8s.io/api's types: this package links none).
+type Codec struct {
+	ContentType string
+	// Encode turns a JSON object or list, with its kind, into the
+	// encoding.
+	Encode func(doc []byte) ([]byte, error)
+	// Event is one watch event, framed: its type and its object's JSON.
+	Event func(typ string, obj []byte) ([]byte, error)
+}
+
+// Request is one request as the server got it.
+type Request struct {
+	Method, Path string
+	Query        url.Values
+	Header       http.Header
+}
+
+// Event is an Event a client created (POST) or updated (PATCH).
+type Event struct {
+	Method, Namespace, Name string
+	Body                    json.RawMessage
+}
+
+// Fault is an answer the server gives instead of serving: Code with a
+// Status of Reason and Message. A fault ends the open watches it
+// matches.
+type Fault struct {
+	Code            int
+	Reason, Message string
+	// Times is how many requests get it; zero: until it is cleared.
+	Times int
+}
+
+// Server is the fake API server. Store holds its objects.
+type Server struct {
+	Store *Store
+	o     Options
+	kinds map[string]Kind
+	url   string
+	caPEM []byte
+	srv   *http.Server
+	done  chan struct{}
+
+	mu       sync.Mutex // guards the fields below
+	tokens   map[string]bool
+	seen     []string
+	requests []Request
+	counts   map[string]int
+	unknown  map[string]int
+	events   []Event
+	faults   map[string]*Fault // by path; "" is every path
+	refused  int
+	watchGen int // bumped by CloseWatches
+	raw      func(http.ResponseWriter, *http.Request) bool
+}
+
+// New makes a server that does not listen yet: Start it, or use it as a
+// handler.
+func New(o Options) (*Server, error) {
+	if o.Kinds == nil {
+		o.Kinds = Kinds
+	}
+	if o.Bookmark == 0 {
+		o.Bookmark = 20 * time.Second
+	}
+	s := &Server{Store: newStore(o.Kinds), o: o, kinds: map[string]Kind{}, done: make(chan struct{}),
+		counts: map[string]int{}, unknown: map[string]int{}, faults: map[string]*Fault{}}
+	for _, k := range o.Kinds {
+		s.kinds[k.Resource] = k
+	}
+	if o.Token != "" {
+		s.tokens = map[string]bool{o.Token: true}
+	}
+	if !o.Plain && o.Cert == nil {
+		cert, ca, err := SelfSigned()
+		if err != nil {
+			return nil, err
+		}
+		s.o.Cert, s.o.CAPEM = &cert, ca
+	}
+	s.caPEM = s.o.CAPEM
+	return s, nil
+}
+
+// Start serves on Options.Listener, or a loopback port.
+func (s *Server) Start() error {
+	ln := s.o.Listener
+	if ln == nil {
+		var err error
+		if ln, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
+			return fmt.Errorf("listening for the fake API server: %w", err)
+		}
+	}
+	// Handshakes tests fail on purpose and clients gone mid-watch are
+	// noise.
+	s.srv = &http.Server{Handler: s, ReadHeaderTimeout: 10 * time.Second, ErrorLog: log.New(io.Discard, "", 0)}
+	if s.o.Plain {
+		s.url = "http://" + ln.Addr().String()
+		go s.srv.Serve(ln)
+		return nil
+	}
+	s.srv.TLSConfig = &tls.Config{Certificates: []tls.Certificate{*s.o.Cert}, NextProtos: []string{"h2", "http/1.1"}}
+	s.url = "https://" + ln.Addr().String()
+	go s.srv.ServeTLS(ln, "", "")
+	return nil
+}
+
+// NewTest starts a server for t, closed when t ends.
+func NewTest(t testing.TB, o Options) *Server {
+	t.Helper()
+	s, err := New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	return s
+}
+
+// Close ends the watches and stops serving.
+func (s *Server) Close() {
+	select {
+	case <-s.done:
+		return
+	default:
+	}
+	close(s.done)
+	s.Store.wake()
+	if s.srv != nil {
+		s.srv.Close()
+	}
+}
+
+// URL is where the server serves: https://127.0.0.1:port.
+func (s *Server) URL() string { return s.url }
+
+// CAPEM is the CA the server's certificate chains to, PEM-encoded.
+func (s *Server) CAPEM() []byte { return s.caPEM }
+
+// SetTokens makes toks the bearer tokens accepted, the others 401; none:
+// every token is refused.
+func (s *Server) SetTokens(toks ...string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.tokens = map[string]bool{}
+	for _, t := range toks {
+		s.tokens[t] = true
+	}
+}
+
+// Tokens are the bearer tokens sent, one per request, in order.
+func (s *Server) Tokens() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.seen)
+}
+
+// Requests are the requests received, in order.
+func (s *Server) Requests() []Request {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.requests)
+}
+
+// Count is how many requests of "verb resource" were served: "list
+// pods", "watch pods", "get nodes", "create events", "get version".
+func (s *Server) Count(what string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.counts[what]
+}
+
+// Counts are the served requests by "verb resource", and the unknown
+// ones by "METHOD path", answered 404.
+func (s *Server) Counts() (served, unknown map[string]int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return maps.Clone(s.counts), maps.Clone(s.unknown)
+}
+
+// Events are the Events created or updated, in order.
+func (s *Server) Events() []Event {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.events)
+}
+
+// EventBodies are the Events' bodies, decoded.
+func (s *Server) EventBodies() []map[string]any {
+	var out []map[string]any
+	for _, e := range s.Events() {
+		var m map[string]any
+		json.Unmarshal(e.Body, &m)
+		out = append(out, m)
+	}
+	return out
+}
+
+// SetFault answers f to the requests of path (as the client sends it:
+// /api/v1/pods; "" every request) until cleared with nil, and ends the
+// watches of path.
+func (s *Server) SetFault(path string, f *Fault) {
+	s.mu.Lock()
+	if f == nil {
+		delete(s.faults, path)
+	} else {
+		c := *f
+		s.faults[path] = &c
+	}
+	s.mu.Unlock()
+	s.Store.wake()
+}
+
+// SetDown answers 503 to everything while down, as an API server away.
+func (s *Server) SetDown(down bool) {
+	if down {
+		s.SetFault("", &Fault{Code: http.StatusServiceUnavailable, Reason: "ServiceUnavailable", Message: "the API server is away"})
+	} else {
+		s.SetFault("", nil)
+	}
+}
+
+// Refused is how many requests a fault answered.
+func (s *Server) Refused() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.refused
+}
+
+// CloseWatches ends the open watches, as an API server restarting does;
+// clients watch again.
+func (s *Server) CloseWatches() {
+	s.mu.Lock()
+	s.watchGen++
+	s.mu.Unlock()
+	s.Store.wake()
+}
+
+// SetRaw puts h ahead of everything (after the request is recorded): a
+// request h answers (returning true) is not served otherwise. For the
+// answers no API server gives but clients must survive.
+func (s *Server) SetRaw(h func(http.ResponseWriter, *http.Request) bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.raw = h
+}
+
+// fault is the fault a request of path gets now, counted.
+func (s *Server) fault(path string) *Fault {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, p := range []string{path, ""} {
+		f := s.faults[p]
+		if f == nil {
+			continue
+		}
+		s.refused++
+		if f.Times > 0 {
+			if f.Times--; f.Times == 0 {
+				delete(s.faults, p)
+			}
+		}
+		return f
+	}
+	return nil
+}
+
+// watchEnded says whether a watch of path started at generation gen must
+// end: a fault of its path, CloseWatches, Close.
+func (s *Server) watchEnded(path string, gen int) bool {
+	select {
+	case <-s.done:
+		return true
+	default:
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.watchGen != gen || s.faults[path] != nil || s.faults[""] != nil
+}
+
+func (s *Server) count(m map[string]int, k string) {
+	s.mu.Lock()
+	m[k]++
+	s.mu.Unlock()
+}
+
+// route is a request's path, read: /api/v1/…, /apis/GROUP/VERSION/…, with
+// an optional namespaces/NS/ before the resource and a name after it.
+type route struct {
+	group, version, ns, resource, name string
+}
+
+func parseRoute(path string) (route, bool) {
+	seg := strings.Split(strings.Trim(path, "/"), "/")
+	var r route
+	switch {
+	case len(seg) >= 3 && seg[0] == "api":
+		r.version, seg = seg[1], seg[2:]
+	case len(seg) >= 4 && seg[0] == "apis":
+		r.group, r.version, seg = seg[1], seg[2], seg[3:]
+	default:
+		return r, false
+	}
+	if seg[0] == "namespaces" && len(seg) >= 3 {
+		r.ns, seg = seg[1], seg[2:]
+	}
+	r.resource = seg[0]
+	switch len(seg) {
+	case 1:
+	case 2:
+		r.name = seg[1]
+	default:
+		return r, false
+	}
+	return r, true
+}
+
+func (s *Server) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	tok := strings.TrimPrefix(req.Header.Get("Authorization"), "Bearer ")
+	s.mu.Lock()
+	s.seen = append(s.seen, tok)
+	s.requests = append(s.requests, Request{Method: req.Method, Path: req.URL.Path, Query: req.URL.Query(), Header: req.Header.Clone()})
+	raw, tokens := s.raw, s.tokens
+	authorized := tokens == nil || tokens[tok]
+	s.mu.Unlock()
+	if raw != nil && raw(w, req) {
+		return
+	}
+	if !authorized {
+		s.count(s.counts, "unauthorized")
+		writeStatus(w, http.StatusUnauthorized, "Unauthorized", "Unauthorized")
+		return
+	}
+	if f := s.fault(req.URL.Path); f != nil {
+		writeStatus(w, f.Code, f.Reason, f.Message)
+		return
+	}
+	switch req.URL.Path {
+	case "/version":
+		s.count(s.counts, "get version")
+		writeJSON(w, http.StatusOK, map[string]string{"major": "1", "minor": "34", "gitVersion": "v1.34.0", "platform": "linux/amd64"})
+		return
+	case "/api":
+		s.count(s.counts, "get api")
+		writeJSON(w, http.StatusOK, map[string]any{"kind": "APIVersions", "versions": []string{"v1"},
+			"serverAddressByClientCIDRs": []map[string]string{{"clientCIDR": "0.0.0.0/0", "serverAddress": req.Host}}})
+		return
+	case "/apis":
+		s.count(s.counts, "get apis")
+		groups := []map[string]any{}
+		seen := map[string]bool{}
+		for _, k := range s.o.Kinds {
+			if k.Group == "" || seen[k.Group] {
+				continue
+			}
+			seen[k.Group] = true
+			gv := map[string]string{"groupVersion": k.APIVersion(), "version": k.Version}
+			groups = append(groups, map[string]any{"name": k.Group, "versions": []any{gv}, "preferredVersion": gv})
+		}
+		writeJSON(w, http.StatusOK, map[string]any{"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
+		return
+	}
+	r, ok := parseRoute(req.URL.Path)
+	k, known := s.kinds[r.resource]
+	switch {
+	case ok && r.resource == "events" && (req.Method == http.MethodPost && r.name == "" || req.Method == http.MethodPatch && r.name != ""):
+		s.event(w, req, r)
+	case !ok || !known || k.Group != r.group || k.Version != r.version || (r.ns != "" && !k.Namespaced):
+		s.notFound(w, req)
+	case req.Method != http.MethodGet:
+		s.notFound(w, req)
+	case r.name != "":
+		s.get(w, req, r, k)
+	case isWatch(req):
+		s.watch(w, req, r, k)
+	default:
+		s.list(w, req, r, k)
+	}
+}
+
+func isWatch(req *http.Request) bool {
+	v := req.URL.Query().Get("watch")
+	return v == "1" || v == "true"
+}
+
+func (s *Server) notFound(w http.ResponseWriter, req *http.Request) {
+	k := req.Method + " " + req.URL.Path
+	s.count(s.unknown, k)
+	if s.o.Log != nil {
+		s.o.Log.Info("fake API server: unknown request, answered 404", "request", k, "query", req.URL.RawQuery)
+	}
+	writeStatus(w, http.StatusNotFound, "NotFound", "the fake API server does not serve "+k)
+}
+
+func (s *Server) event(w http.ResponseWriter, req *http.Request, r route) {
+	body, err := io.ReadAll(io.LimitReader(req.Body, 1<<20))
+	if err != nil || !json.Valid(body) {
+		writeStatus(w, http.StatusBadRequest, "BadRequest", "an Event must be JSON")
+		return
+	}
+	verb, code := "create events", http.StatusCreated
+	if req.Method == http.MethodPatch {
+		verb, code = "patch events", http.StatusOK
+	}
+	s.mu.Lock()
+	s.events = append(s.events, Event{Method: req.Method, Namespace: r.ns, Name: r.name, Body: body})
+	s.counts[verb]++
+	s.mu.Unlock()
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	w.Write(body)
+}
+
+// codec is the encoding the request asks for first, if not JSON.
+func (s *Server) codec(req *http.Request) *Codec {
+	c := s.o.Codec
+	if c == nil || !strings.HasPrefix(req.Header.Get("Accept"), c.ContentType) {
+		return nil
+	}
+	return c
+}
+
+func (s *Server) get(w http.ResponseWriter, req *http.Request, r route, k Kind) {
+	s.count(s.counts, "get "+k.Resource)
+	ns := r.ns
+	if !k.Namespaced {
+		ns = ""
+	}
+	o := s.Store.get(k.Resource, ns, r.name)
+	if o == nil {
+		writeStatus(w, http.StatusNotFound, "NotFound", fmt.Sprintf("%s %q not found", k.Resource, r.name))
+		return
+	}
+	doc := s.withKind(o.raw, k)
+	if c := s.codec(req); c != nil {
+		s.writeEncoded(w, c, withKind(o.raw, k))
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Write(doc)
+}
+
+func (s *Server) writeEncoded(w http.ResponseWriter, c *Codec, doc []byte) {
+	b, err := c.Encode(doc)
+	if err != nil {
+		writeStatus(w, http.StatusInternalServerError, "InternalError", "encoding: "+err.Error())
+		return
+	}
+	w.Header().Set("Content-Type", c.ContentType)
+	w.Write(b)
+}
+
+// withKind is raw with the kind and apiVersion a single object carries
+// (a list's items do not), unless NoKinds.
+func (s *Server) withKind(raw []byte, k Kind) []byte {
+	if s.o.NoKinds {
+		return raw
+	}
+	return withKind(raw, k)
+}
+
+func withKind(raw []byte, k Kind) []byte {
+	var b bytes.Buffer
+	fmt.Fprintf(&b, `{"kind":%q,"apiVersion":%q,`, k.Kind, k.APIVersion())
+	b.Write(raw[1:])
+	return b.Bytes()
+}
+
+func selectorOf(req *http.Request, r route) (selector, error) {
+	q := req.URL.Query()
+	return newSelector(r.ns, q.Get("fieldSelector"), q.Get("labelSelector"))
+}
+
+// continueToken is where the next page of a list starts, and the
+// resourceVersion the list reports on every page (its first page's).
+type continueToken struct {
+	RV    uint64 `json:"rv"`
+	After string `json:"after"`
+}
+
+func (s *Server) list(w http.ResponseWriter, req *http.Request, r route, k Kind) {
+	s.count(s.counts, "list "+k.Resource)
+	sel, err := selectorOf(req, r)
+	if err != nil {
+		if s.o.Log != nil {
+			s.o.Log.Error("fake API server: a list asks what it cannot answer", "err", err, "query", req.URL.RawQuery)
+		}
+		writeStatus(w, http.StatusBadRequest, "BadRequest", err.Error())
+		return
+	}
+	q := req.URL.Query()
+	limit, _ := strconv.Atoi(q.Get("limit"))
+	var tok continueToken
+	if c := q.Get("continue"); c != "" {
+		b, err := base64.RawURLEncoding.DecodeString(c)
+		if err != nil || json.Unmarshal(b, &tok) != nil {
+			writeStatus(w, http.StatusBadRequest, "BadRequest", "malformed continue token")
+			return
+		}
+	}
+	objs, rv, more := s.Store.page(k.Resource, sel, tok.After, limit)
+	if tok.RV != 0 {
+		rv = tok.RV
+	}
+	cont := ""
+	if more {
+		b, _ := json.Marshal(continueToken{RV: rv, After: objs[len(objs)-1].key()})
+		cont = base64.RawURLEncoding.EncodeToString(b)
+	}
+	var b bytes.Buffer
+	if s.o.NoKinds {
+		fmt.Fprintf(&b, `{"metadata":{"resourceVersion":"%d"`, rv)
+	} else {
+		fmt.Fprintf(&b, `{"kind":%q,"apiVersion":%q,"metadata":{"resourceVersion":"%d"`, k.Kind+"List", k.APIVersion(), rv)
+	}
+	if cont != "" {
+		fmt.Fprintf(&b, `,"continue":%q`, cont)
+	}
+	b.WriteString(`},"items":[`)
+	if c := s.codec(req); c != nil {
+		b.Reset()
+		fmt.Fprintf(&b, `{"kind":%q,"apiVersion":%q,"metadata":{"resourceVersion":"%d","continue":%q},"items":[`, k.Kind+"List", k.APIVersion(), rv, cont)
+		for i, o := range objs {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			b.Write(o.raw)
+		}
+		b.WriteString("]}")
+		s.writeEncoded(w, c, b.Bytes())
+		return
+	}
+	// The items are written as they are stored, not gathered first: a
+	// list of 100,000 pods is not copied twice.
+	w.Header().Set("Content-Type", "application/json")
+	w.Write(b.Bytes())
+	for i, o := range objs {
+		if i > 0 {
+			w.Write([]byte{','})
+		}
+		w.Write(o.raw)
+	}
+	w.Write([]byte("]}\n"))
+}
+
+// watch streams the collection's changes as watch events from the
+// resourceVersion asked for: after it (a number), or the whole
+// collection as ADDED first ("" or "0", or sendInitialEvents, then ended
+// by a BOOKMARK marked k8s.io/initial-events-end).
+func (s *Server) watch(w http.ResponseWriter, req *http.Request, r route, k Kind) {
+	s.count(s.counts, "watch "+k.Resource)
+	sel, err := selectorOf(req, r)
+	if err != nil {
+		if s.o.Log != nil {
+			s.o.Log.Error("fake API server: a watch asks what it cannot answer", "err", err, "query", req.URL.RawQuery)
+		}
+		writeStatus(w, http.StatusBadRequest, "BadRequest", err.Error())
+		return
+	}
+	s.mu.Lock()
+	gen := s.watchGen
+	s.mu.Unlock()
+	q := req.URL.Query()
+	bookmarks := q.Get("allowWatchBookmarks") == "true"
+	initial := q.Get("sendInitialEvents") == "true"
+	timeout := 30 * time.Minute
+	if n, err := strconv.Atoi(q.Get("timeoutSeconds")); err == nil && n > 0 {
+		timeout = time.Duration(n) * time.Second
+	}
+	ctx, cancel := context.WithTimeout(req.Context(), timeout)
+	defer cancel()
+	flusher, _ := w.(http.Flusher)
+	ew := &eventWriter{w: w, k: k, s: s, codec: s.codec(req)}
+	if ew.codec != nil {
+		w.Header().Set("Content-Type", ew.codec.ContentType+";stream=watch")
+	} else {
+		w.Header().Set("Content-Type", "application/json")
+	}
+	w.WriteHeader(http.StatusOK)
+
+	var from uint64
+	rvParam := q.Get("resourceVersion")
+	if initial || rvParam == "" || rvParam == "0" {
+		objs, rv, _ := s.Store.page(k.Resource, sel, "", 0)
+		for _, o := range objs {
+			ew.event("ADDED", o.raw)
+		}
+		from = rv
+		if initial {
+			ew.bookmark(rv, true)
+		}
+	} else if from, err = strconv.ParseUint(rvParam, 10, 64); err != nil {
+		ew.status(http.StatusBadRequest, "BadRequest", "malformed resourceVersion "+rvParam)
+		return
+	}
+	flush(flusher)
+	tick := time.NewTicker(s.o.Bookmark)
+	defer tick.Stop()
+	for {
+		if s.watchEnded(req.URL.Path, gen) {
+			return
+		}
+		entries, changed, gone := s.Store.since(from)
+		if gone {
+			ew.status(http.StatusGone, "Expired", fmt.Sprintf("too old resource version: %d", from))
+			flush(flusher)
+			return
+		}
+		for _, e := range entries {
+			if e.resource == k.Resource && sel.matches(e.obj) {
+				ew.event(e.typ, e.obj.raw)
+			}
+			from = e.obj.rv
+		}
+		if ew.err != nil {
+			return
+		}
+		flush(flusher)
+		select {
+		case <-ctx.Done():
+			return
+		case <-changed:
+		case <-tick.C:
+			if bookmarks {
+				ew.bookmark(s.Store.Current(), false)
+				flush(flusher)
+			}
+		}
+	}
+}
+
+func flush(f http.Flusher) {
+	if f != nil {
+		f.Flush()
+	}
+}
+
+// eventWriter writes watch events; err is the first write's failure.
+type eventWriter struct {
+	w     io.Writer
+	k     Kind
+	s     *Server
+	codec *Codec
+	err   error
+}
+
+func (e *eventWriter) write(b []byte) {
+	if e.err == nil {
+		_, e.err = e.w.Write(b)
+	}
+}
+
+func (e *eventWriter) send(typ string, obj []byte) {
+	if e.codec != nil {
+		b, err := e.codec.Event(typ, obj)
+		if err != nil {
+			e.err = errors.Join(e.err, err)
+			return
+		}
+		e.write(b)
+		return
+	}
+	var b bytes.Buffer
+	fmt.Fprintf(&b, `{"type":%q,"object":`, typ)
+	b.Write(obj)
+	b.WriteString("}\n")
+	e.write(b.Bytes())
+}
+
+func (e *eventWriter) event(typ string, raw []byte) {
+	if e.codec != nil {
+		e.send(typ, withKind(raw, e.k))
+		return
+	}
+	e.send(typ, e.s.withKind(raw, e.k))
+}
+
+func (e *eventWriter) bookmark(rv uint64, initialEnd bool) {
+	ann := ""
+	if initialEnd {
+		ann = `,"annotations":{"k8s.io/initial-events-end":"true"}`
+	}
+	e.send("BOOKMARK", fmt.Appendf(nil, `{"kind":%q,"apiVersion":%q,"metadata":{"resourceVersion":"%d"%s}}`,
+		e.k.Kind, e.k.APIVersion(), rv, ann))
+}
+
+func (e *eventWriter) status(code int, reason, msg string) {
+	b, _ := json.Marshal(statusBody(code, reason, msg))
+	e.send("ERROR", b)
+}
+
+func statusBody(code int, reason, msg string) map[string]any {
+	return map[string]any{"kind": "Status", "apiVersion": "v1", "metadata": map[string]any{},
+		"status": "Failure", "message": msg, "reason": reason, "code": code}
+}
+
+// WriteStatus answers a Status of code, as the API server fails; for
+// raw handlers.
+func WriteStatus(w http.ResponseWriter, code int, reason, msg string) {
+	writeStatus(w, code, reason, msg)
+}
+
+func writeStatus(w http.ResponseWriter, code int, reason, msg string) {
+	writeJSON(w, code, statusBody(code, reason, msg))
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	json.NewEncoder(w).Encode(v)
+}
