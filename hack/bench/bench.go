@@ -20,6 +20,7 @@ import (
 
 	"github.com/cni-usernet/cni-usernet/hack/bench/cgroup"
 	"github.com/cni-usernet/cni-usernet/hack/bench/procfs"
+	"github.com/cni-usernet/cni-usernet/hack/bench/report"
 	"github.com/cni-usernet/cni-usernet/hack/bench/runlog"
 )
 
@@ -27,22 +28,6 @@ const (
 	nodeNS   = "ub-node"
 	nsPrefix = "ub-" // every namespace the benchmark creates
 )
-
-// sample is one measured number.
-type sample struct {
-	Round  int     `json:"round"`
-	Config string  `json:"config"`
-	Metric string  `json:"metric"`
-	Value  float64 `json:"value"`
-}
-
-// failure is a workload that produced no number in one round.
-type failure struct {
-	Round    int    `json:"round"`
-	Config   string `json:"config"`
-	Workload string `json:"workload"`
-	Error    string `json:"error"`
-}
 
 // attachment is one pod attached through CNI.
 type attachment struct {
@@ -84,8 +69,8 @@ type bench struct {
 	started time.Time
 
 	mu         sync.Mutex // guards the fields below
-	samples    []sample
-	failures   []failure
+	samples    []report.Sample
+	failures   []report.Failure
 	skipped    map[string]string // configuration → why it did not run
 	atts       []*attachment
 	namespaces []string
@@ -131,14 +116,14 @@ func (b *bench) selected() []*config {
 func (b *bench) record(round int, cfg, metric string, v float64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.samples = append(b.samples, sample{round, cfg, metric, v})
+	b.samples = append(b.samples, report.Sample{Round: round, Config: cfg, Metric: metric, Value: v})
 }
 
 func (b *bench) fail(round int, cfg, workload string, err error) {
 	runlog.Logf("  %s %s: FAILED: %v", cfg, workload, err)
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.failures = append(b.failures, failure{round, cfg, workload, err.Error()})
+	b.failures = append(b.failures, report.Failure{Round: round, Config: cfg, Workload: workload, Error: err.Error()})
 }
 
 // run sets the topology up and runs every round. It returns an error only

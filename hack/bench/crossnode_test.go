@@ -3,9 +3,11 @@ package main
 import (
 	"slices"
 	"testing"
+
+	"github.com/cni-usernet/cni-usernet/hack/bench/report"
 )
 
-func names(cs []*config) []string {
+func names(cs []report.Row) []string {
 	var out []string
 	for _, c := range cs {
 		out = append(out, c.Name)
@@ -32,13 +34,16 @@ func TestCrossNodeSelection(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%v: %v", tc.args, err)
 		}
-		b := &bench{o: o}
-		got := names(b.crossRows())
+		d := (&bench{o: o}).reportData()
+		var got []string
+		if d.Cross != nil {
+			got = names(d.Cross.Rows)
+		}
 		if !slices.Equal(got, tc.want) {
 			t.Errorf("%v: cross-node rows %v, want %v", tc.args, got, tc.want)
 		}
-		if tc.only && len(b.podRows()) > 0 {
-			t.Errorf("%v: also selected %v", tc.args, names(b.podRows()))
+		if tc.only && len(d.PodRows) > 0 {
+			t.Errorf("%v: also selected %v", tc.args, names(d.PodRows))
 		}
 	}
 }
@@ -46,12 +51,12 @@ func TestCrossNodeSelection(t *testing.T) {
 // TestCrossNodeRatios: a cross-node row's ratios are to the kernel row
 // of its topology.
 func TestCrossNodeRatios(t *testing.T) {
-	b := &bench{samples: []sample{
-		{1, "kernel", "redis_set_krps", 100},
-		{1, "xnode-kernel", "redis_set_krps", 40},
-		{1, "xnode-usernet", "redis_set_krps", 10},
-		{1, "xnode-kernel-vxlan", "redis_set_krps", 50},
-		{1, "xnode-usernet-vxlan", "redis_set_krps", 20},
+	b := &bench{samples: []report.Sample{
+		{Round: 1, Config: "kernel", Metric: "redis_set_krps", Value: 100},
+		{Round: 1, Config: "xnode-kernel", Metric: "redis_set_krps", Value: 40},
+		{Round: 1, Config: "xnode-usernet", Metric: "redis_set_krps", Value: 10},
+		{Round: 1, Config: "xnode-kernel-vxlan", Metric: "redis_set_krps", Value: 50},
+		{Round: 1, Config: "xnode-usernet-vxlan", Metric: "redis_set_krps", Value: 20},
 	}}
 	cells := b.cells()
 	for cfg, want := range map[string]float64{"xnode-kernel": 1, "xnode-usernet": 0.25, "xnode-kernel-vxlan": 1, "xnode-usernet-vxlan": 0.4} {

@@ -5,41 +5,17 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
-	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/cni-usernet/cni-usernet/hack/bench/loadgen"
 	"github.com/cni-usernet/cni-usernet/hack/bench/procfs"
 	"github.com/cni-usernet/cni-usernet/hack/bench/runlog"
-	"github.com/cni-usernet/cni-usernet/pkg/agent/noderoutes"
 )
 
 // The cross-node rows' workloads: the servers in the pod on node B, the
 // load generators in the pod on node A, so that every byte crosses both
 // pods' stacks, both nodes and the link (or router) between them.
-
-// crossMetrics are the cross-node rows' columns. "a2b" is the pod on
-// node A sending (iperf3's client), "b2a" the pod on node B (-R). Stack
-// CPU is both pods' stacks together.
-var crossMetrics = []metric{
-	{"tcp_a2b_gbps", "TCP A→B", "Gbit/s", true, "Pod to pod", false},
-	{"tcp_b2a_gbps", "TCP B→A", "Gbit/s", true, "Pod to pod", false},
-	{"tcp_a2b_retrans", "retransmits A→B", "", false, "Pod to pod", false},
-	{"tcp_b2a_retrans", "retransmits B→A", "", false, "Pod to pod", false},
-	{"redis_set_krps", "redis SET", "k rps", true, "Pod to pod", false},
-	{"redis_get_krps", "redis GET", "k rps", true, "Pod to pod", false},
-	{"rr_p50_us", "TCP_RR p50", "µs", false, "Pod to pod", false},
-	{"rr_p99_us", "TCP_RR p99", "µs", false, "Pod to pod", false},
-	{"cpu_gb_a2b", "all CPUs, A→B", "core·s per GB", false, "CPU per unit of work", false},
-	{"cpu_gb_b2a", "all CPUs, B→A", "core·s per GB", false, "CPU per unit of work", false},
-	{"stack_cpu_gb_a2b", "both stacks, A→B", "core·s per GB", false, "CPU per unit of work", true},
-	{"stack_cpu_gb_b2a", "both stacks, B→A", "core·s per GB", false, "CPU per unit of work", true},
-	{"cpu_redis", "all CPUs, redis", "core·ms per 1k requests", false, "CPU per unit of work", false},
-	{"stack_cpu_redis", "both stacks, redis", "core·ms per 1k requests", false, "CPU per unit of work", true},
-	{"cpu_rr", "all CPUs, TCP_RR", "core·ms per 1k round trips", false, "CPU per unit of work", false},
-}
 
 // crossWorkloads runs every cross-node workload once, srv being the pod
 // on node B.
@@ -182,48 +158,4 @@ func (b *bench) crossRR(ctx context.Context, r int, srv *attachment) error {
 	}
 	runlog.Logf("  TCP_RR p50 %.1f µs, p99 %.1f µs (%d round trips)", res.P50US, res.P99US, res.N)
 	return nil
-}
-
-// crossRows are the cross-node configurations of the run.
-func (b *bench) crossRows() []*config {
-	var out []*config
-	for _, c := range b.selected() {
-		if c.CrossNode != "" {
-			out = append(out, c)
-		}
-	}
-	return out
-}
-
-// crossReport writes the cross-node section: a table per group, ratios to
-// the kernel row of the same topology.
-func (b *bench) crossReport(w *strings.Builder, cells map[string]map[string]*cell, rows []*config) {
-	fmt.Fprintf(w, "\n## Pod to pod across two nodes\n\n")
-	fmt.Fprintf(w, "Two node namespaces per row, a pod on each attached through the plugin (host-local: node A 10.199.64.0/24, node B 10.199.65.0/24); "+
-		"the servers in the pod on node B, the clients in the pod on node A. direct: the nodes on one veth (10.199.66.0/24), host-gw routes; "+
-		"vxlan: each node on its own /24 to a router namespace, pods across in kernel VXLAN (pod MTU %d). Kernel rows: ptp pods, routes made with ip as flannel makes them "+
-		"(vxlan: %s, VNI %d, port %d); usernet rows: the agent's noderoutes.Manager (vxlan: its device, VNI %d, port %d, and its port guard). "+
-		"Ratios to the kernel row of the same topology; stack CPU is both pods' stacks.\n",
-		xVXLANMTU, xFlannelDev, xFlannelVNI, xFlannelPort, noderoutes.DefaultVXLANVNI, noderoutes.DefaultVXLANPort)
-	var groups []string
-	for _, m := range crossMetrics {
-		if !slices.Contains(groups, m.Group) {
-			groups = append(groups, m.Group)
-		}
-	}
-	for _, g := range groups {
-		var ms []metric
-		for _, m := range crossMetrics {
-			if m.Group == g {
-				ms = append(ms, m)
-			}
-		}
-		fmt.Fprintf(w, "\n### %s\n\n", g)
-		b.table(w, cells, ms, rows)
-	}
-	for _, c := range rows {
-		if cl := cells[c.Name]["vxlan_gb"]; cl != nil {
-			fmt.Fprintf(w, "\n%s: %s GB crossed node A's VXLAN device in the whole run.\n", c.Name, fmtNum(cl.Max))
-		}
-	}
 }

@@ -3,6 +3,8 @@ package main
 import (
 	"reflect"
 	"testing"
+
+	"github.com/cni-usernet/cni-usernet/hack/bench/report"
 )
 
 func TestParseCPULimits(t *testing.T) {
@@ -27,11 +29,11 @@ func TestParseCPULimits(t *testing.T) {
 // A row under a limit is compared with the kernel veth under the same
 // limit, never with the unlimited kernel row.
 func TestLimitRatios(t *testing.T) {
-	b := &bench{samples: []sample{
-		{1, "kernel", "tcp_n2p_gbps", 20},
-		{1, "kernel@100m", "tcp_n2p_gbps", 4},
-		{1, "usernet-hardware@100m", "tcp_n2p_gbps", 1},
-		{1, "usernet-hardware", "tcp_n2p_gbps", 10},
+	b := &bench{samples: []report.Sample{
+		{Round: 1, Config: "kernel", Metric: "tcp_n2p_gbps", Value: 20},
+		{Round: 1, Config: "kernel@100m", Metric: "tcp_n2p_gbps", Value: 4},
+		{Round: 1, Config: "usernet-hardware@100m", Metric: "tcp_n2p_gbps", Value: 1},
+		{Round: 1, Config: "usernet-hardware", Metric: "tcp_n2p_gbps", Value: 10},
 	}}
 	cells := b.cells()
 	for _, c := range []struct {

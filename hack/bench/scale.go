@@ -11,6 +11,7 @@ import (
 
 	"github.com/cni-usernet/cni-usernet/hack/bench/loadgen"
 	"github.com/cni-usernet/cni-usernet/hack/bench/procfs"
+	"github.com/cni-usernet/cni-usernet/hack/bench/report"
 	"github.com/cni-usernet/cni-usernet/hack/bench/runlog"
 )
 
@@ -30,7 +31,7 @@ import (
 //     usernet-hardware.
 
 const (
-	scaleIdle   = "scale-idle"
+	scaleIdle   = report.ScaleIdleRow
 	scalePrefix = nsPrefix + "scale-"
 	// iperfMaxStreams is iperf3's limit on -P.
 	iperfMaxStreams = 128

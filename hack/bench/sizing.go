@@ -12,6 +12,7 @@ import (
 	"github.com/cni-usernet/cni-usernet/hack/bench/cgroup"
 	"github.com/cni-usernet/cni-usernet/hack/bench/loadgen"
 	"github.com/cni-usernet/cni-usernet/hack/bench/procfs"
+	"github.com/cni-usernet/cni-usernet/hack/bench/report"
 	"github.com/cni-usernet/cni-usernet/hack/bench/runlog"
 	"github.com/cni-usernet/cni-usernet/pkg/node/podcgroup"
 )
@@ -28,30 +29,7 @@ import (
 // pod cgroup it does not know, with its processes. The workloads' servers
 // stay outside it.
 
-const sizingRow = "sizing"
-
-// sizingPhase is one row of the sizing table.
-type sizingPhase struct{ Key, Label string }
-
-var sizingPhases = []sizingPhase{
-	{"idle", "idle, 5 s after ADD"},
-	{"n2p", "peak during iperf3 node→pod"},
-	{"p2n", "peak during iperf3 pod→node"},
-	{"redis", "peak during redis-benchmark SET/GET"},
-	{"after", "5 s after the traffic"},
-	{"settled", "after 50 s quiet (the stack has handed its free heap back)"},
-}
-
-// sizingQuantities are the sizing table's columns, metric suffixes.
-var sizingQuantities = []struct{ Key, Label string }{
-	{"rss", "RSS"},
-	{"rss_anon", "RSS anon"},
-	{"rss_file", "RSS file"},
-	{"charge", "pod cgroup charged"},
-	{"anon", "charged anon"},
-	{"file", "charged file"},
-	{"kernel", "charged kernel"},
-}
+const sizingRow = report.SizingRow
 
 func (b *bench) sizing(ctx context.Context, live []*attachment) {
 	i := slices.IndexFunc(live, func(a *attachment) bool { return a.Config == "usernet-hardware" })
