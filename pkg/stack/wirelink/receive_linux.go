@@ -109,7 +109,7 @@ func (l *pollLoop) run() {
 		// Nothing would read the socket any more: what it carries would be
 		// lost while the rest kept flowing (ENETDOWN: the interface went
 		// down, and the kernel unhooked the socket; nothing would arrive
-		// again). Stack.Failed.
+		// again). podstack.Stack.Failed.
 		l.failed(fmt.Errorf("%s: %w", l.what, err))
 		return
 	}
@@ -207,7 +207,7 @@ type linkReader struct {
 	gro gro.GRO
 	// busy hears of every batch read (nil: no busy polling).
 	busy *busypoll.Poller
-	// onBatch, when set, is called for every batch read (Stack.OnLinkBatch).
+	// onBatch, when set, is called for every batch read (Link.OnBatch).
 	onBatch atomic.Pointer[func()]
 
 	bufs [linkReadBatch]rxBuffer
