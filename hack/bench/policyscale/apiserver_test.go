@@ -11,42 +11,37 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
-	"strings"
 	"testing"
 	"time"
+
+	"github.com/cni-usernet/cni-usernet/test/lib/fakeapi"
 )
 
 // testServer serves a small cluster over HTTPS and returns a client that
 // trusts it, sending the token.
-func testServer(t *testing.T) (*apiServer, *cluster, func(path string) *http.Response) {
+func testServer(t *testing.T) (*fakeapi.Server, *cluster, func(path string) *http.Response) {
 	t.Helper()
 	c, err := newCluster(clusters["1k"])
 	if err != nil {
 		t.Fatal(err)
 	}
-	st := newStore()
-	if err := loadCluster(st, c); err != nil {
+	cert, caPEM, err := fakeapi.SelfSigned()
+	if err != nil {
 		t.Fatal(err)
 	}
-	cert, caPEM, err := selfSigned()
-	if err != nil {
+	api := fakeapi.NewTest(t, fakeapi.Options{Kinds: servedKinds(), Token: "tok", Cert: &cert, Bookmark: 50 * time.Millisecond, Log: slog.New(slog.DiscardHandler)})
+	if err := loadCluster(api.Store, c); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	api := newAPIServer(st, "tok", slog.New(slog.DiscardHandler))
-	api.bookmark = 50 * time.Millisecond
-	addr, err := api.serve(ctx, "127.0.0.1:0", cert)
-	if err != nil {
-		t.Fatal(err)
-	}
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(caPEM)
 	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}, ForceAttemptHTTP2: true}}
 	t.Cleanup(client.CloseIdleConnections)
 	get := func(path string) *http.Response {
 		t.Helper()
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+addr+path, nil)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, api.URL()+path, nil)
 		req.Header.Set("Authorization", "Bearer tok")
 		resp, err := client.Do(req)
 		if err != nil {
@@ -158,7 +153,7 @@ func TestGetAndUnknown(t *testing.T) {
 	if r := get("/apis/apps/v1/daemonsets"); r.StatusCode != http.StatusNotFound {
 		t.Errorf("daemonsets: status %d, want 404", r.StatusCode)
 	}
-	_, unknown, _ := api.counts()
+	_, unknown := api.Counts()
 	if unknown["GET /apis/apps/v1/daemonsets"] != 1 {
 		t.Errorf("unknown requests %v, want the daemonsets list counted", unknown)
 	}
@@ -215,7 +210,7 @@ func TestWatchFromResourceVersion(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := api.store.apply(ch); err != nil {
+	if _, err := api.Store.Put(ch.resource, ch.obj); err != nil {
 		t.Fatal(err)
 	}
 	resp := get("/apis/discovery.k8s.io/v1/endpointslices?watch=1&allowWatchBookmarks=true&resourceVersion=" + p.Metadata.ResourceVersion)
@@ -227,9 +222,9 @@ func TestWatchFromResourceVersion(t *testing.T) {
 	// Other collections' changes are not sent; this one's are, and
 	// bookmarks while nothing happens.
 	pc, _ := c.event(evLabel)
-	api.store.apply(pc)
+	api.Store.Put(pc.resource, pc.obj)
 	ch2, _ := c.event(evEndpoint)
-	rv2, _ := api.store.apply(ch2)
+	rv2, _ := api.Store.Put(ch2.resource, ch2.obj)
 	evs = readEvents(t, r, 2, 5*time.Second)
 	if evs[0]["type"] != "MODIFIED" || field(evs[0], "object", "metadata", "resourceVersion") != fmt.Sprint(rv2) {
 		t.Errorf("event %v, want the second EndpointSlice change at %d", evs[0], rv2)
@@ -251,64 +246,5 @@ func TestWatchInitialEvents(t *testing.T) {
 	last := evs[c.spec.Policies]
 	if last["type"] != "BOOKMARK" || field(last, "object", "metadata", "annotations", "k8s.io/initial-events-end") != "true" {
 		t.Errorf("after the initial events %v, want the initial-events-end BOOKMARK", last)
-	}
-}
-
-func TestWatchTooOld(t *testing.T) {
-	api, c, get := testServer(t)
-	ch, _ := c.event(evPolicy)
-	api.store.apply(ch)
-	resp := get("/api/v1/pods?watch=1&resourceVersion=1")
-	evs := readEvents(t, bufio.NewReader(resp.Body), 1, 5*time.Second)
-	if evs[0]["type"] != "ERROR" || !strings.Contains(field(evs[0], "object", "reason"), "Expired") {
-		t.Errorf("event %v, want ERROR Expired (410)", evs[0])
-	}
-}
-
-func TestUnauthorized(t *testing.T) {
-	_, _, get := testServer(t)
-	// The helper sends the token; a request without one is refused.
-	resp := get("/version")
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("/version: status %d", resp.StatusCode)
-	}
-	api := newAPIServer(newStore(), "tok", slog.New(slog.DiscardHandler))
-	rec := &recorder{header: http.Header{}}
-	req, _ := http.NewRequest(http.MethodGet, "/api/v1/pods", nil)
-	api.ServeHTTP(rec, req)
-	if rec.code != http.StatusUnauthorized {
-		t.Errorf("without a token: status %d, want 401", rec.code)
-	}
-}
-
-type recorder struct {
-	header http.Header
-	code   int
-	body   strings.Builder
-}
-
-func (r *recorder) Header() http.Header         { return r.header }
-func (r *recorder) Write(b []byte) (int, error) { return r.body.Write(b) }
-func (r *recorder) WriteHeader(code int)        { r.code = code }
-
-func TestParseRoute(t *testing.T) {
-	for _, tc := range []struct {
-		path string
-		want route
-		ok   bool
-	}{
-		{"/api/v1/pods", route{version: "v1", resource: "pods"}, true},
-		{"/api/v1/namespaces", route{version: "v1", resource: "namespaces"}, true},
-		{"/api/v1/namespaces/ns-1", route{version: "v1", resource: "namespaces", name: "ns-1"}, true},
-		{"/api/v1/namespaces/ns-1/pods/p", route{version: "v1", ns: "ns-1", resource: "pods", name: "p"}, true},
-		{"/api/v1/namespaces/ns-1/events", route{version: "v1", ns: "ns-1", resource: "events"}, true},
-		{"/apis/discovery.k8s.io/v1/endpointslices", route{group: "discovery.k8s.io", version: "v1", resource: "endpointslices"}, true},
-		{"/api/v1/nodes/n/status", route{}, false},
-		{"/healthz", route{}, false},
-	} {
-		got, ok := parseRoute(tc.path)
-		if ok != tc.ok || (ok && got != tc.want) {
-			t.Errorf("parseRoute(%q) = %+v, %t; want %+v, %t", tc.path, got, ok, tc.want, tc.ok)
-		}
 	}
 }

@@ -1,11 +1,15 @@
 package main
 
 import (
+	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/cni-usernet/cni-usernet/test/lib/fakeapi"
 )
 
 func TestClusterShape(t *testing.T) {
@@ -121,60 +125,26 @@ func TestEvents(t *testing.T) {
 	}
 }
 
-// An injected change reaches the store with a new resourceVersion and the
-// log a watch resumes from.
+// An injected change reaches the store with a new resourceVersion.
 func TestStoreApply(t *testing.T) {
 	c, _ := newCluster(clusters["1k"])
-	st := newStore()
+	api, err := fakeapi.New(fakeapi.Options{Plain: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := api.Store
 	if err := loadCluster(st, c); err != nil {
 		t.Fatal(err)
 	}
-	before := st.current()
+	before := st.Current()
 	ch, _ := c.event(evPodAdded)
-	rv, err := st.apply(ch)
+	rv, err := st.Put(ch.resource, ch.obj)
 	if err != nil || rv != before+1 {
-		t.Fatalf("apply: rv %d, %v; want %d", rv, err, before+1)
+		t.Fatalf("Put: rv %d, %v; want %d", rv, err, before+1)
 	}
-	entries, _, _, gone := st.since(before, 0)
-	if gone || len(entries) != 1 || entries[0].obj.name != ch.obj.meta().Name {
-		t.Errorf("since %d: %d entries (gone %t), want the pod added", before, len(entries), gone)
-	}
-	if _, _, _, gone := st.since(before-1, 0); !gone {
-		t.Errorf("since a version before the load: not gone")
-	}
-	if o := st.get("pods", ch.obj.meta().Namespace, ch.obj.meta().Name); o == nil || o.rv != rv {
-		t.Errorf("get the added pod: %v", o)
-	}
-}
-
-func TestSelectorParse(t *testing.T) {
-	o := &stored{ns: "a", name: "p", nodeName: "n1", labels: map[string]string{"app": "x", "tier": "frontend"}}
-	for sel, want := range map[string]bool{
-		"app=x": true, "app==x": true, "app!=x": false, "app=y": false, "tier": true, "!tier": false,
-		"missing": false, "!missing": true, "app=x,tier=frontend": true, "app=x,tier=backend": false,
-	} {
-		s, err := newSelector("", "", sel)
-		if err != nil {
-			t.Fatalf("%q: %v", sel, err)
-		}
-		if got := s.matches(o); got != want {
-			t.Errorf("labelSelector %q: %t, want %t", sel, got, want)
-		}
-	}
-	for sel, want := range map[string]bool{"spec.nodeName=n1": true, "spec.nodeName!=n1": false, "metadata.name=p,metadata.namespace=a": true} {
-		s, err := newSelector("", sel, "")
-		if err != nil {
-			t.Fatalf("%q: %v", sel, err)
-		}
-		if got := s.matches(o); got != want {
-			t.Errorf("fieldSelector %q: %t, want %t", sel, got, want)
-		}
-	}
-	if _, err := newSelector("", "", "app in (x,y)"); err == nil {
-		t.Errorf("a set-based selector: no error, want it refused")
-	}
-	if _, err := newSelector("", "status.phase=Running", ""); err == nil {
-		t.Errorf("an unserved field: no error")
+	m := ch.obj.meta()
+	if m.ResourceVersion != fmt.Sprint(rv) || !strings.Contains(string(st.Get("pods", m.Namespace, m.Name)), `"resourceVersion":"`+m.ResourceVersion+`"`) {
+		t.Errorf("the added pod: %s, want it at %d", st.Get("pods", m.Namespace, m.Name), rv)
 	}
 }
 

@@ -28,7 +28,7 @@ const (
 // eventKinds are the events in the order they run and are reported.
 var eventKinds = []string{evLabel, evPodAdded, evEndpoint, evPolicy}
 
-// change is one object to write to the API server's store.
+// change is one object to Put in the API server's store.
 type change struct {
 	resource string // as the API paths name it: "pods"
 	typ      string // ADDED or MODIFIED

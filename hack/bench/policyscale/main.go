@@ -19,13 +19,17 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/cni-usernet/cni-usernet/test/lib/fakeapi"
 )
 
 // clusters are the sizes the benchmark knows, by name.
@@ -127,7 +131,7 @@ func run(args []string) error {
 	tok := make([]byte, 16)
 	rand.Read(tok)
 	token := hex.EncodeToString(tok)
-	cert, caPEM, err := selfSigned()
+	cert, caPEM, err := fakeapi.SelfSigned()
 	if err != nil {
 		return err
 	}
@@ -202,17 +206,21 @@ func runOne(ctx context.Context, o *options, cname string, b build, token string
 	if err != nil {
 		return nil, err
 	}
-	st := newStore()
+	api, err := fakeapi.New(fakeapi.Options{Kinds: servedKinds(), Token: token, Cert: &cert, Log: log})
+	if err != nil {
+		return nil, err
+	}
+	st := api.Store
 	if err := loadCluster(st, c); err != nil {
 		return nil, err
 	}
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	api := newAPIServer(st, token, log)
-	addr, err := api.serve(rctx, "127.0.0.1:0", cert)
-	if err != nil {
+	if err := api.Start(); err != nil {
 		return nil, err
 	}
+	defer api.Close()
+	addr := strings.TrimPrefix(api.URL(), "https://")
 	stacks := &fakeStacks{}
 	var locals []localAttachment
 	for i, j := range c.local {
@@ -267,32 +275,48 @@ func runOne(ctx context.Context, o *options, cname string, b build, token string
 	if _, err := agent.heapProfile(filepath.Join(o.out, "logs", fmt.Sprintf("heap-%s-%s-end.pb.gz", cname, b.name))); err != nil {
 		return nil, err
 	}
-	reqs, unknown, evs := api.counts()
-	res.requests, res.unknown, res.evPosted = sortedCounts(reqs), sortedCounts(unknown), evs
+	reqs, unknown := api.Counts()
+	res.requests, res.unknown, res.evPosted = sortedCounts(reqs), sortedCounts(unknown), len(api.Events())
 	res.took = time.Since(start)
 	return res, nil
 }
 
+// servedKinds are the collections the cluster fills: any other (a
+// DaemonSet the agent looks for) is answered 404, and shows in the
+// report as an unknown request.
+func servedKinds() []fakeapi.Kind {
+	return slices.DeleteFunc(slices.Clone(fakeapi.Kinds), func(k fakeapi.Kind) bool { return k.Resource == "daemonsets" })
+}
+
 // loadCluster puts the cluster's objects in the store.
-func loadCluster(st *store, c *cluster) error {
+func loadCluster(st *fakeapi.Store, c *cluster) error {
 	for _, l := range []struct {
 		res  string
-		objs []object
+		objs []any
 	}{
 		{"nodes", objs(c.Nodes)}, {"namespaces", objs(c.NSes)}, {"pods", objs(c.Pods)},
 		{"services", objs(c.Svcs)}, {"endpointslices", objs(c.Slices)}, {"networkpolicies", objs(c.Pols)},
 	} {
-		if err := st.load(l.res, l.objs...); err != nil {
+		if err := st.Load(l.res, l.objs...); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-func objs[T object](in []T) []object {
-	out := make([]object, len(in))
+func objs[T object](in []T) []any {
+	out := make([]any, len(in))
 	for i, o := range in {
 		out[i] = o
 	}
 	return out
+}
+
+// sortedCounts renders counters as "k=n" in key order, for the report.
+func sortedCounts(m map[string]int) string {
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		parts = append(parts, fmt.Sprintf("%s=%d", k, m[k]))
+	}
+	return strings.Join(parts, ", ")
 }

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"sort"
 	"time"
+
+	"github.com/cni-usernet/cni-usernet/test/lib/fakeapi"
 )
 
 // meter measures one agent against one fake cluster: its CPU, the pushes
@@ -175,7 +177,7 @@ type eventResult struct {
 }
 
 // runEvent injects reps events of kind and measures each.
-func (m *meter) runEvent(ctx context.Context, c *cluster, st *store, kind string, reps int, timeout time.Duration) (eventResult, error) {
+func (m *meter) runEvent(ctx context.Context, c *cluster, st *fakeapi.Store, kind string, reps int, timeout time.Duration) (eventResult, error) {
 	r := eventResult{kind: kind, settled: true}
 	if err := m.measureIdle(ctx, 2*time.Second); err != nil {
 		return r, err
@@ -191,7 +193,7 @@ func (m *meter) runEvent(ctx context.Context, c *cluster, st *store, kind string
 		if err != nil {
 			return r, err
 		}
-		if _, err := st.apply(ch); err != nil {
+		if _, err := st.Put(ch.resource, ch.obj); err != nil {
 			return r, err
 		}
 		w, err := m.settle(ctx, s0, p0, 0, timeout)

@@ -179,6 +179,17 @@ func (o *node) meta() *objectMeta          { return &o.Metadata }
 // object is one API object the server stores.
 type object interface{ meta() *objectMeta }
 
+// SetResourceVersion lets the fake API server's store version an object
+// before it encodes it, once.
+func (m *objectMeta) SetResourceVersion(rv string) { m.ResourceVersion = rv }
+
+func (o *namespace) SetResourceVersion(rv string)     { o.Metadata.SetResourceVersion(rv) }
+func (o *pod) SetResourceVersion(rv string)           { o.Metadata.SetResourceVersion(rv) }
+func (o *service) SetResourceVersion(rv string)       { o.Metadata.SetResourceVersion(rv) }
+func (o *endpointSlice) SetResourceVersion(rv string) { o.Metadata.SetResourceVersion(rv) }
+func (o *networkPolicy) SetResourceVersion(rv string) { o.Metadata.SetResourceVersion(rv) }
+func (o *node) SetResourceVersion(rv string)          { o.Metadata.SetResourceVersion(rv) }
+
 // nodeNameOf is the spec.nodeName field selectors on pods compare.
 func nodeNameOf(o object) string {
 	if p, ok := o.(*pod); ok {

@@ -147,26 +147,6 @@ func TestListSelectors(t *testing.T) {
 	}
 }
 
-func TestSelectorParse(t *testing.T) {
-	o := &stored{ns: "a", name: "p", nodeName: "n1", labels: map[string]string{"app": "x", "tier": "frontend"}}
-	for sel, want := range map[string]bool{"app=x": true, "app==x": true, "app!=x": false, "app": true, "!app": false,
-		"missing": false, "!missing": true, "app=x,tier=frontend": true, "app=x,tier=backend": false} {
-		s, err := newSelector("", "", sel)
-		if err != nil || s.matches(o) != want {
-			t.Errorf("labelSelector %q: matches %t (%v), want %t", sel, s.matches(o), err, want)
-		}
-	}
-	for sel, want := range map[string]bool{"spec.nodeName=n1": true, "spec.nodeName!=n1": false, "metadata.name=p": true, "metadata.namespace=b": false} {
-		s, err := newSelector("", sel, "")
-		if err != nil || s.matches(o) != want {
-			t.Errorf("fieldSelector %q: matches %t (%v), want %t", sel, s.matches(o), err, want)
-		}
-	}
-	if _, err := newSelector("", "status.phase=Running", ""); err == nil {
-		t.Error("an unserved field: no error")
-	}
-}
-
 func TestGetAndUnknown(t *testing.T) {
 	s, get := testServer(t)
 	var got struct {
