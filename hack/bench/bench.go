@@ -1,13 +1,10 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -21,6 +18,7 @@ import (
 	"github.com/cni-usernet/cni-usernet/hack/bench/cgroup"
 	"github.com/cni-usernet/cni-usernet/hack/bench/procfs"
 	"github.com/cni-usernet/cni-usernet/hack/bench/report"
+	"github.com/cni-usernet/cni-usernet/hack/bench/rig"
 	"github.com/cni-usernet/cni-usernet/hack/bench/runlog"
 )
 
@@ -66,6 +64,7 @@ type bench struct {
 	self    string // this executable, re-executed for the helper roles
 	tmp     string // IPAM data, libcni cache, plugin state, server files
 	logs    string // server and plugin logs, kept with the results
+	rig     *rig.Rig
 	started time.Time
 
 	mu         sync.Mutex // guards the fields below
@@ -73,8 +72,6 @@ type bench struct {
 	failures   []report.Failure
 	skipped    map[string]string // configuration → why it did not run
 	atts       []*attachment
-	namespaces []string
-	procs      map[*proc]bool
 	scaleUp    string     // conflist of the scale section's pods while they are attached
 	peerNodeUp bool       // peerVeth exists in the node namespace
 	cgfs       *cgroup.FS // the hierarchies, once the limits or sizing section found them
@@ -93,8 +90,8 @@ func newBench(o options) (*bench, error) {
 		return nil, err
 	}
 	return &bench{
-		o: o, self: self, tmp: tmp, logs: filepath.Join(o.Out, "logs"),
-		skipped: map[string]string{}, procs: map[*proc]bool{},
+		o: o, self: self, tmp: tmp, logs: filepath.Join(o.Out, "logs"), rig: rig.New(filepath.Join(o.Out, "logs")),
+		skipped: map[string]string{},
 	}, nil
 }
 
@@ -214,7 +211,7 @@ func roundOrder[T any](rows []T, r int) []T {
 
 // setupNode creates the node namespace and the server files.
 func (b *bench) setupNode(ctx context.Context) error {
-	out, err := b.output(ctx, 10*time.Second, "", "ip", "netns", "list")
+	out, err := rig.Output(ctx, 10*time.Second, "", "ip", "netns", "list")
 	if err != nil {
 		return err
 	}
@@ -231,7 +228,7 @@ func (b *bench) setupNode(ctx context.Context) error {
 			fs.Sweep()
 		}
 	}
-	if err := b.addNS(ctx, nodeNS); err != nil {
+	if err := b.rig.AddNS(ctx, nodeNS); err != nil {
 		return err
 	}
 	www := filepath.Join(b.tmp, "www")
@@ -243,41 +240,6 @@ func (b *bench) setupNode(ctx context.Context) error {
 		blob[i] = byte(i*7 + i>>13) // not all zero, not worth compressing anyway
 	}
 	return os.WriteFile(filepath.Join(www, "10m.bin"), blob, 0o644)
-}
-
-func (b *bench) addNS(ctx context.Context, name string) error {
-	// Cleanup owns the name before it exists: an `ip netns add` ended by
-	// its timeout on a loaded machine can leave the namespace behind.
-	b.mu.Lock()
-	b.namespaces = append(b.namespaces, name)
-	b.mu.Unlock()
-	if _, err := b.output(ctx, 30*time.Second, "", "ip", "netns", "add", name); err != nil {
-		return err
-	}
-	_, err := b.output(ctx, 10*time.Second, "", "ip", "-n", name, "link", "set", "lo", "up")
-	return err
-}
-
-// delNS ends the processes left in a namespace the benchmark created (by
-// pid: servers, stacks a failed DEL left behind) and deletes it.
-func (b *bench) delNS(ctx context.Context, name string) {
-	for range 3 {
-		out, _ := b.output(ctx, 10*time.Second, "", "ip", "netns", "pids", name)
-		pids := strings.Fields(string(out))
-		if len(pids) == 0 {
-			break
-		}
-		runlog.Logf("ending processes left in %s: %s", name, strings.Join(pids, " "))
-		for _, p := range pids {
-			if pid, err := strconv.Atoi(p); err == nil && pid > 1 {
-				_ = syscall.Kill(pid, syscall.SIGKILL)
-			}
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	if _, err := b.output(ctx, 10*time.Second, "", "ip", "netns", "del", name); err != nil {
-		runlog.Logf("cleanup: %v", err)
-	}
 }
 
 // cniArgs is the command line of the libcni helper, run in the node namespace.
@@ -330,12 +292,12 @@ func (b *bench) attach(ctx context.Context, c *config) (*attachment, error) {
 
 	for _, e := range []struct{ ns, dev string }{{nodeNS, a.HostVeth}, {a.NS, "eth0"}} {
 		if c.NoOffload {
-			if _, err := b.output(ctx, 10*time.Second, e.ns, "ethtool", "-K", e.dev, "tso", "off", "gso", "off", "sg", "off"); err != nil {
+			if _, err := rig.Output(ctx, 10*time.Second, e.ns, "ethtool", "-K", e.dev, "tso", "off", "gso", "off", "sg", "off"); err != nil {
 				return nil, err
 			}
 		}
 		if c.GSOMaxSegs > 0 {
-			if _, err := b.output(ctx, 10*time.Second, "", "ip", "-n", e.ns, "link", "set", "dev", e.dev, "gso_max_segs", strconv.Itoa(c.GSOMaxSegs)); err != nil {
+			if _, err := rig.Output(ctx, 10*time.Second, "", "ip", "-n", e.ns, "link", "set", "dev", e.dev, "gso_max_segs", strconv.Itoa(c.GSOMaxSegs)); err != nil {
 				return nil, err
 			}
 		}
@@ -368,7 +330,7 @@ func (b *bench) register(ctx context.Context, a *attachment, conf []byte, name s
 	if err := os.WriteFile(a.ConfPath, conf, 0o644); err != nil {
 		return err
 	}
-	if err := b.addNS(ctx, a.NS); err != nil {
+	if err := b.rig.AddNS(ctx, a.NS); err != nil {
 		return err
 	}
 	b.mu.Lock()
@@ -379,7 +341,7 @@ func (b *bench) register(ctx context.Context, a *attachment, conf []byte, name s
 
 // cniAdd runs ADD for a and reads its address and host veth from the result.
 func (b *bench) cniAdd(ctx context.Context, a *attachment, args ...string) (*current.Result, error) {
-	out, err := b.output(ctx, 2*time.Minute, a.nodeNS(), b.cniArgsFor(a.cfg, "add", a.ConfPath, args...)...)
+	out, err := rig.Output(ctx, 2*time.Minute, a.nodeNS(), b.cniArgsFor(a.cfg, "add", a.ConfPath, args...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -409,15 +371,14 @@ func (b *bench) cniAdd(ctx context.Context, a *attachment, args ...string) (*cur
 func (b *bench) detach(a *attachment) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	_, err := b.output(ctx, time.Minute, a.nodeNS(), b.cniArgsFor(a.cfg, "del", a.ConfPath, "--id", a.ID, "--netns", "/run/netns/"+a.NS)...)
+	_, err := rig.Output(ctx, time.Minute, a.nodeNS(), b.cniArgsFor(a.cfg, "del", a.ConfPath, "--id", a.ID, "--netns", "/run/netns/"+a.NS)...)
 	if err != nil {
 		return fmt.Errorf("DEL %s: %w", a.ID, err)
 	}
-	b.delNS(ctx, a.NS)
+	b.rig.RemoveNS(ctx, a.NS)
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.atts = slices.DeleteFunc(b.atts, func(x *attachment) bool { return x == a })
-	b.namespaces = slices.DeleteFunc(b.namespaces, func(s string) bool { return s == a.NS })
 	return nil
 }
 
@@ -460,7 +421,7 @@ func checkGSO(c *config, st stackStatus) error {
 }
 
 func (b *bench) stackStatus(ctx context.Context, a *attachment) (stackStatus, error) {
-	out, err := b.output(ctx, 20*time.Second, a.nodeNS(), filepath.Join(b.o.BinDir, "cni-usernet"), "status", "--json", "--state-dir", b.stateDir(a))
+	out, err := rig.Output(ctx, 20*time.Second, a.nodeNS(), filepath.Join(b.o.BinDir, "cni-usernet"), "status", "--json", "--state-dir", b.stateDir(a))
 	if err != nil {
 		return stackStatus{}, err
 	}
@@ -489,7 +450,7 @@ func (b *bench) cleanup() {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	b.mu.Lock()
-	procs, atts, nss, scaleConf := b.procs, b.atts, b.namespaces, b.scaleUp
+	atts, scaleConf := b.atts, b.scaleUp
 	b.mu.Unlock()
 	if scaleConf != "" {
 		b.scaleDown(ctx, scaleConf)
@@ -497,15 +458,13 @@ func (b *bench) cleanup() {
 	for _, a := range atts {
 		b.stopPeer(ctx, a)
 	}
-	for p := range procs {
-		b.stop(p)
-	}
+	b.rig.StopAll()
 	for i := len(atts) - 1; i >= 0; i-- {
 		a := atts[i]
 		if a.ConfPath == "" { // a tap peer: no CNI attachment
 			continue
 		}
-		if _, err := b.output(ctx, time.Minute, a.nodeNS(), b.cniArgsFor(a.cfg, "del", a.ConfPath, "--id", a.ID, "--netns", "/run/netns/"+a.NS)...); err != nil {
+		if _, err := rig.Output(ctx, time.Minute, a.nodeNS(), b.cniArgsFor(a.cfg, "del", a.ConfPath, "--id", a.ID, "--netns", "/run/netns/"+a.NS)...); err != nil {
 			runlog.Logf("cleanup: DEL %s: %v", a.ID, err)
 		}
 		if a.cfg.usernet() && a.StackPID > 0 && procfs.Running(a.StackPID) && strings.Contains(procfs.Cmdline(a.StackPID), "cni-usernet") {
@@ -513,9 +472,7 @@ func (b *bench) cleanup() {
 			_ = syscall.Kill(a.StackPID, syscall.SIGKILL)
 		}
 	}
-	for i := len(nss) - 1; i >= 0; i-- { // pods first, the node last
-		b.delNS(ctx, nss[i])
-	}
+	b.rig.RemoveAllNS(ctx)
 	if b.cgfs != nil {
 		b.cgfs.Sweep()
 	}
@@ -530,115 +487,4 @@ func (b *bench) cleanup() {
 	if err := os.RemoveAll(b.tmp); err != nil {
 		runlog.Logf("cleanup: %v", err)
 	}
-}
-
-// proc is a long-running server started by the benchmark.
-type proc struct {
-	cmd  *exec.Cmd
-	log  string
-	done chan struct{} // closed when the process has exited
-}
-
-// command builds argv to run inside namespace ns ("" for the current one),
-// in its own process group so that everything it forks can be ended. The
-// CNI role enters the namespace with nsenter, in this mount namespace: ip
-// netns exec gives its command a mount namespace of its own, where the
-// plugin's pin of a stack's namespace would vanish with the command.
-func command(ctx context.Context, ns string, argv ...string) *exec.Cmd {
-	switch {
-	case ns != "" && len(argv) > 1 && argv[1] == "cni":
-		argv = append([]string{"nsenter", "--net=/var/run/netns/" + ns}, argv...)
-	case ns != "":
-		argv = append([]string{"ip", "netns", "exec", ns}, argv...)
-	}
-	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	cmd.WaitDelay = 5 * time.Second // a grandchild holding our pipes must not hang us
-	return cmd
-}
-
-// output runs argv in ns, bounded by timeout, and returns its stdout.
-func (b *bench) output(ctx context.Context, timeout time.Duration, ns string, argv ...string) ([]byte, error) {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	cmd := command(ctx, ns, argv...)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		if ctx.Err() != nil {
-			err = fmt.Errorf("%w (%v)", err, ctx.Err())
-		}
-		return stdout.Bytes(), fmt.Errorf("%s: %w: %s", shortCmd(argv), err, runlog.Tail(stderr.String()+stdout.String(), 600))
-	}
-	return stdout.Bytes(), nil
-}
-
-func shortCmd(argv []string) string {
-	s := strings.Join(argv, " ")
-	if len(s) > 160 {
-		s = s[:160] + "…"
-	}
-	return s
-}
-
-// start launches a server in ns, logging to logs/<name>.log.
-func (b *bench) start(ns, name string, argv ...string) (*proc, error) {
-	p := &proc{log: filepath.Join(b.logs, name+".log"), done: make(chan struct{})}
-	f, err := os.Create(p.log)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	p.cmd = command(context.Background(), ns, argv...)
-	p.cmd.Stdout, p.cmd.Stderr = f, f
-	if err := p.cmd.Start(); err != nil {
-		return nil, err
-	}
-	b.mu.Lock()
-	b.procs[p] = true
-	b.mu.Unlock()
-	go func() { _ = p.cmd.Wait(); close(p.done) }()
-	return p, nil
-}
-
-// stop ends a server and everything in its process group; nil is a server
-// that lives as long as its pod (runsc's).
-func (b *bench) stop(p *proc) {
-	if p == nil {
-		return
-	}
-	b.mu.Lock()
-	delete(b.procs, p)
-	b.mu.Unlock()
-	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(3 * time.Second):
-		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
-		<-p.done
-	}
-	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL) // workers that outlived their master
-}
-
-// waitListen waits until something listens on TCP port in ns (checked with
-// ss inside the namespace, so no probe connection disturbs the server).
-func (b *bench) waitListen(ctx context.Context, p *proc, ns string, port int) error {
-	deadline := time.Now().Add(15 * time.Second)
-	for time.Now().Before(deadline) {
-		select {
-		case <-p.done:
-			raw, _ := os.ReadFile(p.log)
-			return fmt.Errorf("server exited: %s", runlog.Tail(string(raw), 600))
-		case <-ctx.Done():
-			return ctx.Err()
-		default:
-		}
-		out, err := b.output(ctx, 5*time.Second, ns, "ss", "-Htln", "sport", "=", fmt.Sprintf(":%d", port))
-		if err == nil && len(bytes.TrimSpace(out)) > 0 {
-			return nil
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	return errors.New("server did not listen within 15s")
 }

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cni-usernet/cni-usernet/hack/bench/rig"
 	"github.com/cni-usernet/cni-usernet/hack/bench/runlog"
 	"github.com/cni-usernet/cni-usernet/pkg/agent/noderoutes"
 )
@@ -142,7 +143,7 @@ func (b *bench) crossTopology(ctx context.Context, c *config, nodes [2]xnode) er
 		}
 	}
 	for _, ns := range nss {
-		if err := b.addNS(ctx, ns); err != nil {
+		if err := b.rig.AddNS(ctx, ns); err != nil {
 			return err
 		}
 		cmds = append(cmds, []string{ns, "sysctl", "-qw", "net.ipv4.ip_forward=1"})
@@ -153,7 +154,7 @@ func (b *bench) crossTopology(ctx context.Context, c *config, nodes [2]xnode) er
 // runIn runs each {namespace, argv...} in turn.
 func (b *bench) runIn(ctx context.Context, cmds [][]string) error {
 	for _, cmd := range cmds {
-		if _, err := b.output(ctx, 10*time.Second, cmd[0], cmd[1:]...); err != nil {
+		if _, err := rig.Output(ctx, 10*time.Second, cmd[0], cmd[1:]...); err != nil {
 			return err
 		}
 	}
@@ -214,7 +215,7 @@ func (b *bench) agentRoutes(ctx context.Context, c *config, nodes [2]xnode) erro
 		podMTU = c.MTU
 	}
 	for _, n := range nodes {
-		out, err := b.output(ctx, 30*time.Second, n.NS, b.self, "noderoutes", "--self", n.Name, "--nodes", string(raw), "--pod-mtu", strconv.Itoa(podMTU))
+		out, err := rig.Output(ctx, 30*time.Second, n.NS, b.self, "noderoutes", "--self", n.Name, "--nodes", string(raw), "--pod-mtu", strconv.Itoa(podMTU))
 		if err != nil {
 			return err
 		}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/cni-usernet/cni-usernet/hack/bench/loadgen"
 	"github.com/cni-usernet/cni-usernet/hack/bench/procfs"
+	"github.com/cni-usernet/cni-usernet/hack/bench/rig"
 	"github.com/cni-usernet/cni-usernet/hack/bench/runlog"
 )
 
@@ -37,7 +38,7 @@ func (b *bench) crossWorkloads(ctx context.Context, r int, srv *attachment) {
 // vxlanBytes records the bytes node A's VXLAN device has carried so far:
 // the proof that the pods' traffic took the tunnel.
 func (b *bench) vxlanBytes(ctx context.Context, r int, srv *attachment) {
-	out, err := b.output(ctx, 5*time.Second, srv.client.Node, "ip", "-j", "-s", "link", "show", "type", "vxlan")
+	out, err := rig.Output(ctx, 5*time.Second, srv.client.Node, "ip", "-j", "-s", "link", "show", "type", "vxlan")
 	if err != nil {
 		b.fail(r, srv.Config, "vxlan counters", err)
 		return
@@ -72,7 +73,7 @@ func (b *bench) crossIperf(ctx context.Context, r int, srv *attachment) error {
 	if err != nil {
 		return err
 	}
-	defer b.stop(p)
+	defer b.rig.Stop(p)
 	stack := srv.cfg.usernet()
 	secs := strconv.Itoa(int(b.o.IperfTime.Seconds()))
 	for _, dir := range []string{"a2b", "b2a"} {
@@ -81,7 +82,7 @@ func (b *bench) crossIperf(ctx context.Context, r int, srv *attachment) error {
 			argv = append(argv, "-R")
 		}
 		sys0, stack0 := procfs.SystemCPU(), stacksCPU(srv)
-		out, err := b.output(ctx, b.o.IperfTime+30*time.Second, srv.client.NS, argv...)
+		out, err := rig.Output(ctx, b.o.IperfTime+30*time.Second, srv.client.NS, argv...)
 		sysS, stackS := procfs.SystemCPU()-sys0, stacksCPU(srv)-stack0
 		gbps, retrans, bytes, perr := loadgen.ParseIperf(out)
 		if perr != nil {
@@ -109,9 +110,9 @@ func (b *bench) crossRedis(ctx context.Context, r int, srv *attachment) error {
 	if err != nil {
 		return err
 	}
-	defer b.stop(p)
+	defer b.rig.Stop(p)
 	sys0, stack0 := procfs.SystemCPU(), stacksCPU(srv)
-	out, err := b.output(ctx, 5*time.Minute, srv.client.NS, "redis-benchmark", "-h", srv.IP, "-p", strconv.Itoa(redisPort),
+	out, err := rig.Output(ctx, 5*time.Minute, srv.client.NS, "redis-benchmark", "-h", srv.IP, "-p", strconv.Itoa(redisPort),
 		"-n", strconv.Itoa(b.o.RedisN), "-t", "set,get", "--csv")
 	sysS, stackS := procfs.SystemCPU()-sys0, stacksCPU(srv)-stack0
 	if err != nil {
@@ -139,9 +140,9 @@ func (b *bench) crossRR(ctx context.Context, r int, srv *attachment) error {
 	if err != nil {
 		return err
 	}
-	defer b.stop(p)
+	defer b.rig.Stop(p)
 	sys0 := procfs.SystemCPU()
-	out, err := b.output(ctx, b.o.RRTime+time.Minute, srv.client.NS, b.self, "rr-client",
+	out, err := rig.Output(ctx, b.o.RRTime+time.Minute, srv.client.NS, b.self, "rr-client",
 		"-addr", net.JoinHostPort(srv.IP, strconv.Itoa(rrPort)), "-time", b.o.RRTime.String())
 	sysS := procfs.SystemCPU() - sys0
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 	"github.com/cni-usernet/cni-usernet/hack/bench/cgroup"
 	"github.com/cni-usernet/cni-usernet/hack/bench/loadgen"
 	"github.com/cni-usernet/cni-usernet/hack/bench/procfs"
+	"github.com/cni-usernet/cni-usernet/hack/bench/rig"
 	"github.com/cni-usernet/cni-usernet/hack/bench/runlog"
 )
 
@@ -212,23 +213,23 @@ func (b *bench) underLimit(ctx context.Context, r int, fs *cgroup.FS, l cpuLimit
 
 // serveLimited starts a server in the pod and moves it, with anything it
 // forked, into the pod's server cgroup before any client connects.
-func (b *bench) serveLimited(ctx context.Context, r int, row string, a *attachment, pc podCgroup, name string, port int, argv ...string) (*proc, error) {
+func (b *bench) serveLimited(ctx context.Context, r int, row string, a *attachment, pc podCgroup, name string, port int, argv ...string) (*rig.Proc, error) {
 	p, err := b.serve(ctx, r, a, strings.ReplaceAll(row, "@", "-")+"-"+name, port, argv...)
 	if err != nil {
 		return nil, err
 	}
 	if p == nil {
-		b.stop(p)
+		b.rig.Stop(p)
 		return nil, fmt.Errorf("%s: no server process to limit", row)
 	}
-	pids := procfs.ProcessGroup(p.cmd.Process.Pid)
+	pids := procfs.ProcessGroup(p.Pid())
 	if len(pids) == 0 {
-		b.stop(p)
-		return nil, fmt.Errorf("%s: server %d has no live process", name, p.cmd.Process.Pid)
+		b.rig.Stop(p)
+		return nil, fmt.Errorf("%s: server %d has no live process", name, p.Pid())
 	}
 	for _, pid := range pids {
 		if err := pc.server.Join(pid); err != nil {
-			b.stop(p)
+			b.rig.Stop(p)
 			return nil, err
 		}
 	}
@@ -279,7 +280,7 @@ func (b *bench) limitIperf(ctx context.Context, r int, row string, a *attachment
 	if err != nil {
 		return err
 	}
-	defer b.stop(srv)
+	defer b.rig.Stop(srv)
 	secs := strconv.Itoa(int(b.o.IperfTime.Seconds()))
 	for _, dir := range []string{"n2p", "p2n"} {
 		argv := []string{"iperf3", "-c", a.IP, "-p", strconv.Itoa(iperfPort), "-t", secs, "-J"}
@@ -290,7 +291,7 @@ func (b *bench) limitIperf(ctx context.Context, r int, row string, a *attachment
 		if err != nil {
 			return err
 		}
-		out, err := b.output(ctx, b.o.IperfTime+time.Minute, nodeNS, argv...)
+		out, err := rig.Output(ctx, b.o.IperfTime+time.Minute, nodeNS, argv...)
 		s1, serr := pc.snap()
 		gbps, _, _, perr := loadgen.ParseIperf(out)
 		switch {
@@ -315,12 +316,12 @@ func (b *bench) limitRedis(ctx context.Context, r int, row string, l cpuLimit, a
 	if err != nil {
 		return err
 	}
-	defer b.stop(srv)
+	defer b.rig.Stop(srv)
 	s0, err := pc.snap()
 	if err != nil {
 		return err
 	}
-	out, err := b.output(ctx, 10*time.Minute, nodeNS, "redis-benchmark", "-h", a.IP, "-p", strconv.Itoa(redisPort),
+	out, err := rig.Output(ctx, 10*time.Minute, nodeNS, "redis-benchmark", "-h", a.IP, "-p", strconv.Itoa(redisPort),
 		"-n", strconv.Itoa(b.limitRedisN(l)), "-t", "set,get", "--csv")
 	s1, serr := pc.snap()
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cni-usernet/cni-usernet/hack/bench/rig"
 	"github.com/cni-usernet/cni-usernet/hack/bench/runlog"
 )
 
@@ -85,7 +86,7 @@ func (b *bench) setupPeerNode(ctx context.Context) error {
 		{"ip", "-n", nodeNS, "link", "set", peerVeth, "up"},
 		{"ip", "-n", nodeNS, "link", "set", peerVethPeer, "up"},
 	} {
-		if _, err := b.output(ctx, 10*time.Second, "", argv...); err != nil {
+		if _, err := rig.Output(ctx, 10*time.Second, "", argv...); err != nil {
 			return err
 		}
 	}
@@ -98,7 +99,7 @@ func (b *bench) attachTap(ctx context.Context, a *attachment) error {
 	if err := b.setupPeerNode(ctx); err != nil {
 		return err
 	}
-	if err := b.addNS(ctx, a.NS); err != nil {
+	if err := b.rig.AddNS(ctx, a.NS); err != nil {
 		return err
 	}
 	b.mu.Lock()
@@ -133,20 +134,20 @@ func (b *bench) attachTap(ctx context.Context, a *attachment) error {
 		return fmt.Errorf("unknown tap peer %q", a.cfg.Peer)
 	}
 	a.HostVeth, a.tapDev = a.cfg.Peer+" tap "+dev, dev
-	p, err := b.start(nodeNS, a.Config+"-"+a.cfg.Peer, argv...)
+	p, err := b.rig.Start(nodeNS, a.Config+"-"+a.cfg.Peer, argv...)
 	if err != nil {
 		return err
 	}
-	a.StackPID = p.cmd.Process.Pid // ip netns exec execs the peer in place
+	a.StackPID = p.Pid() // ip netns exec execs the peer in place
 	deadline := time.Now().Add(15 * time.Second)
 	for {
-		out, _ := b.output(ctx, 5*time.Second, "", "ip", "-n", a.NS, "-4", "-o", "addr", "show", "dev", dev)
+		out, _ := rig.Output(ctx, 5*time.Second, "", "ip", "-n", a.NS, "-4", "-o", "addr", "show", "dev", dev)
 		if strings.Contains(string(out), wantAddr+"/") {
 			break
 		}
 		select {
-		case <-p.done:
-			raw, _ := os.ReadFile(p.log)
+		case <-p.Done():
+			raw, _ := os.ReadFile(p.Log())
 			return fmt.Errorf("%s exited: %s", a.cfg.Peer, runlog.Tail(string(raw), 400))
 		default:
 		}
@@ -252,17 +253,17 @@ func (b *bench) startRunsc(ctx context.Context, a *attachment) error {
 		return err
 	}
 	a.runscID = "ub-" + a.Config
-	p, err := b.start("", a.Config+"-runsc", b.runscArgv(a, "run", "--bundle", bundle, a.runscID)...)
+	p, err := b.rig.Start("", a.Config+"-runsc", b.runscArgv(a, "run", "--bundle", bundle, a.runscID)...)
 	if err != nil {
 		return err
 	}
 	for _, port := range serverPorts {
-		if _, err := b.output(ctx, time.Minute, nodeNS, b.self, "probe", "-addr", net.JoinHostPort(a.IP, strconv.Itoa(port)), "-timeout", "45s"); err != nil {
-			raw, _ := os.ReadFile(p.log)
+		if _, err := rig.Output(ctx, time.Minute, nodeNS, b.self, "probe", "-addr", net.JoinHostPort(a.IP, strconv.Itoa(port)), "-timeout", "45s"); err != nil {
+			raw, _ := os.ReadFile(p.Log())
 			return fmt.Errorf("runsc sandbox: port %d: %w (sandbox log: %s)", port, err, runlog.Tail(string(raw), 400))
 		}
 	}
-	out, err := b.output(ctx, 20*time.Second, "", b.runscArgv(a, "state", a.runscID)...)
+	out, err := rig.Output(ctx, 20*time.Second, "", b.runscArgv(a, "state", a.runscID)...)
 	if err != nil {
 		return err
 	}
@@ -273,7 +274,7 @@ func (b *bench) startRunsc(ctx context.Context, a *attachment) error {
 		return fmt.Errorf("runsc state %s: %q: %v", a.runscID, out, err)
 	}
 	a.StackPID = st.PID // the sandbox (Sentry): netstack and the servers' system calls
-	if out, _ := b.output(ctx, 5*time.Second, "", "ip", "-n", a.NS, "-4", "-o", "addr", "show", "dev", "eth0"); strings.Contains(string(out), a.IP+"/") {
+	if out, _ := rig.Output(ctx, 5*time.Second, "", "ip", "-n", a.NS, "-4", "-o", "addr", "show", "dev", "eth0"); strings.Contains(string(out), a.IP+"/") {
 		return fmt.Errorf("runsc left %s on the kernel's eth0: its netstack did not take the interface over", a.IP)
 	}
 	runlog.Logf("%s: runsc sandbox pid %d serves %s from netstack", a.Config, a.StackPID, a.IP)
@@ -286,8 +287,8 @@ func (b *bench) stopPeer(ctx context.Context, a *attachment) {
 	if a.runscID == "" {
 		return
 	}
-	_, _ = b.output(ctx, 20*time.Second, "", b.runscArgv(a, "kill", "--all", a.runscID, "KILL")...)
-	if _, err := b.output(ctx, 30*time.Second, "", b.runscArgv(a, "delete", "--force", a.runscID)...); err != nil {
+	_, _ = rig.Output(ctx, 20*time.Second, "", b.runscArgv(a, "kill", "--all", a.runscID, "KILL")...)
+	if _, err := rig.Output(ctx, 30*time.Second, "", b.runscArgv(a, "delete", "--force", a.runscID)...); err != nil {
 		runlog.Logf("cleanup: runsc delete %s: %v", a.runscID, err)
 	}
 }

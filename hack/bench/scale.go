@@ -12,6 +12,7 @@ import (
 	"github.com/cni-usernet/cni-usernet/hack/bench/loadgen"
 	"github.com/cni-usernet/cni-usernet/hack/bench/procfs"
 	"github.com/cni-usernet/cni-usernet/hack/bench/report"
+	"github.com/cni-usernet/cni-usernet/hack/bench/rig"
 	"github.com/cni-usernet/cni-usernet/hack/bench/runlog"
 )
 
@@ -78,14 +79,14 @@ func (b *bench) scale(ctx context.Context, live []*attachment) {
 func (b *bench) idlePods(ctx context.Context, u *attachment) error {
 	n := b.o.ScalePods
 	for i := range n {
-		if err := b.addNS(ctx, fmt.Sprintf("%s%d", scalePrefix, i)); err != nil {
+		if err := b.rig.AddNS(ctx, fmt.Sprintf("%s%d", scalePrefix, i)); err != nil {
 			return err
 		}
 	}
 	b.mu.Lock()
 	b.scaleUp = u.ConfPath // from here on, cleanup detaches them
 	b.mu.Unlock()
-	out, err := b.output(ctx, 15*time.Minute, nodeNS, b.cniArgs("addmany", u.ConfPath, "--netns-prefix", "/run/netns/"+scalePrefix,
+	out, err := rig.Output(ctx, 15*time.Minute, nodeNS, b.cniArgs("addmany", u.ConfPath, "--netns-prefix", "/run/netns/"+scalePrefix,
 		"--id-prefix", scalePrefix, "--n", strconv.Itoa(n), "--parallel", "1")...)
 	if err != nil {
 		return err
@@ -150,7 +151,7 @@ func (b *bench) idlePods(ctx context.Context, u *attachment) error {
 // their namespaces; cleanup calls it too when a run stops half-way.
 func (b *bench) scaleDown(ctx context.Context, conf string) (addBenchResult, error) {
 	var res addBenchResult
-	out, err := b.output(ctx, 15*time.Minute, nodeNS, b.cniArgs("delmany", conf, "--netns-prefix", "/run/netns/"+scalePrefix,
+	out, err := rig.Output(ctx, 15*time.Minute, nodeNS, b.cniArgs("delmany", conf, "--netns-prefix", "/run/netns/"+scalePrefix,
 		"--id-prefix", scalePrefix, "--n", strconv.Itoa(b.o.ScalePods), "--parallel", "4")...)
 	if err == nil {
 		err = json.Unmarshal(out, &res)
@@ -160,32 +161,15 @@ func (b *bench) scaleDown(ctx context.Context, conf string) (addBenchResult, err
 	}
 	b.mu.Lock()
 	b.scaleUp = ""
-	var nss []string
-	for _, ns := range b.namespaces {
-		if strings.HasPrefix(ns, scalePrefix) {
-			nss = append(nss, ns)
-		}
-	}
 	b.mu.Unlock()
-	for _, ns := range nss {
-		b.delNS(ctx, ns)
-	}
-	b.mu.Lock()
-	var keep []string
-	for _, ns := range b.namespaces {
-		if !strings.HasPrefix(ns, scalePrefix) {
-			keep = append(keep, ns)
-		}
-	}
-	b.namespaces = keep
-	b.mu.Unlock()
+	b.rig.RemoveNSFunc(ctx, func(ns string) bool { return strings.HasPrefix(ns, scalePrefix) })
 	return res, err
 }
 
 // stackPIDs returns the PIDs of the healthy stacks whose container ID
 // starts with prefix.
 func (b *bench) stackPIDs(ctx context.Context, prefix string) ([]int, error) {
-	out, err := b.output(ctx, time.Minute, nodeNS, b.o.BinDir+"/cni-usernet", "status", "--json", "--state-dir", b.tmp+"/state")
+	out, err := rig.Output(ctx, time.Minute, nodeNS, b.o.BinDir+"/cni-usernet", "status", "--json", "--state-dir", b.tmp+"/state")
 	if err != nil {
 		return nil, err
 	}
@@ -209,10 +193,10 @@ func (b *bench) streams(ctx context.Context, a *attachment, n int) error {
 	// with one client process, many streams would measure that thread.
 	// From 2 streams on, two clients (more past 2×128), one per core.
 	clients := max(min(n, 2), (n+iperfMaxStreams-1)/iperfMaxStreams)
-	var srvs []*proc
+	var srvs []*rig.Proc
 	defer func() {
 		for _, s := range srvs {
-			b.stop(s)
+			b.rig.Stop(s)
 		}
 	}()
 	for i := range clients {
@@ -257,7 +241,7 @@ func (b *bench) streams(ctx context.Context, a *attachment, n int) error {
 			if i < n%clients {
 				per++
 			}
-			out, err := b.output(ctx, b.o.IperfTime+time.Minute, nodeNS, "iperf3", "-c", a.IP, "-p", strconv.Itoa(iperfPort+10+i),
+			out, err := rig.Output(ctx, b.o.IperfTime+time.Minute, nodeNS, "iperf3", "-c", a.IP, "-p", strconv.Itoa(iperfPort+10+i),
 				"-t", secs, "-P", strconv.Itoa(per), "-J")
 			gbps, _, _, perr := loadgen.ParseIperf(out)
 			if perr != nil {

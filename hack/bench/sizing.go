@@ -13,6 +13,7 @@ import (
 	"github.com/cni-usernet/cni-usernet/hack/bench/loadgen"
 	"github.com/cni-usernet/cni-usernet/hack/bench/procfs"
 	"github.com/cni-usernet/cni-usernet/hack/bench/report"
+	"github.com/cni-usernet/cni-usernet/hack/bench/rig"
 	"github.com/cni-usernet/cni-usernet/hack/bench/runlog"
 	"github.com/cni-usernet/cni-usernet/pkg/node/podcgroup"
 )
@@ -84,7 +85,7 @@ func (b *bench) sizeStack(ctx context.Context, fs *cgroup.FS, u *attachment) (er
 	}
 
 	a := &attachment{Config: sizingRow, NS: nsPrefix + "pod-" + sizingRow, ID: nsPrefix + sizingRow, ConfPath: u.ConfPath, cfg: u.cfg}
-	if err := b.addNS(ctx, a.NS); err != nil {
+	if err := b.rig.AddNS(ctx, a.NS); err != nil {
 		return err
 	}
 	b.mu.Lock()
@@ -149,25 +150,25 @@ func (b *bench) sizeStack(ctx context.Context, fs *cgroup.FS, u *attachment) (er
 			argv = append(argv, "-R")
 		}
 		err := b.peakDuring(dir, a.StackPID, g, func() error {
-			out, err := b.output(ctx, b.o.IperfTime+time.Minute, nodeNS, argv...)
+			out, err := rig.Output(ctx, b.o.IperfTime+time.Minute, nodeNS, argv...)
 			if _, _, _, perr := loadgen.ParseIperf(out); perr != nil {
 				return perr
 			}
 			return err
 		})
 		if err != nil {
-			b.stop(srv)
+			b.rig.Stop(srv)
 			return fmt.Errorf("iperf3 %s: %w", dir, err)
 		}
 	}
-	b.stop(srv)
+	b.rig.Stop(srv)
 	srv, err = b.serve(ctx, 0, a, "sizing-redis", redisPort, "redis-server", "--port", strconv.Itoa(redisPort),
 		"--bind", "0.0.0.0", "--protected-mode", "no", "--save", "", "--appendonly", "no", "--dir", b.tmp)
 	if err != nil {
 		return err
 	}
 	err = b.peakDuring("redis", a.StackPID, g, func() error {
-		out, err := b.output(ctx, 5*time.Minute, nodeNS, "redis-benchmark", "-h", a.IP, "-p", strconv.Itoa(redisPort),
+		out, err := rig.Output(ctx, 5*time.Minute, nodeNS, "redis-benchmark", "-h", a.IP, "-p", strconv.Itoa(redisPort),
 			"-n", strconv.Itoa(b.o.RedisN), "-t", "set,get", "--csv")
 		if err != nil {
 			return err
@@ -175,7 +176,7 @@ func (b *bench) sizeStack(ctx context.Context, fs *cgroup.FS, u *attachment) (er
 		_, err = loadgen.ParseRedis(out)
 		return err
 	})
-	b.stop(srv)
+	b.rig.Stop(srv)
 	if err != nil {
 		return fmt.Errorf("redis: %w", err)
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/cni-usernet/cni-usernet/hack/bench/loadgen"
 	"github.com/cni-usernet/cni-usernet/hack/bench/procfs"
+	"github.com/cni-usernet/cni-usernet/hack/bench/rig"
 	"github.com/cni-usernet/cni-usernet/hack/bench/runlog"
 )
 
@@ -81,7 +82,7 @@ func (b *bench) runEach(ctx context.Context, r int, a *attachment, ws []workload
 func (b *bench) tapBytes(ctx context.Context, r int, a *attachment) {
 	var total float64
 	for _, f := range []string{"rx_bytes", "tx_bytes"} {
-		out, err := b.output(ctx, 5*time.Second, a.NS, "cat", "/sys/class/net/"+a.tapDev+"/statistics/"+f)
+		out, err := rig.Output(ctx, 5*time.Second, a.NS, "cat", "/sys/class/net/"+a.tapDev+"/statistics/"+f)
 		if err != nil {
 			b.fail(r, a.Config, "tap counters", err)
 			return
@@ -95,16 +96,16 @@ func (b *bench) tapBytes(ctx context.Context, r int, a *attachment) {
 
 // serve starts a server in the pod and waits until it listens. A runsc pod's
 // servers run in its sandbox for the whole benchmark: nil, nothing to start.
-func (b *bench) serve(ctx context.Context, r int, a *attachment, name string, port int, argv ...string) (*proc, error) {
+func (b *bench) serve(ctx context.Context, r int, a *attachment, name string, port int, argv ...string) (*rig.Proc, error) {
 	if a.runscID != "" {
 		return nil, nil
 	}
-	p, err := b.start(a.NS, fmt.Sprintf("r%d-%s-%s", r, a.Config, name), argv...)
+	p, err := b.rig.Start(a.NS, fmt.Sprintf("r%d-%s-%s", r, a.Config, name), argv...)
 	if err != nil {
 		return nil, err
 	}
-	if err := b.waitListen(ctx, p, a.NS, port); err != nil {
-		b.stop(p)
+	if err := rig.WaitListen(ctx, p, a.NS, port); err != nil {
+		b.rig.Stop(p)
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
 	return p, nil
@@ -140,7 +141,7 @@ func (b *bench) iperf(ctx context.Context, r int, a *attachment) error {
 	if err != nil {
 		return err
 	}
-	defer b.stop(srv)
+	defer b.rig.Stop(srv)
 	secs := strconv.Itoa(int(b.o.IperfTime.Seconds()))
 	for _, dir := range []string{"n2p", "p2n"} {
 		argv := []string{"iperf3", "-c", a.IP, "-p", strconv.Itoa(iperfPort), "-t", secs, "-J"}
@@ -149,7 +150,7 @@ func (b *bench) iperf(ctx context.Context, r int, a *attachment) error {
 		}
 		sys0, stack0 := procfs.SystemCPU(), procfs.ProcessCPU(a.StackPID)
 		t0 := time.Now()
-		out, err := b.output(ctx, b.o.IperfTime+30*time.Second, nodeNS, argv...)
+		out, err := rig.Output(ctx, b.o.IperfTime+30*time.Second, nodeNS, argv...)
 		wall := time.Since(t0).Seconds()
 		sysCores, stackCores := (procfs.SystemCPU()-sys0)/wall, (procfs.ProcessCPU(a.StackPID)-stack0)/wall
 		gbps, retrans, bytes, perr := loadgen.ParseIperf(out)
@@ -184,9 +185,9 @@ func (b *bench) redis(ctx context.Context, r int, a *attachment) error {
 	if err != nil {
 		return err
 	}
-	defer b.stop(srv)
+	defer b.rig.Stop(srv)
 	sys0, stack0 := procfs.SystemCPU(), procfs.ProcessCPU(a.StackPID)
-	out, err := b.output(ctx, 5*time.Minute, nodeNS, "redis-benchmark", "-h", a.IP, "-p", strconv.Itoa(redisPort),
+	out, err := rig.Output(ctx, 5*time.Minute, nodeNS, "redis-benchmark", "-h", a.IP, "-p", strconv.Itoa(redisPort),
 		"-n", strconv.Itoa(b.o.RedisN), "-t", "set,get", "--csv")
 	sysS, stackS := procfs.SystemCPU()-sys0, procfs.ProcessCPU(a.StackPID)-stack0
 	if err != nil {
@@ -255,14 +256,14 @@ func (b *bench) nginx(ctx context.Context, r int, a *attachment) error {
 	if err != nil {
 		return err
 	}
-	defer b.stop(srv)
+	defer b.rig.Stop(srv)
 	// -t first: it implies -n 50000, which the -n after it overrides; the
 	// time limit only bounds a pathologically slow configuration.
 	limit := 300
 	if b.o.Quick {
 		limit = 60
 	}
-	out, err := b.output(ctx, time.Duration(limit+60)*time.Second, nodeNS, "ab", "-q", "-t", strconv.Itoa(limit),
+	out, err := rig.Output(ctx, time.Duration(limit+60)*time.Second, nodeNS, "ab", "-q", "-t", strconv.Itoa(limit),
 		"-n", strconv.Itoa(b.o.NginxN), "-c", "5", "-s", "30", fmt.Sprintf("http://%s:%d/10m.bin", a.IP, nginxPort))
 	if err != nil {
 		return err
@@ -288,7 +289,7 @@ func (b *bench) tcpRR(ctx context.Context, r int, a *attachment) error {
 	if err != nil {
 		return err
 	}
-	defer b.stop(srv)
+	defer b.rig.Stop(srv)
 	// The frames the stack sends to the wire per round trip: one (the
 	// answer, carrying the request's ACK) when nothing but the round
 	// trips moves; a count, so the same on a loaded machine as a quiet one.
@@ -304,7 +305,7 @@ func (b *bench) tcpRR(ctx context.Context, r int, a *attachment) error {
 		frames0 = st.Stats.Wire.TxPackets
 	}
 	sys0, stack0, wake0 := procfs.SystemCPU(), procfs.ProcessCPU(a.StackPID), procfs.ProcessWakeups(a.StackPID)
-	out, err := b.output(ctx, b.o.RRTime+time.Minute, nodeNS, b.self, "rr-client",
+	out, err := rig.Output(ctx, b.o.RRTime+time.Minute, nodeNS, b.self, "rr-client",
 		"-addr", net.JoinHostPort(a.IP, strconv.Itoa(rrPort)), "-time", b.o.RRTime.String())
 	sysS, stackS, wakes := procfs.SystemCPU()-sys0, procfs.ProcessCPU(a.StackPID)-stack0, procfs.ProcessWakeups(a.StackPID)-wake0
 	if err != nil {
@@ -347,20 +348,17 @@ func (b *bench) addLatency(ctx context.Context, r int, name string, a *attachmen
 	var made []string
 	defer func() {
 		for _, ns := range made {
-			b.delNS(context.Background(), ns)
-			b.mu.Lock()
-			b.namespaces = slices.DeleteFunc(b.namespaces, func(s string) bool { return s == ns })
-			b.mu.Unlock()
+			b.rig.RemoveNS(context.Background(), ns)
 		}
 	}()
 	for i := range b.o.AddPods {
 		ns := fmt.Sprintf("%s%d", prefix, i)
-		if err := b.addNS(ctx, ns); err != nil {
+		if err := b.rig.AddNS(ctx, ns); err != nil {
 			return err
 		}
 		made = append(made, ns)
 	}
-	out, err := b.output(ctx, 10*time.Minute, nodeNS, b.cniArgs("addbench", a.ConfPath, "--netns-prefix", "/run/netns/"+prefix,
+	out, err := rig.Output(ctx, 10*time.Minute, nodeNS, b.cniArgs("addbench", a.ConfPath, "--netns-prefix", "/run/netns/"+prefix,
 		"--n", strconv.Itoa(b.o.AddPods), "--parallel", strconv.Itoa(b.o.AddParallel))...)
 	if err != nil {
 		return err
