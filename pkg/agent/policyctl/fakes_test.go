@@ -3,19 +3,15 @@ package policyctl
 import (
 	"context"
 	"encoding/json"
-	"encoding/pem"
 	"fmt"
 	"io"
-	"log"
 	"log/slog"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -26,6 +22,7 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/agent/netpolicy"
 	"github.com/cni-usernet/cni-usernet/pkg/api/policy"
 	"github.com/cni-usernet/cni-usernet/pkg/api/state"
+	"github.com/cni-usernet/cni-usernet/test/lib/fakeapi"
 	"github.com/cni-usernet/cni-usernet/test/lib/nettest"
 )
 
@@ -38,185 +35,55 @@ const (
 	pathSlices     = "/apis/discovery.k8s.io/v1/endpointslices"
 )
 
-// fakeAPI is an API server stand-in for the five collections the agent
-// watches: lists, watches with a shared history, Events recorded, and
-// switches to make it fail.
+// fakeAPI is the API server for the five collections the agent
+// watches, with the paths the reflectors ask for as its handles.
 type fakeAPI struct {
-	t   *testing.T
-	srv *httptest.Server
-
-	mu      sync.Mutex
-	rv      int
-	objects map[string]map[string]json.RawMessage // path -> key -> object
-	history []apiEvent
-	wake    chan struct{}
-	// down answers 503 to everything and ends the open watches.
-	down bool
-	// failing answers 503 to the lists and watches of these paths.
-	failing map[string]bool
-	events  []map[string]any
-}
-
-type apiEvent struct {
-	rv   int
-	path string
-	typ  string
-	obj  json.RawMessage
+	t *testing.T
+	*fakeapi.Server
 }
 
 func newFakeAPI(t *testing.T) *fakeAPI {
-	a := &fakeAPI{t: t, objects: map[string]map[string]json.RawMessage{}, wake: make(chan struct{}), failing: map[string]bool{}}
-	for _, p := range []string{pathPolicies, pathPods, pathNamespaces, pathServices, pathSlices} {
-		a.objects[p] = map[string]json.RawMessage{}
-	}
-	a.srv = httptest.NewUnstartedServer(a)
-	a.srv.Config.ErrorLog = log.New(io.Discard, "", 0)
-	a.srv.StartTLS()
-	t.Cleanup(func() {
-		a.setDown(true)
-		a.srv.Close()
-	})
-	return a
+	return &fakeAPI{t: t, Server: fakeapi.NewTest(t, fakeapi.Options{Token: "tok"})}
 }
 
 func (a *fakeAPI) config() *rest.Config {
-	ca := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: a.srv.Certificate().Raw})
-	return &rest.Config{Host: a.srv.URL, BearerToken: "tok", TLSClientConfig: rest.TLSClientConfig{CAData: ca}}
+	return &rest.Config{Host: a.URL(), BearerToken: "tok", TLSClientConfig: rest.TLSClientConfig{CAData: a.CAPEM()}}
 }
 
-func (a *fakeAPI) notify() {
-	close(a.wake)
-	a.wake = make(chan struct{})
-}
+// resource is the collection of one of the paths above.
+func resource(path string) string { return path[strings.LastIndex(path, "/")+1:] }
 
-func (a *fakeAPI) setDown(down bool) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.down = down
-	a.notify()
-}
+// setDown answers 503 to everything and ends the open watches.
+func (a *fakeAPI) setDown(down bool) { a.SetDown(down) }
 
+// setFailing answers 503 to the lists and watches of path.
 func (a *fakeAPI) setFailing(path string, failing bool) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.failing[path] = failing
-	a.notify()
+	if failing {
+		a.SetFault(path, &fakeapi.Fault{Code: 503, Reason: "ServiceUnavailable", Message: "the API server is away"})
+	} else {
+		a.SetFault(path, nil)
+	}
 }
 
-// put stores obj (a netpolicy type) under ns/name, as ADDED or MODIFIED.
+// put stores obj (a netpolicy type), as ADDED or MODIFIED.
 func (a *fakeAPI) put(path string, obj any) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	b, err := json.Marshal(obj)
-	if err != nil {
+	if _, err := a.Store.Put(resource(path), obj); err != nil {
 		a.t.Fatal(err)
 	}
-	var m map[string]any
-	json.Unmarshal(b, &m)
-	md := m["metadata"].(map[string]any)
-	a.rv++
-	md["resourceVersion"] = strconv.Itoa(a.rv)
-	key, _ := md["name"].(string)
-	if ns, _ := md["namespace"].(string); ns != "" {
-		key = ns + "/" + key
-	}
-	b, _ = json.Marshal(m)
-	typ := "MODIFIED"
-	if _, ok := a.objects[path][key]; !ok {
-		typ = "ADDED"
-	}
-	a.objects[path][key] = b
-	a.history = append(a.history, apiEvent{a.rv, path, typ, b})
-	a.notify()
 }
 
+// del deletes ns/name, or name for a namespace.
 func (a *fakeAPI) del(path, key string) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	obj, ok := a.objects[path][key]
+	ns, name, ok := strings.Cut(key, "/")
 	if !ok {
-		a.t.Fatalf("deleting %s %s: not there", path, key)
+		ns, name = "", key
 	}
-	delete(a.objects[path], key)
-	a.rv++
-	a.history = append(a.history, apiEvent{a.rv, path, "DELETED", obj})
-	a.notify()
+	if err := a.Store.Delete(resource(path), ns, name); err != nil {
+		a.t.Fatal(err)
+	}
 }
 
-func (a *fakeAPI) postedEvents() []map[string]any {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return slices.Clone(a.events)
-}
-
-func (a *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	status := func(code int, msg string) {
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(code)
-		json.NewEncoder(w).Encode(map[string]any{"kind": "Status", "code": code, "message": msg})
-	}
-	a.mu.Lock()
-	if a.down || a.failing[r.URL.Path] {
-		a.mu.Unlock()
-		status(503, "the API server is away")
-		return
-	}
-	if r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/events") {
-		var e map[string]any
-		json.NewDecoder(r.Body).Decode(&e)
-		a.events = append(a.events, e)
-		a.mu.Unlock()
-		w.WriteHeader(201)
-		return
-	}
-	objs, ok := a.objects[r.URL.Path]
-	if !ok || r.Method != http.MethodGet {
-		a.mu.Unlock()
-		status(404, "no such path "+r.URL.Path)
-		return
-	}
-	q := r.URL.Query()
-	if q.Get("watch") == "" {
-		items := []json.RawMessage{}
-		for _, o := range objs {
-			items = append(items, o)
-		}
-		rv := a.rv
-		a.mu.Unlock()
-		json.NewEncoder(w).Encode(map[string]any{"metadata": map[string]any{"resourceVersion": strconv.Itoa(rv)}, "items": items})
-		return
-	}
-	from, _ := strconv.Atoi(q.Get("resourceVersion"))
-	a.mu.Unlock()
-	w.WriteHeader(200)
-	w.(http.Flusher).Flush()
-	enc := json.NewEncoder(w)
-	for {
-		a.mu.Lock()
-		if a.down || a.failing[r.URL.Path] {
-			a.mu.Unlock()
-			return
-		}
-		var send []apiEvent
-		for _, e := range a.history {
-			if e.rv > from && e.path == r.URL.Path {
-				send = append(send, e)
-			}
-		}
-		from = a.rv
-		wake := a.wake
-		a.mu.Unlock()
-		for _, e := range send {
-			enc.Encode(map[string]any{"type": e.typ, "object": e.obj})
-		}
-		w.(http.Flusher).Flush()
-		select {
-		case <-wake:
-		case <-r.Context().Done():
-			return
-		}
-	}
-}
+func (a *fakeAPI) postedEvents() []map[string]any { return a.EventBodies() }
 
 // fakeStack is a pod stack's control socket as the agent sees it: PUT
 // /policy with the stack's rules (409 for an older generation), GET
