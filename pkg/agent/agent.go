@@ -32,6 +32,7 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/node/attachment"
 	"github.com/cni-usernet/cni-usernet/pkg/node/launch"
 	"github.com/cni-usernet/cni-usernet/pkg/util/atomicfile"
+	"github.com/cni-usernet/cni-usernet/pkg/util/buildinfo"
 )
 
 // agentFlags are the node agent's settings (the DaemonSet's arguments).
@@ -245,7 +246,7 @@ func Run(args []string) error {
 	if err := markReady(f.readyFile()); err != nil {
 		log.Error("writing ready file", "err", err)
 	}
-	log.Info("agent ready", "node", f.nodeName, "stateDir", f.stateDir)
+	log.Info("agent ready", "version", buildinfo.Version, "node", f.nodeName, "stateDir", f.stateDir)
 	err = <-done
 	os.Remove(f.readyFile())
 	if setup != nil {
