@@ -4,12 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"encoding/pem"
 	"fmt"
 	"log/slog"
 	"net/http"
-	"net/http/httptest"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -24,184 +21,88 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/cni-usernet/cni-usernet/pkg/agent/netpolicy"
+	"github.com/cni-usernet/cni-usernet/test/lib/fakeapi"
 )
 
-// fakePods is an API server for the pods collection: lists, watches from
-// a shared history, in JSON without kinds (as a minimal server answers)
-// or in protobuf (as the API server does), and a switch to be away.
+// fakePods is the API server for the pods collection: in JSON without
+// kinds (as a minimal server answers) or in protobuf (as the API server
+// does).
 type fakePods struct {
-	t     *testing.T
-	proto bool
-
-	mu      sync.Mutex
-	rv      int
-	pods    map[string]*corev1.Pod
-	history []fakeEvent
-	wake    chan struct{}
-	down    bool
-	lists   int
-	refused int
-}
-
-type fakeEvent struct {
-	rv  int
-	typ string
-	pod *corev1.Pod
+	t *testing.T
+	*fakeapi.Server
 }
 
 func newFakePods(t *testing.T, proto bool) (*fakePods, *rest.Config) {
-	f := &fakePods{t: t, proto: proto, pods: map[string]*corev1.Pod{}, wake: make(chan struct{})}
-	srv := httptest.NewTLSServer(f)
-	t.Cleanup(func() { f.setDown(true); srv.Close() })
-	ca := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw})
-	return f, &rest.Config{Host: srv.URL, BearerToken: "tok", TLSClientConfig: rest.TLSClientConfig{CAData: ca}}
+	o := fakeapi.Options{Token: "tok", NoKinds: !proto}
+	if proto {
+		o.Codec = protobufCodec(t)
+	}
+	f := &fakePods{t: t, Server: fakeapi.NewTest(t, o)}
+	if proto {
+		f.SetRaw(func(w http.ResponseWriter, r *http.Request) bool {
+			if !strings.HasPrefix(r.Header.Get("Accept"), runtime.ContentTypeProtobuf) {
+				t.Errorf("Accept %q: want protobuf first", r.Header.Get("Accept"))
+			}
+			return false
+		})
+	}
+	return f, &rest.Config{Host: f.URL(), BearerToken: "tok", TLSClientConfig: rest.TLSClientConfig{CAData: f.CAPEM()}}
 }
 
-func (f *fakePods) notify() { close(f.wake); f.wake = make(chan struct{}) }
+// protobufCodec encodes what the server sends in protobuf, through the
+// types the watches decode.
+func protobufCodec(t *testing.T) *fakeapi.Codec {
+	info, _ := runtime.SerializerInfoForMediaType(codecs.SupportedMediaTypes(), runtime.ContentTypeProtobuf)
+	encode := func(doc []byte) ([]byte, error) {
+		obj, _, err := codecs.UniversalDeserializer().Decode(doc, nil, nil)
+		if err != nil {
+			return nil, err
+		}
+		return runtime.Encode(codecs.EncoderForVersion(info.Serializer, corev1.SchemeGroupVersion), obj)
+	}
+	return &fakeapi.Codec{
+		ContentType: runtime.ContentTypeProtobuf,
+		Encode:      encode,
+		Event: func(typ string, obj []byte) ([]byte, error) {
+			raw, err := encode(obj)
+			if err != nil {
+				return nil, err
+			}
+			var b bytes.Buffer
+			enc := streaming.NewEncoder(info.StreamSerializer.Framer.NewFrameWriter(&b), info.StreamSerializer.Serializer)
+			err = enc.Encode(&metav1.WatchEvent{Type: typ, Object: runtime.RawExtension{Raw: raw}})
+			return b.Bytes(), err
+		},
+	}
+}
 
+// setDown answers 503 without a body to everything, and ends the
+// watches.
 func (f *fakePods) setDown(down bool) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.down = down
-	f.notify()
+	if down {
+		f.SetFault("", &fakeapi.Fault{Code: http.StatusServiceUnavailable, Body: []byte{}})
+	} else {
+		f.SetFault("", nil)
+	}
 }
 
 func (f *fakePods) put(p *corev1.Pod) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	p = p.DeepCopy()
-	f.rv++
-	p.ResourceVersion = strconv.Itoa(f.rv)
-	typ := "MODIFIED"
-	if _, ok := f.pods[p.Namespace+"/"+p.Name]; !ok {
-		typ = "ADDED"
+	if _, err := f.Store.Put("pods", p.DeepCopy()); err != nil {
+		f.t.Fatal(err)
 	}
-	f.pods[p.Namespace+"/"+p.Name] = p
-	f.history = append(f.history, fakeEvent{f.rv, typ, p})
-	f.notify()
 }
 
 func (f *fakePods) del(key string) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	p := f.pods[key]
-	delete(f.pods, key)
-	f.rv++
-	f.history = append(f.history, fakeEvent{f.rv, "DELETED", p})
-	f.notify()
-}
-
-// delQuietly removes a pod without a watch event: only a list shows it.
-func (f *fakePods) delQuietly(key string) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	delete(f.pods, key)
-	f.rv++
+	ns, name, _ := strings.Cut(key, "/")
+	if err := f.Store.Delete("pods", ns, name); err != nil {
+		f.t.Fatal(err)
+	}
 }
 
 // refusedCount is how many requests were answered 503 while down.
-func (f *fakePods) refusedCount() int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.refused
-}
+func (f *fakePods) refusedCount() int { return f.Refused() }
 
-func (f *fakePods) listCount() int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.lists
-}
-
-func (f *fakePods) encode(obj runtime.Object) []byte {
-	if !f.proto {
-		b, err := json.Marshal(obj)
-		if err != nil {
-			f.t.Error(err)
-		}
-		return b
-	}
-	info, _ := runtime.SerializerInfoForMediaType(codecs.SupportedMediaTypes(), runtime.ContentTypeProtobuf)
-	b, err := runtime.Encode(codecs.EncoderForVersion(info.Serializer, corev1.SchemeGroupVersion), obj)
-	if err != nil {
-		f.t.Error(err)
-	}
-	return b
-}
-
-func (f *fakePods) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	f.mu.Lock()
-	if f.down {
-		f.refused++
-		f.mu.Unlock()
-		w.WriteHeader(http.StatusServiceUnavailable)
-		return
-	}
-	if r.URL.Path != "/api/v1/pods" {
-		f.mu.Unlock()
-		http.NotFound(w, r)
-		return
-	}
-	if f.proto && !strings.Contains(r.Header.Get("Accept"), runtime.ContentTypeProtobuf) {
-		f.t.Errorf("Accept %q: want protobuf first", r.Header.Get("Accept"))
-	}
-	if r.URL.Query().Get("watch") == "" {
-		f.lists++
-		list := &corev1.PodList{ListMeta: metav1.ListMeta{ResourceVersion: strconv.Itoa(f.rv)}}
-		for _, p := range f.pods {
-			list.Items = append(list.Items, *p)
-		}
-		f.mu.Unlock()
-		if f.proto {
-			list.APIVersion, list.Kind = "v1", "PodList"
-			w.Header().Set("Content-Type", runtime.ContentTypeProtobuf)
-		}
-		w.Write(f.encode(list))
-		return
-	}
-	from, _ := strconv.Atoi(r.URL.Query().Get("resourceVersion"))
-	f.mu.Unlock()
-	if f.proto {
-		w.Header().Set("Content-Type", runtime.ContentTypeProtobuf+";stream=watch")
-	}
-	w.WriteHeader(http.StatusOK)
-	w.(http.Flusher).Flush()
-	var enc interface{ Encode(runtime.Object) error }
-	if f.proto {
-		info, _ := runtime.SerializerInfoForMediaType(codecs.SupportedMediaTypes(), runtime.ContentTypeProtobuf)
-		enc = streaming.NewEncoder(info.StreamSerializer.Framer.NewFrameWriter(w), info.StreamSerializer.Serializer)
-	}
-	for {
-		f.mu.Lock()
-		if f.down {
-			f.mu.Unlock()
-			return
-		}
-		var send []fakeEvent
-		for _, e := range f.history {
-			if e.rv > from {
-				send = append(send, e)
-			}
-		}
-		from = f.rv
-		wake := f.wake
-		f.mu.Unlock()
-		for _, e := range send {
-			p := e.pod.DeepCopy()
-			if f.proto {
-				p.APIVersion, p.Kind = "v1", "Pod"
-				enc.Encode(&metav1.WatchEvent{Type: e.typ, Object: runtime.RawExtension{Raw: f.encode(p)}})
-			} else {
-				json.NewEncoder(w).Encode(map[string]any{"type": e.typ, "object": json.RawMessage(f.encode(p))})
-			}
-		}
-		w.(http.Flusher).Flush()
-		select {
-		case <-wake:
-		case <-r.Context().Done():
-			return
-		}
-	}
-}
+func (f *fakePods) listCount() int { return f.Count("list pods") }
 
 // changes records OnChange's calls as "add ns/name", "update ns/name",
 // "delete ns/name".
@@ -411,16 +312,13 @@ func TestInformerRelistTellsTheDifference(t *testing.T) {
 	if i.Len() != 3 {
 		t.Errorf("while away: %d cached, want the last view's 3", i.Len())
 	}
-	// Changes the informer can only learn of by listing again.
-	f.mu.Lock()
-	f.history = nil
-	f.mu.Unlock()
+	// Changes the informer can only learn of by listing again: the
+	// log a watch would resume from is compacted after them.
+	f.Store.Compact()
 	f.put(testPod("a", "2"))
-	f.delQuietly("ns/b")
+	f.del("ns/b")
 	f.put(testPod("d", "1"))
-	f.mu.Lock()
-	f.history = nil
-	f.mu.Unlock()
+	f.Store.Compact()
 	lists := f.listCount()
 	f.setDown(false)
 	eventually(t, "a relist", func() bool { return f.listCount() > lists })

@@ -301,6 +301,12 @@ func TestFaults(t *testing.T) {
 	}
 	s.SetDown(false)
 	ended(s.CloseWatches)
+	s.SetFault("/api/v1/nodes", &Fault{Code: 502, Body: []byte("<html>Bad Gateway</html>")})
+	if r := get("/api/v1/nodes"); r.StatusCode != 502 {
+		t.Errorf("a fault with a body: status %d, want 502", r.StatusCode)
+	} else if b, _ := io.ReadAll(r.Body); string(b) != "<html>Bad Gateway</html>" {
+		t.Errorf("a fault with a body: got %q", b)
+	}
 	s.SetRaw(func(w http.ResponseWriter, r *http.Request) bool {
 		if r.URL.Path != "/odd" {
 			return false

@@ -95,6 +95,9 @@ type Fault struct {
 	Reason, Message string
 	// Times is how many requests get it; zero: until it is cleared.
 	Times int
+	// Body, when not nil, is sent instead of a Status, as a proxy or a
+	// server in trouble answers (empty: no body at all).
+	Body []byte
 }
 
 // Server is the fake API server. Store holds its objects.
@@ -400,6 +403,11 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 	if f := s.fault(req.URL.Path); f != nil {
+		if f.Body != nil {
+			w.WriteHeader(f.Code)
+			w.Write(f.Body)
+			return
+		}
 		writeStatus(w, f.Code, f.Reason, f.Message)
 		return
 	}
