@@ -24,7 +24,7 @@ import (
 
 const (
 	nodeNS   = "ub-node"
-	nsPrefix = "ub-" // every namespace the benchmark creates
+	nsPrefix = rig.NSPrefix // every namespace the benchmark creates
 )
 
 // attachment is one pod attached through CNI.

@@ -34,6 +34,7 @@ import (
 	"time"
 
 	"github.com/cni-usernet/cni-usernet/hack/bench/loadgen"
+	"github.com/cni-usernet/cni-usernet/hack/bench/rig"
 )
 
 func main() {
@@ -48,7 +49,7 @@ func main() {
 		case "probe":
 			os.Exit(probeMain(os.Args[2:]))
 		case "noderoutes":
-			os.Exit(nodeRoutesMain(os.Args[2:]))
+			os.Exit(rig.NodeRoutesMain(os.Args[2:]))
 		}
 	}
 	os.Exit(benchMain(os.Args[1:]))

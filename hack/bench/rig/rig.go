@@ -15,6 +15,9 @@ import (
 	"github.com/cni-usernet/cni-usernet/hack/bench/runlog"
 )
 
+// NSPrefix begins the name of every namespace the bench makes.
+const NSPrefix = "ub-"
+
 // Rig holds the namespaces and servers of one run.
 type Rig struct {
 	logs string // where servers log
