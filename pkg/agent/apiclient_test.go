@@ -2,17 +2,13 @@ package agent
 
 import (
 	"context"
-	"encoding/json"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -21,46 +17,34 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/cni-usernet/cni-usernet/pkg/agent/podevent"
+	"github.com/cni-usernet/cni-usernet/test/lib/fakeapi"
 )
 
-// apiServer answers the agent's own calls from a table of paths.
-func apiServer(t *testing.T, h http.HandlerFunc) *apiClient {
+// apiServer is an API server for the agent's own calls, and a client of
+// it.
+func apiServer(t *testing.T, o fakeapi.Options) (*apiClient, *fakeapi.Server) {
 	t.Helper()
-	srv := httptest.NewTLSServer(h)
-	t.Cleanup(srv.Close)
-	ca := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw})
-	c, err := newAPIClient(&rest.Config{Host: srv.URL, BearerToken: "tok", TLSClientConfig: rest.TLSClientConfig{CAData: ca}}, ca)
+	o.Token = "tok"
+	srv := fakeapi.NewTest(t, o)
+	c, err := newAPIClient(&rest.Config{Host: srv.URL(), BearerToken: "tok", TLSClientConfig: rest.TLSClientConfig{CAData: srv.CAPEM()}}, srv.CAPEM())
 	if err != nil {
 		t.Fatal(err)
 	}
-	return c
+	return c, srv
 }
 
-func writeJSON(w http.ResponseWriter, code int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(code)
-	json.NewEncoder(w).Encode(v)
+func put(t *testing.T, srv *fakeapi.Server, resource string, obj any) {
+	t.Helper()
+	if _, err := srv.Store.Put(resource, obj); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func TestAPIClientNodes(t *testing.T) {
-	c := apiServer(t, func(w http.ResponseWriter, r *http.Request) {
-		switch {
-		case r.URL.Path == "/api/v1/nodes/n1":
-			writeJSON(w, 200, map[string]any{"metadata": map[string]any{"name": "n1"}, "spec": map[string]any{"podCIDR": "10.244.1.0/24"}})
-		case r.URL.Path == "/api/v1/nodes" && r.URL.Query().Get("continue") == "":
-			if r.URL.Query().Get("limit") != "50" {
-				t.Errorf("node list limit %q, want 50", r.URL.Query().Get("limit"))
-			}
-			writeJSON(w, 200, map[string]any{"metadata": map[string]any{"continue": "next"}, "items": []any{
-				map[string]any{"metadata": map[string]any{"name": "n1"}, "spec": map[string]any{"podCIDRs": []string{"10.244.1.0/24", "fd00:1::/64"}},
-					"status": map[string]any{"addresses": []any{map[string]any{"type": "Hostname", "address": "n1"}, map[string]any{"type": "InternalIP", "address": "192.0.2.1"}}}},
-			}})
-		case r.URL.Path == "/api/v1/nodes":
-			writeJSON(w, 200, map[string]any{"items": []any{map[string]any{"metadata": map[string]any{"name": "n2"}}}})
-		default:
-			writeJSON(w, 404, map[string]any{"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404})
-		}
-	})
+	// One node a page, whatever the limit: the client must follow
+	// continue.
+	c, srv := apiServer(t, fakeapi.Options{MaxPage: 1})
+	put(t, srv, "nodes", map[string]any{"metadata": map[string]any{"name": "n1"}, "spec": map[string]any{"podCIDR": "10.244.1.0/24"}})
 	ctx := context.Background()
 	cidrs, err := c.nodePodCIDRs(ctx, "n1")
 	if err != nil || len(cidrs) != 1 || cidrs[0] != "10.244.1.0/24" {
@@ -69,33 +53,31 @@ func TestAPIClientNodes(t *testing.T) {
 	if _, err := c.nodePodCIDRs(ctx, "gone"); !apierrors.IsNotFound(err) {
 		t.Errorf("nodePodCIDRs of a missing node: got %v, want not found", err)
 	}
+	put(t, srv, "nodes", map[string]any{"metadata": map[string]any{"name": "n1"}, "spec": map[string]any{"podCIDRs": []string{"10.244.1.0/24", "fd00:1::/64"}},
+		"status": map[string]any{"addresses": []any{map[string]any{"type": "Hostname", "address": "n1"}, map[string]any{"type": "InternalIP", "address": "192.0.2.1"}}}})
+	put(t, srv, "nodes", map[string]any{"metadata": map[string]any{"name": "n2"}})
 	nodes, err := c.listNodes(ctx)
 	if err != nil || len(nodes) != 2 || nodes[0].Name != "n1" || len(nodes[0].PodCIDRs) != 2 ||
 		len(nodes[0].InternalIPs) != 1 || nodes[0].InternalIPs[0].String() != "192.0.2.1" || nodes[1].Name != "n2" {
 		t.Errorf("listNodes: got %+v, %v; want both pages, n1 with two CIDRs and its InternalIP", nodes, err)
 	}
+	lists := 0
+	for _, r := range srv.Requests() {
+		if r.Path == "/api/v1/nodes" {
+			lists++
+			if r.Query.Get("limit") != "50" {
+				t.Errorf("node list limit %q, want 50", r.Query.Get("limit"))
+			}
+		}
+	}
+	if lists != 2 {
+		t.Errorf("node lists: %d, want both pages", lists)
+	}
 }
 
 func TestAPIClientDaemonSetExists(t *testing.T) {
-	var mu sync.Mutex
-	answer := 200
-	deleting := false
-	c := apiServer(t, func(w http.ResponseWriter, r *http.Request) {
-		mu.Lock()
-		defer mu.Unlock()
-		if r.URL.Path != "/apis/apps/v1/namespaces/kube-system/daemonsets/cni-usernet" {
-			t.Errorf("path %s", r.URL.Path)
-		}
-		md := map[string]any{"name": "cni-usernet", "namespace": "kube-system"}
-		if deleting {
-			md["deletionTimestamp"] = "2026-01-01T00:00:00Z"
-		}
-		if answer != 200 {
-			writeJSON(w, answer, map[string]any{"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": answer})
-			return
-		}
-		writeJSON(w, 200, map[string]any{"metadata": md})
-	})
+	c, srv := apiServer(t, fakeapi.Options{})
+	const path = "/apis/apps/v1/namespaces/kube-system/daemonsets/cni-usernet"
 	for _, tc := range []struct {
 		code     int
 		deleting bool
@@ -109,12 +91,31 @@ func TestAPIClientDaemonSetExists(t *testing.T) {
 		{401, false, false, apierrors.IsUnauthorized},
 		{503, false, false, isUnreachable},
 	} {
-		mu.Lock()
-		answer, deleting = tc.code, tc.deleting
-		mu.Unlock()
+		md := map[string]any{"name": "cni-usernet", "namespace": "kube-system"}
+		if tc.deleting {
+			md["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+		}
+		switch tc.code {
+		case 200:
+			put(t, srv, "daemonsets", map[string]any{"metadata": md})
+			srv.SetFault(path, nil)
+		case 404:
+			if srv.Store.Get("daemonsets", "kube-system", "cni-usernet") != nil {
+				if err := srv.Store.Delete("daemonsets", "kube-system", "cni-usernet"); err != nil {
+					t.Fatal(err)
+				}
+			}
+		default:
+			srv.SetFault(path, &fakeapi.Fault{Code: tc.code})
+		}
 		got, err := c.daemonSetExists(context.Background(), "kube-system", "cni-usernet")
 		if got != tc.want || (tc.err == nil) != (err == nil) || (tc.err != nil && !tc.err(err)) {
 			t.Errorf("answer %d (deleting %v): got %v, %v; want %v", tc.code, tc.deleting, got, err, tc.want)
+		}
+	}
+	for _, r := range srv.Requests() {
+		if r.Path != path {
+			t.Errorf("path %s", r.Path)
 		}
 	}
 }
@@ -122,18 +123,8 @@ func TestAPIClientDaemonSetExists(t *testing.T) {
 // TestAPIClientEvent: the Event on a pod is posted with its UID, read
 // first (the body is podevent's, tested there).
 func TestAPIClientEvent(t *testing.T) {
-	var got map[string]any
-	c := apiServer(t, func(w http.ResponseWriter, r *http.Request) {
-		switch {
-		case r.Method == http.MethodGet && r.URL.Path == "/api/v1/namespaces/ns/pods/p":
-			writeJSON(w, 200, map[string]any{"metadata": map[string]any{"name": "p", "namespace": "ns", "uid": "uid-p"}})
-		case r.Method == http.MethodPost && r.URL.Path == "/api/v1/namespaces/ns/events":
-			json.NewDecoder(r.Body).Decode(&got)
-			writeJSON(w, 201, got)
-		default:
-			t.Errorf("unexpected %s %s", r.Method, r.URL.Path)
-		}
-	})
+	c, srv := apiServer(t, fakeapi.Options{})
+	put(t, srv, "pods", map[string]any{"metadata": map[string]any{"name": "p", "namespace": "ns", "uid": "uid-p"}})
 	ctx := context.Background()
 	uid, err := c.podUID(ctx, "ns", "p")
 	if err != nil || uid != "uid-p" {
@@ -144,12 +135,21 @@ func TestAPIClientEvent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	evs := srv.Events()
+	if len(evs) != 1 || evs[0].Method != http.MethodPost || evs[0].Namespace != "ns" {
+		t.Fatalf("events %+v, want one posted to ns", evs)
+	}
+	got := srv.EventBodies()[0]
 	io := got["involvedObject"].(map[string]any)
 	if io["uid"] != "uid-p" || got["reason"] != "StackNotRestarted" || got["message"] != "why" {
 		t.Errorf("event body: %v", got)
 	}
 	if err := c.event(ctx, podevent.Event{Namespace: "ns", PodName: "p", Type: corev1.EventTypeWarning, Reason: "X", Node: "n"}); err == nil {
 		t.Error("an event without the pod's UID: got nil error")
+	}
+	_, unknown := srv.Counts()
+	if len(unknown) != 0 || len(srv.Events()) != 1 {
+		t.Errorf("unexpected requests %v, or a second event posted", unknown)
 	}
 }
 

@@ -50,6 +50,10 @@ type Options struct {
 	CAPEM []byte
 	// Listener is where to serve; nil: a loopback port.
 	Listener net.Listener
+	// MaxPage is the most items a list's page holds, whatever limit the
+	// client asked (zero: no bound): an API server may send fewer, and
+	// clients must follow continue.
+	MaxPage int
 	// Bookmark is the time between BOOKMARKs on a watch that asks for
 	// them; zero: 20 s.
 	Bookmark time.Duration
@@ -566,6 +570,9 @@ func (s *Server) list(w http.ResponseWriter, req *http.Request, r route, k Kind)
 	}
 	q := req.URL.Query()
 	limit, _ := strconv.Atoi(q.Get("limit"))
+	if m := s.o.MaxPage; m > 0 && (limit == 0 || limit > m) {
+		limit = m
+	}
 	var tok continueToken
 	if c := q.Get("continue"); c != "" {
 		b, err := base64.RawURLEncoding.DecodeString(c)
