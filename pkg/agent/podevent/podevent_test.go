@@ -2,10 +2,7 @@ package podevent
 
 import (
 	"context"
-	"encoding/json"
-	"encoding/pem"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -13,40 +10,34 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/rest"
+
+	"github.com/cni-usernet/cni-usernet/test/lib/fakeapi"
 )
 
-func server(t *testing.T, h http.HandlerFunc) *Client {
+// server is an API server that takes token tok, and a client of it.
+func server(t *testing.T) (*Client, *fakeapi.Server) {
 	t.Helper()
-	srv := httptest.NewTLSServer(h)
-	t.Cleanup(srv.Close)
-	ca := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw})
-	c, err := New(&rest.Config{Host: srv.URL, BearerToken: "tok", TLSClientConfig: rest.TLSClientConfig{CAData: ca}})
+	srv := fakeapi.NewTest(t, fakeapi.Options{Token: "tok"})
+	c, err := New(&rest.Config{Host: srv.URL(), BearerToken: "tok", TLSClientConfig: rest.TLSClientConfig{CAData: srv.CAPEM()}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return c
+	return c, srv
 }
 
 func TestPost(t *testing.T) {
-	var got map[string]any
-	c := server(t, func(w http.ResponseWriter, r *http.Request) {
-		if r.Method != http.MethodPost || r.URL.Path != "/api/v1/namespaces/ns/events" {
-			t.Errorf("unexpected %s %s", r.Method, r.URL.Path)
-		}
-		if r.Header.Get("Authorization") != "Bearer tok" {
-			t.Errorf("Authorization %q, want the bearer token", r.Header.Get("Authorization"))
-		}
-		json.NewDecoder(r.Body).Decode(&got)
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(201)
-		json.NewEncoder(w).Encode(got)
-	})
+	c, srv := server(t)
 	at := time.Date(2026, 1, 2, 3, 4, 5, 600, time.UTC)
 	err := c.Post(context.Background(), Event{Namespace: "ns", PodName: "p", PodUID: "uid-p", Type: corev1.EventTypeWarning,
 		Reason: "StackNotRestarted", Message: strings.Repeat("é", 700), Action: "RestartStack", Node: "node-1", Time: at})
 	if err != nil {
 		t.Fatal(err)
 	}
+	evs := srv.Events()
+	if len(evs) != 1 || evs[0].Method != http.MethodPost || evs[0].Namespace != "ns" {
+		t.Fatalf("events %+v, want one POST to /api/v1/namespaces/ns/events", evs)
+	}
+	got := srv.EventBodies()[0]
 	io := got["involvedObject"].(map[string]any)
 	src := got["source"].(map[string]any)
 	md := got["metadata"].(map[string]any)
@@ -65,11 +56,8 @@ func TestPost(t *testing.T) {
 func utf8Valid(s string) bool { return strings.ToValidUTF8(s, "\uFFFD") == s }
 
 func TestPostRefused(t *testing.T) {
-	c := server(t, func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(403)
-		json.NewEncoder(w).Encode(map[string]any{"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden", "code": 403})
-	})
+	c, srv := server(t)
+	srv.SetFault("/api/v1/namespaces/ns/events", &fakeapi.Fault{Code: 403, Reason: "Forbidden"})
 	e := Event{Namespace: "ns", PodName: "p", PodUID: "u", Type: corev1.EventTypeWarning, Reason: "X", Node: "n"}
 	if err := c.Post(context.Background(), e); !apierrors.IsForbidden(err) {
 		t.Errorf("a refused event: got %v, want forbidden", err)
