@@ -8,11 +8,11 @@ import (
 )
 
 // Go keeps the heap that a burst of traffic grew to for reuse, and returns
-// it to the kernel only slowly: a stack that served redis-benchmark and two
-// iperf3 runs held 23 MiB RSS three minutes later (12 MiB anonymous, 4.4
-// when fresh) with about 2 MB of it live. With one stack per pod, that is
-// memory a node pays for every pod that was ever busy. So when the link
-// goes quiet after a burst, the stack hands the free heap back once.
+// it to the kernel only slowly: minutes after a burst, a stack still holds
+// well above its idle RSS, little of it live (docs/performance.md, "What
+// a pod's stack costs"). With one stack per pod, that is memory a node
+// pays for every pod that was ever busy. So when the link goes quiet
+// after a burst, the stack hands the free heap back once.
 const (
 	// memCheckEvery is the window over which the link counts as quiet.
 	memCheckEvery = 15 * time.Second

@@ -20,11 +20,12 @@ type MemoryLoad struct {
 // Per-item costs behind MemoryBound, from docs/reliability/hostile.md,
 // rounded up from measurements.
 const (
-	// memBase is an idle stack (15-20 MiB measured: binary, runtime,
-	// netstack's buffer pools) with room for what grows with the packet
-	// rate rather than with state: the buffer pools (the UDP relay's 64 KiB
-	// datagram buffers, netstack's chunks) and the garbage collector's
-	// headroom (GOGC 100: up to twice the live heap).
+	// memBase is an idle stack (binary, runtime, netstack's buffer pools;
+	// docs/performance.md, "What a pod's stack costs", holds its RSS) with
+	// room for what grows with the packet rate rather than with state: the
+	// buffer pools (the UDP relay's 64 KiB datagram buffers, netstack's
+	// chunks) and the garbage collector's headroom (GOGC 100: up to twice
+	// the live heap).
 	memBase = 64 << 20
 	// memPerPending is one inbound connection not yet established: a
 	// forwarder goroutine, a netstack endpoint in SYN-RCVD, for a few an

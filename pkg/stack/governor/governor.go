@@ -7,18 +7,16 @@
 //
 // One thread is the stack's best shape for requests: every goroutine a
 // frame wakes runs on the thread that read it, and a second P only adds a
-// thread that the runtime wakes to spin for work at every hand-off (40 %
-// more stack CPU under request/response, redis 0.44× against 0.61× the
-// kernel veth; BENCHMARKS.md, History: link read on Go's netpoller, one
-// thread).
+// thread that the runtime wakes to spin for work at every hand-off, which
+// costs requests both latency and stack CPU (docs/architecture.md,
+// "Threads", holds the measurements).
 // Bulk traffic over many connections is the opposite: each goroutine
-// has a large write to make, the one thread saturates, and 16 or 128
-// streams into one pod moved 6.2–8.2 Gbit/s on one thread against
-// 8.0–10.9 on two (lab, alternated). What tells them apart
-// is the size of the frames: GSO and GRO aggregates under bulk traffic, a
-// few hundred bytes under requests; and the number of connections: one
-// stream gains nothing from a second thread (8.2–8.4 against 8.2–9.8
-// Gbit/s in the same lab) and pays 25 % more CPU per byte for it.
+// has a large write to make, the one thread saturates, and many streams
+// into one pod move more on two threads than on one (docs/performance.md,
+// "Where a request's time goes"). What tells them apart is the size of
+// the frames: GSO and GRO aggregates under bulk traffic, a few hundred
+// bytes under requests; and the number of connections: one stream gains
+// nothing from a second thread and pays more CPU per byte for it.
 //
 // Busy polling is for requests what the second thread is for bulk: a
 // request that finds the stack's thread asleep pays for its wake-up, most
@@ -29,8 +27,8 @@
 // receiving application needs) and other pods on a node whose cores are
 // all taken, or nearly: under redis on two CPUs (client, server and
 // stack busy) polling, always on or not, gained nothing and at times cost
-// a fifth of the requests. So the governor polls only on one thread, for
-// traffic of small frames at a request rate, when the node had half a
+// requests. So the governor polls only on one thread, for traffic of
+// small frames at a request rate, when the node had three quarters of a
 // core idle without it, and while no task waits long for a CPU; every
 // second it looks again without polling.
 package governor
@@ -64,9 +62,10 @@ const (
 	// DefaultInterval is how often the governor looks.
 	DefaultInterval = 100 * time.Millisecond
 	// busyCores: a stack that used this much of a core per thread over an
-	// interval is saturated: one thread under 16 streams measured 0.95 to
-	// 1.0 core per interval, and 0.9 is common in a noisy one. One stream
-	// can use as much; minConns keeps it on one thread.
+	// interval is saturated. It sits below a whole core because a thread
+	// that many streams saturate still shows less than one in a noisy
+	// interval. One stream can use as much; minConns keeps it on one
+	// thread.
 	busyCores = 0.85
 	// idleCores: a stack on two threads that used less than this over an
 	// interval fits on one.
@@ -93,10 +92,11 @@ const (
 	// over an interval without polling for busy polling to be turned on:
 	// three quarters of a core that nobody, the stack included, asked
 	// for. Polling then spends only what was idle: under redis on two
-	// CPUs (client, server and stack busy, 1.7-1.8 cores, 0.2-0.3 idle)
-	// it stays off, under a round trip at a time (0.8-1.0 core busy) it
-	// goes on. With half a core, redis's noisier intervals turned it on
-	// and it cost redis 5-15 % in each round of an A/B.
+	// CPUs (client, server and stack busy, well under this idle) it stays
+	// off, under a round trip at a time (about one core busy) it goes on.
+	// Half a core let redis's noisier intervals turn it on, and redis
+	// lost requests for it
+	// (docs/benchmarks/2026-12-03-2142-ab-busypoll-idle-rule.md).
 	idleStart = 0.75
 	// probeEvery: while polling, the node's idle cannot be seen (the
 	// poller spends it), so every probeEvery intervals one goes without
@@ -105,8 +105,8 @@ const (
 	// waitStart and waitKeep bound the share of an interval during which
 	// some task on the node waited for a CPU, for busy polling to be
 	// turned on and to stay on between probes: polling that makes others
-	// wait goes at once. 0.31-0.36 under redis on two CPUs, 0.53 with
-	// three spinners on two CPUs, 1.0 with eight.
+	// wait goes at once. Redis on two CPUs makes tasks wait for less
+	// than waitStart; spinners that outnumber the CPUs, for more.
 	waitStart = 0.4
 	waitKeep  = 0.5
 )

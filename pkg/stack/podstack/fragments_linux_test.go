@@ -26,12 +26,14 @@ const reassemblyLimit = 4 << 20
 // 3.5 times that limit. netstack counts a fragment's length plus one
 // PacketBuffer (42 + 328 bytes here) and evicts down to 3 MiB beyond 4;
 // what it does not count is about as much again for a first fragment (a
-// second PacketBuffer, the reassembler, its holes and map entry): 11.5 MiB
-// live for 4 MiB counted, measured. Without the copy of each fragment
-// into a buffer of its own size, each would also hold the link reader's
-// 2 KiB view: 28.6 MiB. Then a fragmented echo request still reassembles and is
-// answered. Both ways a fragment arrives: on the link's socket, and on a
-// fragment socket of its own (fragPath).
+// second PacketBuffer, the reassembler, its holes and map entry), which
+// the reassembly charge in front of each copy makes it count. Without the
+// copy of each fragment into a buffer of its own size, each would also
+// hold the link reader's 2 KiB view, far beyond the bound
+// (docs/reliability/hostile.md, "Fragments at full speed", holds what
+// each way leaves live). Then a fragmented echo request still reassembles
+// and is answered. Both ways a fragment arrives: on the link's socket, and
+// on a fragment socket of its own (fragPath).
 func TestFragmentFloodHeldAsCounted(t *testing.T) {
 	for _, fragSocket := range []bool{false, true} {
 		t.Run(map[bool]string{false: "link socket", true: "fragment socket"}[fragSocket], func(t *testing.T) {

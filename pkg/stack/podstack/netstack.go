@@ -68,19 +68,17 @@ func setTCPOptions(s *tcpipstack.Stack, bufMax int) error {
 		// flight: after a window's tail is lost with nothing above it for
 		// the peer to SACK, every ACK of a retransmission re-entered
 		// recovery with the whole tail "in flight", and the connection
-		// sent one segment per RTO. Without RACK, in one interleaved
-		// run against a build with it (BENCHMARKS.md, History: recovery
-		// without RACK), software mode's pod→node gained 60 % (the wire
-		// queue alone: 5 %), the other rows level. Tailscale turned RACK
-		// off in its netstack too.
+		// sent one segment per RTO. Without RACK, software mode's pod→node
+		// gains and the other rows stay level (docs/architecture.md,
+		// "Queues", holds the interleaved run). Tailscale turned RACK off
+		// in its netstack too.
 		ptr(tcpip.TCPRecovery(0)),
 		ptr(tcpip.TCPModerateReceiveBufferOption(true)),
 		// A new connection's receive window starts at the largest buffer
 		// instead of growing to it (memory is only taken as data queues,
-		// and the bound already counts the largest). In one interleaved
-		// run against a 1 MiB start (bench --quick --baseline, 3 rounds):
-		// bulk node→pod 4.18 against 3.00 Gbit/s, pod→node 4.87 against
-		// 3.40, ranges apart; redis +25 %.
+		// and the bound already counts the largest). Against a 1 MiB
+		// start, bulk both ways and redis gain, beyond the runs' spread
+		// (docs/benchmarks/2026-11-30-copy-buffers-window-runtime.md).
 		&tcpip.TCPReceiveBufferSizeRangeOption{Min: 4096, Default: bufMax, Max: bufMax},
 		&tcpip.TCPSendBufferSizeRangeOption{Min: 4096, Default: 1 << 20, Max: bufMax},
 	}

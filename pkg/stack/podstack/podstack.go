@@ -57,8 +57,8 @@ type Options struct {
 	// delivers to the veth's peer) then run on different cores, and the
 	// queue hands the link batches. Zero: send in the caller's goroutine.
 	// (A queue that sent inline when idle, to save a hand-off per lone
-	// packet, lost 20-60 % of bulk throughput and gained nothing on
-	// request/response: hack/bench/run.sh --quick --baseline, BENCHMARKS.md.)
+	// packet, lost bulk throughput and gained nothing on
+	// request/response: docs/benchmarks/2026-11-30-2038-full-run.md.)
 	// A full queue makes the sender wait (pkg/stack/wirelink/wirequeue): a packet dropped
 	// there is one netstack's TCP believes sent.
 	WireQueueLen int

@@ -16,9 +16,10 @@ import (
 )
 
 // A SYN flood reaches a mirrored listener faster than netstack's listener
-// path can answer it (about 10 µs of CPU per SYN: the link's dispatch,
-// IP, the TCP demultiplexer, a hand-off to a TCP processor goroutine and
-// the SYN cookie), and the link caps what it hands netstack (podstack's
+// path can answer it (each SYN pays for the link's dispatch, IP, the TCP
+// demultiplexer, a hand-off to a TCP processor goroutine and the SYN
+// cookie; docs/reliability/hostile.md, "A SYN flood at full speed",
+// holds the profile), and the link caps what it hands netstack (podstack's
 // SYN admission). The SYNs beyond that cap to a mirrored port are answered
 // here instead, in the link's receiving goroutine: a SYN-ACK carrying the
 // very cookie netstack's listener would have sent, built from the SYN's

@@ -151,10 +151,9 @@ type Options struct {
 	// call and per netstack read or write: the buffer podToWire copies
 	// through (held only while it has data to move), and the most
 	// wireToPod writes from netstack's buffers at once. Zero: 256 KiB:
-	// four maximum-size segments.
-	// Against 64 KiB, in one interleaved run (hack/bench/run.sh --quick
-	// --baseline, 3 rounds, loaded machine): bulk +40 % node→pod and
-	// +54 % pod→node, nginx 10 MiB +50 %, stack CPU per GB pod→node -23 %.
+	// four maximum-size segments. Against 64 KiB, bulk both ways and
+	// nginx gain and the stack spends less CPU per byte
+	// (docs/benchmarks/2026-11-30-copy-buffers-window-runtime.md).
 	CopyBufferBytes int
 	// PodAddrs are the pod's own addresses (podnet.Spec.PodIPs): the only
 	// sources the relay takes from the applications' leg, in the TUN and

@@ -219,9 +219,9 @@ func consume(ep tcpip.Endpoint, n int) {
 //
 // It copies through a buffer of ours. netstack can read the socket itself
 // (a Payloader whose Read is the read system call), but it reads into one
-// 64 KiB chunk at a time, so bulk data then took four reads where this
-// takes one: in alternated lab runs pod→node fell to 7.1–7.5 Gbit/s
-// against 7.7–9.1 and nginx 10 MiB with it.
+// 64 KiB chunk at a time, so bulk data would take four reads where this
+// takes one, and pod→node bulk and nginx lose for it
+// (docs/benchmarks/2026-12-01-relay-writev-gro.md).
 //
 // Each read also tells how much the socket still holds (TCP_INQ, see
 // appReader), so an answer costs one read, not a read and then another

@@ -16,26 +16,28 @@ import (
 // ipfrag_high_thresh, then eviction down to 3 MiB) counts what a fragment
 // carries, its frame's length plus a PacketBuffer, but a fragment keeps
 // the whole buffer the link read it into alive: the link reader's 2 KiB
-// view for an MTU frame, fdbased's views for its. A flood of 42-byte
-// first fragments (hping3 --udp -x -d 0 --rand-source, 50,000/s) was
-// counted at 370 bytes each while each held 2.8 KiB: the stack grew from
-// 17 to 95 MiB RSS (test/hostile TestFragmentFlood). So each
-// fragment is copied into a buffer of its own size before netstack sees
-// it; what reassembly holds is then within about twice what it counts
-// (the reassembler and its map entry are not counted), which
-// stack.ReassemblyBound allows for.
+// view for an MTU frame, fdbased's views for its. A flood of the smallest
+// first fragments (hping3 --udp -x -d 0 --rand-source) was counted at a
+// fraction of what each held, and the stack's RSS grew far beyond the
+// limit (test/hostile TestFragmentFlood; docs/reliability/hostile.md,
+// "Fragments at full speed", holds the runs). So each fragment is copied
+// into a buffer of its own size before netstack sees it; what reassembly
+// holds is then within about twice what it counts (the reassembler and
+// its map entry are not counted), which stack.ReassemblyBound allows for.
 
 // reassemblyCharge is added to what netstack's reassembly counts for each
 // fragment, as headroom reserved in front of the copy (counted by
 // PacketBuffer.MemSize, the only measure the limit reads): what a held
 // fragment costs beyond its bytes and one PacketBuffer (a second
 // PacketBuffer for a first fragment, the reassembler, its holes and map
-// entry, 700-800 bytes) is not counted, so 4 MiB counted held 11.5 MiB of
-// 42-byte fragments. Charging 1 KiB more each, about what the kernel's
-// truesize charges such a fragment beyond its bytes, netstack holds a
-// third as many: 6.0 MiB live for the same flood, 5.7 for MTU-sized
-// fragments (TestFragmentFloodHeldAsCounted). A power of two: the
-// reservation takes a buffer chunk of exactly its size.
+// entry, 700-800 bytes) is not counted, so the smallest fragments held
+// several times what netstack counted. Charging 1 KiB more each, about
+// what the kernel's truesize charges such a fragment beyond its bytes,
+// netstack holds a third as many, within stack.ReassemblyBound for the
+// smallest fragments and MTU-sized ones alike
+// (TestFragmentFloodHeldAsCounted; docs/reliability/hostile.md,
+// "Fragments at full speed"). A power of two: the reservation takes a
+// buffer chunk of exactly its size.
 const reassemblyCharge = 1024
 
 // Reassembly timeouts of netstack's IPv4 and IPv6 (ipv4.ReassembleTimeout,

@@ -51,10 +51,11 @@ type fragPath struct {
 const (
 	// fragBatch is how many fragments one recvmmsg takes.
 	fragBatch = 16
-	// fragBudget is how many fragments a turn reads: about 0.6 ms of
-	// the stack's time at the ~9 µs a flooding fragment cost it
-	// (113,000 a second on one core; docs/reliability/hostile.md,
-	// "Fragments on a socket of their own").
+	// fragBudget is how many fragments a turn reads: few enough that,
+	// at what a flooding fragment costs the stack, a turn keeps the
+	// link's frames waiting well under a millisecond
+	// (docs/reliability/hostile.md, "Fragments on a socket of their
+	// own", holds the cost).
 	fragBudget = 4 * fragBatch
 	// fragPause is how long the loop sleeps between turns while
 	// fragments are queued. The sleep only has to park the loop; while

@@ -191,12 +191,13 @@ func recvmmsg(fd uintptr, msgs []rawfile.MMsgHdr) (int, unix.Errno) {
 // fdbased's reader blocks in ppoll inside a system call that gives its P
 // away (entersyscallblock). Everything the batch woke (netstack's TCP
 // processor, then the relay goroutine that writes to the application)
-// then waits for another OS thread to be woken to run it: 25-60 µs per
-// request on this kind of VM (go tool trace of a TCP_RR run, the stack's
-// /debug/pprof/trace). A goroutine parked on the netpoller instead leaves
-// its thread to exactly those goroutines, so a request crosses the stack
-// on the thread that read it. fdbased keeps the sending, on a socket of
-// its own that receives nothing (packetsock.Options.SendOnly).
+// then waits for another OS thread to be woken to run it, a wait that
+// go tool trace of a TCP_RR run shows in every request
+// (docs/architecture.md, "Threads"). A goroutine parked on the netpoller
+// instead leaves its thread to exactly those goroutines, so a request
+// crosses the stack on the thread that read it. fdbased keeps the
+// sending, on a socket of its own that receives nothing
+// (packetsock.Options.SendOnly).
 type linkReader struct {
 	recvLoop
 	mac                 tcpip.LinkAddress
@@ -226,17 +227,17 @@ const linkReadBatch = 8
 // (up to 64 KiB) both, and only the views a frame used are replaced after
 // it. fdbased's shape (ten views, 128 B to 32 KiB, same total) had a 64
 // KiB frame take ten pool chunks, ten views for netstack to clone and
-// walk and ten iovecs to the application: with two, node→pod moved
-// 9.8–11.2 against 8.6–10.0 Gbit/s at 0.62–0.73 against 0.73–0.86
-// core·s per GB, TCP_RR and redis level (lab, alternated; BENCHMARKS.md,
-// History: relay writes from netstack's buffers, GRO rows).
+// walk and ten iovecs to the application: with two, node→pod moves more
+// at less CPU per byte, and TCP_RR and redis stay level
+// (docs/benchmarks/2026-12-01-relay-writev-gro.md).
 var rxBufSizes = [...]int{2048, 63616}
 
 // newRxView takes a view for frames from gVisor's pool without clearing it
 // (patch 0002): recvmmsg overwrites what a frame uses, and take exposes
 // only that. gVisor's NewViewSize clears the whole 64 KiB chunk for every
-// frame, and more so per byte the smaller the frames: `memclr` was 7 % of
-// the stack's CPU under 128 streams (docs/performance.md).
+// frame, and more so per byte the smaller the frames: under many streams
+// `memclr` is a visible share of the stack's CPU (docs/performance.md,
+// "Where a request's time goes").
 var newRxView = buffer.NewViewSizeUninitialized
 
 type rxBuffer struct {

@@ -79,10 +79,10 @@ func (o *Options) fdbasedOptions() *fdbased.Options {
 		// One processor: fdbased then delivers each received batch in the
 		// reading goroutine. With more, it hands packets to per-processor
 		// queues that have no bound: a flood the stack cannot keep up with
-		// piles up there (measured: 600 MB RSS, and an established
-		// connection's segments stuck for tens of seconds behind the
-		// backlog) instead of in the socket's receive buffer, where the
-		// kernel drops the excess.
+		// piles up there, in the stack's RSS and ahead of an established
+		// connection's segments (docs/reliability/hostile.md, "What was
+		// unbounded, and what bounds it now"), instead of in the socket's
+		// receive buffer, where the kernel drops the excess.
 		ProcessorsPerChannel: 1,
 		// Called with nil when the endpoint is closed, with the error when
 		// its reader ended on one.

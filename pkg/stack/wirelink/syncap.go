@@ -13,15 +13,16 @@ import (
 // netstack: a token bucket, refilled at synRate per second, holding at
 // most synBurst. netstack queues segments without payload to a listener
 // however long its queue grows, so a SYN flood faster than the listener
-// path (about 10 µs of CPU per SYN, SYN cookie included) grows the stack's
-// memory without bound (measured before this cap: 930 MiB RSS at 120,000
-// SYN/s from one hping3). 30,000 new connections per second per pod is
-// below what the listener path serves when the stack has a core, and far
-// above what a pod's clients open; established connections, ARP and NDP
-// are never capped. Beyond it a SYN to a mirrored listener is answered
-// with a SYN cookie by the fast path (relay.AnswerSYN, counted in
-// LinkStats.RxSynCookied); any other is dropped and counted
-// (LinkStats.RxSynShed), and a real client's SYN retransmission gets in.
+// path (SYN cookie included) grows the stack's memory without bound, as
+// one hping3 does (docs/reliability/hostile.md, "A SYN flood at full
+// speed", holds the profile and the memory). 30,000 new connections per
+// second per pod is below what the listener path serves when the stack
+// has a core, and far above what a pod's clients open; established
+// connections, ARP and NDP are never capped. Beyond it a SYN to a
+// mirrored listener is answered with a SYN cookie by the fast path
+// (relay.AnswerSYN, counted in LinkStats.RxSynCookied); any other is
+// dropped and counted (LinkStats.RxSynShed), and a real client's SYN
+// retransmission gets in.
 const (
 	synRate  = 30000
 	synBurst = 3000

@@ -110,9 +110,10 @@ func (l *Link) closeSplit() {
 
 // Close closes the link's sockets, all at once: the kernel's release of a
 // packet socket waits for an RCU grace period (synchronize_net; the SYN
-// socket's ring a second one). One after another, as the process's exit
-// closed them, those waits were 55–60 ms of a stack's exit, a third of a
-// DEL; at once they overlap. Closing twice is harmless.
+// socket's ring a second one). One after another those waits add up to a
+// large share of a DEL; at once they overlap
+// (docs/benchmarks/2026-12-01-stack-binary.md). Closing twice is
+// harmless.
 func (l *Link) Close() {
 	var wg sync.WaitGroup
 	if l.SYN != nil {

@@ -14,8 +14,9 @@ import (
 // not the stack's), and the stack reads frames from shared memory, with a
 // system call only when the ring is empty. Under a flood that takes the
 // receive system calls and the per-frame socket buffers off the stack's
-// core (recvmmsg of 64 SYNs cost ~1.5 µs per SYN in the stack's profile),
-// and a frame takes 256 bytes of ring instead of a ~1 KiB socket buffer.
+// core (recvmmsg is a sizeable share of a SYN's cost in the stack's
+// profile; docs/reliability/hostile.md, "The SYN cookie fast path"), and
+// a frame takes 256 bytes of ring instead of a ~1 KiB socket buffer.
 
 const (
 	// synFrameSize holds the frame header (tp_mac lands at 66) and the

@@ -11,14 +11,16 @@ import (
 // path (netstack's link dispatch and packet buffers) before it can be
 // told apart, and the frames the stack cannot read in time are dropped at
 // the socket whatever they carry. A fragment flood is the same: its
-// frames queued in the link's socket ahead of an established connection's
-// segments, and a probe beside hping3's random fragments took 0.4–1.4 s
-// where the kernel took 3–35 ms (test/hostile TestFragmentFlood). So the
+// frames queue in the link's socket ahead of an established connection's
+// segments, and a probe beside hping3's random fragments waits far longer
+// than beside the kernel veth (test/hostile TestFragmentFlood;
+// docs/reliability/hostile.md, "Fragments at full speed"). So the
 // pod's link is read through three sockets, split in the kernel by one
-// classic BPF program that sorts each frame into a class (linkFilter): the new-connection SYNs (TCP, SYN without ACK, not
-// a fragment, IPv4 or IPv6 without extension headers), the IP fragments
-// (IPv4 with more-fragments set or an offset, IPv6 whose first next
-// header is a fragment header), and everything else. Each socket keeps
+// classic BPF program that sorts each frame into a class (linkFilter):
+// the new-connection SYNs (TCP, SYN without ACK, not a fragment, IPv4 or
+// IPv6 without extension headers), the IP fragments (IPv4 with
+// more-fragments set or an offset, IPv6 whose first next header is a
+// fragment header), and everything else. Each socket keeps
 // the frames of its class only, so the three are exact complements and
 // every frame reaches exactly one socket; a flood of either kind fills
 // only its own socket's buffer, and the stack reads it on a path of its
@@ -95,8 +97,8 @@ func attachFilter(fd int, prog []unix.SockFilter) error {
 // Split, the link's socket receives the SYNs too.
 //
 // It takes an RCU grace period (the ring: packet_set_ring's
-// synchronize_net, 4-16 ms on this project's VMs, even on an unbound
-// socket), which a caller can spend doing other work.
+// synchronize_net, even on an unbound socket), which a caller can spend
+// doing other work (docs/benchmarks/2026-12-01-raw-syscalls-fast-start.md).
 func NewSYNSocket(o Options) (*SYNSocket, error) {
 	o.VnetHdr = false // SYNs are never GSO frames
 	s := &SYNSocket{}

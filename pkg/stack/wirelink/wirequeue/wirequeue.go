@@ -41,8 +41,9 @@ const BatchSize = 47
 // waited, decides: a sender behind many others may wait long while the
 // link drains, and a stack whose process the kernel did not run for a
 // while (CPU quota, a busy node) must not find its timers expired on
-// waking and drop what the link was about to take (measured: 4 drops in
-// TestDownloadsThroughAFullWireQueue under a plain deadline).
+// waking and drop what the link was about to take, as a plain deadline
+// does in TestDownloadsThroughAFullWireQueue (docs/architecture.md,
+// "Queues").
 const StallTime = 100 * time.Millisecond
 
 // Stats counts what the queue did besides passing packets on.
