@@ -3,14 +3,10 @@ package kube
 import (
 	"context"
 	"encoding/json"
-	"encoding/pem"
 	"errors"
 	"fmt"
-	"io"
-	"log"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -19,22 +15,24 @@ import (
 	"testing"
 	"time"
 	"unicode/utf8"
+
+	"github.com/cni-usernet/cni-usernet/test/lib/fakeapi"
 )
 
-// newServer starts a TLS API server stand-in and returns a Config that
-// trusts it, with token "tok".
-func newServer(t *testing.T, h http.HandlerFunc) (*httptest.Server, Config) {
+// newServer starts an API server and returns a Config that trusts it,
+// with token "tok", which it takes.
+func newServer(t *testing.T) (*fakeapi.Server, Config) {
 	t.Helper()
-	srv := httptest.NewUnstartedServer(h)
-	// Handshakes our tests fail on purpose would be logged as noise.
-	srv.Config.ErrorLog = log.New(io.Discard, "", 0)
-	srv.StartTLS()
-	t.Cleanup(srv.Close)
-	return srv, Config{Server: srv.URL, CAPEM: serverCA(srv), Token: "tok"}
+	srv := fakeapi.NewTest(t, fakeapi.Options{Token: "tok"})
+	return srv, Config{Server: srv.URL(), CAPEM: srv.CAPEM(), Token: "tok"}
 }
 
-func serverCA(srv *httptest.Server) []byte {
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw})
+// putPod stores pod ns/name with uid and annotations.
+func putPod(t *testing.T, srv *fakeapi.Server, ns, name, uid string, ann map[string]string) {
+	t.Helper()
+	if _, err := srv.Store.Put("pods", map[string]any{"metadata": map[string]any{"namespace": ns, "name": name, "uid": uid, "annotations": ann}}); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func newClient(t *testing.T, cfg Config) *Client {
@@ -52,27 +50,9 @@ func ctxTimeout(t *testing.T, d time.Duration) context.Context {
 	return ctx
 }
 
-func writeStatus(w http.ResponseWriter, code int, reason, msg string) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(code)
-	json.NewEncoder(w).Encode(map[string]any{
-		"kind": "Status", "apiVersion": "v1", "status": "Failure",
-		"reason": reason, "message": msg, "code": code,
-	})
-}
-
 func TestPodAnnotations(t *testing.T) {
-	var got *http.Request
-	_, cfg := newServer(t, func(w http.ResponseWriter, r *http.Request) {
-		got = r.Clone(context.Background())
-		if r.URL.Path != "/api/v1/namespaces/team-a/pods/web-0" {
-			http.NotFound(w, r)
-			return
-		}
-		fmt.Fprint(w, `{"kind":"PartialObjectMetadata","apiVersion":"meta.k8s.io/v1",
-			"metadata":{"name":"web-0","namespace":"team-a","uid":"0b7c-uid",
-			"annotations":{"cni-usernet.io/gso":"software","other":"x"}}}`)
-	})
+	srv, cfg := newServer(t)
+	putPod(t, srv, "team-a", "web-0", "0b7c-uid", map[string]string{"cni-usernet.io/gso": "software", "other": "x"})
 	c := newClient(t, cfg)
 	ann, uid, err := c.PodAnnotations(ctxTimeout(t, 2*time.Second), "team-a", "web-0")
 	if err != nil {
@@ -85,8 +65,13 @@ func TestPodAnnotations(t *testing.T) {
 	if uid != "0b7c-uid" {
 		t.Errorf("uid: got %q, want %q", uid, "0b7c-uid")
 	}
-	if got.Method != http.MethodGet {
-		t.Errorf("method: got %s, want GET", got.Method)
+	reqs := srv.Requests()
+	if len(reqs) != 1 {
+		t.Fatalf("requests: got %d, want 1", len(reqs))
+	}
+	got := reqs[0]
+	if got.Method != http.MethodGet || got.Path != "/api/v1/namespaces/team-a/pods/web-0" {
+		t.Errorf("request: got %s %s, want GET of the pod", got.Method, got.Path)
 	}
 	if a := got.Header.Get("Authorization"); a != "Bearer tok" {
 		t.Errorf("Authorization: got %q, want %q", a, "Bearer tok")
@@ -100,9 +85,8 @@ func TestPodAnnotations(t *testing.T) {
 }
 
 func TestPodAnnotationsNone(t *testing.T) {
-	_, cfg := newServer(t, func(w http.ResponseWriter, r *http.Request) {
-		fmt.Fprint(w, `{"metadata":{"name":"p","namespace":"n","uid":"u1"}}`)
-	})
+	srv, cfg := newServer(t)
+	putPod(t, srv, "n", "p", "u1", nil)
 	ann, uid, err := newClient(t, cfg).PodAnnotations(ctxTimeout(t, 2*time.Second), "n", "p")
 	if err != nil {
 		t.Fatalf("PodAnnotations: %v", err)
@@ -113,8 +97,7 @@ func TestPodAnnotationsNone(t *testing.T) {
 }
 
 func TestEmptyNamesSendNothing(t *testing.T) {
-	var calls int
-	_, cfg := newServer(t, func(w http.ResponseWriter, r *http.Request) { calls++ })
+	srv, cfg := newServer(t)
 	c := newClient(t, cfg)
 	ctx := ctxTimeout(t, 2*time.Second)
 	if _, _, err := c.PodAnnotations(ctx, "", "p"); err == nil {
@@ -123,7 +106,7 @@ func TestEmptyNamesSendNothing(t *testing.T) {
 	if _, _, err := c.PodAnnotations(ctx, "ns", ""); err == nil {
 		t.Error("PodAnnotations with empty name: got nil error")
 	}
-	if calls != 0 {
+	if calls := len(srv.Requests()); calls != 0 {
 		t.Errorf("requests sent: got %d, want 0", calls)
 	}
 }
@@ -134,32 +117,25 @@ func TestErrorMapping(t *testing.T) {
 	sentinels := []error{ErrNotFound, ErrUnauthorized, ErrForbidden, ErrUnreachable}
 	for _, tc := range []struct {
 		name     string
-		reply    func(w http.ResponseWriter)
-		want     error // the one sentinel errors.Is must match
+		fault    *fakeapi.Fault // nil: the pod is not there
+		want     error          // the one sentinel errors.Is must match
 		contains []string
 	}{
-		{"404", func(w http.ResponseWriter) {
-			writeStatus(w, 404, "NotFound", `pods "web-0" not found`)
-		}, ErrNotFound, []string{"get pods team-a/web-0", `pods "web-0" not found`}},
-		{"403", func(w http.ResponseWriter) {
-			writeStatus(w, 403, "Forbidden", forbiddenMsg)
-		}, ErrForbidden, []string{forbiddenMsg, `grant verb "get" on resource "pods" in API group "" in namespace "team-a"`}},
-		{"401", func(w http.ResponseWriter) {
-			writeStatus(w, 401, "Unauthorized", "Unauthorized")
-		}, ErrUnauthorized, []string{"token or client certificate was not accepted"}},
-		{"503", func(w http.ResponseWriter) {
-			writeStatus(w, 503, "ServiceUnavailable", "etcd is starting")
-		}, ErrUnreachable, []string{"503", "etcd is starting"}},
-		{"429", func(w http.ResponseWriter) {
-			writeStatus(w, 429, "TooManyRequests", "too many requests, please try again later")
-		}, ErrUnreachable, []string{"Too Many Requests"}},
-		{"502 from a proxy", func(w http.ResponseWriter) {
-			w.WriteHeader(502)
-			fmt.Fprint(w, "<html>Bad Gateway</html>")
-		}, ErrUnreachable, []string{"<html>Bad Gateway</html>"}},
+		{"404", nil, ErrNotFound, []string{"get pods team-a/web-0", `pods "web-0" not found`}},
+		{"403", &fakeapi.Fault{Code: 403, Reason: "Forbidden", Message: forbiddenMsg},
+			ErrForbidden, []string{forbiddenMsg, `grant verb "get" on resource "pods" in API group "" in namespace "team-a"`}},
+		{"401", &fakeapi.Fault{Code: 401, Reason: "Unauthorized", Message: "Unauthorized"},
+			ErrUnauthorized, []string{"token or client certificate was not accepted"}},
+		{"503", &fakeapi.Fault{Code: 503, Reason: "ServiceUnavailable", Message: "etcd is starting"},
+			ErrUnreachable, []string{"503", "etcd is starting"}},
+		{"429", &fakeapi.Fault{Code: 429, Reason: "TooManyRequests", Message: "too many requests, please try again later"},
+			ErrUnreachable, []string{"Too Many Requests"}},
+		{"502 from a proxy", &fakeapi.Fault{Code: 502, Body: []byte("<html>Bad Gateway</html>")},
+			ErrUnreachable, []string{"<html>Bad Gateway</html>"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, cfg := newServer(t, func(w http.ResponseWriter, r *http.Request) { tc.reply(w) })
+			srv, cfg := newServer(t)
+			srv.SetFault("", tc.fault)
 			_, _, err := newClient(t, cfg).PodAnnotations(ctxTimeout(t, 2*time.Second), "team-a", "web-0")
 			if err == nil {
 				t.Fatal("got nil error")
@@ -183,8 +159,7 @@ func TestErrorMapping(t *testing.T) {
 }
 
 func TestServerDownIsUnreachableQuickly(t *testing.T) {
-	srv := httptest.NewTLSServer(http.NotFoundHandler())
-	cfg := Config{Server: srv.URL, CAPEM: serverCA(srv), Token: "tok"}
+	srv, cfg := newServer(t)
 	srv.Close() // nothing listens on the port any more
 	c := newClient(t, cfg)
 	start := time.Now()
@@ -225,9 +200,7 @@ func TestSilentServerIsUnreachableAtDeadline(t *testing.T) {
 			mu.Unlock()
 		}
 	}()
-	srv := httptest.NewTLSServer(http.NotFoundHandler()) // only for a CA
-	t.Cleanup(srv.Close)
-	c := newClient(t, Config{Server: "https://" + ln.Addr().String(), CAPEM: serverCA(srv), Token: "tok"})
+	c := newClient(t, Config{Server: "https://" + ln.Addr().String(), CAPEM: newTestCA(t).certPEM, Token: "tok"})
 	start := time.Now()
 	_, _, err = c.PodAnnotations(ctxTimeout(t, 300*time.Millisecond), "n", "p")
 	if !errors.Is(err, ErrUnreachable) || !errors.Is(err, context.DeadlineExceeded) {
@@ -239,8 +212,8 @@ func TestSilentServerIsUnreachableAtDeadline(t *testing.T) {
 }
 
 func TestWrongCAIsNotUnreachable(t *testing.T) {
-	_, cfg := newServer(t, func(w http.ResponseWriter, r *http.Request) {})
-	// httptest servers share one certificate, so use a CA of our own.
+	_, cfg := newServer(t)
+	// A CA that did not sign the server's certificate.
 	ca := newTestCA(t)
 	cfg.CAPEM = ca.certPEM
 	_, _, err := newClient(t, cfg).PodAnnotations(ctxTimeout(t, 2*time.Second), "n", "p")
@@ -253,17 +226,7 @@ func TestWrongCAIsNotUnreachable(t *testing.T) {
 }
 
 func TestEventBody(t *testing.T) {
-	var body map[string]any
-	var path, method, ctype string
-	_, cfg := newServer(t, func(w http.ResponseWriter, r *http.Request) {
-		path, method, ctype = r.URL.Path, r.Method, r.Header.Get("Content-Type")
-		b, _ := io.ReadAll(r.Body)
-		if err := json.Unmarshal(b, &body); err != nil {
-			t.Errorf("event body is not JSON: %v", err)
-		}
-		w.WriteHeader(http.StatusCreated)
-		w.Write(b)
-	})
+	srv, cfg := newServer(t)
 	at := time.Date(2026, 3, 4, 5, 6, 7, 890, time.FixedZone("x", 3600))
 	err := newClient(t, cfg).Event(ctxTimeout(t, 2*time.Second), Event{
 		Namespace: "team-a", PodName: "web-0", PodUID: "0b7c-uid",
@@ -274,6 +237,12 @@ func TestEventBody(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Event: %v", err)
 	}
+	reqs := srv.Requests()
+	if len(reqs) != 1 || len(srv.Events()) != 1 {
+		t.Fatalf("requests %+v, want the one Event posted", reqs)
+	}
+	path, method, ctype := reqs[0].Path, reqs[0].Method, reqs[0].Header.Get("Content-Type")
+	body := srv.EventBodies()[0]
 	if method != http.MethodPost || path != "/api/v1/namespaces/team-a/events" || ctype != "application/json" {
 		t.Errorf("request: got %s %s (%s), want POST /api/v1/namespaces/team-a/events (application/json)", method, path, ctype)
 	}
@@ -303,13 +272,7 @@ func TestEventBody(t *testing.T) {
 }
 
 func TestEventLongMessageAndValidation(t *testing.T) {
-	var msg string
-	_, cfg := newServer(t, func(w http.ResponseWriter, r *http.Request) {
-		var e struct{ Message string }
-		json.NewDecoder(r.Body).Decode(&e)
-		msg = e.Message
-		w.WriteHeader(http.StatusCreated)
-	})
+	srv, cfg := newServer(t)
 	c := newClient(t, cfg)
 	ctx := ctxTimeout(t, 2*time.Second)
 	ok := Event{Namespace: "n", PodName: "p", PodUID: "u", Type: EventWarning, Reason: "BadAnnotation", Node: "node-1"}
@@ -318,6 +281,7 @@ func TestEventLongMessageAndValidation(t *testing.T) {
 	if err := c.Event(ctx, long); err != nil {
 		t.Fatalf("Event: %v", err)
 	}
+	msg, _ := srv.EventBodies()[0]["message"].(string)
 	if len(msg) > maxMessage || !utf8.ValidString(msg) || !strings.HasSuffix(msg, "...") {
 		t.Errorf("long message: got %d bytes (valid UTF-8 %v), want at most %d, valid, ending in ...", len(msg), utf8.ValidString(msg), maxMessage)
 	}
@@ -348,38 +312,14 @@ func TestEventName(t *testing.T) {
 	}
 }
 
-// tokenServer accepts only the tokens in valid and records what it got.
-type tokenServer struct {
-	mu    sync.Mutex
-	valid map[string]bool
-	seen  []string
-}
-
-func (s *tokenServer) handle(w http.ResponseWriter, r *http.Request) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	tok := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
-	s.seen = append(s.seen, tok)
-	if !s.valid[tok] {
-		writeStatus(w, 401, "Unauthorized", "Unauthorized")
-		return
-	}
-	fmt.Fprint(w, `{"metadata":{"name":"p","namespace":"n","uid":"u"}}`)
-}
-
-func (s *tokenServer) setValid(toks ...string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.valid = map[string]bool{}
-	for _, t := range toks {
-		s.valid[t] = true
-	}
-}
-
-func (s *tokenServer) seenTokens() []string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return append([]string(nil), s.seen...)
+// tokenServer is an API server that holds pod n/p and takes only the
+// tokens SetTokens gives it.
+func tokenServer(t *testing.T, toks ...string) (*fakeapi.Server, Config) {
+	t.Helper()
+	srv, cfg := newServer(t)
+	putPod(t, srv, "n", "p", "u", nil)
+	srv.SetTokens(toks...)
+	return srv, cfg
 }
 
 func writeFileAtomic(t *testing.T, path, data string) {
@@ -394,9 +334,7 @@ func writeFileAtomic(t *testing.T, path, data string) {
 }
 
 func TestTokenFileRotation(t *testing.T) {
-	ts := &tokenServer{}
-	ts.setValid("token-one")
-	_, cfg := newServer(t, ts.handle)
+	ts, cfg := tokenServer(t, "token-one")
 	file := filepath.Join(t.TempDir(), "token")
 	writeFileAtomic(t, file, "token-one\n")
 	cfg.Token, cfg.TokenFile = "", file
@@ -407,11 +345,11 @@ func TestTokenFileRotation(t *testing.T) {
 	}
 	// kubelet swaps in a new file; the old token stops working.
 	writeFileAtomic(t, file, "token-two\n")
-	ts.setValid("token-two")
+	ts.SetTokens("token-two")
 	if _, _, err := c.PodAnnotations(ctx, "n", "p"); err != nil {
 		t.Fatalf("after rotation: %v", err)
 	}
-	if got, want := ts.seenTokens(), []string{"token-one", "token-two"}; !reflect.DeepEqual(got, want) {
+	if got, want := ts.Tokens(), []string{"token-one", "token-two"}; !reflect.DeepEqual(got, want) {
 		t.Errorf("tokens sent: got %v, want %v", got, want)
 	}
 }
@@ -420,9 +358,7 @@ func TestTokenFileRotation(t *testing.T) {
 // is invisible to the stat check; the 401 it earns must make the client
 // read the file again and retry once.
 func TestTokenRereadOn401(t *testing.T) {
-	ts := &tokenServer{}
-	ts.setValid("token-AAA")
-	_, cfg := newServer(t, ts.handle)
+	ts, cfg := tokenServer(t, "token-AAA")
 	file := filepath.Join(t.TempDir(), "token")
 	if err := os.WriteFile(file, []byte("token-AAA"), 0o600); err != nil {
 		t.Fatal(err)
@@ -443,19 +379,19 @@ func TestTokenRereadOn401(t *testing.T) {
 	if err := os.Chtimes(file, fi.ModTime(), fi.ModTime()); err != nil {
 		t.Fatal(err)
 	}
-	ts.setValid("token-BBB")
+	ts.SetTokens("token-BBB")
 	if _, _, err := c.PodAnnotations(ctx, "n", "p"); err != nil {
 		t.Fatalf("after in-place rotation: %v", err)
 	}
-	if got, want := ts.seenTokens(), []string{"token-AAA", "token-AAA", "token-BBB"}; !reflect.DeepEqual(got, want) {
+	if got, want := ts.Tokens(), []string{"token-AAA", "token-AAA", "token-BBB"}; !reflect.DeepEqual(got, want) {
 		t.Errorf("tokens sent: got %v, want %v", got, want)
 	}
 	// A token that is simply wrong is not retried in a loop.
-	ts.setValid()
+	ts.SetTokens()
 	if _, _, err := c.PodAnnotations(ctx, "n", "p"); !errors.Is(err, ErrUnauthorized) {
 		t.Errorf("revoked token: got %v, want ErrUnauthorized", err)
 	}
-	if n := len(ts.seenTokens()); n != 4 {
+	if n := len(ts.Tokens()); n != 4 {
 		t.Errorf("requests after revocation: got %d in all, want 4 (no retry when the file did not change)", n)
 	}
 }
@@ -486,11 +422,14 @@ func TestConfigValidate(t *testing.T) {
 
 func TestServerPathPrefix(t *testing.T) {
 	var path string
-	srv, cfg := newServer(t, func(w http.ResponseWriter, r *http.Request) {
+	srv, cfg := newServer(t)
+	// The server answers under a prefix, as one behind a proxy.
+	srv.SetRaw(func(w http.ResponseWriter, r *http.Request) bool {
 		path = r.URL.Path
 		fmt.Fprint(w, `{"metadata":{"uid":"u"}}`)
+		return true
 	})
-	cfg.Server = srv.URL + "/k8s/"
+	cfg.Server = srv.URL() + "/k8s/"
 	if _, _, err := newClient(t, cfg).PodAnnotations(ctxTimeout(t, 2*time.Second), "n", "p"); err != nil {
 		t.Fatal(err)
 	}

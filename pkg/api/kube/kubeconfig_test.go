@@ -13,8 +13,6 @@ import (
 	"fmt"
 	"math/big"
 	"net"
-	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -22,6 +20,8 @@ import (
 	"testing"
 	"time"
 	"unicode/utf8"
+
+	"github.com/cni-usernet/cni-usernet/test/lib/fakeapi"
 )
 
 type testCA struct {
@@ -89,14 +89,12 @@ func writeFile(t *testing.T, path string, data []byte) {
 }
 
 func TestWriteKubeconfig(t *testing.T) {
-	ts := &tokenServer{}
-	ts.setValid("tok-1", "tok-2")
-	srv, _ := newServer(t, ts.handle)
-	ca := serverCA(srv)
+	srv, _ := tokenServer(t, "tok-1", "tok-2")
+	ca := srv.CAPEM()
 	dir := filepath.Join(t.TempDir(), "net.d", "cni-usernet.d")
 	path := filepath.Join(dir, "kubeconfig")
 
-	changed, err := WriteKubeconfig(path, srv.URL, ca, "tok-1")
+	changed, err := WriteKubeconfig(path, srv.URL(), ca, "tok-1")
 	if err != nil || !changed {
 		t.Fatalf("first write: got %v, %v, want true, nil", changed, err)
 	}
@@ -112,15 +110,15 @@ func TestWriteKubeconfig(t *testing.T) {
 		t.Fatalf("request with the written kubeconfig: %v", err)
 	}
 
-	if changed, err := WriteKubeconfig(path, srv.URL, ca, "tok-1"); err != nil || changed {
+	if changed, err := WriteKubeconfig(path, srv.URL(), ca, "tok-1"); err != nil || changed {
 		t.Errorf("same content again: got %v, %v, want false, nil", changed, err)
 	}
-	if changed, err := WriteKubeconfig(path, srv.URL, ca, "tok-2"); err != nil || !changed {
+	if changed, err := WriteKubeconfig(path, srv.URL(), ca, "tok-2"); err != nil || !changed {
 		t.Errorf("new token: got %v, %v, want true, nil", changed, err)
 	}
 	assertMode(t, path, 0o600)
 	cfg, err := ReadKubeconfig(path)
-	if err != nil || cfg.Token != "tok-2" || cfg.Server != srv.URL || string(cfg.CAPEM) != string(ca) {
+	if err != nil || cfg.Token != "tok-2" || cfg.Server != srv.URL() || string(cfg.CAPEM) != string(ca) {
 		t.Errorf("read back: got %+v, %v, want token tok-2, the server and the CA", cfg, err)
 	}
 
@@ -128,7 +126,7 @@ func TestWriteKubeconfig(t *testing.T) {
 	if err := os.Chmod(path, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if changed, err := WriteKubeconfig(path, srv.URL, ca, "tok-2"); err != nil || !changed {
+	if changed, err := WriteKubeconfig(path, srv.URL(), ca, "tok-2"); err != nil || !changed {
 		t.Errorf("same content, mode 0644: got %v, %v, want true, nil", changed, err)
 	}
 	assertMode(t, path, 0o600)
@@ -190,14 +188,8 @@ func TestLoadKubeconfigYAMLClientCert(t *testing.T) {
 	}
 	pool := x509.NewCertPool()
 	pool.AddCert(ca.cert)
-	var user string
-	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		user = r.TLS.PeerCertificates[0].Subject.CommonName
-		fmt.Fprint(w, `{"metadata":{"name":"p","namespace":"n","uid":"u","annotations":{"a":"b"}}}`)
-	}))
-	srv.TLS = &tls.Config{Certificates: []tls.Certificate{pair}, ClientCAs: pool, ClientAuth: tls.RequireAndVerifyClientCert}
-	srv.StartTLS()
-	t.Cleanup(srv.Close)
+	srv := fakeapi.NewTest(t, fakeapi.Options{Cert: &pair, CAPEM: ca.certPEM, ClientCAs: pool})
+	putPod(t, srv, "n", "p", "u", map[string]string{"a": "b"})
 
 	dir := t.TempDir()
 	pki := filepath.Join(dir, "pki")
@@ -224,7 +216,7 @@ contexts:
 - name: k8s-lab
   context: {cluster: k8s-lab, user: admin}
 current-context: k8s-lab
-`, srv.URL, filepath.Join(pki, "ca.crt"))
+`, srv.URL(), filepath.Join(pki, "ca.crt"))
 	path := filepath.Join(dir, "admin.kubeconfig")
 	writeFile(t, path, []byte(kc))
 
@@ -235,6 +227,10 @@ current-context: k8s-lab
 	ann, _, err := c.PodAnnotations(ctxTimeout(t, 2*time.Second), "n", "p")
 	if err != nil {
 		t.Fatalf("PodAnnotations: %v", err)
+	}
+	var user string
+	if reqs := srv.Requests(); len(reqs) > 0 {
+		user = reqs[0].ClientCert
 	}
 	if user != "admin" || ann["a"] != "b" {
 		t.Errorf("got client %q and annotations %v, want admin and a=b", user, ann)

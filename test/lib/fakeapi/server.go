@@ -15,6 +15,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -48,6 +49,9 @@ type Options struct {
 	// nil: SelfSigned's.
 	Cert  *tls.Certificate
 	CAPEM []byte
+	// ClientCAs, when set, makes a client certificate they signed
+	// required.
+	ClientCAs *x509.CertPool
 	// Listener is where to serve; nil: a loopback port.
 	Listener net.Listener
 	// MaxPage is the most items a list's page holds, whatever limit the
@@ -83,6 +87,9 @@ type Request struct {
 	Method, Path string
 	Query        url.Values
 	Header       http.Header
+	// ClientCert is the client certificate's common name, if it sent
+	// one.
+	ClientCert string
 }
 
 // Event is an Event a client created (POST) or updated (PATCH).
@@ -173,6 +180,9 @@ func (s *Server) Start() error {
 		return nil
 	}
 	s.srv.TLSConfig = &tls.Config{Certificates: []tls.Certificate{*s.o.Cert}, NextProtos: []string{"h2", "http/1.1"}}
+	if s.o.ClientCAs != nil {
+		s.srv.TLSConfig.ClientCAs, s.srv.TLSConfig.ClientAuth = s.o.ClientCAs, tls.RequireAndVerifyClientCert
+	}
 	s.url = "https://" + ln.Addr().String()
 	go s.srv.ServeTLS(ln, "", "")
 	return nil
@@ -392,9 +402,13 @@ func parseRoute(path string) (route, bool) {
 
 func (s *Server) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	tok := strings.TrimPrefix(req.Header.Get("Authorization"), "Bearer ")
+	rec := Request{Method: req.Method, Path: req.URL.Path, Query: req.URL.Query(), Header: req.Header.Clone()}
+	if req.TLS != nil && len(req.TLS.PeerCertificates) > 0 {
+		rec.ClientCert = req.TLS.PeerCertificates[0].Subject.CommonName
+	}
 	s.mu.Lock()
 	s.seen = append(s.seen, tok)
-	s.requests = append(s.requests, Request{Method: req.Method, Path: req.URL.Path, Query: req.URL.Query(), Header: req.Header.Clone()})
+	s.requests = append(s.requests, rec)
 	raw, tokens := s.raw, s.tokens
 	authorized := tokens == nil || tokens[tok]
 	s.mu.Unlock()
