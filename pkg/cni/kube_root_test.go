@@ -1,86 +1,51 @@
 package cni_test
 
 import (
-	"encoding/json"
-	"encoding/pem"
-	"io"
-	"net/http"
-	"net/http/httptest"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/plugins/pkg/ns"
 
 	"github.com/cni-usernet/cni-usernet/pkg/api/kube"
+	"github.com/cni-usernet/cni-usernet/test/lib/fakeapi"
 	"github.com/cni-usernet/cni-usernet/test/lib/nettest"
 )
 
-// fakeAPI is an API server with one pod per name and a record of the
-// Events posted to it.
+// fakeAPI is an API server that takes the token test-token, holds the
+// pods of namespace test and records the Events posted to it.
 type fakeAPI struct {
-	srv         *httptest.Server
-	mu          sync.Mutex
-	annotations map[string]map[string]string // pod name → annotations
-	events      []map[string]any
+	t *testing.T
+	*fakeapi.Server
 }
 
 // newFakeAPI listens on the loopback of the node namespace, where the
 // plugin runs.
 func newFakeAPI(t *testing.T, node ns.NetNS) *fakeAPI {
-	f := &fakeAPI{annotations: map[string]map[string]string{}}
-	f.srv = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get("Authorization") != "Bearer test-token" {
-			http.Error(w, `{"kind":"Status","code":401}`, 401)
-			return
-		}
-		f.mu.Lock()
-		defer f.mu.Unlock()
-		switch {
-		case r.Method == "GET" && strings.HasPrefix(r.URL.Path, "/api/v1/namespaces/test/pods/"):
-			name := strings.TrimPrefix(r.URL.Path, "/api/v1/namespaces/test/pods/")
-			ann, ok := f.annotations[name]
-			if !ok {
-				w.WriteHeader(404)
-				json.NewEncoder(w).Encode(map[string]any{"kind": "Status", "code": 404, "reason": "NotFound", "message": "pods \"" + name + "\" not found"})
-				return
-			}
-			json.NewEncoder(w).Encode(map[string]any{"kind": "Pod", "apiVersion": "v1",
-				"metadata": map[string]any{"name": name, "namespace": "test", "uid": "uid-x", "annotations": ann}})
-		case r.Method == "POST" && r.URL.Path == "/api/v1/namespaces/test/events":
-			b, _ := io.ReadAll(r.Body)
-			var ev map[string]any
-			json.Unmarshal(b, &ev)
-			f.events = append(f.events, ev)
-			w.WriteHeader(201)
-			w.Write(b)
-		default:
-			http.NotFound(w, r)
-		}
-	}))
-	f.srv.Listener.Close()
-	f.srv.Listener = nettest.Listen(t, node, "tcp", "127.0.0.1:0")
-	f.srv.StartTLS()
-	t.Cleanup(f.srv.Close)
-	return f
+	ln := nettest.Listen(t, node, "tcp", "127.0.0.1:0")
+	return &fakeAPI{t: t, Server: fakeapi.NewTest(t, fakeapi.Options{Token: "test-token", Listener: ln})}
+}
+
+// setPod stores pod test/name, of UID uid-x, with annotations.
+func (f *fakeAPI) setPod(name string, annotations map[string]string) {
+	if _, err := f.Store.Put("pods", map[string]any{"metadata": map[string]any{
+		"namespace": "test", "name": name, "uid": "uid-x", "annotations": annotations}}); err != nil {
+		f.t.Fatal(err)
+	}
 }
 
 func (f *fakeAPI) kubeconfig(t *testing.T, dir string) string {
 	path := filepath.Join(dir, "kubeconfig")
-	ca := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: f.srv.Certificate().Raw})
-	if _, err := kube.WriteKubeconfig(path, f.srv.URL, ca, "test-token"); err != nil {
+	if _, err := kube.WriteKubeconfig(path, f.URL(), f.CAPEM(), "test-token"); err != nil {
 		t.Fatal(err)
 	}
 	return path
 }
 
 func (f *fakeAPI) eventsFor(pod string) []map[string]any {
-	f.mu.Lock()
-	defer f.mu.Unlock()
 	var out []map[string]any
-	for _, e := range f.events {
+	for _, e := range f.EventBodies() {
 		if obj, _ := e["involvedObject"].(map[string]any); obj["name"] == pod {
 			out = append(out, e)
 		}
@@ -104,7 +69,7 @@ func TestAnnotationFromAPIServer(t *testing.T) {
 	})
 	env.PodArgs = ";K8S_POD_UID=uid-x"
 
-	api.annotations["p-soft"] = map[string]string{"cni-usernet.io/gso": "software"}
+	api.setPod("p-soft", map[string]string{"cni-usernet.io/gso": "software"})
 	pod := nettest.NewNS(t)
 	if _, err := env.Add(conf, "p-soft", pod); err != nil {
 		t.Fatalf("ADD: %v", err)
@@ -134,7 +99,7 @@ func TestAnnotationFromAPIServer(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	api.annotations["p-bad"] = map[string]string{"cni-usernet.io/gso": "turbo"}
+	api.setPod("p-bad", map[string]string{"cni-usernet.io/gso": "turbo"})
 	pod = nettest.NewNS(t)
 	_, err := env.Add(conf, "p-bad", pod)
 	te := cniErr(t, err)
@@ -150,7 +115,7 @@ func TestAnnotationFromAPIServer(t *testing.T) {
 	assertNSClean(t, pod)
 
 	// The API server goes away: code 11, nothing left behind.
-	api.srv.Close()
+	api.Close()
 	pod = nettest.NewNS(t)
 	_, err = env.Add(conf, "p-soft", pod)
 	te = cniErr(t, err)
