@@ -13,21 +13,16 @@ package fakeapi
 
 import (
 	"bytes"
-	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/base64"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"log"
 	"log/slog"
-	"maps"
 	"net"
 	"net/http"
-	"net/url"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -80,35 +75,6 @@ type Codec struct {
 	Encode func(doc []byte) ([]byte, error)
 	// Event is one watch event, framed: its type and its object's JSON.
 	Event func(typ string, obj []byte) ([]byte, error)
-}
-
-// Request is one request as the server got it.
-type Request struct {
-	Method, Path string
-	Query        url.Values
-	Header       http.Header
-	// ClientCert is the client certificate's common name, if it sent
-	// one.
-	ClientCert string
-}
-
-// Event is an Event a client created (POST) or updated (PATCH).
-type Event struct {
-	Method, Namespace, Name string
-	Body                    json.RawMessage
-}
-
-// Fault is an answer the server gives instead of serving: Code with a
-// Status of Reason and Message. A fault ends the open watches it
-// matches.
-type Fault struct {
-	Code            int
-	Reason, Message string
-	// Times is how many requests get it; zero: until it is cleared.
-	Times int
-	// Body, when not nil, is sent instead of a Status, as a proxy or a
-	// server in trouble answers (empty: no body at all).
-	Body []byte
 }
 
 // Server is the fake API server. Store holds its objects.
@@ -221,147 +187,6 @@ func (s *Server) URL() string { return s.url }
 
 // CAPEM is the CA the server's certificate chains to, PEM-encoded.
 func (s *Server) CAPEM() []byte { return s.caPEM }
-
-// SetTokens makes toks the bearer tokens accepted, the others 401; none:
-// every token is refused.
-func (s *Server) SetTokens(toks ...string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.tokens = map[string]bool{}
-	for _, t := range toks {
-		s.tokens[t] = true
-	}
-}
-
-// Tokens are the bearer tokens sent, one per request, in order.
-func (s *Server) Tokens() []string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return slices.Clone(s.seen)
-}
-
-// Requests are the requests received, in order.
-func (s *Server) Requests() []Request {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return slices.Clone(s.requests)
-}
-
-// Count is how many requests of "verb resource" were served: "list
-// pods", "watch pods", "get nodes", "create events", "get version".
-func (s *Server) Count(what string) int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.counts[what]
-}
-
-// Counts are the served requests by "verb resource", and the unknown
-// ones by "METHOD path", answered 404.
-func (s *Server) Counts() (served, unknown map[string]int) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return maps.Clone(s.counts), maps.Clone(s.unknown)
-}
-
-// Events are the Events created or updated, in order.
-func (s *Server) Events() []Event {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return slices.Clone(s.events)
-}
-
-// EventBodies are the Events' bodies, decoded.
-func (s *Server) EventBodies() []map[string]any {
-	var out []map[string]any
-	for _, e := range s.Events() {
-		var m map[string]any
-		json.Unmarshal(e.Body, &m)
-		out = append(out, m)
-	}
-	return out
-}
-
-// SetFault answers f to the requests of path (as the client sends it:
-// /api/v1/pods; "" every request) until cleared with nil, and ends the
-// watches of path.
-func (s *Server) SetFault(path string, f *Fault) {
-	s.mu.Lock()
-	if f == nil {
-		delete(s.faults, path)
-	} else {
-		c := *f
-		s.faults[path] = &c
-	}
-	s.mu.Unlock()
-	s.Store.wake()
-}
-
-// SetDown answers 503 to everything while down, as an API server away.
-func (s *Server) SetDown(down bool) {
-	if down {
-		s.SetFault("", &Fault{Code: http.StatusServiceUnavailable, Reason: "ServiceUnavailable", Message: "the API server is away"})
-	} else {
-		s.SetFault("", nil)
-	}
-}
-
-// Refused is how many requests a fault answered.
-func (s *Server) Refused() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.refused
-}
-
-// CloseWatches ends the open watches, as an API server restarting does;
-// clients watch again.
-func (s *Server) CloseWatches() {
-	s.mu.Lock()
-	s.watchGen++
-	s.mu.Unlock()
-	s.Store.wake()
-}
-
-// SetRaw puts h ahead of everything (after the request is recorded): a
-// request h answers (returning true) is not served otherwise. For the
-// answers no API server gives but clients must survive.
-func (s *Server) SetRaw(h func(http.ResponseWriter, *http.Request) bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.raw = h
-}
-
-// fault is the fault a request of path gets now, counted.
-func (s *Server) fault(path string) *Fault {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, p := range []string{path, ""} {
-		f := s.faults[p]
-		if f == nil {
-			continue
-		}
-		s.refused++
-		if f.Times > 0 {
-			if f.Times--; f.Times == 0 {
-				delete(s.faults, p)
-			}
-		}
-		return f
-	}
-	return nil
-}
-
-// watchEnded says whether a watch of path started at generation gen must
-// end: a fault of its path, CloseWatches, Close.
-func (s *Server) watchEnded(path string, gen int) bool {
-	select {
-	case <-s.done:
-		return true
-	default:
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.watchGen != gen || s.faults[path] != nil || s.faults[""] != nil
-}
 
 func (s *Server) count(m map[string]int, k string) {
 	s.mu.Lock()
@@ -638,157 +463,6 @@ func (s *Server) list(w http.ResponseWriter, req *http.Request, r route, k Kind)
 		w.Write(o.raw)
 	}
 	w.Write([]byte("]}\n"))
-}
-
-// watch streams the collection's changes as watch events from the
-// resourceVersion asked for: after it (a number), or the whole
-// collection as ADDED first ("" or "0", or sendInitialEvents, then ended
-// by a BOOKMARK marked k8s.io/initial-events-end).
-func (s *Server) watch(w http.ResponseWriter, req *http.Request, r route, k Kind) {
-	s.count(s.counts, "watch "+k.Resource)
-	sel, err := selectorOf(req, r)
-	if err != nil {
-		if s.o.Log != nil {
-			s.o.Log.Error("fake API server: a watch asks what it cannot answer", "err", err, "query", req.URL.RawQuery)
-		}
-		writeStatus(w, http.StatusBadRequest, "BadRequest", err.Error())
-		return
-	}
-	s.mu.Lock()
-	gen := s.watchGen
-	s.mu.Unlock()
-	q := req.URL.Query()
-	bookmarks := q.Get("allowWatchBookmarks") == "true"
-	initial := q.Get("sendInitialEvents") == "true"
-	timeout := 30 * time.Minute
-	if n, err := strconv.Atoi(q.Get("timeoutSeconds")); err == nil && n > 0 {
-		timeout = time.Duration(n) * time.Second
-	}
-	ctx, cancel := context.WithTimeout(req.Context(), timeout)
-	defer cancel()
-	flusher, _ := w.(http.Flusher)
-	ew := &eventWriter{w: w, k: k, s: s, codec: s.codec(req)}
-	if ew.codec != nil {
-		w.Header().Set("Content-Type", ew.codec.ContentType+";stream=watch")
-	} else {
-		w.Header().Set("Content-Type", "application/json")
-	}
-	w.WriteHeader(http.StatusOK)
-
-	var from uint64
-	rvParam := q.Get("resourceVersion")
-	if initial || rvParam == "" || rvParam == "0" {
-		objs, rv, _ := s.Store.page(k.Resource, sel, "", 0)
-		for _, o := range objs {
-			ew.event("ADDED", o.raw)
-		}
-		from = rv
-		if initial {
-			ew.bookmark(rv, true)
-		}
-	} else if from, err = strconv.ParseUint(rvParam, 10, 64); err != nil {
-		ew.status(http.StatusBadRequest, "BadRequest", "malformed resourceVersion "+rvParam)
-		return
-	}
-	flush(flusher)
-	tick := time.NewTicker(s.o.Bookmark)
-	defer tick.Stop()
-	for {
-		if s.watchEnded(req.URL.Path, gen) {
-			return
-		}
-		entries, changed, gone := s.Store.since(from)
-		if gone {
-			ew.status(http.StatusGone, "Expired", fmt.Sprintf("too old resource version: %d", from))
-			flush(flusher)
-			return
-		}
-		for _, e := range entries {
-			if e.resource == k.Resource && sel.matches(e.obj) {
-				ew.event(e.typ, e.obj.raw)
-			}
-			from = e.obj.rv
-		}
-		if ew.err != nil {
-			return
-		}
-		flush(flusher)
-		select {
-		case <-ctx.Done():
-			return
-		case <-changed:
-		case <-tick.C:
-			if bookmarks {
-				ew.bookmark(s.Store.Current(), false)
-				flush(flusher)
-			}
-		}
-	}
-}
-
-func flush(f http.Flusher) {
-	if f != nil {
-		f.Flush()
-	}
-}
-
-// eventWriter writes watch events; err is the first write's failure.
-type eventWriter struct {
-	w     io.Writer
-	k     Kind
-	s     *Server
-	codec *Codec
-	err   error
-}
-
-func (e *eventWriter) write(b []byte) {
-	if e.err == nil {
-		_, e.err = e.w.Write(b)
-	}
-}
-
-func (e *eventWriter) send(typ string, obj []byte) {
-	if e.codec != nil {
-		b, err := e.codec.Event(typ, obj)
-		if err != nil {
-			e.err = errors.Join(e.err, err)
-			return
-		}
-		e.write(b)
-		return
-	}
-	var b bytes.Buffer
-	fmt.Fprintf(&b, `{"type":%q,"object":`, typ)
-	b.Write(obj)
-	b.WriteString("}\n")
-	e.write(b.Bytes())
-}
-
-func (e *eventWriter) event(typ string, raw []byte) {
-	if e.codec != nil {
-		e.send(typ, withKind(raw, e.k))
-		return
-	}
-	e.send(typ, e.s.withKind(raw, e.k))
-}
-
-func (e *eventWriter) bookmark(rv uint64, initialEnd bool) {
-	ann := ""
-	if initialEnd {
-		ann = `,"annotations":{"k8s.io/initial-events-end":"true"}`
-	}
-	e.send("BOOKMARK", fmt.Appendf(nil, `{"kind":%q,"apiVersion":%q,"metadata":{"resourceVersion":"%d"%s}}`,
-		e.k.Kind, e.k.APIVersion(), rv, ann))
-}
-
-func (e *eventWriter) status(code int, reason, msg string) {
-	b, _ := json.Marshal(statusBody(code, reason, msg))
-	e.send("ERROR", b)
-}
-
-func statusBody(code int, reason, msg string) map[string]any {
-	return map[string]any{"kind": "Status", "apiVersion": "v1", "metadata": map[string]any{},
-		"status": "Failure", "message": msg, "reason": reason, "code": code}
 }
 
 // WriteStatus answers a Status of code, as the API server fails; for
