@@ -45,7 +45,20 @@ var (
 // moduleRoot finds the repository root from this file's location.
 func moduleRoot() string {
 	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..")
+	return ModuleRoot(filepath.Dir(file))
+}
+
+// ModuleRoot is the directory of the go.mod that holds dir: the
+// repository's root for every package of the module, wherever it sits.
+func ModuleRoot(dir string) string {
+	for d := dir; ; d = filepath.Dir(d) {
+		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
+			return d
+		}
+		if filepath.Dir(d) == d {
+			return dir
+		}
+	}
 }
 
 // BinDir builds cni-usernet, cni-usernet-stack (the plugin starts stacks

@@ -63,7 +63,13 @@ func Promtool() string {
 		return p
 	}
 	_, file, _, _ := runtime.Caller(0)
-	p := filepath.Join(filepath.Dir(file), "..", "..", "bin", "promtool")
+	root := filepath.Dir(file)
+	for ; filepath.Dir(root) != root; root = filepath.Dir(root) {
+		if _, err := os.Stat(filepath.Join(root, "go.mod")); err == nil {
+			break
+		}
+	}
+	p := filepath.Join(root, "bin", "promtool")
 	if _, err := os.Stat(p); err != nil {
 		return ""
 	}
