@@ -201,6 +201,17 @@ func Health(path string, timeout time.Duration) error {
 	return nil
 }
 
+// MaxStatusBytes bounds a stack's /status body as its readers take it:
+// the status holds counters, a bounded list of recent denials
+// (policy.RecentDenials) and the denials per policy, a few kilobytes to
+// tens of them; the bound leaves room for many policies and still keeps
+// what a stack that streams without end (subverted, or a bug) costs the
+// agent, which asks every stack, to a few megabytes each.
+const MaxStatusBytes = 4 << 20
+
+// ErrStatusTooLarge is a /status body longer than MaxStatusBytes.
+var ErrStatusTooLarge = fmt.Errorf("status larger than %d bytes", MaxStatusBytes)
+
 // FetchStatus reads the stack's status into st.
 func FetchStatus(path string, timeout time.Duration, st *Status) error {
 	return FetchStatusInto(path, timeout, st)
@@ -215,8 +226,28 @@ func FetchStatusInto(path string, timeout time.Duration, v any) error {
 		return fmt.Errorf("asking stack at %s for status: %w", path, err)
 	}
 	defer resp.Body.Close()
-	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+	if err := json.NewDecoder(&boundedReader{r: resp.Body, left: MaxStatusBytes}).Decode(v); err != nil {
 		return fmt.Errorf("decoding status of stack at %s: %w", path, err)
 	}
 	return nil
+}
+
+// boundedReader reads at most left bytes of r, then fails with
+// ErrStatusTooLarge (io.LimitReader's io.EOF would read as a truncated
+// body).
+type boundedReader struct {
+	r    io.Reader
+	left int64
+}
+
+func (b *boundedReader) Read(p []byte) (int, error) {
+	if b.left <= 0 {
+		return 0, ErrStatusTooLarge
+	}
+	if int64(len(p)) > b.left {
+		p = p[:b.left]
+	}
+	n, err := b.r.Read(p)
+	b.left -= int64(n)
+	return n, err
 }

@@ -51,7 +51,7 @@ func PutPolicy(path string, timeout time.Duration, p *policy.PodPolicy) (uint64,
 		return 0, &RefusedError{Status: resp.StatusCode, Reason: strings.TrimSpace(string(msg))}
 	}
 	var reply PolicyReply
-	if err := json.NewDecoder(resp.Body).Decode(&reply); err != nil {
+	if err := json.NewDecoder(&boundedReader{r: resp.Body, left: MaxStatusBytes}).Decode(&reply); err != nil {
 		return 0, fmt.Errorf("decoding policy reply of stack at %s: %w", path, err)
 	}
 	return reply.Generation, nil
