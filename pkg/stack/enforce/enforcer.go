@@ -1,7 +1,7 @@
 // Package enforce holds the network policy a stack enforces: the compiled
 // policy in force for each direction, swapped atomically when the agent
 // pushes a new one, the denial counters that survive the swap, and the
-// recent denials with their rate-limited log lines. The wire leg and the
+// recent denials with their aggregated log lines. The wire leg and the
 // relay take their verdicts from it; what a policy means is
 // pkg/api/policy's.
 package enforce
@@ -110,8 +110,9 @@ func (e *Enforcer) install(m *policy.Matcher) {
 	}
 }
 
-// SetLogger has each denial logged to l, at most denialLogLines a second
-// (the lines beyond are counted, and the next line says how many). Nil:
+// SetLogger has the denials logged to l, aggregated: a line for the
+// first denial of a peer, protocol, port and reason, one a window for its
+// repeats, at most 2*denialLogKeys+1 lines a window (denials.go). Nil:
 // none.
 func (e *Enforcer) SetLogger(l *slog.Logger) {
 	e.log.mu.Lock()
