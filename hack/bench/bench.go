@@ -47,7 +47,8 @@ type attachment struct {
 	// empty for nodeNS.
 	Node string `json:"node,omitempty"`
 	// client is the pod the load generators run in when it is not the
-	// node: a cross-node row's pod on node A (crossnode.go).
+	// node: a pod-to-pod row's pod A, on node A across nodes
+	// (crossnode.go) or beside pod B on one node (samenode.go).
 	client *attachment
 }
 
@@ -96,14 +97,15 @@ func newBench(o options) (*bench, error) {
 }
 
 // selected returns the configurations asked for, in run order: all of
-// them (peers only with --peers), or those named in --only.
+// them (peers only with --peers, the pod-to-pod rows only with
+// --crossnode and --pod2pod), or those named in --only.
 func (b *bench) selected() []*config {
 	var out []*config
 	for _, c := range allConfigs {
 		if c.Baseline && b.o.BaselineBin == "" {
 			continue
 		}
-		if len(b.o.Only) == 0 && !c.ByName && (c.Peer == "" || b.o.Peers) && (c.CrossNode == "" || b.o.CrossNode) || slices.Contains(b.o.Only, c.Name) {
+		if len(b.o.Only) == 0 && !c.ByName && (c.Peer == "" || b.o.Peers) && (c.CrossNode == "" || b.o.CrossNode) && (!c.SameNode || b.o.SameNode) || slices.Contains(b.o.Only, c.Name) {
 			out = append(out, c)
 		}
 	}
@@ -269,6 +271,8 @@ func (b *bench) attach(ctx context.Context, c *config) (*attachment, error) {
 		return a, b.attachTap(ctx, a)
 	case c.CrossNode != "":
 		return b.attachCrossNode(ctx, c)
+	case c.SameNode:
+		return b.attachSameNode(ctx, c)
 	}
 	conf, err := c.conflist(filepath.Join(b.tmp, "ipam"), filepath.Join(b.tmp, "state"), filepath.Join(b.logs, "cni-usernet"), filepath.Join(b.tmp, "run"), b.o.IPv6)
 	if err != nil {

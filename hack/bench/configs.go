@@ -57,6 +57,10 @@ type config struct {
 	// routes) or "vxlan" (the nodes behind a router, VXLAN between them).
 	// The client runs in the pod on node A, the server in the pod on B.
 	CrossNode string
+	// SameNode makes a pod-to-pod row on one node (samenode.go): two
+	// pods in the node namespace, the client in pod A, the server in
+	// pod B, the node routing between them as the plugin set it up.
+	SameNode bool
 	// AgentRoutes makes a cross-node row's routes (and VXLAN devices)
 	// with the node agent's noderoutes.Manager, as users' nodes get them;
 	// without it they are made with ip the way flannel makes them.
@@ -118,6 +122,10 @@ var allConfigs = []*config{
 		Desc: `cni-usernet "gso": "hardware", "networkPolicy": true, a 1,000-rule policy each way whose last rule allows the node`},
 	{Name: "baseline-hardware", Plugin: "cni-usernet", GSO: "hardware", Baseline: true, Desc: `cni-usernet built from run.sh --baseline REV, "gso": "hardware" (only with --baseline-bin)`},
 	{Name: "baseline-software", Plugin: "cni-usernet", GSO: "software", Baseline: true, Desc: `cni-usernet built from run.sh --baseline REV, "gso": "software" (only with --baseline-bin)`},
+	{Name: "pod2pod-kernel", Plugin: "ptp", SameNode: true, RatioTo: "pod2pod-kernel",
+		Desc: "pod to pod on one node: two ptp pods, the node routing between their veths"},
+	{Name: "pod2pod-usernet", Plugin: "cni-usernet", GSO: "hardware", SameNode: true, RatioTo: "pod2pod-kernel",
+		Desc: `pod to pod on one node: two cni-usernet "gso": "hardware" pods, the node routing between their veths`},
 	{Name: "xnode-kernel", Plugin: "ptp", CrossNode: "direct", RatioTo: "xnode-kernel",
 		Desc: "pod to pod across two nodes on one link: ptp pods, host-gw routes made with ip"},
 	{Name: "xnode-usernet", Plugin: "cni-usernet", GSO: "hardware", CrossNode: "direct", AgentRoutes: true, RatioTo: "xnode-kernel",

@@ -60,23 +60,30 @@ func (b *bench) attachCrossPod(ctx context.Context, c *config, n rig.Node) (*att
 	if err != nil {
 		return nil, err
 	}
-	if err := b.register(ctx, a, conf, c.Name+"-"+n.Name+".conflist"); err != nil {
-		return nil, err
+	return a, b.addPod(ctx, a, conf, c.Name+"-"+n.Name+".conflist")
+}
+
+// addPod registers pod a of a pod-to-pod row with conflist conf, saved
+// as name, and runs ADD for it in its node; a cni-usernet pod's stack is
+// then asked for its PID and the GSO it took.
+func (b *bench) addPod(ctx context.Context, a *attachment, conf []byte, name string) error {
+	if err := b.register(ctx, a, conf, name); err != nil {
+		return err
 	}
 	if _, err := b.cniAdd(ctx, a, "--id", a.ID, "--netns", "/run/netns/"+a.NS); err != nil {
-		return nil, err
+		return err
 	}
-	if c.usernet() {
+	if a.cfg.usernet() {
 		st, err := b.stackStatus(ctx, a)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		a.StackPID, a.Status = st.PID, st.raw
-		if err := checkGSO(c, st); err != nil {
-			b.fail(0, c.Name, "gso-check", err)
+		if err := checkGSO(a.cfg, st); err != nil {
+			b.fail(0, a.Config, "gso-check", err)
 		}
 	}
-	return a, nil
+	return nil
 }
 
 // stateDir is the plugin's state directory on a's node.

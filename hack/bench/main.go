@@ -5,10 +5,12 @@
 // configuration (all named ub-*), attaches the pods through the real CNI
 // plugins with libcni, runs the workloads with the server in the pod and the
 // load generator in the node, interleaving the configurations round by
-// round, and writes table.md, samples.json and summary.json. The xnode-*
-// rows measure pod to pod across two nodes of their own instead
-// (crossnode.go; --only xnode runs them alone). Nothing runs in or
-// touches the root network namespace besides creating those namespaces.
+// round, and writes table.md, samples.json and summary.json. The pod2pod-*
+// rows measure pod to pod on one node instead, the client in a second pod
+// (samenode.go; --only pod2pod runs them alone), the xnode-* rows pod to
+// pod across two nodes of their own (crossnode.go; --only xnode). Nothing
+// runs in or touches the root network namespace besides creating those
+// namespaces.
 //
 // hack/bench/run.sh builds the plugins and this program and is the normal
 // entry point. The program re-executes itself for a few helper roles:
@@ -78,6 +80,10 @@ type options struct {
 	// crossnode.go; default on, off with --quick); naming one in --only,
 	// or "xnode" for all of them, runs it regardless.
 	CrossNode bool
+	// SameNode adds the pod-to-pod rows on one node (pod2pod-*,
+	// samenode.go; default on); naming one in --only, or "pod2pod" for
+	// both, runs it regardless.
+	SameNode bool
 	// Scale runs the scale section after the rounds (default on, off
 	// with --quick): ScalePods idle cni-usernet pods, then iperf3 with
 	// each of Streams concurrent streams node→pod.
@@ -102,11 +108,12 @@ func parseOptions(args []string) (options, error) {
 	fs.StringVar(&o.Out, "out", "", "results directory (default results/<UTC timestamp>)")
 	fs.StringVar(&o.BinDir, "bin", "", "directory with the CNI plugin binaries (required)")
 	fs.StringVar(&o.BaselineBin, "baseline-bin", "", "directory with the plugins and a cni-usernet of another revision: adds the baseline-hardware and baseline-software rows (run.sh --baseline REV)")
-	fs.StringVar(&only, "only", "", "comma-separated configuration names to run (default all; see -list); xnode: every pod-to-pod row across two nodes")
+	fs.StringVar(&only, "only", "", "comma-separated configuration names to run (default all; see -list); xnode: every pod-to-pod row across two nodes; pod2pod: every pod-to-pod row on one node")
 	fs.BoolVar(&o.IPv6, "ipv6", true, "give pods an IPv6 address too (ptp's ADD then waits ~1-2 s for DAD)")
 	list := fs.Bool("list", false, "list the configurations and exit")
 	peers := fs.String("peers", "", "true/false: runsc, pasta and slirp4netns rows (default true, false with --quick)")
 	crossNode := fs.String("crossnode", "", "true/false: the pod-to-pod rows across two nodes, xnode-* (default true, false with --quick)")
+	sameNode := fs.String("pod2pod", "", "true/false: the pod-to-pod rows on one node, pod2pod-* (default true)")
 	scale := fs.String("scale", "", "true/false: the scale section (default true, false with --quick)")
 	fs.IntVar(&o.ScalePods, "scale-pods", 100, "idle cni-usernet pods in the scale section")
 	streams := fs.String("streams", "1,16,256", "concurrent iperf3 streams node→pod in the scale section")
@@ -160,6 +167,9 @@ func parseOptions(args []string) (options, error) {
 	if o.CrossNode, err = boolFlag("crossnode", *crossNode, !o.Quick); err != nil {
 		return o, err
 	}
+	if o.SameNode, err = boolFlag("pod2pod", *sameNode, true); err != nil {
+		return o, err
+	}
 	if o.Scale, err = boolFlag("scale", *scale, !o.Quick); err != nil {
 		return o, err
 	}
@@ -189,9 +199,9 @@ func parseOptions(args []string) (options, error) {
 	}
 	if only != "" {
 		for _, n := range strings.Split(only, ",") {
-			if n == crossNodeRows {
+			if n == crossNodeRows || n == sameNodeRows {
 				for _, c := range allConfigs {
-					if c.CrossNode != "" {
+					if n == crossNodeRows && c.CrossNode != "" || n == sameNodeRows && c.SameNode {
 						o.Only = append(o.Only, c.Name)
 					}
 				}

@@ -65,12 +65,14 @@ def main(out):
     with open(os.path.join(out, "summary.json")) as f:
         s = json.load(f)
     cells = s["cells"]
-    # The cross-node rows (xnode-*) measure pod to pod against their own
-    # kernel rows: table.md has them, these charts do not.
+    # The pod-to-pod rows (xnode-* across nodes, pod2pod-* on one node)
+    # measure against their own kernel rows: table.md has them, these
+    # charts do not.
+    pod2pod = ("xnode", "pod2pod")
     configs = [c["name"] for c in s["configs"]
-               if c["name"] in cells and not c["name"].startswith("xnode")]
+               if c["name"] in cells and not c["name"].startswith(pod2pod)]
     if not configs:
-        if any(c.startswith("xnode") for c in cells):
+        if any(c.startswith(pod2pod) for c in cells):
             return 0
         print("plot: no numbers to draw", file=sys.stderr)
         return 1

@@ -70,7 +70,7 @@ func (b *bench) problems() []string {
 			continue
 		}
 		ms := report.Metrics
-		if c.CrossNode != "" {
+		if c.CrossNode != "" || c.SameNode {
 			ms = report.CrossMetrics
 		}
 		for _, m := range ms {
@@ -124,7 +124,7 @@ func (b *bench) reportData() report.Data {
 		Baseline: baseline, Cells: b.cells(), Failures: b.failures, Skipped: b.skipped, Sizing: b.o.Sizing,
 	}
 	row := func(c *config) report.Row { return report.Row{Name: c.Name, Stack: c.stack()} }
-	var crossRows []report.Row
+	var crossRows, sameNodeRows []report.Row
 	for _, c := range b.selected() {
 		rc := report.Config{Name: c.Name, Desc: c.Desc, Status: "ran", Peer: c.Peer != "", Method: c.Method}
 		if why, ok := b.skipped[c.Name]; ok {
@@ -140,11 +140,17 @@ func (b *bench) reportData() report.Data {
 			}
 		}
 		d.Configs = append(d.Configs, rc)
-		if c.CrossNode == "" {
-			d.PodRows = append(d.PodRows, row(c))
-		} else {
+		switch {
+		case c.SameNode:
+			sameNodeRows = append(sameNodeRows, row(c))
+		case c.CrossNode != "":
 			crossRows = append(crossRows, row(c))
+		default:
+			d.PodRows = append(d.PodRows, row(c))
 		}
+	}
+	if len(sameNodeRows) > 0 {
+		d.SameNode = &report.SameNode{Rows: sameNodeRows, Subnet: subnet4, Baseline: configByName(sameNodeRows[0].Name).ratioTo()}
 	}
 	if len(crossRows) > 0 {
 		d.Cross = &report.Cross{

@@ -1,6 +1,9 @@
 package report
 
-import "fmt"
+import (
+	"fmt"
+	"slices"
+)
 
 // Metric describes one column of the report.
 type Metric struct {
@@ -41,10 +44,10 @@ var Metrics = []Metric{
 	{"stack_wakeups_rr", "stack thread wake-ups, TCP_RR", "per round trip", false, "CPU per unit of work", true},
 }
 
-// CrossMetrics are the cross-node rows' columns. "a2b" is the pod on
-// node A sending (iperf3's client), "b2a" the pod on node B (-R). Stack
-// CPU is both pods' stacks together.
-var CrossMetrics = []Metric{
+// CrossMetrics are the pod-to-pod rows' columns, across nodes and on one
+// node. "a2b" is pod A sending (iperf3's client), "b2a" pod B (-R). The
+// CPU of each unit of work is split by who used it (podCPU).
+var CrossMetrics = append([]Metric{
 	{"tcp_a2b_gbps", "TCP A→B", "Gbit/s", true, "Pod to pod", false},
 	{"tcp_b2a_gbps", "TCP B→A", "Gbit/s", true, "Pod to pod", false},
 	{"tcp_a2b_retrans", "retransmits A→B", "", false, "Pod to pod", false},
@@ -53,13 +56,24 @@ var CrossMetrics = []Metric{
 	{"redis_get_krps", "redis GET", "k rps", true, "Pod to pod", false},
 	{"rr_p50_us", "TCP_RR p50", "µs", false, "Pod to pod", false},
 	{"rr_p99_us", "TCP_RR p99", "µs", false, "Pod to pod", false},
-	{"cpu_gb_a2b", "all CPUs, A→B", "core·s per GB", false, "CPU per unit of work", false},
-	{"cpu_gb_b2a", "all CPUs, B→A", "core·s per GB", false, "CPU per unit of work", false},
-	{"stack_cpu_gb_a2b", "both stacks, A→B", "core·s per GB", false, "CPU per unit of work", true},
-	{"stack_cpu_gb_b2a", "both stacks, B→A", "core·s per GB", false, "CPU per unit of work", true},
-	{"cpu_redis", "all CPUs, redis", "core·ms per 1k requests", false, "CPU per unit of work", false},
-	{"stack_cpu_redis", "both stacks, redis", "core·ms per 1k requests", false, "CPU per unit of work", true},
-	{"cpu_rr", "all CPUs, TCP_RR", "core·ms per 1k round trips", false, "CPU per unit of work", false},
+}, slices.Concat(
+	podCPU("gb_a2b", "A→B, ", "core·s per GB", "CPU per GB, bulk"),
+	podCPU("gb_b2a", "B→A, ", "core·s per GB", "CPU per GB, bulk"),
+	podCPU("redis", "", "core·ms per 1k requests", "CPU per 1,000 redis requests"),
+	podCPU("rr", "", "core·ms per 1k round trips", "CPU per 1,000 TCP_RR round trips"),
+)...)
+
+// podCPU are the columns of a pod-to-pod workload's CPU, metrics
+// <who>_cpu_<what>: all CPUs, both stacks, the client in pod A, the
+// server in pod B, and the rest (all CPUs less those processes).
+func podCPU(what, prefix, unit, group string) []Metric {
+	return []Metric{
+		{"cpu_" + what, prefix + "all CPUs", unit, false, group, false},
+		{"stack_cpu_" + what, prefix + "both stacks", unit, false, group, true},
+		{"client_cpu_" + what, prefix + "client", unit, false, group, false},
+		{"server_cpu_" + what, prefix + "server", unit, false, group, false},
+		{"other_cpu_" + what, prefix + "the rest", unit, false, group, false},
+	}
 }
 
 // scaleMetrics are the scale section's idle-pod numbers (row ScaleIdleRow).

@@ -75,15 +75,16 @@ type Data struct {
 	Skipped  map[string]string // row → why it did not run
 	Configs  []Config          // in run order
 	// PodRows are the configurations measured against the node; AddRows
-	// the ADD/DEL latency rows. A run without pod rows (cross-node rows
+	// the ADD/DEL latency rows. A run without pod rows (pod-to-pod rows
 	// alone) has neither their tables, the scale and sizing sections
 	// nor the targets.
-	PodRows []Row
-	AddRows []Row
-	Cross   *Cross  // nil: no cross-node rows
-	Scale   *Scale  // nil: no scale section
-	Limits  *Limits // nil: no limits section
-	Sizing  bool    // the sizing section ran
+	PodRows  []Row
+	AddRows  []Row
+	SameNode *SameNode // nil: no pod-to-pod rows on one node
+	Cross    *Cross    // nil: no cross-node rows
+	Scale    *Scale    // nil: no scale section
+	Limits   *Limits   // nil: no limits section
+	Sizing   bool      // the sizing section ran
 }
 
 // Write writes dir's summary.json and table.md.
@@ -125,6 +126,9 @@ func (d *Data) table() string {
 			fmt.Fprintf(&w, "\n## %s\n\n", g)
 			d.grid(&w, byGroup[g], d.PodRows)
 		}
+	}
+	if d.SameNode != nil && len(d.SameNode.Rows) > 0 {
+		d.sameNodeSection(&w)
 	}
 	if d.Cross != nil && len(d.Cross.Rows) > 0 {
 		d.crossSection(&w)

@@ -55,3 +55,45 @@ func TestTable(t *testing.T) {
 		}
 	}
 }
+
+// TestSameNodeSection: a run of the pod-to-pod rows on one node alone
+// has their section, with ratios to its kernel row, the CPU split by
+// process, n/a for the kernel row's stacks, and no node→pod tables.
+func TestSameNodeSection(t *testing.T) {
+	samples := []Sample{
+		{Round: 1, Config: "pod2pod-kernel", Metric: "rr_p50_us", Value: 40},
+		{Round: 1, Config: "pod2pod-usernet", Metric: "rr_p50_us", Value: 100},
+		{Round: 1, Config: "pod2pod-kernel", Metric: "client_cpu_redis", Value: 20},
+		{Round: 1, Config: "pod2pod-usernet", Metric: "client_cpu_redis", Value: 22},
+		{Round: 1, Config: "pod2pod-usernet", Metric: "stack_cpu_redis", Value: 30},
+		{Round: 1, Config: "pod2pod-usernet", Metric: "other_cpu_redis", Value: 5},
+	}
+	d := Data{
+		Started: time.Date(2026, 1, 2, 3, 4, 0, 0, time.UTC), Settings: Settings{Rounds: 1},
+		Baseline: "kernel",
+		Cells:    Summarise(samples, func(string) string { return "pod2pod-kernel" }),
+		SameNode: &SameNode{Rows: []Row{{Name: "pod2pod-kernel"}, {Name: "pod2pod-usernet", Stack: true}}, Subnet: "10.199.0.0/24", Baseline: "pod2pod-kernel"},
+	}
+	got := d.table()
+	for _, want := range []string{
+		"## Pod to pod on one node",
+		"host-local, 10.199.0.0/24",
+		"Ratios to `pod2pod-kernel`",
+		"### CPU per 1,000 redis requests",
+		"| configuration | all CPUs (core·ms per 1k requests) | both stacks (core·ms per 1k requests) | client (core·ms per 1k requests) | server (core·ms per 1k requests) | the rest (core·ms per 1k requests) |",
+		"| pod2pod-kernel | — | n/a | 20.0 ×1.00 | — | — |",
+		"| pod2pod-usernet | — | 30.0 | 22.0 ×1.10 | — | 5.00 |",
+		"| pod2pod-usernet | — | — | — | — | — | — | 100 ×2.50 | — |",
+		"### CPU per GB, bulk",
+		"A→B, the rest",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("table.md has no %q:\n%s", want, got)
+		}
+	}
+	for _, not := range []string{"## Summary", "## Pod to pod across two nodes", "## Targets"} {
+		if strings.Contains(got, not) {
+			t.Errorf("table.md has %q in a run of the pod-to-pod rows alone", not)
+		}
+	}
+}

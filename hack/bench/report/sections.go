@@ -20,6 +20,38 @@ type Cross struct {
 	AgentVNI, AgentPort int
 }
 
+// SameNode is the section of pod to pod on one node.
+type SameNode struct {
+	Rows []Row
+	// Subnet is the pods' IPv4 subnet, the node→pod rows' own; Baseline
+	// the row the others' ratios are taken against.
+	Subnet, Baseline string
+}
+
+// podCPUText says what the CPU columns of a pod-to-pod section count.
+const podCPUText = "CPU per unit of work: all CPUs (/proc/stat); both pods' stacks; the client, the load generator in pod A (its rusage); " +
+	"the server in pod B (/proc/PID/stat); the rest, all CPUs less those processes: the kernel work no process was charged for " +
+	"(the node's forwarding, softirqs run outside the processes) and whatever else ran on the machine meanwhile. " +
+	"The kernel charges the softirq work it does while a process runs to that process: a kernel row's client and server " +
+	"carry much of the other end's receive work.\n"
+
+// sameNodeSection writes the section of pod to pod on one node: a table
+// per group, ratios to its kernel row.
+func (d *Data) sameNodeSection(w *strings.Builder) {
+	x := d.SameNode
+	fmt.Fprintf(w, "\n## Pod to pod on one node\n\n")
+	fmt.Fprintf(w, "Two pods per row in the node namespace of the node→pod rows, attached through the plugin with the same network (host-local, %s); "+
+		"each pod's host route to its host-side veth is the plugin's own (ptp's; cni-usernet's, made the same way) and the node forwards between them. "+
+		"The servers in pod B, the clients in pod A, so that every request crosses both pods' stacks: iperf3 one stream each way (A→B: pod A sending), "+
+		"redis-benchmark as in the node→pod rows, TCP_RR. Ratios to `%s`. ", x.Subnet, x.Baseline)
+	w.WriteString(podCPUText)
+	groups, byGroup := groupsOf(CrossMetrics)
+	for _, g := range groups {
+		fmt.Fprintf(w, "\n### %s\n\n", g)
+		d.grid(w, byGroup[g], x.Rows)
+	}
+}
+
 // Scale is the scale section: ScaleIdleRow's idle pods, then concurrent
 // streams for StreamRows.
 type Scale struct {
@@ -46,8 +78,9 @@ func (d *Data) crossSection(w *strings.Builder) {
 		"the servers in the pod on node B, the clients in the pod on node A. direct: the nodes on one veth (10.199.66.0/24), host-gw routes; "+
 		"vxlan: each node on its own /24 to a router namespace, pods across in kernel VXLAN (pod MTU %d). Kernel rows: ptp pods, routes made with ip as flannel makes them "+
 		"(vxlan: %s, VNI %d, port %d); usernet rows: the agent's noderoutes.Manager (vxlan: its device, VNI %d, port %d, and its port guard). "+
-		"Ratios to the kernel row of the same topology; stack CPU is both pods' stacks.\n",
+		"Ratios to the kernel row of the same topology. ",
 		x.VXLANMTU, x.FlannelDev, x.FlannelVNI, x.FlannelPort, x.AgentVNI, x.AgentPort)
+	w.WriteString(podCPUText)
 	groups, byGroup := groupsOf(CrossMetrics)
 	for _, g := range groups {
 		fmt.Fprintf(w, "\n### %s\n\n", g)

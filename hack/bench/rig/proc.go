@@ -52,18 +52,32 @@ func Command(ctx context.Context, ns string, argv ...string) *exec.Cmd {
 
 // Output runs argv in ns, bounded by timeout, and returns its stdout.
 func Output(ctx context.Context, timeout time.Duration, ns string, argv ...string) ([]byte, error) {
+	out, _, err := OutputCPU(ctx, timeout, ns, argv...)
+	return out, err
+}
+
+// OutputCPU is Output that also returns the CPU seconds, user and system,
+// the command used, with the children it waited for: a load generator's
+// own share of a workload's CPU. `ip netns exec` execs the command in its
+// own process, so the time is the command's.
+func OutputCPU(ctx context.Context, timeout time.Duration, ns string, argv ...string) ([]byte, float64, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	cmd := Command(ctx, ns, argv...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
+	err := cmd.Run()
+	var cpu float64
+	if ps := cmd.ProcessState; ps != nil {
+		cpu = (ps.UserTime() + ps.SystemTime()).Seconds()
+	}
+	if err != nil {
 		if ctx.Err() != nil {
 			err = fmt.Errorf("%w (%v)", err, ctx.Err())
 		}
-		return stdout.Bytes(), fmt.Errorf("%s: %w: %s", shortCmd(argv), err, runlog.Tail(stderr.String()+stdout.String(), 600))
+		return stdout.Bytes(), cpu, fmt.Errorf("%s: %w: %s", shortCmd(argv), err, runlog.Tail(stderr.String()+stdout.String(), 600))
 	}
-	return stdout.Bytes(), nil
+	return stdout.Bytes(), cpu, nil
 }
 
 func shortCmd(argv []string) string {
