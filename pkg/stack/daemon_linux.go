@@ -58,7 +58,7 @@ type Daemon struct {
 }
 
 // Run blocks until ctx ends, or until the stack can no longer read the
-// pod's link (podstack.Stack.Failed), then shuts the stack down; the
+// pod's link or its TUN (podstack.Stack.Failed), then shuts the stack down; the
 // latter is returned, so that the process exits with an error and the node
 // agent starts a new stack. The kernel-side configuration (TUN, ingress
 // drop) is left in place: a restarted stack re-attaches to it, and DEL
@@ -81,7 +81,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	case <-ctx.Done():
 		d.log.Info("shutting down")
 	case err = <-d.stack.Failed():
-		err = fmt.Errorf("the stack no longer receives from the pod's link: %w", err)
+		err = fmt.Errorf("the stack can no longer carry the pod's traffic: %w", err)
 		d.log.Error("shutting down for a restart", "err", err)
 	}
 	// The governor reads the stack and the node's load: it stops first.

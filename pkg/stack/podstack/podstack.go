@@ -120,7 +120,8 @@ type Stack struct {
 	link *wirelink.Link
 	// Busy busy-polls after traffic; nil without Options.BusyPoll.
 	Busy *busypoll.Poller
-	// failed gets, once, why a reader of the link stopped on its own;
+	// failed gets, once, why a reader of the link or of the TUN stopped
+	// on its own;
 	// failure keeps it for Healthy.
 	failed    chan error
 	failure   atomic.Pointer[error]
@@ -137,11 +138,12 @@ func (s *Stack) OnLinkBatch(f func()) {
 	}
 }
 
-// Failed is readable when a reader of the pod's link stopped on its own:
-// the kernel reported an error on its socket (ENETDOWN when the pod's
-// interface was set down, which also unhooks the socket). The stack is
-// deaf from then on, even once the link is up again; its process should
-// exit so that the node agent starts a new one.
+// Failed is readable when a reader of the pod's link stopped on its own
+// (the kernel reported an error on its socket: ENETDOWN when the pod's
+// interface was set down, which also unhooks the socket), or when the
+// pod's TUN is gone (relay.Options.TUNGone: the pod deleted its eth0).
+// The stack is deaf from then on, even once the link is up again; its
+// process should exit so that the node agent starts a new one.
 func (s *Stack) Failed() <-chan error { return s.failed }
 
 func (s *Stack) fail(err error) {
@@ -187,6 +189,7 @@ func Build(o Options) (*Stack, error) {
 		o.Relay.Traffic = busy.Touch
 	}
 	s := &Stack{opts: o, failed: make(chan error, 1), Busy: busy}
+	o.Relay.TUNGone = s.fail
 	direct := wirelink.NewDirectWriter(o.Link, o.GSO.Mode.VnetHdr(), mac)
 	// Protocol handlers must be in place before the NIC delivers its first
 	// packet (netstack does not synchronise setting them), so the relay

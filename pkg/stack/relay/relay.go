@@ -176,6 +176,13 @@ type Options struct {
 	// Traffic, when set, is called after each read from an application's
 	// socket (pkg/stack/busypoll: traffic keeps the stack's thread polling).
 	Traffic func()
+	// TUNGone is told, once, that the pod's TUN is gone: a pod with
+	// CAP_NET_ADMIN deleted its eth0, and the descriptor reads and writes
+	// nothing any more (EBADFD). The relay cannot reach the applications'
+	// first SYNs again; the stack's process should exit so that the node
+	// agent starts a new one, which creates the TUN anew from the spec.
+	// Nil: the relay stops reading the TUN and logs it.
+	TUNGone func(error)
 }
 
 // Defaults of the limits a memory bound is computed from
@@ -247,6 +254,7 @@ type env struct {
 	stats   Stats
 	closing atomic.Bool
 	conns   connSet        // live relayed connections and flows, closed on shutdown
+	tunGone sync.Once      // TUNGone is called once
 	wg      sync.WaitGroup // the pod side's readers, the mirror and its accept loops
 	// ctx ends, and done closes, when the relay closes.
 	ctx    context.Context

@@ -2,8 +2,11 @@ package relay
 
 import (
 	"encoding/binary"
+	"errors"
+	"fmt"
 	"net/netip"
 
+	"golang.org/x/sys/unix"
 	"gvisor.dev/gvisor/pkg/tcpip/checksum"
 )
 
@@ -25,6 +28,12 @@ func (r *Relay) readTUN() {
 		n, err := r.pod.TUN.Read(buf)
 		if err != nil {
 			if r.closing.Load() {
+				return
+			}
+			if errors.Is(err, unix.EBADFD) {
+				// The poller reports a detached TUN readable for ever:
+				// reading on would spin.
+				r.lostTUN(fmt.Errorf("reading the pod's TUN: %w", err))
 				return
 			}
 			r.opts.Logger.Debug("reading the TUN", "err", err)
@@ -56,8 +65,26 @@ func (e *env) writeTUN(p []byte) {
 		return
 	}
 	if _, err := e.pod.TUN.Write(p); err != nil && !e.closing.Load() {
+		if errors.Is(err, unix.EBADFD) {
+			e.lostTUN(fmt.Errorf("writing to the pod's TUN: %w", err))
+			return
+		}
 		e.opts.Logger.Debug("writing to the TUN", "err", err)
 	}
+}
+
+// lostTUN reports, once, that the TUN's device is gone (EBADFD: the
+// descriptor is attached to nothing any more, which a TUN only is once
+// its device was deleted) to Options.TUNGone.
+func (e *env) lostTUN(err error) {
+	e.tunGone.Do(func() {
+		err = fmt.Errorf("the pod's TUN %s is gone (deleted in the pod's namespace): %w", e.pod.TUN.Name(), err)
+		if e.opts.TUNGone == nil {
+			e.opts.Logger.Error("the relay stopped reading the pod's TUN", "err", err)
+			return
+		}
+		e.opts.TUNGone(err)
+	})
 }
 
 // parseSYN recognises a TCP SYN (without ACK) and returns its addresses.
