@@ -12,11 +12,22 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// OpenTUN creates (or re-attaches to) the persistent TUN device name. The
-// device is persistent so that the pod's kernel addresses and routes on it
-// survive a crash of the stack: a restarted stack re-attaches and the
-// applications' sockets never see the pod IP vanish. Only what the divert
-// rules leave in it crosses it (podnet.Divert), so it carries no offload.
+// TUNOwner is the owner OpenTUN gives the pod's TUN: the largest valid
+// uid, which no image's users take and which a runtime's user-namespace
+// ranges leave alone. The kernel lets a process attach to a TUN that has
+// an owner only when its effective uid is the owner or it holds
+// CAP_NET_ADMIN (tun_not_capable); without one, any process that opens
+// /dev/net/tun could take the persistent TUN while its stack restarts and
+// keep the stack from coming back. The stack attaches during its setup,
+// with its capabilities.
+const TUNOwner = 1<<32 - 2
+
+// OpenTUN creates (or re-attaches to) the persistent TUN device name and
+// gives it TUNOwner. The device is persistent so that the pod's kernel
+// addresses and routes on it survive a crash of the stack: a restarted
+// stack re-attaches and the applications' sockets never see the pod IP
+// vanish. Only what the divert rules leave in it crosses it
+// (podnet.Divert), so it carries no offload.
 func OpenTUN(name string) (*os.File, error) {
 	fd, err := unix.Open("/dev/net/tun", unix.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -31,6 +42,12 @@ func OpenTUN(name string) (*os.File, error) {
 	if err := unix.IoctlIfreq(fd, unix.TUNSETIFF, ifr); err != nil {
 		unix.Close(fd)
 		return nil, fmt.Errorf("creating TUN %s: %w", name, err)
+	}
+	// Set at every attach: a TUN an earlier stack left without an owner
+	// gets one too.
+	if err := unix.IoctlSetInt(fd, unix.TUNSETOWNER, TUNOwner); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("giving TUN %s its owner: %w", name, err)
 	}
 	if err := unix.IoctlSetInt(fd, unix.TUNSETPERSIST, 1); err != nil {
 		unix.Close(fd)
