@@ -8,6 +8,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -19,7 +20,9 @@ import (
 
 	"github.com/cni-usernet/cni-usernet/pkg/api/stackconfig"
 	"github.com/cni-usernet/cni-usernet/pkg/node/launch"
+	"github.com/cni-usernet/cni-usernet/pkg/stack/logfile"
 	"github.com/cni-usernet/cni-usernet/pkg/stack/sandbox"
+	gvlog "gvisor.dev/gvisor/pkg/log"
 )
 
 // processStart is when the process began, as near as Go lets us see it.
@@ -99,13 +102,38 @@ func Run(argv []string) error {
 }
 
 // newLogger is the stack's log: JSON on stderr, each line with the
-// process's ID.
+// process's ID, through the log's cap (logOutput).
 func newLogger(debug bool) *slog.Logger {
 	level := slog.LevelInfo
 	if debug {
 		level = slog.LevelDebug
 	}
-	return slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level})).With("pid", os.Getpid())
+	return slog.New(slog.NewJSONHandler(logOutput(), &slog.HandlerOptions{Level: level})).With("pid", os.Getpid())
+}
+
+// logOutput is where the stack's log lines go: stderr, which the launcher
+// made the log file, capped and rotated into the file it handed over as
+// launch.LogRotatedFD, so that what a pod makes its stack log (denials,
+// gVisor's warnings) takes a bounded room on the node's disk. Plain
+// stderr when started by hand, without that file.
+func logOutput() io.Writer {
+	v, ok := os.LookupEnv(launch.LogRotatedEnv)
+	if !ok {
+		return os.Stderr
+	}
+	fd, err := strconv.Atoi(v)
+	if err != nil || fd < 3 {
+		fmt.Fprintf(os.Stderr, "%s=%q: not a descriptor; the log is not capped\n", launch.LogRotatedEnv, v)
+		return os.Stderr
+	}
+	w, err := logfile.New(os.Stderr, os.NewFile(uintptr(fd), "rotated log"), logfile.MaxBytes)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "capping the log: %v; the log is not capped\n", err)
+		return os.Stderr
+	}
+	// netstack's own warnings, which would go to stderr unbounded.
+	gvlog.SetTarget(gvlog.JSONEmitter{Writer: &gvlog.Writer{Next: w}})
+	return w
 }
 
 // setThreads sets the stack's thread count from cfg, and reports whether

@@ -122,7 +122,7 @@ func (td *Teardown) Run() error {
 			}
 		}
 	}
-	for _, path := range []string{p.StackDir, p.Socket, p.Log} {
+	for _, path := range []string{p.StackDir, p.Socket, p.Log, launch.RotatedLog(p.Log)} {
 		if err := removeAll(path); err != nil {
 			errs = append(errs, err)
 		}

@@ -35,6 +35,8 @@ type Options struct {
 	WireNetns string
 	// LogPath receives the process's stdout and stderr, so that it never
 	// holds the runtime's pipes open (a runtime waits for them to close).
+	// The stack caps it and rotates it into RotatedLog(LogPath), which is
+	// handed to it as descriptor LogRotatedFD.
 	LogPath string
 	// ReadyTimeout bounds the wait for readiness. Required.
 	ReadyTimeout time.Duration
@@ -77,6 +79,18 @@ const (
 	WireNetnsFD  = 4
 	WireNetnsEnv = "CNI_USERNET_WIRE_NETNS_FD"
 )
+
+// LogRotatedFD is the descriptor of RotatedLog(Options.LogPath) in the
+// process, which LogRotatedEnv names. The stack, which may open no file
+// once sandboxed, rotates its log (stderr, opened for reading and
+// appending) into it: pkg/stack/logfile.
+const (
+	LogRotatedFD  = 5
+	LogRotatedEnv = "CNI_USERNET_LOG_ROTATED_FD"
+)
+
+// RotatedLog is the file a stack's log at logPath is rotated into.
+func RotatedLog(logPath string) string { return logPath + ".1" }
 
 // Start launches the process in the namespace and waits until it reports
 // ready. On any failure the process is killed and reaped before Start
@@ -124,7 +138,7 @@ func Start(o Options) (Process, error) {
 // is handed, and the pod's namespace it is started in. Close closes
 // them all; the process keeps its own copies.
 type files struct {
-	log           *os.File
+	log, rotated  *os.File
 	ready, readyW *os.File
 	wire          *os.File // nil without Options.WireNetns
 	netns         ns.NetNS
@@ -140,8 +154,12 @@ func openFiles(o Options) (_ *files, err error) {
 	if err := os.MkdirAll(filepath.Dir(o.LogPath), 0o700); err != nil {
 		return nil, fmt.Errorf("creating log directory: %w", err)
 	}
-	if f.log, err = os.OpenFile(o.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600); err != nil {
+	// Readable: the stack copies the log into the rotated file.
+	if f.log, err = os.OpenFile(o.LogPath, os.O_CREATE|os.O_RDWR|os.O_APPEND, 0o600); err != nil {
 		return nil, fmt.Errorf("opening stack log %s: %w", o.LogPath, err)
+	}
+	if f.rotated, err = os.OpenFile(RotatedLog(o.LogPath), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600); err != nil {
+		return nil, fmt.Errorf("opening stack's rotated log %s: %w", RotatedLog(o.LogPath), err)
 	}
 	if f.ready, f.readyW, err = os.Pipe(); err != nil {
 		return nil, fmt.Errorf("creating readiness pipe: %w", err)
@@ -159,7 +177,7 @@ func openFiles(o Options) (_ *files, err error) {
 
 // Close closes what is open; closing twice is harmless.
 func (f *files) Close() {
-	for _, c := range []*os.File{f.log, f.ready, f.readyW, f.wire} {
+	for _, c := range []*os.File{f.log, f.rotated, f.ready, f.readyW, f.wire} {
 		if c != nil {
 			c.Close()
 		}
@@ -175,10 +193,8 @@ func command(o Options, f *files) *exec.Cmd {
 	cmd.Stdin = nil
 	cmd.Stdout = f.log
 	cmd.Stderr = f.log
-	cmd.ExtraFiles = []*os.File{f.readyW} // becomes ReadyFD
-	if f.wire != nil {
-		cmd.ExtraFiles = append(cmd.ExtraFiles, f.wire) // becomes WireNetnsFD
-	}
+	// ReadyFD, WireNetnsFD (none without Options.WireNetns), LogRotatedFD.
+	cmd.ExtraFiles = []*os.File{f.readyW, f.wire, f.rotated}
 	// Its own session: the stack outlives the plugin and must not receive
 	// signals aimed at the runtime's process group.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
@@ -186,6 +202,7 @@ func command(o Options, f *files) *exec.Cmd {
 	if f.wire != nil {
 		cmd.Env = append(cmd.Env, fmt.Sprintf("%s=%d", WireNetnsEnv, WireNetnsFD))
 	}
+	cmd.Env = append(cmd.Env, fmt.Sprintf("%s=%d", LogRotatedEnv, LogRotatedFD))
 	return cmd
 }
 

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"fmt"
 
+	"github.com/cni-usernet/cni-usernet/pkg/node/launch"
 	"golang.org/x/sys/unix"
 	"gvisor.dev/gvisor/pkg/abi/linux"
 	"gvisor.dev/gvisor/pkg/bpf"
@@ -117,6 +118,13 @@ func allowed(pid int) seccomp.SyscallRules {
 			seccomp.PerArg{nil, seccomp.EqualTo(unix.F_SETFD)},
 			seccomp.PerArg{nil, seccomp.EqualTo(unix.F_GETFL)},
 			seccomp.PerArg{nil, seccomp.EqualTo(unix.F_SETFL)},
+		},
+
+		// Rotating the log (pkg/stack/logfile): stderr, which is the log,
+		// and the rotated file the launcher handed over.
+		unix.SYS_FTRUNCATE: seccomp.Or{
+			seccomp.PerArg{seccomp.EqualTo(2)},
+			seccomp.PerArg{seccomp.EqualTo(launch.LogRotatedFD)},
 		},
 	}
 	for nr, rule := range archAllowed() {
