@@ -4,6 +4,7 @@
 #
 #   hack/bench/run.sh [--quick] [--out DIR] [--rounds N] [--only a,b] [--peers=false] [--scale=false] [--baseline REV] [--list] [other flags of hack/bench]
 #   hack/bench/run.sh --only kernel,usernet-hardware --cpu-limits 100m,500m,2 ...   # also under pod CPU limits
+#   hack/bench/run.sh --only pod2pod [--rounds 3] # pod to pod on one node alone (the pod2pod-* rows)
 #   hack/bench/run.sh --only xnode [--rounds 3]   # pod to pod across two nodes alone (the xnode-* rows)
 #
 # Needs root. Everything runs in network namespaces named ub-* that the
