@@ -169,6 +169,7 @@ type LinkCounters struct {
 	RxBytes      uint64 `json:"rxBytes" metric:"bytes_total{leg=wire,direction=ingress}" help:"Bytes of the frames the wire leg received."`
 	RxSynShed    uint64 `json:"rxSynShed" metric:"dropped_packets_total{reason=syn_rate_limit}" help:"SYNs dropped before netstack beyond the new-connection admission cap."`
 	RxSynCookied uint64 `json:"rxSynCookied" metric:"syn_cookies_total{result=fast_path}" help:"SYNs beyond the admission cap the link answered with the listener's SYN cookie itself."`
+	RxOwnSource  uint64 `json:"rxOwnSource" metric:"dropped_packets_total{reason=own_source}" help:"Packets from the network dropped before netstack because their source was one of the pod's own addresses (a martian)."`
 	// Waiting for room is back-pressure, not loss.
 	TxQueueWaits uint64 `json:"txQueueWaits" help:"Packets that found the wire queue full and waited for room."`
 	TxQueueDrops uint64 `json:"txQueueDrops" metric:"dropped_packets_total{reason=wire_queue}" help:"Packets the wire queue dropped because the link stalled (wirequeue.StallTime)."`

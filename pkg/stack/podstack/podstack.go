@@ -229,6 +229,7 @@ func (s *Stack) attachWire(mac net.HardwareAddr) error {
 		VerifyRXChecksums: o.VerifyRXChecksums,
 		Stats:             &s.WireStats,
 		Policy:            o.Policy,
+		PodAddrs:          o.Relay.PodAddrs,
 		CookiesSent:       s.Wire.Stats().TCP.ListenOverflowSynCookieSent.Value,
 		AnswerSYN:         s.Relay.AnswerSYN,
 		SYNCookieAnswer:   s.Relay.SYNCookieAnswer,

@@ -1,6 +1,7 @@
 package wirelink
 
 import (
+	"net/netip"
 	"time"
 
 	"github.com/cni-usernet/cni-usernet/pkg/api/policy"
@@ -29,6 +30,9 @@ type gate struct {
 	// policy takes the ingress verdict on the packets that open
 	// connections (ingress.go). Never nil.
 	policy *enforce.Enforcer
+	// own are the pod's own addresses (Options.PodAddrs): no packet from
+	// the wire carries one as its source (fromOwnAddr). Read-only.
+	own []netip.Addr
 }
 
 var (
@@ -57,10 +61,14 @@ func (g *gate) DeliverNetworkPacket(proto tcpip.NetworkProtocolNumber, pkt *tcpi
 }
 
 // admit counts a received packet and reports whether it may go on to
-// netstack: the ingress policy's verdict, then the SYN gate's.
+// netstack: not from the pod's own address, then the ingress policy's
+// verdict, then the SYN gate's.
 func (g *gate) admit(proto tcpip.NetworkProtocolNumber, pkt *tcpipstack.PacketBuffer) bool {
 	g.stats.RxPackets.Add(1)
 	g.stats.RxBytes.Add(uint64(pkt.Size()))
+	if fromOwnAddr(g, proto, pktHeaders{pkt}) {
+		return false
+	}
 	// Before the SYN gate and its cookies: a denied peer gets nothing.
 	if m := g.policy.For(policy.Ingress); m != nil && !admitIngress(m, proto, pktHeaders{pkt}) {
 		return false

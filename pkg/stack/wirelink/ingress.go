@@ -146,3 +146,41 @@ func admitIngress[S headerSource](m *policy.Matcher, proto tcpip.NetworkProtocol
 	}
 	return true
 }
+
+// fromOwnAddr reports whether a packet of network protocol proto carries
+// one of g's pod's own addresses as its source, counting it: nothing the
+// network sends does (the stack's own frames never come back through the
+// link's sockets, which ignore outgoing frames), so it is a forgery, which
+// a kernel drops as a martian. Netstack would take it: a SYN from the
+// pod's address to one of its ports would reach the application as a
+// connection from the pod itself, past any policy that trusts the pod's
+// own address.
+func fromOwnAddr[S headerSource](g *gate, proto tcpip.NetworkProtocolNumber, s S) bool {
+	if len(g.own) == 0 {
+		return false
+	}
+	var src netip.Addr
+	switch proto {
+	case header.IPv4ProtocolNumber:
+		h, ok := s.pull(header.IPv4MinimumSize)
+		if !ok {
+			return false
+		}
+		src = netip.AddrFrom4([4]byte(h[12:16]))
+	case header.IPv6ProtocolNumber:
+		h, ok := s.pull(header.IPv6MinimumSize)
+		if !ok {
+			return false
+		}
+		src = netip.AddrFrom16([16]byte(h[8:24]))
+	default:
+		return false
+	}
+	for _, a := range g.own {
+		if a.Unmap() == src {
+			g.stats.RxOwnSource.Add(1)
+			return true
+		}
+	}
+	return false
+}

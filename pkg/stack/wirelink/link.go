@@ -20,6 +20,7 @@ package wirelink
 
 import (
 	"net"
+	"net/netip"
 
 	"github.com/cni-usernet/cni-usernet/pkg/api/offload"
 	"github.com/cni-usernet/cni-usernet/pkg/stack/busypoll"
@@ -53,6 +54,10 @@ type Options struct {
 	// Policy takes the ingress verdict on the packets that open
 	// connections (ingress.go). Required.
 	Policy *enforce.Enforcer
+	// PodAddrs are the pod's own addresses: a packet from the wire with
+	// one of them as its source is dropped and counted
+	// (LinkStats.RxOwnSource), as a kernel drops a martian. Not modified.
+	PodAddrs []netip.Addr
 	// CookiesSent reads netstack's count of SYN cookies its listeners
 	// sent (synGate.cookiesSent); nil: never under pressure.
 	CookiesSent func() uint64
@@ -95,6 +100,7 @@ func New(t *tap.Tap, o Options) *Link {
 	g.syn = &synGate{cookiesSent: o.CookiesSent}
 	g.answerSYN = o.AnswerSYN
 	g.policy = o.Policy
+	g.own = o.PodAddrs
 	return &Link{o: o, gate: g, tap: t}
 }
 

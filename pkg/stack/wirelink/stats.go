@@ -24,6 +24,9 @@ type LinkStats struct {
 	// RxSynCookied counts SYNs beyond the cap answered with a SYN cookie
 	// instead (relay.AnswerSYN).
 	RxSynCookied atomic.Uint64
+	// RxOwnSource counts packets dropped before netstack because their
+	// source is one of the pod's own addresses (fromOwnAddr).
+	RxOwnSource atomic.Uint64
 	// Queue counts the wire queue's waits for room and its drops.
 	Queue wirequeue.Stats
 	// fragments counts the IP fragments received (fragments.go).
@@ -35,7 +38,7 @@ func (s *LinkStats) Snapshot() control.LinkCounters {
 	return control.LinkCounters{
 		TxPackets: s.TxPackets.Load(), TxBytes: s.TxBytes.Load(), TxGSOBatches: s.TxGSOBatches.Load(),
 		TxErrors: s.TxErrors.Load(), RxPackets: s.RxPackets.Load(), RxBytes: s.RxBytes.Load(),
-		RxSynShed: s.RxSynShed.Load(), RxSynCookied: s.RxSynCookied.Load(),
+		RxSynShed: s.RxSynShed.Load(), RxSynCookied: s.RxSynCookied.Load(), RxOwnSource: s.RxOwnSource.Load(),
 		TxQueueWaits: s.Queue.Waits.Load(), TxQueueDrops: s.Queue.Drops.Load(),
 		RxFragments: s.fragments.count.Load(), RxFragmentsShared: s.fragments.shared.Load(),
 		FragmentTurns: s.fragments.turns.Load(),

@@ -123,6 +123,9 @@ func (p *synPath) handle(now time.Time, frame []byte, cut bool, slot int) bool {
 	p.gate.stats.RxBytes.Add(uint64(len(frame))) // as the link counts: the frame
 	proto := eth.Type()
 	ip := frame[header.EthernetMinimumSize:]
+	if fromOwnAddr(p.gate, proto, frameHeaders(ip)) {
+		return false
+	}
 	if m := p.gate.policy.For(policy.Ingress); m != nil && !admitIngress(m, proto, frameHeaders(ip)) {
 		return false
 	}
