@@ -1,0 +1,50 @@
+// Package sockmap takes the loopback TCP out of the applications' leg.
+//
+// Every TCP connection in a pod's network namespace has both ends there:
+// the relay's connections between the stack and an application over
+// loopback (transparent sockets), and the pod's own loopback connections.
+// Sent through the pod's kernel, each message pays TCP twice over: the
+// sender's segmentation and loopback transmit, the receiver's softirq and
+// TCP receive. With a socket map the kernel hands a message from one
+// socket straight to its peer's receive queue (an sk_msg verdict with
+// bpf_msg_redirect_hash and BPF_F_INGRESS), and neither end runs TCP for
+// it; Cilium's socket-level acceleration does the same for local
+// connections.
+//
+// Two programs do it, loaded once per node and pinned under bpffs:
+//
+//   - a sock_ops program on the cgroup v2 root puts each TCP socket of an
+//     enabled pod namespace (a netns cookie in the namespaces map, which
+//     the plugin fills at ADD) in a socket hash when it is established,
+//     keyed by the namespace and its four-tuple, and removes its
+//     bookkeeping when it closes;
+//   - an sk_msg verdict on that hash decides, for each message a member
+//     socket sends, whether it goes to the peer's receive queue or
+//     through TCP.
+//
+// The verdict keeps three rules that a redirect needs and TCP gave for
+// free:
+//
+//   - Order. Data a socket received through TCP and data redirected to it
+//     sit in two queues, and the kernel reads the redirected one first, so
+//     a direction that has once gone through TCP never goes back to the
+//     redirect: each socket's choice is kept in its socket storage, and
+//     it only ever moves from redirect to TCP (older redirected data is
+//     then read first, as it should be).
+//   - Back-pressure. A redirect has no TCP window: a writer would fill a
+//     reader that does not read without bound. So each socket's unread
+//     redirected bytes are bounded (Budget): every sender adds what it
+//     redirects to its peer's count, every socket sets its own count to
+//     what its queue really holds whenever it sends itself (the socket
+//     psock's msg_tot_len, read through BTF), and a sender whose peer is
+//     over the budget goes through TCP, whose window then holds it.
+//     Request and response keep the redirect; a one-way bulk transfer
+//     goes through TCP once the budget is spent.
+//   - Observation. While a capture of the pod runs, its connections go
+//     through TCP, where the capture sees them on lo.
+//
+// What the kernel must have (Check): BTF, sockmap and socket storage,
+// bpf_get_netns_cookie in sock_ops and sk_msg, bpf_skc_to_tcp_sock and the
+// bpf_rdonly_cast kfunc in sk_msg, and the psock's msg_tot_len. Where any
+// is missing the loader says so and the pod keeps the loopback TCP.
+package sockmap

@@ -1,0 +1,138 @@
+package sockmap
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+)
+
+// NetnsCookie is the cookie of the network namespace at path (a pinned
+// namespace or /proc/PID/ns/net): the kernel's ID of a namespace, never
+// reused while the node runs, which the programs key a pod by.
+func NetnsCookie(path string) (uint64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, fmt.Errorf("opening network namespace %s: %w", path, err)
+	}
+	defer f.Close()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	self, err := os.Open("/proc/thread-self/ns/net")
+	if err != nil {
+		return 0, fmt.Errorf("opening this thread's network namespace: %w", err)
+	}
+	defer self.Close()
+	if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
+		return 0, fmt.Errorf("entering network namespace %s: %w", path, err)
+	}
+	fd, serr := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	var cookie uint64
+	if serr == nil {
+		cookie, serr = unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_NETNS_COOKIE)
+		unix.Close(fd)
+	}
+	if err := unix.Setns(int(self.Fd()), unix.CLONE_NEWNET); err != nil {
+		// The thread stays in the pod's namespace: let the runtime
+		// drop it rather than reuse it.
+		runtime.Goexit()
+	}
+	if serr != nil {
+		return 0, fmt.Errorf("reading the cookie of network namespace %s: %w", path, serr)
+	}
+	return cookie, nil
+}
+
+// Stats are a pod's counters.
+type Stats struct {
+	// Sockets are the pod's sockets in the socket hash now.
+	Sockets uint32 `json:"sockets"`
+	// Redirected counts messages handed to a peer's queue; Fallbacks the
+	// sockets that went through TCP after all (no peer in the hash, a
+	// reader over Budget, a capture); Refused the sockets left out at
+	// MaxSocketsPerPod.
+	Redirected uint64 `json:"redirected"`
+	Fallbacks  uint64 `json:"fallbacks"`
+	Refused    uint64 `json:"refused"`
+	// Capture is on while a capture of the pod runs.
+	Capture bool `json:"capture,omitempty"`
+}
+
+type counters [countersSize]byte
+
+// Enable puts the pod's namespace in the redirect: its connections
+// established from now on redirect.
+func (n *Node) Enable(cookie uint64) error {
+	// Counters first: the programs count only where both exist. A repeated
+	// ADD keeps the counters it finds.
+	if err := n.counters.Update(cookie, counters{}, ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
+		return fmt.Errorf("enabling netns cookie %d: %w", cookie, err)
+	}
+	if err := n.netns.Update(cookie, uint32(flagEnabled), ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("enabling netns cookie %d: %w", cookie, err)
+	}
+	return nil
+}
+
+// Disable takes the pod's namespace out: its sockets go through TCP from
+// their next message. Absent already is no error (DEL is idempotent).
+func (n *Node) Disable(cookie uint64) error {
+	if err := n.netns.Delete(cookie); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("disabling netns cookie %d: %w", cookie, err)
+	}
+	if err := n.counters.Delete(cookie); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("removing the counters of netns cookie %d: %w", cookie, err)
+	}
+	return nil
+}
+
+// SetCapture turns the pod's capture flag on or off: while on, its
+// connections go through TCP, where a capture on lo sees them; a
+// connection that did stays on TCP afterwards.
+func (n *Node) SetCapture(cookie uint64, on bool) error {
+	var f uint32
+	if err := n.netns.Lookup(cookie, &f); err != nil {
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return errNotEnabled
+		}
+		return fmt.Errorf("reading netns cookie %d: %w", cookie, err)
+	}
+	f &^= flagCapture
+	if on {
+		f |= flagCapture
+	}
+	if err := n.netns.Update(cookie, f, ebpf.UpdateExist); err != nil {
+		return fmt.Errorf("setting the capture flag of netns cookie %d: %w", cookie, err)
+	}
+	return nil
+}
+
+// Stats reads a pod's counters.
+func (n *Node) Stats(cookie uint64) (Stats, error) {
+	var f uint32
+	var c counters
+	if err := n.netns.Lookup(cookie, &f); err != nil {
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return Stats{}, errNotEnabled
+		}
+		return Stats{}, fmt.Errorf("reading netns cookie %d: %w", cookie, err)
+	}
+	if err := n.counters.Lookup(cookie, &c); err != nil {
+		return Stats{}, fmt.Errorf("reading the counters of netns cookie %d: %w", cookie, err)
+	}
+	return Stats{
+		Sockets:    binary.NativeEndian.Uint32(c[nsSocketsOff:]),
+		Redirected: binary.NativeEndian.Uint64(c[nsRedirectedOff:]),
+		Fallbacks:  binary.NativeEndian.Uint64(c[nsFallbacksOff:]),
+		Refused:    binary.NativeEndian.Uint64(c[nsRefusedOff:]),
+		Capture:    f&flagCapture != 0,
+	}, nil
+}
+
+// IsNotEnabled reports whether err says the pod's namespace is not in
+// the redirect.
+func IsNotEnabled(err error) bool { return errors.Is(err, errNotEnabled) }

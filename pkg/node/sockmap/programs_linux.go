@@ -1,0 +1,384 @@
+package sockmap
+
+import (
+	"fmt"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"golang.org/x/sys/unix"
+)
+
+// Budget is how many redirected bytes a socket may hold unread before the
+// sockets that send to it go through TCP: what a request or a response
+// needs, far below what a reader that does not read would otherwise pile
+// up.
+const Budget = 1 << 20
+
+// MaxSocketsPerPod bounds the sockets one pod namespace puts in the
+// node's socket hash, so that a pod opening connections without end
+// takes only its own sockets off the redirect, never another pod's.
+const MaxSocketsPerPod = 8192
+
+// maxSockets is the socket hash's size: room for many pods at their cap.
+const maxSockets = 65536
+
+// maxPods is how many pod namespaces the namespaces map holds.
+const maxPods = 4096
+
+// The namespaces map holds a pod's flags (a u32, written only by the
+// node's commands); the counters map its counters (written only by the
+// programs), so that neither overwrites the other's writes.
+const (
+	nsSocketsOff    = 0  // u32: sockets in the hash
+	nsRedirectedOff = 8  // u64: messages redirected
+	nsFallbacksOff  = 16 // u64: sockets that went (back) through TCP
+	nsRefusedOff    = 24 // u64: sockets left out at the pod's cap
+	countersSize    = 32
+)
+
+const (
+	flagEnabled = 1
+	flagCapture = 2
+)
+
+// A socket's choice, in its socket storage.
+const (
+	choiceNone     = 0
+	choiceRedirect = 1
+	choiceTCP      = 2
+)
+
+// The socket hash's key: the namespace's cookie, the family, the local and
+// remote ports in host order and the local and remote addresses (IPv4 in
+// their first four bytes). A peer's key is its partner's with local and
+// remote swapped.
+const (
+	keyCookie = 0
+	keyFamily = 8
+	keyLPort  = 12
+	keyRPort  = 16
+	keyPad    = 20
+	keyLIP    = 24
+	keyRIP    = 40
+	keySize   = 56
+)
+
+// Context offsets (uapi: struct bpf_sock_ops and struct sk_msg_md).
+type ctxFields struct {
+	family, remoteIP4, localIP4, remoteIP6, localIP6, remotePort, localPort int16
+}
+
+var (
+	sockOpsCtx = ctxFields{family: 20, remoteIP4: 24, localIP4: 28, remoteIP6: 32, localIP6: 48, remotePort: 64, localPort: 68}
+	skMsgCtx   = ctxFields{family: 16, remoteIP4: 20, localIP4: 24, remoteIP6: 28, localIP6: 44, remotePort: 60, localPort: 64}
+)
+
+const (
+	sockOpsOp       = 0  // bpf_sock_ops.op
+	sockOpsArg1     = 8  // bpf_sock_ops.args[1]: the new state in STATE_CB
+	skMsgSize       = 68 // sk_msg_md.size
+	skMsgSk         = 72 // sk_msg_md.sk
+	bpfFIngress     = 1
+	bpfNoExist      = 1
+	bpfAny          = 0
+	storageCreate   = 1  // BPF_SK_STORAGE_GET_F_CREATE
+	skPass          = 1  // SK_PASS
+	stateCBFlag     = 4  // BPF_SOCK_OPS_STATE_CB_FLAG
+	opActiveEstab   = 4  // BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB
+	opPassiveEstab  = 5  // BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB
+	opStateCB       = 10 // BPF_SOCK_OPS_STATE_CB
+	tcpClose        = 7  // BPF_TCP_CLOSE
+	userDataPtrMask = -8 // SK_USER_DATA_PTRMASK: the low bits are flags
+)
+
+// buildKey writes the key of the socket ctx describes at the stack
+// offset base, or its peer's (swap). It clobbers R1 and R2 and jumps to
+// skip for a family that is neither IPv4 nor IPv6.
+func buildKey(ctx asm.Register, f ctxFields, base int16, swap bool, cookie asm.Register, skip, prefix string) asm.Instructions {
+	lp, rp := base+keyLPort, base+keyRPort
+	lip, rip := base+keyLIP, base+keyRIP
+	if swap {
+		lp, rp = rp, lp
+		lip, rip = rip, lip
+	}
+	v6 := prefix + "_v6"
+	done := prefix + "_done"
+	insns := asm.Instructions{
+		asm.StoreMem(asm.RFP, base+keyCookie, cookie, asm.DWord),
+		asm.LoadMem(asm.R1, ctx, f.family, asm.Word),
+		asm.StoreMem(asm.RFP, base+keyFamily, asm.R1, asm.Word),
+		asm.Mov.Imm(asm.R2, 0),
+		asm.StoreMem(asm.RFP, base+keyPad, asm.R2, asm.Word),
+		asm.LoadMem(asm.R2, ctx, f.localPort, asm.Word),
+		asm.StoreMem(asm.RFP, lp, asm.R2, asm.Word),
+		// remote_port holds the port in network order in its upper half.
+		asm.LoadMem(asm.R2, ctx, f.remotePort, asm.Word),
+		asm.HostTo(asm.BE, asm.R2, asm.Word),
+		asm.StoreMem(asm.RFP, rp, asm.R2, asm.Word),
+		asm.JEq.Imm(asm.R1, unix.AF_INET6, v6),
+		asm.JNE.Imm(asm.R1, unix.AF_INET, skip),
+		asm.LoadMem(asm.R2, ctx, f.localIP4, asm.Word),
+		asm.StoreMem(asm.RFP, lip, asm.R2, asm.Word),
+		asm.LoadMem(asm.R2, ctx, f.remoteIP4, asm.Word),
+		asm.StoreMem(asm.RFP, rip, asm.R2, asm.Word),
+		asm.Mov.Imm(asm.R2, 0),
+	}
+	for _, off := range []int16{4, 8, 12} {
+		insns = append(insns,
+			asm.StoreMem(asm.RFP, lip+off, asm.R2, asm.Word),
+			asm.StoreMem(asm.RFP, rip+off, asm.R2, asm.Word))
+	}
+	insns = append(insns, asm.Ja.Label(done))
+	for i, off := range []int16{0, 4, 8, 12} {
+		l := asm.LoadMem(asm.R2, ctx, f.localIP6+off, asm.Word)
+		if i == 0 {
+			l = l.WithSymbol(v6)
+		}
+		insns = append(insns, l,
+			asm.StoreMem(asm.RFP, lip+off, asm.R2, asm.Word),
+			asm.LoadMem(asm.R2, ctx, f.remoteIP6+off, asm.Word),
+			asm.StoreMem(asm.RFP, rip+off, asm.R2, asm.Word))
+	}
+	return append(insns, asm.Mov.Imm(asm.R2, 0).WithSymbol(done))
+}
+
+// atomicAdd adds imm to the u64 or u32 at ptr+off (clobbers R1).
+func atomicAdd(ptr asm.Register, off int16, imm int32, size asm.Size) asm.Instructions {
+	add := asm.StoreXAdd(ptr, asm.R1, size)
+	add.Offset = off
+	return asm.Instructions{asm.Mov.Imm(asm.R1, imm), add}
+}
+
+// maps are the node's maps the programs use.
+type maps struct {
+	socks    *ebpf.Map // SOCKHASH: key → socket
+	pending  *ebpf.Map // LRU_HASH: key → u64 unread redirected bytes
+	netns    *ebpf.Map // HASH: netns cookie → u32 flags
+	counters *ebpf.Map // HASH: netns cookie → the pod's counters
+	choice   *ebpf.Map // SK_STORAGE: a socket's choice
+}
+
+// Stack layout of the sock_ops program.
+const (
+	opsCookie = -8               // the netns cookie, as the namespaces map's key
+	opsKey    = -8 - 8 - keySize // the socket's key
+	opsZero   = opsKey - 8       // a zero u64 for the pending map
+)
+
+// sockOpsProgram puts the established sockets of enabled namespaces in
+// the socket hash and forgets them when they close.
+func sockOpsProgram(m maps) asm.Instructions {
+	insns := asm.Instructions{
+		asm.Mov.Reg(asm.R6, asm.R1),
+		asm.LoadMem(asm.R2, asm.R6, sockOpsOp, asm.Word),
+		asm.JEq.Imm(asm.R2, opActiveEstab, "established"),
+		asm.JEq.Imm(asm.R2, opPassiveEstab, "established"),
+		asm.JEq.Imm(asm.R2, opStateCB, "state"),
+		asm.Ja.Label("out"),
+
+		// established: is the namespace enabled, and under its cap?
+		asm.Mov.Reg(asm.R1, asm.R6).WithSymbol("established"),
+		asm.FnGetNetnsCookie.Call(),
+		asm.Mov.Reg(asm.R9, asm.R0),
+		asm.StoreMem(asm.RFP, opsCookie, asm.R9, asm.DWord),
+		asm.LoadMapPtr(asm.R1, m.netns.FD()),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, opsCookie),
+		asm.FnMapLookupElem.Call(),
+		asm.JEq.Imm(asm.R0, 0, "out"),
+		asm.LoadMem(asm.R1, asm.R0, 0, asm.Word),
+		asm.And.Imm(asm.R1, flagEnabled),
+		asm.JEq.Imm(asm.R1, 0, "out"),
+		asm.LoadMapPtr(asm.R1, m.counters.FD()),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, opsCookie),
+		asm.FnMapLookupElem.Call(),
+		asm.JEq.Imm(asm.R0, 0, "out"),
+		asm.Mov.Reg(asm.R8, asm.R0),
+		asm.LoadMem(asm.R1, asm.R8, nsSocketsOff, asm.Word),
+		asm.JLT.Imm(asm.R1, MaxSocketsPerPod, "room"),
+	}
+	insns = append(insns, atomicAdd(asm.R8, nsRefusedOff, 1, asm.DWord)...)
+	insns = append(insns, asm.Ja.Label("out"))
+	insns = append(insns, asm.Mov.Imm(asm.R0, 0).WithSymbol("room"))
+	insns = append(insns, buildKey(asm.R6, sockOpsCtx, opsKey, false, asm.R9, "out", "ek")...)
+	insns = append(insns,
+		asm.Mov.Reg(asm.R1, asm.R6),
+		asm.LoadMapPtr(asm.R2, m.socks.FD()),
+		asm.Mov.Reg(asm.R3, asm.RFP),
+		asm.Add.Imm(asm.R3, opsKey),
+		asm.Mov.Imm(asm.R4, bpfNoExist),
+		asm.FnSockHashUpdate.Call(),
+		asm.JNE.Imm(asm.R0, 0, "out"),
+		asm.Mov.Imm(asm.R1, 0),
+		asm.StoreMem(asm.RFP, opsZero, asm.R1, asm.DWord),
+		asm.LoadMapPtr(asm.R1, m.pending.FD()),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, opsKey),
+		asm.Mov.Reg(asm.R3, asm.RFP),
+		asm.Add.Imm(asm.R3, opsZero),
+		asm.Mov.Imm(asm.R4, bpfAny),
+		asm.FnMapUpdateElem.Call(),
+	)
+	insns = append(insns, atomicAdd(asm.R8, nsSocketsOff, 1, asm.Word)...)
+	insns = append(insns,
+		// Told of its close, the socket's bookkeeping goes with it.
+		asm.Mov.Reg(asm.R1, asm.R6),
+		asm.Mov.Imm(asm.R2, stateCBFlag),
+		asm.FnSockOpsCbFlagsSet.Call(),
+		asm.Ja.Label("out"),
+
+		// state: a member socket changed state; at TCP_CLOSE it leaves.
+		asm.LoadMem(asm.R2, asm.R6, sockOpsArg1, asm.Word).WithSymbol("state"),
+		asm.JNE.Imm(asm.R2, tcpClose, "out"),
+		asm.Mov.Reg(asm.R1, asm.R6),
+		asm.FnGetNetnsCookie.Call(),
+		asm.Mov.Reg(asm.R9, asm.R0),
+		asm.StoreMem(asm.RFP, opsCookie, asm.R9, asm.DWord),
+	)
+	insns = append(insns, buildKey(asm.R6, sockOpsCtx, opsKey, false, asm.R9, "out", "ck")...)
+	insns = append(insns,
+		asm.LoadMapPtr(asm.R1, m.pending.FD()),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, opsKey),
+		asm.FnMapDeleteElem.Call(),
+		asm.JNE.Imm(asm.R0, 0, "out"),
+		asm.LoadMapPtr(asm.R1, m.counters.FD()),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, opsCookie),
+		asm.FnMapLookupElem.Call(),
+		asm.JEq.Imm(asm.R0, 0, "out"),
+		asm.Mov.Reg(asm.R8, asm.R0),
+	)
+	insns = append(insns, atomicAdd(asm.R8, nsSocketsOff, -1, asm.Word)...)
+	return append(insns,
+		asm.Mov.Imm(asm.R0, 1).WithSymbol("out"),
+		asm.Return(),
+	)
+}
+
+// Stack layout of the sk_msg program.
+const (
+	msgCookie = -8
+	msgFlags  = -16                // the pod's flags (u32)
+	msgOwn    = msgFlags - keySize // the sender's key
+	msgPeer   = msgOwn - keySize   // its peer's
+)
+
+// psockLayout is where the verdict finds a socket's unread redirected
+// bytes: sock.sk_user_data points at the socket's sk_psock, whose
+// msg_tot_len counts them. Offsets and the type's BTF ID come from the
+// running kernel's BTF; castID is the bpf_rdonly_cast kfunc's.
+type psockLayout struct {
+	userDataOff  int16
+	msgTotLenOff int16
+	psockTypeID  int32
+	castID       int64
+}
+
+// skMsgProgram is the verdict on each message a member socket sends.
+func skMsgProgram(m maps, l psockLayout) asm.Instructions {
+	insns := asm.Instructions{
+		asm.Mov.Reg(asm.R6, asm.R1),
+		// R7: the sender's choice, in its socket storage.
+		asm.LoadMapPtr(asm.R1, m.choice.FD()),
+		asm.LoadMem(asm.R2, asm.R6, skMsgSk, asm.DWord),
+		asm.Mov.Imm(asm.R3, 0),
+		asm.Mov.Imm(asm.R4, storageCreate),
+		asm.FnSkStorageGet.Call(),
+		asm.JEq.Imm(asm.R0, 0, "pass"),
+		asm.Mov.Reg(asm.R7, asm.R0),
+		// R8: the pod's counters; the pod's flags on the stack. The
+		// namespace gone (disabled): TCP from now on.
+		asm.Mov.Imm(asm.R8, 0),
+		asm.Mov.Reg(asm.R1, asm.R6),
+		asm.FnGetNetnsCookie.Call(),
+		asm.Mov.Reg(asm.R9, asm.R0),
+		asm.StoreMem(asm.RFP, msgCookie, asm.R9, asm.DWord),
+		asm.LoadMapPtr(asm.R1, m.netns.FD()),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, msgCookie),
+		asm.FnMapLookupElem.Call(),
+		asm.JEq.Imm(asm.R0, 0, "tcp"),
+		asm.LoadMem(asm.R1, asm.R0, 0, asm.Word),
+		asm.StoreMem(asm.RFP, msgFlags, asm.R1, asm.Word),
+		asm.LoadMapPtr(asm.R1, m.counters.FD()),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, msgCookie),
+		asm.FnMapLookupElem.Call(),
+		asm.JEq.Imm(asm.R0, 0, "tcp"),
+		asm.Mov.Reg(asm.R8, asm.R0),
+	}
+	insns = append(insns, buildKey(asm.R6, skMsgCtx, msgOwn, false, asm.R9, "tcp", "own")...)
+	insns = append(insns, buildKey(asm.R6, skMsgCtx, msgPeer, true, asm.R9, "tcp", "peer")...)
+	insns = append(insns,
+		// The sender publishes what it holds unread itself: its peer's
+		// estimate of it starts again from the truth.
+		asm.LoadMapPtr(asm.R1, m.pending.FD()),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, msgOwn),
+		asm.FnMapLookupElem.Call(),
+		asm.JEq.Imm(asm.R0, 0, "decided"),
+		asm.Mov.Reg(asm.R9, asm.R0),
+		asm.LoadMem(asm.R1, asm.R6, skMsgSk, asm.DWord),
+		asm.FnSkcToTcpSock.Call(),
+		asm.JEq.Imm(asm.R0, 0, "decided"),
+		asm.LoadMem(asm.R1, asm.R0, l.userDataOff, asm.DWord),
+		asm.And.Imm(asm.R1, userDataPtrMask),
+		asm.JEq.Imm(asm.R1, 0, "decided"),
+		asm.Mov.Imm(asm.R2, l.psockTypeID),
+		asm.Instruction{OpCode: asm.Call.Op(asm.ImmSource), Src: asm.PseudoKfuncCall, Constant: l.castID},
+		asm.LoadMem(asm.R1, asm.R0, l.msgTotLenOff, asm.Word),
+		asm.StoreMem(asm.R9, 0, asm.R1, asm.DWord),
+
+		asm.LoadMem(asm.R1, asm.R7, 0, asm.DWord).WithSymbol("decided"),
+		asm.JEq.Imm(asm.R1, choiceTCP, "pass"),
+		asm.LoadMem(asm.R1, asm.RFP, msgFlags, asm.Word),
+		asm.And.Imm(asm.R1, flagCapture),
+		asm.JNE.Imm(asm.R1, 0, "tcp"),
+		// R9: the peer's unread bytes; no peer in the hash (it is not in
+		// this namespace, or was left out): TCP.
+		asm.LoadMapPtr(asm.R1, m.pending.FD()),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, msgPeer),
+		asm.FnMapLookupElem.Call(),
+		asm.JEq.Imm(asm.R0, 0, "tcp"),
+		asm.Mov.Reg(asm.R9, asm.R0),
+		asm.LoadMem(asm.R1, asm.R9, 0, asm.DWord),
+		asm.JGT.Imm(asm.R1, Budget, "tcp"),
+		asm.Mov.Reg(asm.R1, asm.R6),
+		asm.LoadMapPtr(asm.R2, m.socks.FD()),
+		asm.Mov.Reg(asm.R3, asm.RFP),
+		asm.Add.Imm(asm.R3, msgPeer),
+		asm.Mov.Imm(asm.R4, bpfFIngress),
+		asm.FnMsgRedirectHash.Call(),
+		asm.JNE.Imm(asm.R0, skPass, "tcp"),
+		asm.LoadMem(asm.R1, asm.R6, skMsgSize, asm.Word),
+		asm.StoreXAdd(asm.R9, asm.R1, asm.DWord),
+		asm.Mov.Imm(asm.R1, choiceRedirect),
+		asm.StoreMem(asm.R7, 0, asm.R1, asm.DWord),
+	)
+	insns = append(insns, atomicAdd(asm.R8, nsRedirectedOff, 1, asm.DWord)...)
+	insns = append(insns,
+		asm.Mov.Imm(asm.R0, skPass),
+		asm.Return(),
+
+		// tcp: this socket sends through TCP from now on.
+		asm.Mov.Imm(asm.R1, choiceTCP).WithSymbol("tcp"),
+		asm.StoreMem(asm.R7, 0, asm.R1, asm.DWord),
+		asm.JEq.Imm(asm.R8, 0, "pass"),
+	)
+	insns = append(insns, atomicAdd(asm.R8, nsFallbacksOff, 1, asm.DWord)...)
+	return append(insns,
+		asm.Mov.Imm(asm.R0, skPass).WithSymbol("pass"),
+		asm.Return(),
+	)
+}
+
+func programSpec(name string, typ ebpf.ProgramType, insns asm.Instructions) *ebpf.ProgramSpec {
+	return &ebpf.ProgramSpec{Name: name, Type: typ, Instructions: insns, License: "GPL"}
+}
+
+func errLoading(what string, err error) error {
+	return fmt.Errorf("loading the %s program: %w", what, err)
+}
