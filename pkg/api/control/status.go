@@ -139,6 +139,7 @@ type RelayCountersOf[T int64 | atomic.Int64] struct {
 
 	TCPMirrored      T `json:"tcpMirrored" help:"Applications' listeners the wire leg mirrors now."`
 	TCPMirrorChanges T `json:"tcpMirrorChanges" help:"Mirrored listeners opened and closed."`
+	TCPMirrorOverCap T `json:"tcpMirrorOverCap" help:"Applications' listeners the wire leg does not mirror now because it mirrors the most it may (relay's maxMirrored); connections to them go through the forwarder."`
 
 	TCPCookieFast       T `json:"tcpCookieFast" help:"SYNs the fast path answered with a SYN cookie (relay.AnswerSYN)."`
 	TCPCookieFastErrors T `json:"tcpCookieFastErrors" metric:"errors_total{kind=syn_cookie_answer}" help:"Fast-path SYN cookie answers the NIC's queue refused."`

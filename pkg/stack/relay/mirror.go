@@ -32,6 +32,15 @@ const (
 	// it keeps state for before answering with SYN cookies, and the
 	// completed connections it queues for the relay.
 	mirrorBacklog = 1024
+	// maxMirrored caps the mirrored listeners (one per family and
+	// address a listener takes): each holds a netstack endpoint and a
+	// goroutine, and a pod opens as many listening sockets as it likes.
+	// Far more than the ports a pod serves; the listeners beyond it are
+	// not mirrored (Stats.TCPMirrorOverCap) and their connections go
+	// through the forwarder, which dials the application first, without
+	// the listener's SYN cookies. Mirrors already open stay while their
+	// application listens, so that the cap does not make them churn.
+	maxMirrored = 512
 )
 
 type mirrorKey struct {
@@ -66,6 +75,9 @@ type mirror struct {
 	// whole when the mirror changes.
 	cookieKeys      atomic.Pointer[map[mirrorKey]*cookieKey]
 	cookieKeyLogged atomic.Bool
+	// capLogged is set once the cap was logged: a pod that keeps
+	// thousands of listeners open must not fill the log every second.
+	capLogged atomic.Bool
 }
 
 func newMirror(e *env, accepted func(tcpip.Endpoint, *waiter.Queue)) *mirror {
@@ -176,8 +188,13 @@ func (m *mirror) syncLocked() {
 			m.stats.TCPMirrorChanges.Add(1)
 		}
 	}
+	over := 0
 	for k := range want {
 		if _, ok := m.eps[k]; ok {
+			continue
+		}
+		if len(m.eps) >= maxMirrored {
+			over++
 			continue
 		}
 		e, err := m.listen(k)
@@ -190,6 +207,11 @@ func (m *mirror) syncLocked() {
 		m.stats.TCPMirrorChanges.Add(1)
 		m.wg.Add(1)
 		go m.acceptInbound(e)
+	}
+	m.stats.TCPMirrorOverCap.Store(int64(over))
+	if over > 0 && !m.capLogged.Swap(true) {
+		m.opts.Logger.Warn("the applications listen on more sockets than the wire leg mirrors: the rest go through the forwarder, without SYN cookies",
+			"mirrored", len(m.eps), "max", maxMirrored, "notMirrored", over)
 	}
 }
 
