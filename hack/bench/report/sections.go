@@ -32,8 +32,8 @@ type SameNode struct {
 const podCPUText = "CPU per unit of work: all CPUs (/proc/stat); both pods' stacks; the client, the load generator in pod A (its rusage); " +
 	"the server in pod B (/proc/PID/stat); the rest, all CPUs less those processes: the kernel work no process was charged for " +
 	"(the node's forwarding, softirqs run outside the processes) and whatever else ran on the machine meanwhile. " +
-	"The kernel charges the softirq work it does while a process runs to that process: a kernel row's client and server " +
-	"carry much of the other end's receive work.\n"
+	"A kernel without IRQ time accounting (CONFIG_IRQ_TIME_ACCOUNTING) charges the softirq work it does while a process runs to that process: " +
+	"a kernel row's client and server then carry much of the other end's receive work.\n"
 
 // sameNodeSection writes the section of pod to pod on one node: a table
 // per group, ratios to its kernel row.
