@@ -126,7 +126,13 @@ func logOutput() io.Writer {
 		fmt.Fprintf(os.Stderr, "%s=%q: not a descriptor; the log is not capped\n", launch.LogRotatedEnv, v)
 		return os.Stderr
 	}
-	w, err := logfile.New(os.Stderr, os.NewFile(uintptr(fd), "rotated log"), logfile.MaxBytes)
+	capBytes := int64(logfile.MaxBytes)
+	if v := os.Getenv(launch.LogMaxBytesEnv); v != "" {
+		if n, err := strconv.ParseInt(v, 10, 64); err == nil && n > 0 {
+			capBytes = n
+		}
+	}
+	w, err := logfile.New(os.Stderr, os.NewFile(uintptr(fd), "rotated log"), capBytes)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "capping the log: %v; the log is not capped\n", err)
 		return os.Stderr

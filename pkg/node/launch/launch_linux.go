@@ -89,6 +89,11 @@ const (
 	LogRotatedEnv = "CNI_USERNET_LOG_ROTATED_FD"
 )
 
+// LogMaxBytesEnv, in the launcher's environment, sets the stack's cap on
+// each of its log files in bytes (pkg/stack/logfile.MaxBytes when unset),
+// for tests that watch rotation without writing megabytes.
+const LogMaxBytesEnv = "CNI_USERNET_LOG_MAX_BYTES"
+
 // RotatedLog is the file a stack's log at logPath is rotated into.
 func RotatedLog(logPath string) string { return logPath + ".1" }
 
@@ -358,7 +363,7 @@ func stackEnv() []string {
 	env := []string{"PATH=" + os.Getenv("PATH")}
 	// CNI_USERNET_SANDBOX=off|log reaches the stack for debugging
 	// (docs/reliability/sandbox.md).
-	for _, k := range []string{"GORACE", "CNI_USERNET_SANDBOX", "CNI_USERNET_GOGC", "GOMAXPROCS"} {
+	for _, k := range []string{"GORACE", "CNI_USERNET_SANDBOX", "CNI_USERNET_GOGC", "GOMAXPROCS", LogMaxBytesEnv} {
 		if v, ok := os.LookupEnv(k); ok {
 			env = append(env, k+"="+v)
 		}
