@@ -12,7 +12,7 @@ import (
 // of it that a process alone does not prove.
 func (s *Stack) Healthy() error {
 	if err := s.failure.Load(); err != nil {
-		return fmt.Errorf("the stack stopped carrying traffic: %w", *err)
+		return fmt.Errorf("the stack is deaf, a reader stopped: %w", *err)
 	}
 	if !s.WireUp() {
 		return fmt.Errorf("wire NIC %s is not enabled", s.opts.Spec.IfName)
