@@ -21,6 +21,7 @@ import (
 
 	"k8s.io/klog/v2"
 
+	"github.com/cni-usernet/cni-usernet/pkg/agent/metrics"
 	"github.com/cni-usernet/cni-usernet/pkg/agent/noderoutes"
 	"github.com/cni-usernet/cni-usernet/pkg/agent/policyctl"
 	"github.com/cni-usernet/cni-usernet/pkg/agent/supervisor"
@@ -66,6 +67,8 @@ type agentFlags struct {
 	vxlanPort          int
 	vxlanVNI           int
 	metricsAddress     string
+	metricsInterval    time.Duration
+	metricsAllowPods   bool
 	pprofAddress       string
 	portMap            bool
 	bandwidth          bool
@@ -104,6 +107,8 @@ func parseAgentFlags(args []string) (*agentFlags, error) {
 	fs.IntVar(&f.vxlanPort, "vxlan-port", noderoutes.DefaultVXLANPort, "UDP port of the VXLAN between nodes (--encapsulation)")
 	fs.IntVar(&f.vxlanVNI, "vxlan-vni", noderoutes.DefaultVXLANVNI, "VXLAN network identifier between nodes (--encapsulation); not flannel's 1, so that a chained flannel never shares it")
 	fs.StringVar(&f.metricsAddress, "metrics-address", defaultMetricsAddress, "serve Prometheus metrics on this address at /metrics; empty: none")
+	fs.DurationVar(&f.metricsInterval, "metrics-interval", metrics.DefaultInterval, "how often the agent collects its metrics (every stack's status among them); a scrape is served the last collection")
+	fs.BoolVar(&f.metricsAllowPods, "metrics-allow-pod-network", false, "serve metrics to scrapes from the pod network (a Prometheus that runs as an ordinary pod); false: such connections are closed unanswered")
 	fs.StringVar(&f.pprofAddress, "pprof-address", "", "serve Go's runtime profiles at /debug/pprof/ on this loopback address (e.g. 127.0.0.1:6060); empty: none")
 	fs.BoolVar(&f.portMap, "port-map", true, "chain the portmap plugin after cni-usernet (pods' hostPort); in chain mode only when the node's conflist has none")
 	fs.BoolVar(&f.bandwidth, "bandwidth", true, "chain the bandwidth plugin after cni-usernet (kubernetes.io/ingress-bandwidth, egress-bandwidth); in chain mode only when the node's conflist has none")
@@ -127,6 +132,12 @@ func parseAgentFlags(args []string) (*agentFlags, error) {
 		return nil, fmt.Errorf("--gso: %w", err)
 	}
 	if _, err := f.wantNodeRoutes(); err != nil {
+		return nil, err
+	}
+	if f.metricsInterval <= 0 {
+		return nil, fmt.Errorf("--metrics-interval %s: want a positive duration", f.metricsInterval)
+	}
+	if _, err := newPodNetwork(f.subnets); err != nil {
 		return nil, err
 	}
 	if f.nodeRoutesInterval <= 0 {
@@ -200,9 +211,13 @@ func Run(args []string) error {
 	if f.networkPolicy {
 		polMetrics = policyctl.NewMetrics()
 	}
+	// The pod network, as far as the agent knows it: scrapes from there
+	// are refused (--metrics-allow-pod-network).
+	pods, _ := newPodNetwork(f.subnets) // checked with the flags
 	if f.metricsAddress != "" {
 		// Metrics are for watching the node, never a reason not to serve it.
-		if err := serveMetrics(ctx, f.metricsAddress, state.Store{Dir: f.stateDir}, sup.Stats(), polMetrics, log); err != nil {
+		if err := serveMetrics(ctx, metricsServing{addr: f.metricsAddress, interval: f.metricsInterval, allowPods: f.metricsAllowPods,
+			store: state.Store{Dir: f.stateDir}, stats: sup.Stats(), pol: polMetrics, pods: pods, log: log}); err != nil {
 			log.Error("no metrics", "err", err)
 		}
 	}
@@ -239,6 +254,7 @@ func Run(args []string) error {
 			if setup.routes, err = newNodeRoutes(f, setup.api, setup.mtu, log); err != nil {
 				log.Error("no routes to other nodes", "err", err)
 			} else {
+				setup.routes.onNodes = pods.setNodes
 				go setup.routes.run(ctx)
 			}
 		}

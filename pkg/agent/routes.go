@@ -23,7 +23,9 @@ type nodeRoutes struct {
 	// statusPath receives the last sync's routes, problems and the pods'
 	// MTU as JSON, for operators (`cat /run/cni-usernet/node-routes.json`).
 	statusPath string
-	log        *slog.Logger
+	// onNodes, when not nil, is given each node list read.
+	onNodes func([]noderoutes.Node)
+	log     *slog.Logger
 }
 
 // wantNodeRoutes says whether this agent programs routes between nodes.
@@ -105,6 +107,9 @@ func (r *nodeRoutes) syncOnce(ctx context.Context) error {
 	nodes, err := r.api.listNodes(cctx)
 	if err != nil {
 		return err
+	}
+	if r.onNodes != nil {
+		r.onNodes(nodes)
 	}
 	st, err := r.m.Sync(nodes)
 	if b, jerr := json.MarshalIndent(st, "", "  "); jerr == nil {

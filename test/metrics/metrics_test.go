@@ -46,7 +46,18 @@ func TestScrape(t *testing.T) {
 		echo(t, env, p, size)
 	}
 
-	body, fams := scrape(t, env)
+	// The agent collects on its own schedule: a collection after the
+	// echoes.
+	body := waitFor(t, env, "the echoes in the scrape", func(fams map[string]*dto.MetricFamily) error {
+		for _, p := range []*nettest.Pod{soft, off} {
+			f := (&promcheck.Scrape{Families: fams}).Find("cni_usernet_pod_tcp_connections_total", map[string]string{"container_id": p.ID})
+			if len(f) != 1 || promcheck.Value(f[0]) < 1 {
+				return fmt.Errorf("%s relayed TCP connections: %v, want 1", p.ID, f)
+			}
+		}
+		return nil
+	})
+	fams := body.Families
 	lint(t, body)
 	for _, tc := range []struct {
 		pod  *nettest.Pod
@@ -115,7 +126,14 @@ func TestScrape(t *testing.T) {
 	if err := env.Del(off.Conf, off.ID, off.NS); err != nil {
 		t.Fatalf("DEL: %v", err)
 	}
-	body, fams = scrape(t, env)
+	// The agent collects on its own schedule: the next collection.
+	body = waitFor(t, env, "the deleted pod's series gone", func(fams map[string]*dto.MetricFamily) error {
+		if f := (&promcheck.Scrape{Families: fams}).Find("cni_usernet_pod_stack_up", map[string]string{"container_id": off.ID}); len(f) != 0 {
+			return fmt.Errorf("series of the deleted pod %s still scraped", off.ID)
+		}
+		return nil
+	})
+	fams = body.Families
 	if strings.Contains(string(body.Body), off.ID) {
 		t.Errorf("series of the deleted pod %s still scraped:\n%s", off.ID, body.Grep(off.ID))
 	}
@@ -302,5 +320,5 @@ func histCount(t *testing.T, fams map[string]*dto.MetricFamily, verb, result str
 // startAgent runs the node agent on the env, serving its metrics.
 func startAgent(t *testing.T, env *nettest.Env, extra ...string) {
 	t.Helper()
-	env.StartAgent(t, append([]string{"--metrics-address", metricsAddr}, extra...)...)
+	env.StartAgent(t, append([]string{"--metrics-address", metricsAddr, "--metrics-interval", "1s"}, extra...)...)
 }

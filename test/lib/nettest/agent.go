@@ -44,6 +44,14 @@ func (e *Env) StartAgent(t testing.TB, extra ...string) *Agent {
 	return a
 }
 
+// PID is the running agent's process ID (0 when stopped).
+func (a *Agent) PID() int {
+	if a.cmd == nil {
+		return 0
+	}
+	return a.cmd.Process.Pid
+}
+
 // Output is everything the agent wrote so far, across restarts.
 func (a *Agent) Output() string { return a.log.String() }
 
