@@ -5,7 +5,9 @@
 // beside it, each at most MaxBytes. The serving stack may open no file
 // (its seccomp filter), so both are descriptors the launcher opened:
 // rotation copies the log into the rotated file and truncates the log,
-// as logrotate's copytruncate does.
+// as logrotate's copytruncate does. A package of its own, apart from
+// the stack's command that uses it, so that its tests drive it on plain
+// files without a stack.
 package logfile
 
 import (
