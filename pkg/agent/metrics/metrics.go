@@ -1,7 +1,8 @@
 // Package metrics exports the node's and every pod stack's counters in
 // Prometheus' format; the node agent serves them. Pod series are read from
-// each stack's control socket at scrape time, so a pod's series exist
-// exactly as long as its attachment.
+// each stack's control socket at each collection, which the agent makes
+// on its own schedule (Cache), so a pod's series exist as long as its
+// attachment, to within one collection.
 package metrics
 
 import (
@@ -35,9 +36,9 @@ type Options struct {
 	StatusTimeout time.Duration
 	// Parallel is how many stacks are queried at once. Zero: 8.
 	Parallel int
-	// Budget bounds all of a scrape's status queries: stacks not asked by
-	// then are reported down (cni_usernet_pod_stack_up 0) rather than
-	// making the scrape time out. Zero: 5 s.
+	// Budget bounds all of a collection's status queries: stacks not
+	// asked by then are reported down (cni_usernet_pod_stack_up 0) rather
+	// than holding the collection up. Zero: 5 s.
 	Budget time.Duration
 	Log    *slog.Logger
 }
