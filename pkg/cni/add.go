@@ -134,6 +134,10 @@ func (inv *invocation) prepareAdd() (*addition, error) {
 		inv.event(kube.EventWarning, "InvalidBusyPollAnnotation", err.Error()+"; the pod gets no network until the annotation is fixed")
 		return nil, errorf(types.ErrInvalidNetworkConfig, "%v", err)
 	}
+	if _, _, err := conf.SocketRedirectOn(); err != nil {
+		inv.event(kube.EventWarning, "InvalidSocketRedirectAnnotation", err.Error()+"; the pod gets no network until the annotation is fixed")
+		return nil, errorf(types.ErrInvalidNetworkConfig, "%v", err)
+	}
 	if conf.NetworkPolicy && (inv.pod.K8S_POD_NAMESPACE == "" || inv.pod.K8S_POD_NAME == "") {
 		return nil, errorf(types.ErrInvalidNetworkConfig, `"networkPolicy" is on, but CNI_ARGS names no pod (K8S_POD_NAMESPACE, K8S_POD_NAME): the node agent compiles a pod's policy from its API object`)
 	}
@@ -288,6 +292,7 @@ func (a *addition) finish(result *current.Result, proc launch.Process) error {
 		}
 		a.step("gro")
 	}
+	a.redirect()
 	if conf.NetworkPolicy {
 		if err := a.requestPolicy(a.paths, att); err != nil {
 			return err

@@ -38,6 +38,19 @@ const AnnotationGSO = AnnotationPrefix + "gso"
 // have it without every pod of the node spending the CPU.
 const AnnotationBusyPoll = AnnotationPrefix + "busy-poll"
 
+// AnnotationSocketRedirect turns the pod's socket redirect off ("off") or
+// leaves it to the conflist's socketRedirect ("on").
+const AnnotationSocketRedirect = AnnotationPrefix + "socket-redirect"
+
+// The socketRedirect values, and the annotation's.
+const (
+	SocketRedirectOn  = "on"
+	SocketRedirectOff = "off"
+)
+
+// DefaultBPFDir is where the node's BPF programs are pinned.
+const DefaultBPFDir = "/sys/fs/bpf/cni-usernet"
+
 // BusyPollAuto is the busyPoll value, and the annotation's, that leaves
 // busy polling to the stack's governor: the default.
 const BusyPollAuto = "auto"
@@ -87,6 +100,15 @@ type NetConf struct {
 	// "auto": the stack's governor turns it on while requests flow and
 	// the node has idle CPU (pkg/stack/governor); "0s": off.
 	BusyPoll string `json:"busyPoll,omitempty"`
+	// SocketRedirect: "on" (absent) hands the messages of a pod's
+	// loopback TCP connections, the relay's to its applications among
+	// them, from socket to socket in the kernel instead of through TCP
+	// (pkg/node/sockmap), where the kernel can; "off": loopback TCP.
+	// The annotation AnnotationSocketRedirect turns it off per pod.
+	SocketRedirect string `json:"socketRedirect,omitempty"`
+	// BPFDir is where the node's BPF programs and maps are pinned (a
+	// bpffs directory). Zero: DefaultBPFDir.
+	BPFDir string `json:"bpfDir,omitempty"`
 	// MaxTCP, MaxUDP and UDPIdle bound the relay.
 	MaxTCP  int    `json:"maxTCP,omitempty"`
 	MaxUDP  int    `json:"maxUDP,omitempty"`
@@ -186,6 +208,19 @@ func (c *NetConf) ReadyTimeoutDuration() time.Duration { return c.readyTimeout }
 // It reads PrevResult: Parse hands RawPrevResult to version.ParsePrevResult,
 // which decodes it into PrevResult and clears it.
 func (c *NetConf) Chained() bool { return c.PrevResult != nil }
+
+// SocketRedirectOn resolves whether the pod's socket redirect is asked
+// for: the annotation, else the conflist's socketRedirect; source says
+// which decided.
+func (c *NetConf) SocketRedirectOn() (on bool, source string, err error) {
+	if v, ok := c.RuntimeConfig.PodAnnotations[AnnotationSocketRedirect]; ok {
+		if v != SocketRedirectOn && v != SocketRedirectOff {
+			return false, "", fmt.Errorf("pod annotation %q: got %q, want %s", AnnotationSocketRedirect, v, accepted["socketRedirect"])
+		}
+		return v == SocketRedirectOn && c.SocketRedirect == SocketRedirectOn, "annotation " + AnnotationSocketRedirect, nil
+	}
+	return c.SocketRedirect == SocketRedirectOn, "conflist socketRedirect", nil
+}
 
 // GSOMode resolves the pod's GSO mode: the annotation, else the conflist's
 // default. It also says where the mode came from.

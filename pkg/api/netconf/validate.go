@@ -81,17 +81,19 @@ var accepted = map[string]string{
 	"networkPolicy":      "true or false; absent: false",
 	"tunName": fmt.Sprintf(`an interface name: 1..15 bytes, no "/", ":", "%%" or white space, not ".", ".." or "lo"; absent: %s`,
 		stackconfig.DefaultTUNName),
-	"tunMTU":       fmt.Sprintf("%d..%d; absent or 0: %d", minMTUv6, maxMTU, stackconfig.DefaultTUNMTU),
-	"wireQueueLen": fmt.Sprintf("a packet count 1..%d, -1 for no queue; absent or 0: %d", maxQueueLen, stackconfig.DefaultQueueLen),
-	"appQueueLen":  fmt.Sprintf("a packet count 1..%d or -1 (accepted and ignored since the applications' traffic left the TUN)", maxQueueLen),
-	"stackThreads": fmt.Sprintf("a thread count 1..%d; absent or 0: %d, up to one per CPU (at most %d) under bulk traffic", maxStackThreads, stackconfig.DefaultThreads, stackconfig.MaxAdaptiveThreads),
-	"maxTCP":       "a non-negative count of relayed TCP connections; absent or 0: the relay's default",
-	"maxUDP":       "a non-negative count of relayed UDP flows; absent or 0: the relay's default",
-	"busyPoll":     fmt.Sprintf(`"auto", or a duration like "50us", at most %s; "0s": off`, stackconfig.MaxBusyPoll),
-	"udpIdle":      fmt.Sprintf(`a positive duration like "30s", at least %s; absent: the relay's default`, minDuration),
-	"readyTimeout": fmt.Sprintf(`a positive duration like "30s", at least %s; absent: %s`, minDuration, DefaultReadyTimeout),
-	"stateDir":     "an absolute path; absent: " + DefaultStateDir,
-	"logDir":       "an absolute path; absent: " + DefaultLogDir,
+	"tunMTU":         fmt.Sprintf("%d..%d; absent or 0: %d", minMTUv6, maxMTU, stackconfig.DefaultTUNMTU),
+	"wireQueueLen":   fmt.Sprintf("a packet count 1..%d, -1 for no queue; absent or 0: %d", maxQueueLen, stackconfig.DefaultQueueLen),
+	"appQueueLen":    fmt.Sprintf("a packet count 1..%d or -1 (accepted and ignored since the applications' traffic left the TUN)", maxQueueLen),
+	"stackThreads":   fmt.Sprintf("a thread count 1..%d; absent or 0: %d, up to one per CPU (at most %d) under bulk traffic", maxStackThreads, stackconfig.DefaultThreads, stackconfig.MaxAdaptiveThreads),
+	"maxTCP":         "a non-negative count of relayed TCP connections; absent or 0: the relay's default",
+	"maxUDP":         "a non-negative count of relayed UDP flows; absent or 0: the relay's default",
+	"busyPoll":       fmt.Sprintf(`"auto", or a duration like "50us", at most %s; "0s": off`, stackconfig.MaxBusyPoll),
+	"socketRedirect": fmt.Sprintf("one of %s, %s; absent: %s", SocketRedirectOn, SocketRedirectOff, SocketRedirectOn),
+	"bpfDir":         "an absolute path in a bpffs; absent: " + DefaultBPFDir,
+	"udpIdle":        fmt.Sprintf(`a positive duration like "30s", at least %s; absent: the relay's default`, minDuration),
+	"readyTimeout":   fmt.Sprintf(`a positive duration like "30s", at least %s; absent: %s`, minDuration, DefaultReadyTimeout),
+	"stateDir":       "an absolute path; absent: " + DefaultStateDir,
+	"logDir":         "an absolute path; absent: " + DefaultLogDir,
 	"runDir": fmt.Sprintf("an absolute path of at most %d bytes (the stack's control socket, runDir + %d bytes, must fit in %d); absent: %s",
 		maxRunDir, socketName, maxSocketPath, DefaultRunDir),
 	"netnsDir":      fmt.Sprintf("an absolute path; absent: %s", DefaultNetnsDir),
@@ -177,7 +179,7 @@ func (c *NetConf) validate(data []byte) error {
 		return err
 	}
 	for _, p := range []struct{ key, path string }{
-		{"stateDir", c.StateDir}, {"logDir", c.LogDir}, {"runDir", c.RunDir}, {"netnsDir", c.NetnsDir}, {"kubeconfig", c.Kubeconfig},
+		{"stateDir", c.StateDir}, {"logDir", c.LogDir}, {"runDir", c.RunDir}, {"netnsDir", c.NetnsDir}, {"kubeconfig", c.Kubeconfig}, {"bpfDir", c.BPFDir},
 	} {
 		if p.path != "" && (!filepath.IsAbs(p.path) || strings.ContainsRune(p.path, 0)) {
 			return badValue(p.key, strconv.Quote(p.path))
@@ -188,6 +190,12 @@ func (c *NetConf) validate(data []byte) error {
 	}
 	if c.NodeName != "" && (len(c.NodeName) > maxNodeName || !nodeNameRE.MatchString(c.NodeName)) {
 		return badValue("nodeName", strconv.Quote(c.NodeName))
+	}
+	if c.SocketRedirect == "" {
+		c.SocketRedirect = SocketRedirectOn
+	}
+	if c.SocketRedirect != SocketRedirectOn && c.SocketRedirect != SocketRedirectOff {
+		return badValue("socketRedirect", strconv.Quote(c.SocketRedirect))
 	}
 	if c.StackCgroup == "" {
 		c.StackCgroup = StackCgroupPod
@@ -209,6 +217,9 @@ func (c *NetConf) validate(data []byte) error {
 	}
 	if c.NetnsDir == "" {
 		c.NetnsDir = DefaultNetnsDir
+	}
+	if c.BPFDir == "" {
+		c.BPFDir = DefaultBPFDir
 	}
 	return nil
 }

@@ -30,6 +30,14 @@ import (
 //	   Version != 1, so they refuse this version.
 const SpecVersion = 2
 
+// StackSocketMark is the SO_MARK of the stack's relay sockets in the
+// pod's namespace (they talk to the applications over loopback): the
+// node's socket redirect (pkg/node/sockmap) hands an application's
+// messages to such a socket without TCP, and never the other way. It
+// spells "uso", beside the divert's mark ("usn"), and no policy rule
+// matches it, so the stack's packets route as without it.
+const StackSocketMark = 0x75736f
+
 // The MTUs a pod's link may have: IPv4's minimum datagram every host must
 // accept (RFC 791), IPv6's minimum link MTU when the pod has IPv6 (RFC
 // 8200), and the largest an IP packet's length field allows. The

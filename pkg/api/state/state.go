@@ -74,6 +74,23 @@ type Attachment struct {
 	StackCgroups []string `json:"stackCgroups,omitempty"`
 	// Supervision is written by the node agent when it restarts the stack.
 	Supervision *Supervision `json:"supervision,omitempty"`
+	// SocketRedirect is the pod's socket redirect (pkg/node/sockmap);
+	// nil in records made before it.
+	SocketRedirect *SocketRedirect `json:"socketRedirect,omitempty"`
+}
+
+// SocketRedirect says whether the messages of the pod's loopback TCP
+// connections go from socket to socket in the kernel, and where DEL and
+// the commands find the node's programs for it.
+type SocketRedirect struct {
+	On bool `json:"on"`
+	// Reason says what decided: the annotation or the conflist, or why
+	// the kernel could not.
+	Reason string `json:"reason,omitempty"`
+	// BPFDir is where the node's programs are pinned; NetnsCookie is the
+	// pod namespace's cookie, the programs' key for the pod.
+	BPFDir      string `json:"bpfDir,omitempty"`
+	NetnsCookie uint64 `json:"netnsCookie,omitempty"`
 }
 
 // Supervision is the node agent's record of the stack's crashes.

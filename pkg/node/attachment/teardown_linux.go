@@ -21,6 +21,7 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/node/ingressdrop"
 	"github.com/cni-usernet/cni-usernet/pkg/node/launch"
 	"github.com/cni-usernet/cni-usernet/pkg/node/podkernel"
+	"github.com/cni-usernet/cni-usernet/pkg/node/sockmap"
 	"github.com/cni-usernet/cni-usernet/pkg/node/sourceguard"
 	"github.com/cni-usernet/cni-usernet/pkg/node/wirens"
 )
@@ -63,6 +64,9 @@ type Teardown struct {
 	IPAMConf []byte
 	// CNIPath finds the IPAM plugin; empty: CNI_PATH.
 	CNIPath string
+	// Redirect is the pod's socket redirect, which goes with it; nil:
+	// none.
+	Redirect *state.SocketRedirect
 }
 
 // FromState takes what the attachment's record knows.
@@ -74,6 +78,7 @@ func (td *Teardown) FromState(att *state.Attachment) {
 		td.WireNetns = att.WireNetns
 	}
 	td.SourceGuard = att.SourceGuard
+	td.Redirect = att.SocketRedirect
 	if att.Netns != "" && td.Netns == "" {
 		td.Netns = att.Netns
 	}
@@ -98,6 +103,7 @@ func (td *Teardown) Run() error {
 			errs = append(errs, fmt.Errorf("stopping stack: %w", err))
 		}
 	}
+	td.disableRedirect()
 	if err := td.CleanNetns(); err != nil {
 		errs = append(errs, err)
 	}
@@ -132,6 +138,25 @@ func (td *Teardown) Run() error {
 		return errors.Join(errs...)
 	}
 	return td.Store.Delete(td.ContainerID, td.IfName)
+}
+
+// disableRedirect takes the pod's namespace out of the node's socket
+// redirect. Best effort: an entry left behind names a namespace that is
+// gone (cookies are never reused) and costs a slot of the map.
+func (td *Teardown) disableRedirect() {
+	r := td.Redirect
+	if r == nil || !r.On || r.NetnsCookie == 0 {
+		return
+	}
+	node, err := sockmap.Open(r.BPFDir)
+	if err != nil {
+		td.log().Warn("the node's socket redirect is gone: nothing to take the pod out of", "err", err)
+		return
+	}
+	defer node.Close()
+	if err := node.Disable(r.NetnsCookie); err != nil {
+		td.log().Warn("cannot take the pod out of the socket redirect", "cookie", r.NetnsCookie, "err", err)
+	}
 }
 
 // CleanNetns removes what the stack left in the pod's namespace (the TUN,

@@ -29,7 +29,7 @@ func PinDir(root string) string { return filepath.Join(root, layoutVersion) }
 // The pins in PinDir.
 const (
 	pinSocks    = "socks"
-	pinPending  = "pending"
+	pinInfo     = "info"
 	pinNetns    = "netns"
 	pinCounters = "counters"
 	pinChoice   = "choice"
@@ -139,7 +139,7 @@ func load(dir string, layout psockLayout) (err error) {
 	if m.socks, err = newMap(pinSocks, &ebpf.MapSpec{Name: "usn_socks", Type: ebpf.SockHash, KeySize: keySize, ValueSize: 8, MaxEntries: maxSockets}); err != nil {
 		return err
 	}
-	if m.pending, err = newMap(pinPending, &ebpf.MapSpec{Name: "usn_pending", Type: ebpf.LRUHash, KeySize: keySize, ValueSize: 8, MaxEntries: maxSockets}); err != nil {
+	if m.info, err = newMap(pinInfo, &ebpf.MapSpec{Name: "usn_info", Type: ebpf.LRUHash, KeySize: keySize, ValueSize: infoSize, MaxEntries: maxSockets}); err != nil {
 		return err
 	}
 	if m.netns, err = newMap(pinNetns, &ebpf.MapSpec{Name: "usn_netns", Type: ebpf.Hash, KeySize: 8, ValueSize: 4, MaxEntries: maxPods}); err != nil {

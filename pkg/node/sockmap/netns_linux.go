@@ -133,6 +133,21 @@ func (n *Node) Stats(cookie uint64) (Stats, error) {
 	}, nil
 }
 
+// Enabled lists the cookies of the pod namespaces in the redirect.
+func (n *Node) Enabled() ([]uint64, error) {
+	var out []uint64
+	var cookie uint64
+	var flags uint32
+	it := n.netns.Iterate()
+	for it.Next(&cookie, &flags) {
+		out = append(out, cookie)
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("listing the socket redirect's pods: %w", err)
+	}
+	return out, nil
+}
+
 // IsNotEnabled reports whether err says the pod's namespace is not in
 // the redirect.
 func IsNotEnabled(err error) bool { return errors.Is(err, errNotEnabled) }

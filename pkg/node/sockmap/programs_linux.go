@@ -6,6 +6,8 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"golang.org/x/sys/unix"
+
+	"github.com/cni-usernet/cni-usernet/pkg/api/podnet"
 )
 
 // Budget is how many redirected bytes a socket may hold unread before the
@@ -41,6 +43,15 @@ const (
 	flagCapture = 2
 )
 
+// A socket's info in the info map: the redirected bytes it holds unread,
+// and its kind.
+const (
+	infoPending = 0 // u64
+	infoKind    = 8 // u64: kindStack, or 0 for an application's socket
+	infoSize    = 16
+	kindStack   = 1
+)
+
 // A socket's choice, in its socket storage.
 const (
 	choiceNone     = 0
@@ -74,10 +85,12 @@ var (
 )
 
 const (
-	sockOpsOp       = 0  // bpf_sock_ops.op
-	sockOpsArg1     = 8  // bpf_sock_ops.args[1]: the new state in STATE_CB
-	skMsgSize       = 68 // sk_msg_md.size
-	skMsgSk         = 72 // sk_msg_md.sk
+	sockOpsOp       = 0   // bpf_sock_ops.op
+	sockOpsArg1     = 8   // bpf_sock_ops.args[1]: the new state in STATE_CB
+	sockOpsSk       = 184 // bpf_sock_ops.sk
+	bpfSockMark     = 16  // bpf_sock.mark
+	skMsgSize       = 68  // sk_msg_md.size
+	skMsgSk         = 72  // sk_msg_md.sk
 	bpfFIngress     = 1
 	bpfNoExist      = 1
 	bpfAny          = 0
@@ -152,7 +165,7 @@ func atomicAdd(ptr asm.Register, off int16, imm int32, size asm.Size) asm.Instru
 // maps are the node's maps the programs use.
 type maps struct {
 	socks    *ebpf.Map // SOCKHASH: key → socket
-	pending  *ebpf.Map // LRU_HASH: key → u64 unread redirected bytes
+	info     *ebpf.Map // LRU_HASH: key → the socket's info
 	netns    *ebpf.Map // HASH: netns cookie → u32 flags
 	counters *ebpf.Map // HASH: netns cookie → the pod's counters
 	choice   *ebpf.Map // SK_STORAGE: a socket's choice
@@ -160,9 +173,9 @@ type maps struct {
 
 // Stack layout of the sock_ops program.
 const (
-	opsCookie = -8               // the netns cookie, as the namespaces map's key
-	opsKey    = -8 - 8 - keySize // the socket's key
-	opsZero   = opsKey - 8       // a zero u64 for the pending map
+	opsCookie = -8                // the netns cookie, as the namespaces map's key
+	opsKey    = -8 - 8 - keySize  // the socket's key
+	opsInfo   = opsKey - infoSize // the socket's info, to write
 )
 
 // sockOpsProgram puts the established sockets of enabled namespaces in
@@ -203,20 +216,30 @@ func sockOpsProgram(m maps) asm.Instructions {
 	insns = append(insns, asm.Mov.Imm(asm.R0, 0).WithSymbol("room"))
 	insns = append(insns, buildKey(asm.R6, sockOpsCtx, opsKey, false, asm.R9, "out", "ek")...)
 	insns = append(insns,
-		asm.Mov.Reg(asm.R1, asm.R6),
+		// Its kind: the stack's relay sockets carry
+		// podnet.StackSocketMark, and the verdict redirects only what
+		// an application sends to one of them.
+		asm.Mov.Imm(asm.R1, 0),
+		asm.StoreMem(asm.RFP, opsInfo+infoPending, asm.R1, asm.DWord),
+		asm.StoreMem(asm.RFP, opsInfo+infoKind, asm.R1, asm.DWord),
+		asm.LoadMem(asm.R2, asm.R6, sockOpsSk, asm.DWord),
+		asm.JEq.Imm(asm.R2, 0, "kinded"),
+		asm.LoadMem(asm.R1, asm.R2, bpfSockMark, asm.Word),
+		asm.JNE.Imm(asm.R1, int32(podnet.StackSocketMark), "kinded"),
+		asm.Mov.Imm(asm.R1, kindStack),
+		asm.StoreMem(asm.RFP, opsInfo+infoKind, asm.R1, asm.DWord),
+		asm.Mov.Reg(asm.R1, asm.R6).WithSymbol("kinded"),
 		asm.LoadMapPtr(asm.R2, m.socks.FD()),
 		asm.Mov.Reg(asm.R3, asm.RFP),
 		asm.Add.Imm(asm.R3, opsKey),
 		asm.Mov.Imm(asm.R4, bpfNoExist),
 		asm.FnSockHashUpdate.Call(),
 		asm.JNE.Imm(asm.R0, 0, "out"),
-		asm.Mov.Imm(asm.R1, 0),
-		asm.StoreMem(asm.RFP, opsZero, asm.R1, asm.DWord),
-		asm.LoadMapPtr(asm.R1, m.pending.FD()),
+		asm.LoadMapPtr(asm.R1, m.info.FD()),
 		asm.Mov.Reg(asm.R2, asm.RFP),
 		asm.Add.Imm(asm.R2, opsKey),
 		asm.Mov.Reg(asm.R3, asm.RFP),
-		asm.Add.Imm(asm.R3, opsZero),
+		asm.Add.Imm(asm.R3, opsInfo),
 		asm.Mov.Imm(asm.R4, bpfAny),
 		asm.FnMapUpdateElem.Call(),
 	)
@@ -238,7 +261,7 @@ func sockOpsProgram(m maps) asm.Instructions {
 	)
 	insns = append(insns, buildKey(asm.R6, sockOpsCtx, opsKey, false, asm.R9, "out", "ck")...)
 	insns = append(insns,
-		asm.LoadMapPtr(asm.R1, m.pending.FD()),
+		asm.LoadMapPtr(asm.R1, m.info.FD()),
 		asm.Mov.Reg(asm.R2, asm.RFP),
 		asm.Add.Imm(asm.R2, opsKey),
 		asm.FnMapDeleteElem.Call(),
@@ -312,39 +335,48 @@ func skMsgProgram(m maps, l psockLayout) asm.Instructions {
 	insns = append(insns, buildKey(asm.R6, skMsgCtx, msgOwn, false, asm.R9, "tcp", "own")...)
 	insns = append(insns, buildKey(asm.R6, skMsgCtx, msgPeer, true, asm.R9, "tcp", "peer")...)
 	insns = append(insns,
-		// The sender publishes what it holds unread itself: its peer's
-		// estimate of it starts again from the truth.
-		asm.LoadMapPtr(asm.R1, m.pending.FD()),
+		// R9: the sender's info; none (left out at the pod's cap): TCP.
+		asm.LoadMapPtr(asm.R1, m.info.FD()),
 		asm.Mov.Reg(asm.R2, asm.RFP),
 		asm.Add.Imm(asm.R2, msgOwn),
 		asm.FnMapLookupElem.Call(),
-		asm.JEq.Imm(asm.R0, 0, "decided"),
+		asm.JEq.Imm(asm.R0, 0, "tcp"),
 		asm.Mov.Reg(asm.R9, asm.R0),
+		asm.LoadMem(asm.R1, asm.R9, infoKind, asm.DWord),
+		asm.JNE.Imm(asm.R1, kindStack, "app"),
+		// The stack sends through TCP always (an application may read
+		// with splice, which does not see a redirect's queue), and
+		// publishes what it holds unread itself: the estimate its
+		// applications' sends keep of it starts again from the truth.
 		asm.LoadMem(asm.R1, asm.R6, skMsgSk, asm.DWord),
 		asm.FnSkcToTcpSock.Call(),
-		asm.JEq.Imm(asm.R0, 0, "decided"),
+		asm.JEq.Imm(asm.R0, 0, "pass"),
 		asm.LoadMem(asm.R1, asm.R0, l.userDataOff, asm.DWord),
 		asm.And.Imm(asm.R1, userDataPtrMask),
-		asm.JEq.Imm(asm.R1, 0, "decided"),
+		asm.JEq.Imm(asm.R1, 0, "pass"),
 		asm.Mov.Imm(asm.R2, l.psockTypeID),
 		asm.Instruction{OpCode: asm.Call.Op(asm.ImmSource), Src: asm.PseudoKfuncCall, Constant: l.castID},
 		asm.LoadMem(asm.R1, asm.R0, l.msgTotLenOff, asm.Word),
-		asm.StoreMem(asm.R9, 0, asm.R1, asm.DWord),
+		asm.StoreMem(asm.R9, infoPending, asm.R1, asm.DWord),
+		asm.Ja.Label("pass"),
 
-		asm.LoadMem(asm.R1, asm.R7, 0, asm.DWord).WithSymbol("decided"),
+		// An application's socket: redirect what it sends to the stack.
+		asm.LoadMem(asm.R1, asm.R7, 0, asm.DWord).WithSymbol("app"),
 		asm.JEq.Imm(asm.R1, choiceTCP, "pass"),
 		asm.LoadMem(asm.R1, asm.RFP, msgFlags, asm.Word),
 		asm.And.Imm(asm.R1, flagCapture),
 		asm.JNE.Imm(asm.R1, 0, "tcp"),
-		// R9: the peer's unread bytes; no peer in the hash (it is not in
-		// this namespace, or was left out): TCP.
-		asm.LoadMapPtr(asm.R1, m.pending.FD()),
+		// R9: the peer's info; no peer in the hash (it is not in this
+		// namespace, or was left out), or not the stack's: TCP.
+		asm.LoadMapPtr(asm.R1, m.info.FD()),
 		asm.Mov.Reg(asm.R2, asm.RFP),
 		asm.Add.Imm(asm.R2, msgPeer),
 		asm.FnMapLookupElem.Call(),
 		asm.JEq.Imm(asm.R0, 0, "tcp"),
 		asm.Mov.Reg(asm.R9, asm.R0),
-		asm.LoadMem(asm.R1, asm.R9, 0, asm.DWord),
+		asm.LoadMem(asm.R1, asm.R9, infoKind, asm.DWord),
+		asm.JNE.Imm(asm.R1, kindStack, "tcp"),
+		asm.LoadMem(asm.R1, asm.R9, infoPending, asm.DWord),
 		asm.JGT.Imm(asm.R1, Budget, "tcp"),
 		asm.Mov.Reg(asm.R1, asm.R6),
 		asm.LoadMapPtr(asm.R2, m.socks.FD()),

@@ -2,6 +2,7 @@ package sockmap
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -17,6 +18,9 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/cni-usernet/cni-usernet/pkg/api/podnet"
 )
 
 // rig is the node's redirect loaded under a pin root of the test's own,
@@ -77,11 +81,36 @@ func newRig(t *testing.T, enable bool) *rig {
 	return r
 }
 
-// pair opens a listener and a connection to it in the pod's namespace.
+// markStack gives a socket the stack's relay mark.
+func markStack(network, address string, c syscall.RawConn) error {
+	var serr error
+	if err := c.Control(func(fd uintptr) {
+		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_MARK, podnet.StackSocketMark)
+	}); err != nil {
+		return err
+	}
+	return serr
+}
+
+// pair opens a listener and a connection to it in the pod's namespace:
+// the client is an application's socket, the server the stack's.
 func (r *rig) pair(network, addr string) (client, server *net.TCPConn) {
+	return r.pairOf(network, addr, true)
+}
+
+// appPair is a connection between two of the pod's applications.
+func (r *rig) appPair(network, addr string) (client, server *net.TCPConn) {
+	return r.pairOf(network, addr, false)
+}
+
+func (r *rig) pairOf(network, addr string, stackServer bool) (client, server *net.TCPConn) {
 	r.t.Helper()
 	err := r.netns.Do(func(ns.NetNS) error {
-		ln, err := net.Listen(network, addr)
+		var lc net.ListenConfig
+		if stackServer {
+			lc.Control = markStack
+		}
+		ln, err := lc.Listen(context.Background(), network, addr)
 		if err != nil {
 			return err
 		}
@@ -151,8 +180,9 @@ func pingPong(t *testing.T, client, server net.Conn, n, size int) {
 	}
 }
 
-// TestRedirectKeepsOrder: request and response, IPv4 and IPv6, go
-// through the redirect and arrive whole and in order.
+// TestRedirectKeepsOrder: what an application sends to the stack, IPv4
+// and IPv6, goes through the redirect, what the stack answers through
+// TCP, and both arrive whole and in order.
 func TestRedirectKeepsOrder(t *testing.T) {
 	r := newRig(t, true)
 	for _, c := range []struct{ network, addr string }{{"tcp4", "127.0.0.1:0"}, {"tcp6", "[::1]:0"}} {
@@ -160,12 +190,55 @@ func TestRedirectKeepsOrder(t *testing.T) {
 		client, server := r.pair(c.network, c.addr)
 		pingPong(t, client, server, 2000, 100)
 		s := r.stats()
-		if got := s.Redirected - before; got < 4000 {
-			t.Errorf("%s: %d messages redirected, want all 4000", c.network, got)
+		if got := s.Redirected - before; got != 2000 {
+			t.Errorf("%s: %d messages redirected, want the application's 2000, not the stack's", c.network, got)
 		}
 		if s.Sockets < 2 {
 			t.Errorf("%s: %d sockets in the hash, want the pair", c.network, s.Sockets)
 		}
+	}
+}
+
+// TestApplicationsKeepTCP: a connection between two of the pod's
+// applications is never redirected: either may read with splice, which
+// does not see a redirect's queue.
+func TestApplicationsKeepTCP(t *testing.T) {
+	r := newRig(t, true)
+	client, server := r.appPair("tcp4", "127.0.0.1:0")
+	pingPong(t, client, server, 200, 100)
+	if s := r.stats(); s.Redirected != 0 {
+		t.Fatalf("stats %+v: messages between applications redirected", s)
+	}
+}
+
+// TestStackToSpliceReader: an application that reads the stack's
+// answers with splice (Go's io.Copy from a TCP connection into a pipe)
+// gets every byte: the stack's side is never redirected.
+func TestStackToSpliceReader(t *testing.T) {
+	r := newRig(t, true)
+	client, server := r.pair("tcp4", "127.0.0.1:0")
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pr.Close()
+	done := make(chan error, 1)
+	go func() {
+		_, err := io.Copy(pw, client) // splice(2) from the socket
+		pw.Close()
+		done <- err
+	}()
+	msg := bytes.Repeat([]byte("answer "), 10000)
+	if _, err := server.Write(msg); err != nil {
+		t.Fatal(err)
+	}
+	server.CloseWrite()
+	got, err := io.ReadAll(pr)
+	if err != nil || !bytes.Equal(got, msg) {
+		t.Fatalf("spliced %d bytes, %v; want the %d sent", len(got), err, len(msg))
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
 	}
 }
 

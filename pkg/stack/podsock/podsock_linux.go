@@ -19,6 +19,8 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cni-usernet/cni-usernet/pkg/api/podnet"
 )
 
 // transparent is a net.Dialer / net.ListenConfig Control function that
@@ -42,6 +44,13 @@ func transparent(origDst bool) func(network, address string, c syscall.RawConn) 
 			// remote answering several pod sockets).
 			if serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEADDR, 1); serr != nil {
 				return
+			}
+			if network == "tcp4" || network == "tcp6" {
+				// The node's socket redirect hands what an application
+				// sends to a socket with this mark straight to it. A
+				// kernel that refuses the mark (it needs CAP_NET_RAW)
+				// only keeps the loopback TCP.
+				unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_MARK, podnet.StackSocketMark)
 			}
 			if !origDst {
 				return

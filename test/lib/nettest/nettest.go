@@ -26,6 +26,8 @@ import (
 	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/cni-usernet/cni-usernet/pkg/node/sockmap"
 )
 
 // RequireRoot skips tests that need namespaces when not root.
@@ -166,8 +168,18 @@ func NewEnv(t testing.TB) *Env {
 		}
 		unmountAll(e.NetnsDir())
 		os.RemoveAll(e.Dir)
+		// The programs the env's first ADD loaded and attached.
+		if err := sockmap.Unload(e.BPFDir()); err != nil {
+			t.Errorf("unloading the socket redirect: %v", err)
+		}
 	})
 	return e
+}
+
+// BPFDir is the env's "bpfDir": the socket redirect's programs loaded by
+// its ADDs, apart from the node's and every other env's.
+func (e *Env) BPFDir() string {
+	return filepath.Join("/sys/fs/bpf", "cni-usernet-test", filepath.Base(e.Dir))
 }
 
 // NetnsDir is the env's "netnsDir", where the stacks' own namespaces are
@@ -208,6 +220,7 @@ func (e *Env) Conf(version string, extra map[string]any) []byte {
 		"logDir":   filepath.Join(e.Dir, "log"),
 		"runDir":   filepath.Join(e.Dir, "run"),
 		"netnsDir": e.NetnsDir(),
+		"bpfDir":   e.BPFDir(),
 	}
 	for k, v := range extra {
 		if v == nil {

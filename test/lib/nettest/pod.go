@@ -22,6 +22,7 @@ import (
 
 	"github.com/cni-usernet/cni-usernet/pkg/node/launch"
 	"github.com/cni-usernet/cni-usernet/pkg/node/podkernel"
+	"github.com/cni-usernet/cni-usernet/pkg/node/sockmap"
 	"github.com/cni-usernet/cni-usernet/pkg/node/wirens"
 )
 
@@ -203,8 +204,8 @@ func (e *Env) Leaks() []string {
 	for _, pattern := range []string{"state/*.json", "state/stacks/*", "run/*", "run/netns/*"} {
 		m, _ := filepath.Glob(filepath.Join(e.Dir, pattern))
 		for _, f := range m {
-			if f == e.NetnsDir() {
-				continue // the pins' directory stays, empty
+			if f == e.NetnsDir() || filepath.Base(f) == "sockmap.lock" {
+				continue // the pins' directory stays, empty; a lock file
 			}
 			leaks = append(leaks, "file "+strings.TrimPrefix(f, e.Dir+"/"))
 		}
@@ -219,6 +220,16 @@ func (e *Env) Leaks() []string {
 	}
 	for _, pid := range e.StackPIDs() {
 		leaks = append(leaks, fmt.Sprintf("stack process %d", pid))
+	}
+	if node, err := sockmap.Open(e.BPFDir()); err == nil {
+		cookies, err := node.Enabled()
+		node.Close()
+		if err != nil {
+			leaks = append(leaks, "listing the socket redirect's pods: "+err.Error())
+		}
+		for _, c := range cookies {
+			leaks = append(leaks, fmt.Sprintf("socket redirect of netns cookie %d", c))
+		}
 	}
 	slices.Sort(leaks)
 	return leaks

@@ -1,0 +1,65 @@
+package cni
+
+import (
+	"errors"
+	"fmt"
+	"path/filepath"
+
+	"github.com/cni-usernet/cni-usernet/pkg/api/kube"
+	"github.com/cni-usernet/cni-usernet/pkg/api/state"
+	"github.com/cni-usernet/cni-usernet/pkg/node/sockmap"
+)
+
+// redirectLock serialises the ADDs that find the node's socket redirect
+// not loaded yet.
+const redirectLock = "sockmap.lock"
+
+// redirect puts the pod's namespace in the node's socket redirect
+// (pkg/node/sockmap) when the pod asks for it, loading the programs on
+// the node's first ADD. A kernel that cannot, or any other failure,
+// leaves the pod on loopback TCP, as the record, a log line and an Event
+// say: the redirect is speed, never the pod's network.
+func (a *addition) redirect() {
+	on, source, _ := a.conf.SocketRedirectOn() // checked in prepareAdd
+	r := &state.SocketRedirect{Reason: source}
+	a.att.SocketRedirect = r
+	if !on {
+		return
+	}
+	cookie, err := a.enableRedirect()
+	if err != nil {
+		r.Reason = err.Error()
+		a.log.Warn("socket redirect off: the pod's loopback connections use TCP", "err", err)
+		if !errors.Is(err, sockmap.ErrUnsupported) {
+			a.event(kube.EventWarning, "SocketRedirectOff", fmt.Sprintf("socket redirect off: %v; the pod's loopback connections use TCP", err))
+		}
+		return
+	}
+	r.On, r.BPFDir, r.NetnsCookie = true, a.conf.BPFDir, cookie
+	a.undo.add(func() { disableRedirect(r) })
+	a.step("redirect")
+}
+
+func (a *addition) enableRedirect() (uint64, error) {
+	node, err := sockmap.Load(a.conf.BPFDir, filepath.Join(a.conf.RunDir, redirectLock))
+	if err != nil {
+		return 0, err
+	}
+	defer node.Close()
+	cookie, err := sockmap.NetnsCookie(a.att.Netns)
+	if err != nil {
+		return 0, err
+	}
+	if err := node.Enable(cookie); err != nil {
+		return 0, err
+	}
+	return cookie, nil
+}
+
+// disableRedirect undoes enableRedirect for an ADD that failed after it.
+func disableRedirect(r *state.SocketRedirect) {
+	if node, err := sockmap.Open(r.BPFDir); err == nil {
+		node.Disable(r.NetnsCookie)
+		node.Close()
+	}
+}

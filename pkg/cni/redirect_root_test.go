@@ -1,0 +1,135 @@
+package cni_test
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+
+	"github.com/cni-usernet/cni-usernet/pkg/node/sockmap"
+	"github.com/cni-usernet/cni-usernet/test/lib/nettest"
+)
+
+// echoInPod serves a line echo on port in the pod's namespace.
+func echoInPod(t *testing.T, pod *nettest.Pod, port int) {
+	t.Helper()
+	var ln net.Listener
+	if err := pod.NS.Do(func(ns.NetNS) error {
+		var err error
+		ln, err = net.Listen("tcp4", fmt.Sprintf(":%d", port))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				io.Copy(c, c)
+			}()
+		}
+	}()
+}
+
+// roundTrips sends n lines from the node to addr and wants each back.
+func roundTrips(t *testing.T, node ns.NetNS, addr string, n int) {
+	t.Helper()
+	c, err := nettest.Dial(node, "tcp", addr, 10*time.Second)
+	if err != nil {
+		t.Fatalf("dialing %s: %v", addr, err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(30 * time.Second))
+	r := bufio.NewReader(c)
+	for i := range n {
+		msg := fmt.Sprintf("request %d through the stack\n", i)
+		if _, err := io.WriteString(c, msg); err != nil {
+			t.Fatalf("round trip %d: %v", i, err)
+		}
+		if got, err := r.ReadString('\n'); err != nil || got != msg {
+			t.Fatalf("round trip %d: got %q (%v), want %q", i, got, err, msg)
+		}
+	}
+}
+
+// TestSocketRedirect: ADD puts the pod's namespace in the node's socket
+// redirect, the relay's connection to the application then goes from
+// socket to socket, and DEL takes the pod out again.
+func TestSocketRedirect(t *testing.T) {
+	env := nettest.NewEnv(t)
+	pod := env.NewPod(env.Conf(latest, nil))
+	att := loadState(t, env, pod.ID)
+	r := att.SocketRedirect
+	if r == nil {
+		t.Fatal("the record says nothing of the socket redirect")
+	}
+	if !r.On {
+		if strings.Contains(r.Reason, sockmap.ErrUnsupported.Error()) {
+			t.Skipf("this kernel cannot: %s", r.Reason)
+		}
+		t.Fatalf("socket redirect off: %s", r.Reason)
+	}
+	echoInPod(t, pod, 7007)
+	roundTrips(t, env.Node, fmt.Sprintf("%s:7007", pod.IP(4)), 200)
+	node, err := sockmap.Open(r.BPFDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer node.Close()
+	s, err := node.Stats(r.NetnsCookie)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Each round trip's answer, which the application sends to the
+	// stack; the stack's writes to the application stay on TCP.
+	if s.Redirected < 200 {
+		t.Errorf("stats %+v: want the application's 200 answers redirected", s)
+	}
+	if err := env.Del(pod.Conf, pod.ID, pod.NS); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := node.Stats(r.NetnsCookie); !sockmap.IsNotEnabled(err) {
+		t.Errorf("after DEL: got %v, want the pod out of the redirect", err)
+	}
+}
+
+// TestSocketRedirectOptOut: the annotation keeps a pod on loopback TCP;
+// the conflist's "off" keeps every pod there and loads nothing.
+func TestSocketRedirectOptOut(t *testing.T) {
+	env := nettest.NewEnv(t)
+	for _, c := range []struct {
+		name   string
+		extra  map[string]any
+		reason string
+	}{
+		{"annotation", map[string]any{"runtimeConfig": map[string]any{
+			"io.kubernetes.cri.pod-annotations": map[string]any{"cni-usernet.io/socket-redirect": "off"}}}, "annotation cni-usernet.io/socket-redirect"},
+		{"conflist", map[string]any{"socketRedirect": "off"}, "conflist socketRedirect"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			pod := env.NewPod(env.Conf(latest, c.extra))
+			r := loadState(t, env, pod.ID).SocketRedirect
+			if r == nil || r.On || r.Reason != c.reason {
+				t.Fatalf("record %+v: want off by the %s", r, c.reason)
+			}
+			echoInPod(t, pod, 7008)
+			roundTrips(t, env.Node, fmt.Sprintf("%s:7008", pod.IP(4)), 20)
+			if node, err := sockmap.Open(env.BPFDir()); err == nil {
+				defer node.Close()
+				if cookies, _ := node.Enabled(); len(cookies) != 0 {
+					t.Errorf("pods in the redirect: %v, want none", cookies)
+				}
+			}
+		})
+	}
+}
