@@ -20,6 +20,7 @@ import (
 	"github.com/cni-usernet/cni-usernet/hack/bench/report"
 	"github.com/cni-usernet/cni-usernet/hack/bench/rig"
 	"github.com/cni-usernet/cni-usernet/hack/bench/runlog"
+	"github.com/cni-usernet/cni-usernet/pkg/node/sockmap"
 )
 
 const (
@@ -477,6 +478,9 @@ func (b *bench) cleanup() {
 		}
 	}
 	b.rig.RemoveAllNS(ctx)
+	if err := sockmap.Unload(benchBPFDir); err != nil {
+		runlog.Logf("cleanup: unloading the socket redirect: %v", err)
+	}
 	if b.cgfs != nil {
 		b.cgfs.Sweep()
 	}

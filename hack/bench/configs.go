@@ -86,6 +86,10 @@ func (c *config) usernet() bool { return c.Plugin == "cni-usernet" }
 // whose CPU and memory the benchmark reads: cni-usernet's or a peer's.
 func (c *config) stack() bool { return c.usernet() || c.Peer != "" }
 
+// benchBPFDir is where the benchmark's ADDs pin the socket redirect's
+// programs.
+const benchBPFDir = "/sys/fs/bpf/cni-usernet-bench"
+
 // baseline is the configuration every ratio is taken against.
 const baseline = "kernel"
 
@@ -102,6 +106,8 @@ var allConfigs = []*config{
 		Desc: `cni-usernet "gso": "hardware", "busyPoll": "0s" (busy polling off; by default the stack's governor switches it)`},
 	{Name: "usernet-hardware-busypoll", Plugin: "cni-usernet", GSO: "hardware", Keys: map[string]any{"busyPoll": "200us"},
 		Desc: `cni-usernet "gso": "hardware", "busyPoll": "200us" (the stack's thread polls for 200 µs after every traffic, whatever the node's load)`},
+	{Name: "usernet-hardware-noredirect", Plugin: "cni-usernet", GSO: "hardware", Keys: map[string]any{"socketRedirect": "off"},
+		Desc: `cni-usernet "gso": "hardware", "socketRedirect": "off" (the applications' leg on loopback TCP both ways)`},
 	{Name: "usernet-hardware-busypoll50", Plugin: "cni-usernet", GSO: "hardware", Keys: map[string]any{"busyPoll": "50us"}, ByName: true,
 		Desc: `cni-usernet "gso": "hardware", "busyPoll": "50us"`},
 	{Name: "usernet-hardware-noqueue", Plugin: "cni-usernet", GSO: "hardware", Keys: map[string]any{"wireQueueLen": -1}, ByName: true,
@@ -126,6 +132,8 @@ var allConfigs = []*config{
 		Desc: "pod to pod on one node: two ptp pods, the node routing between their veths"},
 	{Name: "pod2pod-usernet", Plugin: "cni-usernet", GSO: "hardware", SameNode: true, RatioTo: "pod2pod-kernel",
 		Desc: `pod to pod on one node: two cni-usernet "gso": "hardware" pods, the node routing between their veths`},
+	{Name: "pod2pod-usernet-noredirect", Plugin: "cni-usernet", GSO: "hardware", SameNode: true, RatioTo: "pod2pod-kernel", Keys: map[string]any{"socketRedirect": "off"},
+		Desc: `pod to pod on one node: two cni-usernet "gso": "hardware", "socketRedirect": "off" pods`},
 	{Name: "xnode-kernel", Plugin: "ptp", CrossNode: "direct", RatioTo: "xnode-kernel",
 		Desc: "pod to pod across two nodes on one link: ptp pods, host-gw routes made with ip"},
 	{Name: "xnode-usernet", Plugin: "cni-usernet", GSO: "hardware", CrossNode: "direct", AgentRoutes: true, RatioTo: "xnode-kernel",
@@ -200,6 +208,11 @@ func (c *config) conflistIn(sub4, ipamDir, stateDir, logDir, runDir string, ipv6
 		plugin["gso"] = c.GSO
 		plugin["stateDir"] = stateDir
 		plugin["logDir"] = logDir
+		if !c.Baseline {
+			// The socket redirect's programs, loaded by the first ADD,
+			// apart from a node's own and unloaded by cleanup.
+			plugin["bpfDir"] = benchBPFDir
+		}
 		if c.NoOffload {
 			plugin["podLinkOffloadsOff"] = true
 		}
