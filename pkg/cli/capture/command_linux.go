@@ -20,6 +20,7 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/api/state"
 	"github.com/cni-usernet/cni-usernet/pkg/cli/status"
 	"github.com/cni-usernet/cni-usernet/pkg/node/launch"
+	"github.com/cni-usernet/cni-usernet/pkg/node/sockmap"
 )
 
 const captureUsage = `usage: cni-usernet capture [flags] <namespace>/<pod> | <containerID>
@@ -50,6 +51,11 @@ func Run(argv []string, stdout, stderr io.Writer) error {
 	o := f.opts
 	if err := fromStack(&o, a); err != nil {
 		return err
+	}
+	if o.App {
+		if restore := redirectToTCP(a, stderr); restore != nil {
+			defer restore()
+		}
 	}
 	file, err := openCaptureOutput(f.out, stdout)
 	if err != nil {
@@ -158,6 +164,33 @@ func findRunningAttachment(stateDir, target, ifName string) (*state.Attachment, 
 		return nil, fmt.Errorf("capture: the stack of %s (pid %d) is not running; `cni-usernet status` says why", describe(a), a.StackPID)
 	}
 	return a, nil
+}
+
+// redirectToTCP sends the pod's redirected connections through TCP for
+// the capture, where its app leg sees them (the socket redirect hands
+// their messages from socket to socket otherwise); restore turns that
+// off again. Connections that went through TCP stay there. nil: the pod
+// has no redirect.
+func redirectToTCP(a *state.Attachment, stderr io.Writer) (restore func()) {
+	r := a.SocketRedirect
+	if r == nil || !r.On {
+		return nil
+	}
+	node, err := sockmap.Open(r.BPFDir)
+	if err != nil {
+		fmt.Fprintf(stderr, "cni-usernet capture: the socket redirect's programs: %v; what the pod's applications send to the stack may be missing from the app leg\n", err)
+		return nil
+	}
+	if err := node.SetCapture(r.NetnsCookie, true); err != nil {
+		node.Close()
+		fmt.Fprintf(stderr, "cni-usernet capture: %v; what the pod's applications send to the stack may be missing from the app leg\n", err)
+		return nil
+	}
+	fmt.Fprintln(stderr, "cni-usernet capture: the pod's loopback connections go through TCP while capturing, and stay there")
+	return func() {
+		node.SetCapture(r.NetnsCookie, false)
+		node.Close()
+	}
 }
 
 // fromStack fills in o where and what to capture, from a's record and its
