@@ -96,7 +96,7 @@ const (
 	// off, under a round trip at a time (about one core busy) it goes on.
 	// Half a core let redis's noisier intervals turn it on, and redis
 	// lost requests for it
-	// (docs/benchmarks/2026-12-03-2142-ab-busypoll-idle-rule.md).
+	// (docs/performance.md).
 	idleStart = 0.75
 	// probeEvery: while polling, the node's idle cannot be seen (the
 	// poller spends it), so every probeEvery intervals one goes without

@@ -78,7 +78,7 @@ func setTCPOptions(s *tcpipstack.Stack, bufMax int) error {
 		// instead of growing to it (memory is only taken as data queues,
 		// and the bound already counts the largest). Against a 1 MiB
 		// start, bulk both ways and redis gain, beyond the runs' spread
-		// (docs/benchmarks/2026-11-30-copy-buffers-window-runtime.md).
+		// (docs/performance.md).
 		&tcpip.TCPReceiveBufferSizeRangeOption{Min: 4096, Default: bufMax, Max: bufMax},
 		&tcpip.TCPSendBufferSizeRangeOption{Min: 4096, Default: 1 << 20, Max: bufMax},
 	}

@@ -58,7 +58,7 @@ type Options struct {
 	// queue hands the link batches. Zero: send in the caller's goroutine.
 	// (A queue that sent inline when idle, to save a hand-off per lone
 	// packet, lost bulk throughput and gained nothing on
-	// request/response: docs/benchmarks/2026-11-30-2038-full-run.md.)
+	// request/response: docs/performance.md.)
 	// A full queue makes the sender wait (pkg/stack/wirelink/wirequeue): a packet dropped
 	// there is one netstack's TCP believes sent.
 	WireQueueLen int

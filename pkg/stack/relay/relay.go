@@ -153,7 +153,7 @@ type Options struct {
 	// wireToPod writes from netstack's buffers at once. Zero: 256 KiB:
 	// four maximum-size segments. Against 64 KiB, bulk both ways and
 	// nginx gain and the stack spends less CPU per byte
-	// (docs/benchmarks/2026-11-30-copy-buffers-window-runtime.md).
+	// (docs/performance.md).
 	CopyBufferBytes int
 	// PodAddrs are the pod's own addresses (podnet.Spec.PodIPs): the only
 	// sources the relay takes from the applications' leg, in the TUN and

@@ -221,7 +221,7 @@ func consume(ep tcpip.Endpoint, n int) {
 // (a Payloader whose Read is the read system call), but it reads into one
 // 64 KiB chunk at a time, so bulk data would take four reads where this
 // takes one, and pod→node bulk and nginx lose for it
-// (docs/benchmarks/2026-12-01-relay-writev-gro.md).
+// (docs/performance.md).
 //
 // Each read also tells how much the socket still holds (TCP_INQ, see
 // appReader), so an answer costs one read, not a read and then another

@@ -229,7 +229,7 @@ const linkReadBatch = 8
 // KiB frame take ten pool chunks, ten views for netstack to clone and
 // walk and ten iovecs to the application: with two, node→pod moves more
 // at less CPU per byte, and TCP_RR and redis stay level
-// (docs/benchmarks/2026-12-01-relay-writev-gro.md).
+// (docs/performance.md).
 var rxBufSizes = [...]int{2048, 63616}
 
 // newRxView takes a view for frames from gVisor's pool without clearing it

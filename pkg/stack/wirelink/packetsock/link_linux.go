@@ -112,7 +112,7 @@ func (l *Link) closeSplit() {
 // packet socket waits for an RCU grace period (synchronize_net; the SYN
 // socket's ring a second one). One after another those waits add up to a
 // large share of a DEL; at once they overlap
-// (docs/benchmarks/2026-12-01-stack-binary.md). Closing twice is
+// (docs/performance.md). Closing twice is
 // harmless.
 func (l *Link) Close() {
 	var wg sync.WaitGroup

@@ -40,7 +40,7 @@ func Open(o Options) (int, error) { return open(o, nil) }
 // receive ring set up on a bound socket makes the kernel unhook the
 // socket and wait for an RCU grace period (packet_set_ring's
 // synchronize_net), a wait a stack's start should not make
-// (docs/benchmarks/2026-12-01-raw-syscalls-fast-start.md).
+// (docs/performance.md).
 func open(o Options, prepare func(fd int) error) (int, error) {
 	iface, err := net.InterfaceByName(o.IfName)
 	if err != nil {

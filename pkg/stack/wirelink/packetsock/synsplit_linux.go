@@ -98,7 +98,7 @@ func attachFilter(fd int, prog []unix.SockFilter) error {
 //
 // It takes an RCU grace period (the ring: packet_set_ring's
 // synchronize_net, even on an unbound socket), which a caller can spend
-// doing other work (docs/benchmarks/2026-12-01-raw-syscalls-fast-start.md).
+// doing other work (docs/performance.md).
 func NewSYNSocket(o Options) (*SYNSocket, error) {
 	o.VnetHdr = false // SYNs are never GSO frames
 	s := &SYNSocket{}
