@@ -11,8 +11,11 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
+	"github.com/cni-usernet/cni-usernet/pkg/api/netconf"
 	"github.com/cni-usernet/cni-usernet/pkg/api/state"
 	"github.com/cni-usernet/cni-usernet/pkg/node/install"
+	"github.com/cni-usernet/cni-usernet/pkg/node/launch"
+	"github.com/cni-usernet/cni-usernet/pkg/node/sockmap"
 )
 
 // shutdown uninstalls when the agent stops because its DaemonSet is gone
@@ -57,6 +60,11 @@ func (n *nodeSetup) shutdown(log *slog.Logger) {
 	}
 	if n.routes != nil {
 		n.routes.remove()
+	}
+	// The socket redirect's programs, which the node's first ADD loaded
+	// and pinned in the node's bpffs: with no pod left, nothing uses them.
+	if err := launch.InMountNS(n.f.mountNS, func() error { return sockmap.Unload(netconf.DefaultBPFDir) }); err != nil {
+		log.Warn("cannot unload the socket redirect", "dir", netconf.DefaultBPFDir, "err", err)
 	}
 	releaseClaim(n.f.claimFile())
 	log.Info("DaemonSet deleted: CNI files restored")
