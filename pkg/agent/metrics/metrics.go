@@ -134,6 +134,8 @@ var (
 	descAgentRestarts = nodeDesc("stack_restarts_total",
 		"Restarts of dead stacks by this node agent, by result: success or failure.",
 		"result")
+	descGuardsRestored = nodeDesc("source_guards_restored_total",
+		"Pods' source guards the node agent put back after something on the node removed them (an nftables flush, the table deleted).")
 	descAgentStarts = nodeDesc("agent_starts_total",
 		"Times a node agent started on this node (kept in the state directory across agent restarts).")
 	descBadRecords = nodeDesc("plugin_operation_records_malformed_total",
@@ -205,7 +207,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		descPolicyDenied, descPolicyGeneration, descSpoofed,
 		descRestarts, descCrashLoop, descRSS, descCPU, descGSOInfo, descGSOMaxSize, descGSOMaxSegs,
 		descAttachments, descUnreadable, descReconciles, descReclaimed, descDirsRemoved, descUntracked,
-		descAgentRestarts, descAgentStarts, descBadRecords,
+		descAgentRestarts, descAgentStarts, descBadRecords, descGuardsRestored,
 	} {
 		ch <- d
 	}
@@ -245,6 +247,7 @@ func (c *Collector) collectNode(ch chan<- prometheus.Metric) {
 	ch <- gauge(descUntracked, float64(a.UntrackedStacks.Load()))
 	ch <- counter(descAgentRestarts, float64(a.StackRestarts.Load()), "success")
 	ch <- counter(descAgentRestarts, float64(a.RestartFailures.Load()), "failure")
+	ch <- counter(descGuardsRestored, float64(a.SourceGuardsRestored.Load()))
 }
 
 // pod is what one scrape learned of one attachment.

@@ -68,6 +68,7 @@ func (s *Supervisor) Reconcile() {
 		s.stats.ReclaimedByReconcile.Add(1)
 		log.Info("reclaimed attachment: its netns is gone", "containerID", att.ContainerID, "ifName", att.IfName, "netns", att.Netns)
 	}
+	s.reconcileGuards()
 	stacksDir := filepath.Join(s.cfg.Store.Dir, "stacks")
 	running := make(map[string]bool)
 	var untracked int64

@@ -18,6 +18,7 @@ import (
 
 	"github.com/cni-usernet/cni-usernet/pkg/api/state"
 	"github.com/cni-usernet/cni-usernet/pkg/node/launch"
+	"github.com/cni-usernet/cni-usernet/pkg/node/sourceguard"
 )
 
 // Config says where the node's attachments are and how to restart them.
@@ -125,6 +126,9 @@ type Stats struct {
 	// dead stacks.
 	StackRestarts   atomic.Uint64
 	RestartFailures atomic.Uint64
+	// SourceGuardsRestored counts pods' source guards put back after
+	// something on the node removed them.
+	SourceGuardsRestored atomic.Uint64
 }
 
 // Stats returns the supervisor's live counters.
@@ -135,6 +139,12 @@ func New(cfg Config) *Supervisor {
 	cfg.defaults()
 	return &Supervisor{cfg: cfg, watched: make(map[string]bool)}
 }
+
+// guardSettle is how long after an nftables deletion the pods' source
+// guards are checked: long enough for a flush's or a firewall reload's
+// burst of deletions to end, short enough that frames pass unchecked for
+// no longer.
+const guardSettle = 200 * time.Millisecond
 
 // lockWait bounds how long the agent waits for an attachment that the
 // plugin is working on; it simply tries again on the next pass.
@@ -152,6 +162,14 @@ func (s *Supervisor) Run(ctx context.Context, ready func()) error {
 	defer scan.Stop()
 	reconcile := time.NewTicker(s.cfg.ReconcileInterval)
 	defer reconcile.Stop()
+	// A deletion in nftables may have taken pods' source guards: they
+	// are checked a moment later (a flush reports every object it
+	// deletes; one check follows them all), else at each reconcile.
+	changes, err := sourceguard.Changes(ctx)
+	if err != nil {
+		s.cfg.Log.Warn("not watching nftables: pods' source guards are checked at each reconcile only", "err", err)
+	}
+	var guardCheck <-chan time.Time
 	for {
 		select {
 		case <-ctx.Done():
@@ -161,6 +179,17 @@ func (s *Supervisor) Run(ctx context.Context, ready func()) error {
 			s.scan(ctx)
 		case <-reconcile.C:
 			s.Reconcile()
+		case _, ok := <-changes:
+			if !ok {
+				changes = nil
+				continue
+			}
+			if guardCheck == nil {
+				guardCheck = time.After(guardSettle)
+			}
+		case <-guardCheck:
+			guardCheck = nil
+			s.reconcileGuards()
 		}
 	}
 }
