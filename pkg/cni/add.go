@@ -134,7 +134,7 @@ func (inv *invocation) prepareAdd() (*addition, error) {
 		inv.event(kube.EventWarning, "InvalidBusyPollAnnotation", err.Error()+"; the pod gets no network until the annotation is fixed")
 		return nil, errorf(types.ErrInvalidNetworkConfig, "%v", err)
 	}
-	if _, _, err := conf.SocketRedirectOn(); err != nil {
+	if _, _, err := conf.SocketRedirectMode(); err != nil {
 		inv.event(kube.EventWarning, "InvalidSocketRedirectAnnotation", err.Error()+"; the pod gets no network until the annotation is fixed")
 		return nil, errorf(types.ErrInvalidNetworkConfig, "%v", err)
 	}

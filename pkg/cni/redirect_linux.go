@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 
 	"github.com/cni-usernet/cni-usernet/pkg/api/kube"
+	"github.com/cni-usernet/cni-usernet/pkg/api/netconf"
 	"github.com/cni-usernet/cni-usernet/pkg/api/state"
 	"github.com/cni-usernet/cni-usernet/pkg/node/sockmap"
 )
@@ -20,13 +21,14 @@ const redirectLock = "sockmap.lock"
 // leaves the pod on loopback TCP, as the record, a log line and an Event
 // say: the redirect is speed, never the pod's network.
 func (a *addition) redirect() {
-	on, source, _ := a.conf.SocketRedirectOn() // checked in prepareAdd
+	mode, source, _ := a.conf.SocketRedirectMode() // checked in prepareAdd
 	r := &state.SocketRedirect{Reason: source}
 	a.att.SocketRedirect = r
-	if !on {
+	if mode == netconf.SocketRedirectOff {
 		return
 	}
-	cookie, err := a.enableRedirect()
+	both := mode == netconf.SocketRedirectBoth
+	cookie, err := a.enableRedirect(both)
 	if err != nil {
 		r.Reason = err.Error()
 		a.log.Warn("socket redirect off: the pod's loopback connections use TCP", "err", err)
@@ -35,12 +37,12 @@ func (a *addition) redirect() {
 		}
 		return
 	}
-	r.On, r.BPFDir, r.NetnsCookie = true, a.conf.BPFDir, cookie
+	r.On, r.Both, r.BPFDir, r.NetnsCookie = true, both, a.conf.BPFDir, cookie
 	a.undo.add(func() { disableRedirect(r) })
 	a.step("redirect")
 }
 
-func (a *addition) enableRedirect() (uint64, error) {
+func (a *addition) enableRedirect(both bool) (uint64, error) {
 	node, err := sockmap.Load(a.conf.BPFDir, filepath.Join(a.conf.RunDir, redirectLock))
 	if err != nil {
 		return 0, err
@@ -50,7 +52,7 @@ func (a *addition) enableRedirect() (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	if err := node.Enable(cookie); err != nil {
+	if err := node.Enable(cookie, both); err != nil {
 		return 0, err
 	}
 	return cookie, nil

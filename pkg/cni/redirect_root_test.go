@@ -15,8 +15,31 @@ import (
 	"github.com/cni-usernet/cni-usernet/test/lib/nettest"
 )
 
-// echoInPod serves a line echo on port in the pod's namespace.
+// echoInPod serves an echo on port in the pod's namespace, with io.Copy:
+// Go splices from one TCP connection to another, as proxies do.
 func echoInPod(t *testing.T, pod *nettest.Pod, port int) {
+	serveInPod(t, pod, port, func(c net.Conn) { io.Copy(c, c) })
+}
+
+// readEchoInPod serves an echo that reads with read(2), never splice.
+func readEchoInPod(t *testing.T, pod *nettest.Pod, port int) {
+	serveInPod(t, pod, port, func(c net.Conn) {
+		buf := make([]byte, 4096)
+		for {
+			n, err := c.Read(buf)
+			if n > 0 {
+				if _, werr := c.Write(buf[:n]); werr != nil {
+					return
+				}
+			}
+			if err != nil {
+				return
+			}
+		}
+	})
+}
+
+func serveInPod(t *testing.T, pod *nettest.Pod, port int, serve func(net.Conn)) {
 	t.Helper()
 	var ln net.Listener
 	if err := pod.NS.Do(func(ns.NetNS) error {
@@ -35,7 +58,7 @@ func echoInPod(t *testing.T, pod *nettest.Pod, port int) {
 			}
 			go func() {
 				defer c.Close()
-				io.Copy(c, c)
+				serve(c)
 			}()
 		}
 	}()
@@ -100,6 +123,32 @@ func TestSocketRedirect(t *testing.T) {
 	}
 	if _, err := node.Stats(r.NetnsCookie); !sockmap.IsNotEnabled(err) {
 		t.Errorf("after DEL: got %v, want the pod out of the redirect", err)
+	}
+}
+
+// TestSocketRedirectBoth: a pod whose applications never read with
+// splice (the annotation's "both") gets the stack's writes to them
+// redirected too.
+func TestSocketRedirectBoth(t *testing.T) {
+	env := nettest.NewEnv(t)
+	pod := env.NewPod(env.Conf(latest, map[string]any{"runtimeConfig": map[string]any{
+		"io.kubernetes.cri.pod-annotations": map[string]any{"cni-usernet.io/socket-redirect": "both"}}}))
+	r := loadState(t, env, pod.ID).SocketRedirect
+	if r == nil || !r.On || !r.Both {
+		if r != nil && strings.Contains(r.Reason, sockmap.ErrUnsupported.Error()) {
+			t.Skipf("this kernel cannot: %s", r.Reason)
+		}
+		t.Fatalf("record %+v: want on, both ways", r)
+	}
+	readEchoInPod(t, pod, 7009)
+	roundTrips(t, env.Node, fmt.Sprintf("%s:7009", pod.IP(4)), 200)
+	node, err := sockmap.Open(r.BPFDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer node.Close()
+	if s, err := node.Stats(r.NetnsCookie); err != nil || s.Redirected < 400 {
+		t.Errorf("stats %+v, %v: want the 400 messages of the relay's connection redirected", s, err)
 	}
 }
 

@@ -52,3 +52,46 @@ func FuzzGSOAnnotation(f *testing.F) {
 		}
 	})
 }
+
+// TestSocketRedirectMode: the annotation chooses under the conflist,
+// whose "off" wins; a bad value names the annotation and the values.
+func TestSocketRedirectMode(t *testing.T) {
+	for _, c := range []struct {
+		conflist, annotation string // "" : absent
+		want, source         string
+	}{
+		{"", "", "on", "conflist socketRedirect"},
+		{"both", "", "both", "conflist socketRedirect"},
+		{"on", "both", "both", "annotation cni-usernet.io/socket-redirect"},
+		{"on", "off", "off", "annotation cni-usernet.io/socket-redirect"},
+		{"both", "on", "on", "annotation cni-usernet.io/socket-redirect"},
+		{"off", "both", "off", "conflist socketRedirect"},
+	} {
+		keys := map[string]any{}
+		if c.conflist != "" {
+			keys["socketRedirect"] = c.conflist
+		}
+		nc, err := netconf.Parse(conf(t, keys))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.annotation != "" {
+			nc.RuntimeConfig.PodAnnotations = map[string]string{netconf.AnnotationSocketRedirect: c.annotation}
+		}
+		mode, source, err := nc.SocketRedirectMode()
+		if err != nil || mode != c.want || source != c.source {
+			t.Errorf("conflist %q, annotation %q: got %q by %q (%v), want %q by %q", c.conflist, c.annotation, mode, source, err, c.want, c.source)
+		}
+	}
+	nc, err := netconf.Parse(conf(t, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc.RuntimeConfig.PodAnnotations = map[string]string{netconf.AnnotationSocketRedirect: "fast"}
+	if _, _, err := nc.SocketRedirectMode(); err == nil || !strings.Contains(err.Error(), "socket-redirect") || !strings.Contains(err.Error(), "on, both, off") {
+		t.Errorf("bad annotation: got %v, want an error naming it and the values", err)
+	}
+	if _, err := netconf.Parse(conf(t, map[string]any{"socketRedirect": "sometimes"})); err == nil {
+		t.Error(`socketRedirect "sometimes": accepted`)
+	}
+}

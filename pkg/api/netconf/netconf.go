@@ -38,14 +38,18 @@ const AnnotationGSO = AnnotationPrefix + "gso"
 // have it without every pod of the node spending the CPU.
 const AnnotationBusyPoll = AnnotationPrefix + "busy-poll"
 
-// AnnotationSocketRedirect turns the pod's socket redirect off ("off") or
-// leaves it to the conflist's socketRedirect ("on").
+// AnnotationSocketRedirect sets the pod's socket redirect: "off", "on",
+// or "both", under the conflist's socketRedirect ("off" there wins).
 const AnnotationSocketRedirect = AnnotationPrefix + "socket-redirect"
 
-// The socketRedirect values, and the annotation's.
+// The socketRedirect values, and the annotation's: what the applications
+// send to the stack is redirected (on), and what the stack sends them
+// too (both: the pod's applications never read with splice), or nothing
+// (off).
 const (
-	SocketRedirectOn  = "on"
-	SocketRedirectOff = "off"
+	SocketRedirectOn   = "on"
+	SocketRedirectBoth = "both"
+	SocketRedirectOff  = "off"
 )
 
 // DefaultBPFDir is where the node's BPF programs are pinned.
@@ -100,11 +104,11 @@ type NetConf struct {
 	// "auto": the stack's governor turns it on while requests flow and
 	// the node has idle CPU (pkg/stack/governor); "0s": off.
 	BusyPoll string `json:"busyPoll,omitempty"`
-	// SocketRedirect: "on" (absent) hands the messages of a pod's
-	// loopback TCP connections, the relay's to its applications among
-	// them, from socket to socket in the kernel instead of through TCP
-	// (pkg/node/sockmap), where the kernel can; "off": loopback TCP.
-	// The annotation AnnotationSocketRedirect turns it off per pod.
+	// SocketRedirect: "on" (absent) hands what a pod's applications send
+	// to its stack over loopback from socket to socket in the kernel
+	// instead of through TCP (pkg/node/sockmap), where the kernel can;
+	// "both" what the stack sends them too; "off": loopback TCP. The
+	// annotation AnnotationSocketRedirect chooses per pod.
 	SocketRedirect string `json:"socketRedirect,omitempty"`
 	// BPFDir is where the node's BPF programs and maps are pinned (a
 	// bpffs directory). Zero: DefaultBPFDir.
@@ -209,17 +213,22 @@ func (c *NetConf) ReadyTimeoutDuration() time.Duration { return c.readyTimeout }
 // which decodes it into PrevResult and clears it.
 func (c *NetConf) Chained() bool { return c.PrevResult != nil }
 
-// SocketRedirectOn resolves whether the pod's socket redirect is asked
-// for: the annotation, else the conflist's socketRedirect; source says
-// which decided.
-func (c *NetConf) SocketRedirectOn() (on bool, source string, err error) {
-	if v, ok := c.RuntimeConfig.PodAnnotations[AnnotationSocketRedirect]; ok {
-		if v != SocketRedirectOn && v != SocketRedirectOff {
-			return false, "", fmt.Errorf("pod annotation %q: got %q, want %s", AnnotationSocketRedirect, v, accepted["socketRedirect"])
-		}
-		return v == SocketRedirectOn && c.SocketRedirect == SocketRedirectOn, "annotation " + AnnotationSocketRedirect, nil
+// SocketRedirectMode resolves the pod's socket redirect: the conflist's
+// "off", else the annotation, else the conflist's socketRedirect; source
+// says which decided.
+func (c *NetConf) SocketRedirectMode() (mode, source string, err error) {
+	v, ok := c.RuntimeConfig.PodAnnotations[AnnotationSocketRedirect]
+	if ok && !validSocketRedirect(v) {
+		return "", "", fmt.Errorf("pod annotation %q: got %q, want %s", AnnotationSocketRedirect, v, accepted["socketRedirect"])
 	}
-	return c.SocketRedirect == SocketRedirectOn, "conflist socketRedirect", nil
+	if !ok || c.SocketRedirect == SocketRedirectOff {
+		return c.SocketRedirect, "conflist socketRedirect", nil
+	}
+	return v, "annotation " + AnnotationSocketRedirect, nil
+}
+
+func validSocketRedirect(v string) bool {
+	return v == SocketRedirectOn || v == SocketRedirectBoth || v == SocketRedirectOff
 }
 
 // GSOMode resolves the pod's GSO mode: the annotation, else the conflist's

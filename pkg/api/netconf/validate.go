@@ -88,7 +88,7 @@ var accepted = map[string]string{
 	"maxTCP":         "a non-negative count of relayed TCP connections; absent or 0: the relay's default",
 	"maxUDP":         "a non-negative count of relayed UDP flows; absent or 0: the relay's default",
 	"busyPoll":       fmt.Sprintf(`"auto", or a duration like "50us", at most %s; "0s": off`, stackconfig.MaxBusyPoll),
-	"socketRedirect": fmt.Sprintf("one of %s, %s; absent: %s", SocketRedirectOn, SocketRedirectOff, SocketRedirectOn),
+	"socketRedirect": fmt.Sprintf("one of %s, %s, %s; absent: %s", SocketRedirectOn, SocketRedirectBoth, SocketRedirectOff, SocketRedirectOn),
 	"bpfDir":         "an absolute path in a bpffs; absent: " + DefaultBPFDir,
 	"udpIdle":        fmt.Sprintf(`a positive duration like "30s", at least %s; absent: the relay's default`, minDuration),
 	"readyTimeout":   fmt.Sprintf(`a positive duration like "30s", at least %s; absent: %s`, minDuration, DefaultReadyTimeout),
@@ -194,7 +194,7 @@ func (c *NetConf) validate(data []byte) error {
 	if c.SocketRedirect == "" {
 		c.SocketRedirect = SocketRedirectOn
 	}
-	if c.SocketRedirect != SocketRedirectOn && c.SocketRedirect != SocketRedirectOff {
+	if !validSocketRedirect(c.SocketRedirect) {
 		return badValue("socketRedirect", strconv.Quote(c.SocketRedirect))
 	}
 	if c.StackCgroup == "" {

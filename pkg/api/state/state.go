@@ -84,6 +84,8 @@ type Attachment struct {
 // the commands find the node's programs for it.
 type SocketRedirect struct {
 	On bool `json:"on"`
+	// Both: the stack's writes to the applications are redirected too.
+	Both bool `json:"both,omitempty"`
 	// Reason says what decided: the annotation or the conflist, or why
 	// the kernel could not.
 	Reason string `json:"reason,omitempty"`

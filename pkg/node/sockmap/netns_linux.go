@@ -65,14 +65,20 @@ type Stats struct {
 type counters [countersSize]byte
 
 // Enable puts the pod's namespace in the redirect: its connections
-// established from now on redirect.
-func (n *Node) Enable(cookie uint64) error {
+// established from now on redirect what the applications send to the
+// stack, and with both what the stack sends them too (the pod says its
+// applications never read with splice).
+func (n *Node) Enable(cookie uint64, both bool) error {
+	flags := uint32(flagEnabled)
+	if both {
+		flags |= flagBoth
+	}
 	// Counters first: the programs count only where both exist. A repeated
 	// ADD keeps the counters it finds.
 	if err := n.counters.Update(cookie, counters{}, ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
 		return fmt.Errorf("enabling netns cookie %d: %w", cookie, err)
 	}
-	if err := n.netns.Update(cookie, uint32(flagEnabled), ebpf.UpdateAny); err != nil {
+	if err := n.netns.Update(cookie, flags, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("enabling netns cookie %d: %w", cookie, err)
 	}
 	return nil

@@ -41,6 +41,9 @@ const (
 const (
 	flagEnabled = 1
 	flagCapture = 2
+	// flagBoth redirects the stack's writes to the pod's applications
+	// too: the pod says its applications never read with splice.
+	flagBoth = 4
 )
 
 // A socket's info in the info map: the redirected bytes it holds unread,
@@ -284,6 +287,7 @@ func sockOpsProgram(m maps) asm.Instructions {
 const (
 	msgCookie = -8
 	msgFlags  = -16                // the pod's flags (u32)
+	msgKind   = -12                // the sender's kind (u32)
 	msgOwn    = msgFlags - keySize // the sender's key
 	msgPeer   = msgOwn - keySize   // its peer's
 )
@@ -343,31 +347,43 @@ func skMsgProgram(m maps, l psockLayout) asm.Instructions {
 		asm.JEq.Imm(asm.R0, 0, "tcp"),
 		asm.Mov.Reg(asm.R9, asm.R0),
 		asm.LoadMem(asm.R1, asm.R9, infoKind, asm.DWord),
-		asm.JNE.Imm(asm.R1, kindStack, "app"),
-		// The stack sends through TCP always (an application may read
-		// with splice, which does not see a redirect's queue), and
-		// publishes what it holds unread itself: the estimate its
-		// applications' sends keep of it starts again from the truth.
-		asm.LoadMem(asm.R1, asm.R6, skMsgSk, asm.DWord),
+		asm.StoreMem(asm.RFP, msgKind, asm.R1, asm.Word),
+		// A socket others redirect to publishes what it holds unread
+		// whenever it sends: their estimate of it starts again from the
+		// truth. Others redirect to the stack's sockets, and with
+		// flagBoth to the applications'.
+		asm.JEq.Imm(asm.R1, kindStack, "publish"),
+		asm.LoadMem(asm.R1, asm.RFP, msgFlags, asm.Word),
+		asm.And.Imm(asm.R1, flagBoth),
+		asm.JEq.Imm(asm.R1, 0, "decide"),
+		asm.LoadMem(asm.R1, asm.R6, skMsgSk, asm.DWord).WithSymbol("publish"),
 		asm.FnSkcToTcpSock.Call(),
-		asm.JEq.Imm(asm.R0, 0, "pass"),
+		asm.JEq.Imm(asm.R0, 0, "decide"),
 		asm.LoadMem(asm.R1, asm.R0, l.userDataOff, asm.DWord),
 		asm.And.Imm(asm.R1, userDataPtrMask),
-		asm.JEq.Imm(asm.R1, 0, "pass"),
+		asm.JEq.Imm(asm.R1, 0, "decide"),
 		asm.Mov.Imm(asm.R2, l.psockTypeID),
 		asm.Instruction{OpCode: asm.Call.Op(asm.ImmSource), Src: asm.PseudoKfuncCall, Constant: l.castID},
 		asm.LoadMem(asm.R1, asm.R0, l.msgTotLenOff, asm.Word),
 		asm.StoreMem(asm.R9, infoPending, asm.R1, asm.DWord),
-		asm.Ja.Label("pass"),
 
-		// An application's socket: redirect what it sends to the stack.
-		asm.LoadMem(asm.R1, asm.R7, 0, asm.DWord).WithSymbol("app"),
+		// The stack sends through TCP (an application may read with
+		// splice, which does not see a redirect's queue), unless the
+		// pod's flagBoth says its applications do not.
+		asm.LoadMem(asm.R1, asm.RFP, msgKind, asm.Word).WithSymbol("decide"),
+		asm.JNE.Imm(asm.R1, kindStack, "redirectable"),
+		asm.LoadMem(asm.R1, asm.RFP, msgFlags, asm.Word),
+		asm.And.Imm(asm.R1, flagBoth),
+		asm.JEq.Imm(asm.R1, 0, "pass"),
+
+		asm.LoadMem(asm.R1, asm.R7, 0, asm.DWord).WithSymbol("redirectable"),
 		asm.JEq.Imm(asm.R1, choiceTCP, "pass"),
 		asm.LoadMem(asm.R1, asm.RFP, msgFlags, asm.Word),
 		asm.And.Imm(asm.R1, flagCapture),
 		asm.JNE.Imm(asm.R1, 0, "tcp"),
-		// R9: the peer's info; no peer in the hash (it is not in this
-		// namespace, or was left out), or not the stack's: TCP.
+		// R9: the peer's info. No peer in the hash (it is not in this
+		// namespace, or was left out), or one of the sender's kind (two
+		// applications, which either may read with splice): TCP.
 		asm.LoadMapPtr(asm.R1, m.info.FD()),
 		asm.Mov.Reg(asm.R2, asm.RFP),
 		asm.Add.Imm(asm.R2, msgPeer),
@@ -375,7 +391,8 @@ func skMsgProgram(m maps, l psockLayout) asm.Instructions {
 		asm.JEq.Imm(asm.R0, 0, "tcp"),
 		asm.Mov.Reg(asm.R9, asm.R0),
 		asm.LoadMem(asm.R1, asm.R9, infoKind, asm.DWord),
-		asm.JNE.Imm(asm.R1, kindStack, "tcp"),
+		asm.LoadMem(asm.R2, asm.RFP, msgKind, asm.Word),
+		asm.JEq.Reg(asm.R1, asm.R2, "tcp"),
 		asm.LoadMem(asm.R1, asm.R9, infoPending, asm.DWord),
 		asm.JGT.Imm(asm.R1, Budget, "tcp"),
 		asm.Mov.Reg(asm.R1, asm.R6),

@@ -33,6 +33,10 @@ type rig struct {
 }
 
 func newRig(t *testing.T, enable bool) *rig {
+	return newRigBoth(t, enable, false)
+}
+
+func newRigBoth(t *testing.T, enable, both bool) *rig {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: loads BPF programs")
@@ -74,7 +78,7 @@ func newRig(t *testing.T, enable bool) *rig {
 	}
 	r := &rig{t: t, node: node, netns: netns, cookie: cookie}
 	if enable {
-		if err := node.Enable(cookie); err != nil {
+		if err := node.Enable(cookie, both); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -196,6 +200,43 @@ func TestRedirectKeepsOrder(t *testing.T) {
 		if s.Sockets < 2 {
 			t.Errorf("%s: %d sockets in the hash, want the pair", c.network, s.Sockets)
 		}
+	}
+}
+
+// TestBothWays: with the pod's word that its applications never read
+// with splice, the stack's answers are redirected too, and a reader
+// that does not read bounds the stack as it bounds an application.
+func TestBothWays(t *testing.T) {
+	r := newRigBoth(t, true, true)
+	client, server := r.pair("tcp4", "127.0.0.1:0")
+	pingPong(t, client, server, 2000, 100)
+	if s := r.stats(); s.Redirected != 4000 {
+		t.Fatalf("stats %+v: want all 4000 messages redirected, both ways", s)
+	}
+	// The stack (server) writes to an application (client) that does not
+	// read.
+	stop := make(chan struct{})
+	sent := make(chan int64, 1)
+	go func() {
+		n, _ := stream(server, stop)
+		server.CloseWrite()
+		sent <- n
+	}()
+	time.Sleep(time.Second)
+	close(stop)
+	n := <-sent
+	if limit := int64(Budget + 64<<10 + 16<<20); n > limit {
+		t.Fatalf("the stack got %d bytes out to an application that does not read, want at most %d", n, limit)
+	}
+	if got := readAll(t, client); got != n {
+		t.Fatalf("read %d bytes back, want the %d sent", got, n)
+	}
+	// Two applications still keep TCP.
+	before := r.stats().Redirected
+	c2, s2 := r.appPair("tcp4", "127.0.0.1:0")
+	pingPong(t, c2, s2, 100, 64)
+	if after := r.stats().Redirected; after != before {
+		t.Errorf("%d messages between applications redirected", after-before)
 	}
 }
 
