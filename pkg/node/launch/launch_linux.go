@@ -373,11 +373,12 @@ func stackEnv() []string {
 
 // Find returns the live processes whose arguments after the program name
 // are exactly args: the stack of one attachment, found by its config path
-// when the state that recorded its PID is lost.
+// when the state that recorded its PID is lost. Only processes of the
+// node's mount namespace count (see onNode).
 func Find(args ...string) []Process {
 	var out []Process
 	eachProcess(func(p Process, argv []string) {
-		if len(argv) == len(args)+1 && slices.Equal(argv[1:], args) {
+		if len(argv) == len(args)+1 && slices.Equal(argv[1:], args) && onNode(p.PID) {
 			out = append(out, p)
 		}
 	})
@@ -407,16 +408,38 @@ type Stack struct {
 
 // FindStacks returns the live stack processes ("<bin> stack --config
 // PATH") whose config path lies under dir: the node agent finds stacks
-// whose state was lost this way.
+// whose state was lost this way. Only processes of the node's mount
+// namespace count (see onNode).
 func FindStacks(dir string) []Stack {
 	dir = filepath.Clean(dir) + "/"
 	var out []Stack
 	eachProcess(func(p Process, argv []string) {
-		if config, ok := StackConfigOf(argv); ok && strings.HasPrefix(config, dir) {
+		if config, ok := StackConfigOf(argv); ok && strings.HasPrefix(config, dir) && onNode(p.PID) {
 			out = append(out, Stack{Process: p, ConfigPath: config})
 		}
 	})
 	return out
+}
+
+// onNode reports whether process pid runs in the mount namespace of the
+// caller or of PID 1 (the node's, to an agent with the host's PID
+// namespace): where the plugin and the agent start stacks. A command
+// line is anyone's to write, and every container's processes show in the
+// node's /proc: a pod's process that calls itself a stack runs in its
+// container's mount namespace and is not taken for one, so it neither
+// passes for a stack the agent reports and whose directory it keeps, nor
+// gets stopped by a DEL that finds stacks by their config path.
+func onNode(pid int) bool {
+	st, err := os.Stat("/proc/" + strconv.Itoa(pid) + "/ns/mnt")
+	if err != nil {
+		return false
+	}
+	for _, ref := range []string{"/proc/self/ns/mnt", "/proc/1/ns/mnt"} {
+		if r, err := os.Stat(ref); err == nil && os.SameFile(st, r) {
+			return true
+		}
+	}
+	return false
 }
 
 // eachProcess calls f with every live process and its arguments.
