@@ -121,6 +121,7 @@ func (inv *invocation) teardown(containerID, ifName, netns string) *attachment.T
 	return &attachment.Teardown{
 		Store: inv.store, Log: inv.log, RunDir: inv.conf.RunDir, LogDir: inv.conf.LogDir,
 		TUNName: inv.conf.TUNName, ContainerID: containerID, IfName: ifName, Netns: netns, NetnsDir: inv.conf.NetnsDir,
+		BPFDir: inv.conf.BPFDir,
 	}
 }
 

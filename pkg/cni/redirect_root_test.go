@@ -44,7 +44,7 @@ func serveInPod(t *testing.T, pod *nettest.Pod, port int, serve func(net.Conn)) 
 	var ln net.Listener
 	if err := pod.NS.Do(func(ns.NetNS) error {
 		var err error
-		ln, err = net.Listen("tcp4", fmt.Sprintf(":%d", port))
+		ln, err = net.Listen("tcp", fmt.Sprintf(":%d", port))
 		return err
 	}); err != nil {
 		t.Fatal(err)
@@ -180,5 +180,40 @@ func TestSocketRedirectOptOut(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestSocketRedirectBulkEcho: 4 MiB from the node to an io.Copy echo in
+// the pod (which splices between its sockets) come back whole, while
+// the node is still sending.
+func TestSocketRedirectBulkEcho(t *testing.T) {
+	env := nettest.NewEnv(t)
+	pod := env.NewPod(env.Conf(latest, nil))
+	echoInPod(t, pod, 7010)
+	for _, family := range []int{4, 6} {
+		bulkEcho(t, env.Node, net.JoinHostPort(pod.IP(family).String(), "7010"))
+	}
+}
+
+func bulkEcho(t *testing.T, node ns.NetNS, addr string) {
+	t.Helper()
+	c, err := nettest.Dial(node, "tcp", addr, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(30 * time.Second))
+	const size = 4 << 20
+	go func() {
+		buf := make([]byte, 64<<10)
+		for sent := 0; sent < size; sent += len(buf) {
+			if _, err := c.Write(buf); err != nil {
+				return
+			}
+		}
+	}()
+	got, err := io.ReadFull(c, make([]byte, size))
+	if err != nil {
+		t.Fatalf("%s: after %d of %d bytes back: %v", addr, got, size, err)
 	}
 }

@@ -65,8 +65,10 @@ type Teardown struct {
 	// CNIPath finds the IPAM plugin; empty: CNI_PATH.
 	CNIPath string
 	// Redirect is the pod's socket redirect, which goes with it; nil:
-	// none.
+	// none in the record, or no record. BPFDir is the network's
+	// "bpfDir", where an attachment without a record looks for it.
 	Redirect *state.SocketRedirect
+	BPFDir   string
 }
 
 // FromState takes what the attachment's record knows.
@@ -145,12 +147,23 @@ func (td *Teardown) Run() error {
 // gone (cookies are never reused) and costs a slot of the map.
 func (td *Teardown) disableRedirect() {
 	r := td.Redirect
+	if r == nil && td.BPFDir != "" && td.Netns != "" {
+		// No record: the pod's namespace, while it exists, names its
+		// entry.
+		cookie, err := sockmap.NetnsCookie(td.Netns)
+		if err != nil {
+			return
+		}
+		r = &state.SocketRedirect{On: true, BPFDir: td.BPFDir, NetnsCookie: cookie}
+	}
 	if r == nil || !r.On || r.NetnsCookie == 0 {
 		return
 	}
 	node, err := sockmap.Open(r.BPFDir)
 	if err != nil {
-		td.log().Warn("the node's socket redirect is gone: nothing to take the pod out of", "err", err)
+		if td.Redirect != nil {
+			td.log().Warn("the node's socket redirect is gone: nothing to take the pod out of", "err", err)
+		}
 		return
 	}
 	defer node.Close()
