@@ -193,6 +193,12 @@ func TestSocketRedirectBulkEcho(t *testing.T) {
 	for _, family := range []int{4, 6} {
 		bulkEcho(t, env.Node, net.JoinHostPort(pod.IP(family).String(), "7010"))
 	}
+	r := loadState(t, env, pod.ID).SocketRedirect
+	if node, err := sockmap.Open(r.BPFDir); err == nil {
+		s, _ := node.Stats(r.NetnsCookie)
+		t.Logf("stats %+v", s)
+		node.Close()
+	}
 }
 
 func bulkEcho(t *testing.T, node ns.NetNS, addr string) {
@@ -212,8 +218,10 @@ func bulkEcho(t *testing.T, node ns.NetNS, addr string) {
 			}
 		}
 	}()
+	start := time.Now()
 	got, err := io.ReadFull(c, make([]byte, size))
 	if err != nil {
 		t.Fatalf("%s: after %d of %d bytes back: %v", addr, got, size, err)
 	}
+	t.Logf("%s: %d bytes back in %v", addr, size, time.Since(start))
 }

@@ -62,9 +62,9 @@ const (
 	choiceTCP      = 2
 )
 
-// The socket hash's key: the namespace's cookie, the family, the local and
-// remote ports in host order and the local and remote addresses (IPv4 in
-// their first four bytes). A peer's key is its partner's with local and
+// The socket hash's key: the namespace's cookie, a zero word, the local
+// and remote ports in host order and the local and remote addresses as
+// IPv6 (buildKey). A peer's key is its partner's with local and
 // remote swapped.
 const (
 	keyCookie = 0
@@ -108,8 +108,10 @@ const (
 )
 
 // buildKey writes the key of the socket ctx describes at the stack
-// offset base, or its peer's (swap). It clobbers R1 and R2 and jumps to
-// skip for a family that is neither IPv4 nor IPv6.
+// offset base, or its peer's (swap). Addresses are IPv6, an IPv4 one
+// mapped (::ffff:a.b.c.d), as a dual-stack socket sees an IPv4 peer: the
+// two ends of one connection then agree on it whatever their families.
+// It clobbers R1 and R2 and jumps to skip for a family that is neither.
 func buildKey(ctx asm.Register, f ctxFields, base int16, swap bool, cookie asm.Register, skip, prefix string) asm.Instructions {
 	lp, rp := base+keyLPort, base+keyRPort
 	lip, rip := base+keyLIP, base+keyRIP
@@ -121,9 +123,8 @@ func buildKey(ctx asm.Register, f ctxFields, base int16, swap bool, cookie asm.R
 	done := prefix + "_done"
 	insns := asm.Instructions{
 		asm.StoreMem(asm.RFP, base+keyCookie, cookie, asm.DWord),
-		asm.LoadMem(asm.R1, ctx, f.family, asm.Word),
-		asm.StoreMem(asm.RFP, base+keyFamily, asm.R1, asm.Word),
 		asm.Mov.Imm(asm.R2, 0),
+		asm.StoreMem(asm.RFP, base+keyFamily, asm.R2, asm.Word),
 		asm.StoreMem(asm.RFP, base+keyPad, asm.R2, asm.Word),
 		asm.LoadMem(asm.R2, ctx, f.localPort, asm.Word),
 		asm.StoreMem(asm.RFP, lp, asm.R2, asm.Word),
@@ -131,20 +132,23 @@ func buildKey(ctx asm.Register, f ctxFields, base int16, swap bool, cookie asm.R
 		asm.LoadMem(asm.R2, ctx, f.remotePort, asm.Word),
 		asm.HostTo(asm.BE, asm.R2, asm.Word),
 		asm.StoreMem(asm.RFP, rp, asm.R2, asm.Word),
+		asm.LoadMem(asm.R1, ctx, f.family, asm.Word),
 		asm.JEq.Imm(asm.R1, unix.AF_INET6, v6),
 		asm.JNE.Imm(asm.R1, unix.AF_INET, skip),
-		asm.LoadMem(asm.R2, ctx, f.localIP4, asm.Word),
-		asm.StoreMem(asm.RFP, lip, asm.R2, asm.Word),
-		asm.LoadMem(asm.R2, ctx, f.remoteIP4, asm.Word),
-		asm.StoreMem(asm.RFP, rip, asm.R2, asm.Word),
 		asm.Mov.Imm(asm.R2, 0),
+		asm.StoreMem(asm.RFP, lip, asm.R2, asm.Word),
+		asm.StoreMem(asm.RFP, lip+4, asm.R2, asm.Word),
+		asm.StoreMem(asm.RFP, rip, asm.R2, asm.Word),
+		asm.StoreMem(asm.RFP, rip+4, asm.R2, asm.Word),
+		asm.Mov.Imm32(asm.R2, v4MappedWord),
+		asm.StoreMem(asm.RFP, lip+8, asm.R2, asm.Word),
+		asm.StoreMem(asm.RFP, rip+8, asm.R2, asm.Word),
+		asm.LoadMem(asm.R2, ctx, f.localIP4, asm.Word),
+		asm.StoreMem(asm.RFP, lip+12, asm.R2, asm.Word),
+		asm.LoadMem(asm.R2, ctx, f.remoteIP4, asm.Word),
+		asm.StoreMem(asm.RFP, rip+12, asm.R2, asm.Word),
+		asm.Ja.Label(done),
 	}
-	for _, off := range []int16{4, 8, 12} {
-		insns = append(insns,
-			asm.StoreMem(asm.RFP, lip+off, asm.R2, asm.Word),
-			asm.StoreMem(asm.RFP, rip+off, asm.R2, asm.Word))
-	}
-	insns = append(insns, asm.Ja.Label(done))
 	for i, off := range []int16{0, 4, 8, 12} {
 		l := asm.LoadMem(asm.R2, ctx, f.localIP6+off, asm.Word)
 		if i == 0 {
@@ -157,6 +161,10 @@ func buildKey(ctx asm.Register, f ctxFields, base int16, swap bool, cookie asm.R
 	}
 	return append(insns, asm.Mov.Imm(asm.R2, 0).WithSymbol(done))
 }
+
+// v4MappedWord is the third word of an IPv4-mapped IPv6 address
+// (bytes 00 00 ff ff) as a little-endian register stores it.
+const v4MappedWord = -0x10000 // 0xffff0000
 
 // atomicAdd adds imm to the u64 or u32 at ptr+off (clobbers R1).
 func atomicAdd(ptr asm.Register, off int16, imm int32, size asm.Size) asm.Instructions {

@@ -119,7 +119,13 @@ func (r *rig) pairOf(network, addr string, stackServer bool) (client, server *ne
 			return err
 		}
 		defer ln.Close()
-		c, err := net.Dial(network, ln.Addr().String())
+		dial, to := network, ln.Addr().String()
+		if network == "tcp" {
+			// A dual-stack listener's IPv4 peer: its socket is IPv6,
+			// the address mapped, the peer's IPv4.
+			dial, to = "tcp4", fmt.Sprintf("127.0.0.1:%d", ln.Addr().(*net.TCPAddr).Port)
+		}
+		c, err := net.Dial(dial, to)
 		if err != nil {
 			return err
 		}
@@ -184,12 +190,12 @@ func pingPong(t *testing.T, client, server net.Conn, n, size int) {
 	}
 }
 
-// TestRedirectKeepsOrder: what an application sends to the stack, IPv4
-// and IPv6, goes through the redirect, what the stack answers through
+// TestRedirectKeepsOrder: what an application sends to the stack, IPv4,
+// IPv6, and IPv4 to a dual-stack socket, goes through the redirect, what the stack answers through
 // TCP, and both arrive whole and in order.
 func TestRedirectKeepsOrder(t *testing.T) {
 	r := newRig(t, true)
-	for _, c := range []struct{ network, addr string }{{"tcp4", "127.0.0.1:0"}, {"tcp6", "[::1]:0"}} {
+	for _, c := range []struct{ network, addr string }{{"tcp4", "127.0.0.1:0"}, {"tcp6", "[::1]:0"}, {"tcp", ":0"}} {
 		before := r.stats().Redirected
 		client, server := r.pair(c.network, c.addr)
 		pingPong(t, client, server, 2000, 100)
