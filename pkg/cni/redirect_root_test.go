@@ -2,6 +2,7 @@ package cni_test
 
 import (
 	"bufio"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -117,6 +118,23 @@ func TestSocketRedirect(t *testing.T) {
 	// stack; the stack's writes to the application stay on TCP.
 	if s.Redirected < 200 {
 		t.Errorf("stats %+v: want the application's 200 answers redirected", s)
+	}
+	var rows []struct {
+		Redirect struct {
+			Mode  string `json:"mode"`
+			Stats *struct {
+				Redirected uint64 `json:"redirected"`
+			} `json:"stats"`
+		} `json:"socketRedirect"`
+	}
+	if err := json.Unmarshal(runStatus(t, env, "--json"), &rows); err != nil || len(rows) != 1 {
+		t.Fatalf("status --json: %d rows, %v", len(rows), err)
+	}
+	if d := rows[0].Redirect; d.Mode != "on" || d.Stats == nil || d.Stats.Redirected < 200 {
+		t.Errorf("status --json's socketRedirect: %+v, want on with the counters", d)
+	}
+	if table := string(runStatus(t, env)); !strings.Contains(table, "REDIRECT") || !strings.Contains(table, " msgs)") {
+		t.Errorf("status table without the redirect column:\n%s", table)
 	}
 	if err := env.Del(pod.Conf, pod.ID, pod.NS); err != nil {
 		t.Fatal(err)

@@ -20,6 +20,7 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/api/policy"
 	"github.com/cni-usernet/cni-usernet/pkg/api/state"
 	"github.com/cni-usernet/cni-usernet/pkg/node/launch"
+	"github.com/cni-usernet/cni-usernet/pkg/node/sockmap"
 )
 
 // Attachment is one row of `cni-usernet status`: an attachment and what
@@ -36,6 +37,40 @@ type Attachment struct {
 	Restarts int             `json:"restarts"`
 	GSO      GSO             `json:"gso"`
 	Stats    *control.Status `json:"stats,omitempty"`
+	// Redirect is the pod's socket redirect; nil in records made before
+	// it.
+	Redirect *Redirect `json:"socketRedirect,omitempty"`
+}
+
+// Redirect is the pod's socket redirect (pkg/node/sockmap): off, on
+// (towards the stack), or both, why, and the node's counters of the pod.
+type Redirect struct {
+	Mode   string         `json:"mode"`
+	Reason string         `json:"reason,omitempty"`
+	Stats  *sockmap.Stats `json:"stats,omitempty"`
+}
+
+// redirectOf reads the record's redirect and, where the node's programs
+// answer, the pod's counters.
+func redirectOf(r *state.SocketRedirect) *Redirect {
+	if r == nil {
+		return nil
+	}
+	out := &Redirect{Mode: "off", Reason: r.Reason}
+	if !r.On {
+		return out
+	}
+	out.Mode = "on"
+	if r.Both {
+		out.Mode = "both"
+	}
+	if node, err := sockmap.Open(r.BPFDir); err == nil {
+		if s, err := node.Stats(r.NetnsCookie); err == nil {
+			out.Stats = &s
+		}
+		node.Close()
+	}
+	return out
 }
 
 // GSO is the attachment's GSO decision: the stack's when it answers,
@@ -91,6 +126,7 @@ func Of(a *state.Attachment) Attachment {
 	if a.PodName != "" {
 		s.Pod = a.PodNS + "/" + a.PodName
 	}
+	s.Redirect = redirectOf(a.SocketRedirect)
 	if s.IPs == nil {
 		s.IPs = []string{}
 	}
@@ -125,7 +161,7 @@ func Of(a *state.Attachment) Attachment {
 
 func printTable(out io.Writer, rows []Attachment) {
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "CONTAINER\tIF\tPOD\tIPS\tPID\tHEALTHY\tGSO\tGSO_MAX_SIZE\tGSO_MAX_SEGS\tGSO_BATCHES\tTX/RX PKTS\tTCP RELAYS\tPOLICY")
+	fmt.Fprintln(tw, "CONTAINER\tIF\tPOD\tIPS\tPID\tHEALTHY\tGSO\tGSO_MAX_SIZE\tGSO_MAX_SEGS\tGSO_BATCHES\tTX/RX PKTS\tTCP RELAYS\tPOLICY\tREDIRECT")
 	for _, r := range rows {
 		id := ShortID(r.ContainerID)
 		var ips []string
@@ -150,13 +186,23 @@ func printTable(out io.Writer, rows []Attachment) {
 		if pod == "" {
 			pod = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\n", id, r.IfName, pod, strings.Join(ips, ","),
-			r.PID, healthy, r.GSO.Mode, r.GSO.MaxSize, r.GSO.MaxSegs, batches, pkts, relays, pol)
+		redirect := "-"
+		if d := r.Redirect; d != nil {
+			redirect = d.Mode
+			if d.Stats != nil {
+				redirect += fmt.Sprintf(" (%d msgs)", d.Stats.Redirected)
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\n", id, r.IfName, pod, strings.Join(ips, ","),
+			r.PID, healthy, r.GSO.Mode, r.GSO.MaxSize, r.GSO.MaxSegs, batches, pkts, relays, pol, redirect)
 	}
 	tw.Flush()
 	for _, r := range rows {
 		if r.GSO.Reason != "" {
 			fmt.Fprintf(out, "%s/%s gso: %s\n", ShortID(r.ContainerID), r.IfName, r.GSO.Reason)
+		}
+		if d := r.Redirect; d != nil && d.Reason != "" {
+			fmt.Fprintf(out, "%s/%s socket redirect %s: %s\n", ShortID(r.ContainerID), r.IfName, d.Mode, d.Reason)
 		}
 	}
 }
