@@ -19,7 +19,7 @@ import (
 // echoInPod serves an echo on port in the pod's namespace, with io.Copy:
 // Go splices from one TCP connection to another, as proxies do.
 func echoInPod(t *testing.T, pod *nettest.Pod, port int) {
-	serveInPod(t, pod, port, func(c net.Conn) { io.Copy(c, c) })
+	serveInPod(t, pod, port, nettest.Echo)
 }
 
 // readEchoInPod serves an echo that reads with read(2), never splice.
@@ -51,18 +51,7 @@ func serveInPod(t *testing.T, pod *nettest.Pod, port int, serve func(net.Conn)) 
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				serve(c)
-			}()
-		}
-	}()
+	nettest.Serve(ln, serve)
 }
 
 // roundTrips sends n lines from the node to addr and wants each back.

@@ -175,6 +175,22 @@ func (c *Client) Event(ctx context.Context, e Event) error {
 	if t.IsZero() {
 		t = time.Now()
 	}
+	body, err := e.Body(t)
+	if err != nil {
+		return err
+	}
+	r := request{
+		method: http.MethodPost, verb: "create", resource: "events",
+		namespace: e.Namespace,
+		path:      objectPath("/api/v1", e.Namespace, "events", ""),
+		body:      body,
+	}
+	return c.do(ctx, r, nil)
+}
+
+// Body is e as the core/v1 Event object to post at t: the plugin posts
+// it with this package's client, the agent with client-go.
+func (e Event) Body(t time.Time) ([]byte, error) {
 	comp := e.Component
 	if comp == "" {
 		comp = DefaultComponent
@@ -203,15 +219,9 @@ func (c *Client) Event(ctx context.Context, e Event) error {
 		ReportingInstance:  truncate(e.Node, maxInstance),
 	})
 	if err != nil {
-		return fmt.Errorf("encoding the event: %w", err)
+		return nil, fmt.Errorf("encoding the event: %w", err)
 	}
-	r := request{
-		method: http.MethodPost, verb: "create", resource: "events",
-		namespace: e.Namespace,
-		path:      objectPath("/api/v1", e.Namespace, "events", ""),
-		body:      body,
-	}
-	return c.do(ctx, r, nil)
+	return body, nil
 }
 
 // eventName follows client-go's recorder, pod name then the time in hex,
