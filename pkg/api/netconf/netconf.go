@@ -192,15 +192,19 @@ func (c *NetConf) GROEnabled() bool { return c.GRO == nil || *c.GRO }
 func (c *NetConf) UDPIdleDuration() time.Duration { return c.udpIdle }
 
 // BusyPollWindow resolves the pod's busy polling: the annotation, else
-// the conflist's busyPoll. auto: the stack's governor decides (window is
-// then zero); else window is the fixed window, zero for off.
-func (c *NetConf) BusyPollWindow() (window time.Duration, auto bool, err error) {
+// the conflist's busyPoll. governed: the stack's governor switches it,
+// for its default window (window zero: "auto") or for the annotation's:
+// the annotation is the pod's, and a pod must not make its stack spin on
+// a node whose CPU others need, so its window is held to the governor's
+// rule. Otherwise window is the conflist's, polled always (the admin's
+// choice), or zero for off.
+func (c *NetConf) BusyPollWindow() (window time.Duration, governed bool, err error) {
 	if v, ok := c.RuntimeConfig.PodAnnotations[AnnotationBusyPoll]; ok {
 		d, auto, ok := parseBusyPoll(v)
 		if !ok {
 			return 0, false, fmt.Errorf("pod annotation %q: got %q, want %s", AnnotationBusyPoll, v, accepted["busyPoll"])
 		}
-		return d, auto, nil
+		return d, auto || d > 0, nil
 	}
 	return c.busyPoll, c.busyPollAuto, nil
 }

@@ -229,8 +229,10 @@ func TestGSOMode(t *testing.T) {
 
 // TestBusyPollWindow checks that busy polling is left to the stack's
 // governor by default and by "auto", that the pod annotation overrides
-// the conflist's busyPoll (also to turn it off or back to auto), that the
-// stack's configuration carries what was resolved, and that a bad
+// the conflist's busyPoll (also to turn it off or back to auto), that a
+// window from the annotation is the governor's to switch while the
+// conflist's polls always, that the stack's configuration carries what
+// was resolved and where the window came from, and that a bad
 // annotation is an error naming the annotation, the value and what it
 // takes.
 func TestBusyPollWindow(t *testing.T) {
@@ -238,20 +240,20 @@ func TestBusyPollWindow(t *testing.T) {
 		return map[string]any{"io.kubernetes.cri.pod-annotations": map[string]any{netconf.AnnotationBusyPoll: v}}
 	}
 	for _, c := range []struct {
-		name    string
-		extra   map[string]any
-		want    time.Duration
-		auto    bool
-		wantErr []string
+		name     string
+		extra    map[string]any
+		want     time.Duration
+		governed bool
+		wantErr  []string
 	}{
 		{"default: auto", nil, 0, true, nil},
 		{"conflist auto", map[string]any{"busyPoll": "auto"}, 0, true, nil},
-		{"conflist", map[string]any{"busyPoll": "50us"}, 50 * time.Microsecond, false, nil},
+		{"conflist: always", map[string]any{"busyPoll": "50us"}, 50 * time.Microsecond, false, nil},
 		{"conflist off", map[string]any{"busyPoll": "0s"}, 0, false, nil},
-		{"annotation beats conflist", map[string]any{"busyPoll": "50us", "runtimeConfig": annotated("200us")}, 200 * time.Microsecond, false, nil},
+		{"annotation beats conflist, governed", map[string]any{"busyPoll": "50us", "runtimeConfig": annotated("200us")}, 200 * time.Microsecond, true, nil},
 		{"annotation turns it off", map[string]any{"busyPoll": "50us", "runtimeConfig": annotated("0s")}, 0, false, nil},
 		{"annotation back to auto", map[string]any{"busyPoll": "0s", "runtimeConfig": annotated("auto")}, 0, true, nil},
-		{"annotation alone", map[string]any{"runtimeConfig": annotated("1ms")}, time.Millisecond, false, nil},
+		{"annotation alone, governed", map[string]any{"runtimeConfig": annotated("1ms")}, time.Millisecond, true, nil},
 		{"bad annotation", map[string]any{"busyPoll": "50us", "runtimeConfig": annotated("fast")}, 0, false,
 			[]string{"pod annotation", `"cni-usernet.io/busy-poll"`, `"fast"`, `"auto"`, "at most 10ms"}},
 		{"annotation too long", map[string]any{"runtimeConfig": annotated("1s")}, 0, false,
@@ -262,7 +264,7 @@ func TestBusyPollWindow(t *testing.T) {
 			if err != nil {
 				t.Fatalf("Parse: %v", err)
 			}
-			got, auto, err := nc.BusyPollWindow()
+			got, governed, err := nc.BusyPollWindow()
 			if c.wantErr != nil {
 				if err == nil {
 					t.Fatalf("BusyPollWindow: got %s, want an error", got)
@@ -274,18 +276,30 @@ func TestBusyPollWindow(t *testing.T) {
 				}
 				return
 			}
-			if err != nil || got != c.want || auto != c.auto {
-				t.Fatalf("BusyPollWindow: got %s, auto %v, %v, want %s, auto %v", got, auto, err, c.want, c.auto)
+			if err != nil || got != c.want || governed != c.governed {
+				t.Fatalf("BusyPollWindow: got %s, governed %v, %v, want %s, governed %v", got, governed, err, c.want, c.governed)
 			}
 			sc := nc.StackConfig("eth0", offload.ModeHardware, netconf.StackFiles{Spec: "/s", ControlSocket: "/c"})
-			window, scAuto := sc.BusyPollWindow()
+			// The source travels in the key: the conflist's window in
+			// busyPoll (always), the annotation's in busyPollGoverned.
+			var wantAlways, wantGoverned time.Duration
+			if c.governed {
+				wantGoverned = c.want
+			} else {
+				wantAlways = c.want
+			}
+			if time.Duration(sc.BusyPoll) != wantAlways || time.Duration(sc.BusyPollGoverned) != wantGoverned {
+				t.Errorf("stack configuration: busyPoll %s, busyPollGoverned %s; want %s, %s",
+					time.Duration(sc.BusyPoll), time.Duration(sc.BusyPollGoverned), wantAlways, wantGoverned)
+			}
+			window, scGoverned := sc.BusyPollWindow()
 			wantWindow := c.want
-			if c.auto {
+			if c.governed && c.want == 0 {
 				wantWindow = stackconfig.DefaultBusyPoll
 			}
-			if window != wantWindow || scAuto != c.auto || sc.BusyPollOff != (c.want == 0 && !c.auto) {
-				t.Errorf("stack configuration: busyPoll %s, off %v, resolved to %s auto %v; want %s auto %v",
-					time.Duration(sc.BusyPoll), sc.BusyPollOff, window, scAuto, wantWindow, c.auto)
+			if window != wantWindow || scGoverned != c.governed || sc.BusyPollOff != (c.want == 0 && !c.governed) {
+				t.Errorf("stack configuration: busyPoll %s, off %v, resolved to %s governed %v; want %s governed %v",
+					time.Duration(sc.BusyPoll), sc.BusyPollOff, window, scGoverned, wantWindow, c.governed)
 			}
 		})
 	}

@@ -21,7 +21,7 @@ type StackFiles struct {
 // becomes a stack setting. Defaults are the stack's own
 // (stackconfig.Config.Validate).
 func (c *NetConf) StackConfig(ifName string, mode offload.Mode, files StackFiles) stackconfig.Config {
-	busyPoll, busyPollOff := c.busyPollOrOff()
+	always, governed, busyPollOff := c.busyPollKeys()
 	return stackconfig.Config{
 		IfName:             ifName,
 		GSO:                mode,
@@ -37,7 +37,8 @@ func (c *NetConf) StackConfig(ifName string, mode offload.Mode, files StackFiles
 		VerifyRXChecksums:  c.RXChecksumOffload != nil && !*c.RXChecksumOffload,
 		WireQueueLen:       c.WireQueueLen,
 		Threads:            c.StackThreads,
-		BusyPoll:           stackconfig.Duration(busyPoll),
+		BusyPoll:           stackconfig.Duration(always),
+		BusyPollGoverned:   stackconfig.Duration(governed),
 		BusyPollOff:        busyPollOff,
 		MaxTCP:             c.MaxTCP,
 		MaxUDP:             c.MaxUDP,
@@ -46,13 +47,20 @@ func (c *NetConf) StackConfig(ifName string, mode offload.Mode, files StackFiles
 	}
 }
 
-// busyPollOrOff is BusyPollWindow for StackConfig, which ADD calls only
-// after BusyPollWindow accepted the annotation: an annotation it would
-// refuse leaves busy polling off.
-func (c *NetConf) busyPollOrOff() (window time.Duration, off bool) {
-	d, auto, err := c.BusyPollWindow()
-	if err != nil {
-		return 0, true
+// busyPollKeys is BusyPollWindow as the stack configuration's keys: the
+// conflist's window, polled always; the annotation's, which the stack's
+// governor switches (a key of its own, which a stack of an earlier
+// release ignores: it governs its default window instead of polling
+// always); off. Both windows zero and not off: the governor's default.
+// ADD calls StackConfig only after BusyPollWindow accepted the
+// annotation: an annotation it would refuse leaves busy polling off.
+func (c *NetConf) busyPollKeys() (always, governed time.Duration, off bool) {
+	d, isGoverned, err := c.BusyPollWindow()
+	switch {
+	case err != nil:
+		return 0, 0, true
+	case isGoverned:
+		return 0, d, false
 	}
-	return d, d == 0 && !auto
+	return d, 0, d == 0
 }

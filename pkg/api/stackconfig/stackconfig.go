@@ -73,11 +73,20 @@ type Config struct {
 	// (pkg/stack/threads).
 	Threads int `json:"threads,omitempty"`
 	// BusyPoll keeps the stack's thread polling for that long after
-	// traffic instead of sleeping (pkg/stack/busypoll), up to MaxBusyPoll.
-	// Zero: the stack's governor polls for DefaultBusyPoll while requests
-	// flow and the node has idle CPU (pkg/stack/governor), where
-	// it also decides the thread count; BusyPollOff: never.
+	// traffic instead of sleeping (pkg/stack/busypoll), up to MaxBusyPoll,
+	// always, whatever the node's load: the conflist's window, which the
+	// cluster's admin chose for every pod of the network. Zero: the
+	// stack's governor polls for BusyPollGoverned, or DefaultBusyPoll,
+	// while requests flow and the node has idle CPU (pkg/stack/governor),
+	// where it also decides the thread count; BusyPollOff: never.
 	BusyPoll Duration `json:"busyPoll,omitempty"`
+	// BusyPollGoverned is the window of a pod that asked for one with its
+	// annotation, up to MaxBusyPoll: the pod is not trusted to spend the
+	// node's CPU, so its window is the governor's to switch by the same
+	// rule as the default's, never always on. Its own key, not BusyPoll's:
+	// a stack of an earlier release ignores it and governs
+	// DefaultBusyPoll instead of polling always.
+	BusyPollGoverned Duration `json:"busyPollGoverned,omitempty"`
 	// BusyPollOff turns busy polling off. A stack of an earlier release
 	// ignores it, and has busy polling off without it.
 	BusyPollOff bool `json:"busyPollOff,omitempty"`
@@ -162,15 +171,18 @@ func AdaptiveMaxThreads(cpus int) int { return max(1, min(cpus, MaxAdaptiveThrea
 const MaxAdaptiveThreads = 4
 
 // BusyPollWindow is the busy poller's window, zero for none, and whether
-// the governor switches it (auto), which it does where it decides the
-// thread count: the entry point turns busy polling off (BusyPollOff)
-// where it does not.
-func (c *Config) BusyPollWindow() (window time.Duration, auto bool) {
+// the governor switches it (governed: the default window, or a pod's,
+// BusyPollGoverned), which it does where it decides the thread count:
+// the entry point turns busy polling off (BusyPollOff) where it does not.
+// Only BusyPoll, the conflist's, polls always.
+func (c *Config) BusyPollWindow() (window time.Duration, governed bool) {
 	switch {
 	case c.BusyPoll > 0:
 		return time.Duration(c.BusyPoll), false
 	case c.BusyPollOff:
 		return 0, false
+	case c.BusyPollGoverned > 0:
+		return time.Duration(c.BusyPollGoverned), true
 	}
 	return DefaultBusyPoll, true
 }
@@ -236,8 +248,13 @@ func (c *Config) Validate() error {
 	if c.Threads < 0 {
 		return fmt.Errorf("threads %d: want a positive count, 0 for the default", c.Threads)
 	}
-	if c.BusyPoll < 0 || time.Duration(c.BusyPoll) > MaxBusyPoll {
-		return fmt.Errorf("busy-poll window %s outside 0..%s", time.Duration(c.BusyPoll), MaxBusyPoll)
+	for _, d := range []Duration{c.BusyPoll, c.BusyPollGoverned} {
+		if d < 0 || time.Duration(d) > MaxBusyPoll {
+			return fmt.Errorf("busy-poll window %s outside 0..%s", time.Duration(d), MaxBusyPoll)
+		}
+	}
+	if c.BusyPoll > 0 && c.BusyPollGoverned > 0 {
+		return fmt.Errorf("busy-poll window set both always (busyPoll %s) and governed (busyPollGoverned %s)", time.Duration(c.BusyPoll), time.Duration(c.BusyPollGoverned))
 	}
 	if c.Policy && c.PolicyPath == "" {
 		return fmt.Errorf("stack config enforces network policy but names no policyPath")

@@ -84,3 +84,49 @@ func TestReadVersions(t *testing.T) {
 		t.Errorf("Version %d: the cases above assume 1", Version)
 	}
 }
+
+// TestBusyPollWindowGoverned: the pod's window (busyPollGoverned) is the
+// governor's to switch, as the default is; the conflist's (busyPoll) is
+// always on, in this version's files as in those written before the
+// pod's window had its own key; off is off.
+func TestBusyPollWindowGoverned(t *testing.T) {
+	dir := t.TempDir()
+	for _, c := range []struct {
+		keys     string
+		window   time.Duration
+		governed bool
+	}{
+		{``, DefaultBusyPoll, true},
+		{`"busyPollGoverned":"500us",`, 500 * time.Microsecond, true},
+		{`"version":1,"busyPollGoverned":"1ms",`, time.Millisecond, true},
+		{`"busyPoll":"200us",`, 200 * time.Microsecond, false},
+		{`"version":1,"busyPoll":"50us",`, 50 * time.Microsecond, false},
+		{`"busyPollOff":true,`, 0, false},
+		{`"busyPollOff":true,"busyPollGoverned":"500us",`, 0, false},
+	} {
+		p := filepath.Join(dir, "config.json")
+		if err := os.WriteFile(p, []byte(`{`+c.keys+`"ifName":"eth0","specPath":"/s","controlSocket":"/c"}`), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := Read(p)
+		if err != nil {
+			t.Fatalf("%s: %v", c.keys, err)
+		}
+		if w, g := cfg.BusyPollWindow(); w != c.window || g != c.governed {
+			t.Errorf("%s: got window %s governed %v, want %s governed %v", c.keys, w, g, c.window, c.governed)
+		}
+	}
+	for _, bad := range []string{
+		`{"ifName":"eth0","specPath":"/s","controlSocket":"/c","busyPollGoverned":"11ms"}`,
+		`{"ifName":"eth0","specPath":"/s","controlSocket":"/c","busyPollGoverned":"-1us"}`,
+		`{"ifName":"eth0","specPath":"/s","controlSocket":"/c","busyPoll":"200us","busyPollGoverned":"200us"}`,
+	} {
+		p := filepath.Join(dir, "config.json")
+		if err := os.WriteFile(p, []byte(bad), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := Read(p); err == nil {
+			t.Errorf("%s: accepted", bad)
+		}
+	}
+}
