@@ -69,8 +69,8 @@ func Run(argv []string) error {
 		return err
 	}
 	if adaptive {
-		_, autoPoll := cfg.BusyPollWindow()
-		d.Govern(stackconfig.AdaptiveMaxThreads(runtime.NumCPU()), autoPoll)
+		_, governed := cfg.BusyPollWindow()
+		d.Govern(stackconfig.AdaptiveMaxThreads(runtime.NumCPU()), governed)
 	}
 	// Signal handling is set up before the sandbox, like everything else
 	// the stack will use while serving.
@@ -151,10 +151,12 @@ func setThreads(cfg *stackconfig.Config) (adaptive bool) {
 		return false
 	}
 	runtime.GOMAXPROCS(max(cfg.Threads, stackconfig.DefaultThreads))
-	// A fixed busy-poll window keeps one thread polling by design: a
-	// second would spin beside it. Left to the governor, busy polling
-	// comes with the thread count; without it, it is off: the governor
-	// is what turns it off for bulk traffic and a busy node.
+	// The conflist's busy-poll window keeps one thread polling always,
+	// by design: a second would spin beside it. Left to the governor (by
+	// default, or a pod annotation's window, BusyPollGoverned), busy
+	// polling comes with the thread count; without it, it is off
+	// (BusyPollOff wins over a governed window): the governor is what
+	// turns it off for bulk traffic and a busy node.
 	adaptive = cfg.Threads == 0 && cfg.BusyPoll == 0 && runtime.NumCPU() > 1
 	if !adaptive && cfg.BusyPoll == 0 {
 		cfg.BusyPollOff = true
