@@ -47,7 +47,10 @@ type Status struct {
 // BusyPollStatus is busypoll.Stats with its window: Windows counts the
 // windows traffic opened, Handoffs the events the poller saw waiting and
 // left to the netpoller, Polls its non-blocking polls. Auto says the
-// stack's governor switches it (pkg/stack/governor), On whether it is on
+// window is governed: the stack's governor switches it by the node's idle
+// CPU and CPU pressure (pkg/stack/governor), as it does the default
+// window and a pod annotation's (Window says which length); false for
+// the conflist's window, which polls always. On says whether it is on
 // now, and Enabled how many times the governor turned it on.
 type BusyPollStatus struct {
 	Window   string `json:"window"`

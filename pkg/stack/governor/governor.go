@@ -30,7 +30,11 @@
 // requests. So the governor polls only on one thread, for traffic of
 // small frames at a request rate, when the node had three quarters of a
 // core idle without it, and while no task waits long for a CPU; every
-// second it looks again without polling.
+// second it looks again without polling. A pod that asks for a window
+// with its annotation gets it only by this rule too: the pod is not
+// trusted to spend the node's CPU (docs/security.md). Only the
+// conflist's window, the cluster admin's choice, polls always, and then
+// the governor leaves polling alone.
 package governor
 
 import (
