@@ -20,7 +20,9 @@ import json, sys
 work = sys.argv[1]
 c = json.load(open("manifests/10-cni-usernet.conflist"))
 p = c["plugins"][0]
-p.update(stateDir=work + "/state", logDir=work + "/log", runDir=work + "/run")
+# The socket redirect's programs, pinned apart from the node's and
+# unpinned by cleanup.
+p.update(stateDir=work + "/state", logDir=work + "/log", runDir=work + "/run", bpfDir="/sys/fs/bpf/cni-usernet-demo")
 p["ipam"]["dataDir"] = work + "/ipam"
 json.dump(c, open(work + "/10-cni-usernet.conflist", "w"), indent=2)
 PY
@@ -35,7 +37,7 @@ cleanup() {
   kill "${PIDS[@]}" 2>/dev/null
   [ -e "/var/run/netns/$POD" ] && cnitool del cni-usernet "/var/run/netns/$POD" >/dev/null
   ip netns del "$POD" 2>/dev/null; ip netns del "$NODE" 2>/dev/null
-  rm -rf "$WORK"
+  rm -rf "$WORK" /sys/fs/bpf/cni-usernet-demo
 }
 PIDS=()
 trap cleanup EXIT

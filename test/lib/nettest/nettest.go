@@ -172,6 +172,8 @@ func NewEnv(t testing.TB) *Env {
 		if err := sockmap.Unload(e.BPFDir()); err != nil {
 			t.Errorf("unloading the socket redirect: %v", err)
 		}
+		os.Remove(filepath.Dir(e.BPFDir())) // the last env's takes the parent
+
 	})
 	return e
 }
