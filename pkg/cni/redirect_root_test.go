@@ -2,6 +2,8 @@ package cni_test
 
 import (
 	"bufio"
+	"bytes"
+	"crypto/rand"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -217,18 +219,20 @@ func bulkEcho(t *testing.T, node ns.NetNS, addr string) {
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(30 * time.Second))
 	const size = 4 << 20
+	data := make([]byte, size)
+	rand.Read(data)
 	go func() {
-		buf := make([]byte, 64<<10)
-		for sent := 0; sent < size; sent += len(buf) {
-			if _, err := c.Write(buf); err != nil {
-				return
-			}
+		if _, err := c.Write(data); err == nil {
+			c.(*net.TCPConn).CloseWrite()
 		}
 	}()
 	start := time.Now()
-	got, err := io.ReadFull(c, make([]byte, size))
+	got, err := io.ReadAll(c)
 	if err != nil {
-		t.Fatalf("%s: after %d of %d bytes back: %v", addr, got, size, err)
+		t.Fatalf("%s: after %d of %d bytes back: %v", addr, len(got), size, err)
+	}
+	if !bytes.Equal(got, data) {
+		t.Fatalf("%s: %d bytes back, not the %d sent", addr, len(got), size)
 	}
 	t.Logf("%s: %d bytes back in %v", addr, size, time.Since(start))
 }
