@@ -26,12 +26,37 @@ func scrapeAgent(t *testing.T) *promcheck.Scrape {
 	return s
 }
 
+// scrapeAfterCollection scrapes node 1's agent until its scrape has
+// counted the pods' traffic: the agent collects on its own schedule
+// (--metrics-interval), so a scrape right after the traffic may show the
+// collection before it.
+func scrapeAfterCollection(t *testing.T, ns string, pods map[string]string) *promcheck.Scrape {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		s := scrapeAgent(t)
+		counted := true
+		for name := range pods {
+			for _, ms := range [][]string{{"wire", "ingress"}, {"wire", "egress"}, {"app", "ingress"}, {"app", "egress"}} {
+				f := s.Find("cni_usernet_pod_bytes_total", map[string]string{"namespace": ns, "pod": name, "leg": ms[0], "direction": ms[1]})
+				if len(f) != 1 || promcheck.Value(f[0]) == 0 {
+					counted = false
+				}
+			}
+		}
+		if counted || time.Now().After(deadline) {
+			return s
+		}
+		time.Sleep(time.Second)
+	}
+}
+
 // checkPodMetrics: after the pods exchanged traffic, the agent's scrape
 // is lint-clean and shows every pod's series with non-zero byte counters
 // on both legs, both ways, labelled with the GSO mode the pod asked for
 // (annotation) or auto resolved to, as `cni-usernet status` reports it.
 func checkPodMetrics(t *testing.T, ns string, pods map[string]string) {
-	s := scrapeAgent(t)
+	s := scrapeAfterCollection(t, ns, pods)
 	problems, checked, err := s.Lint()
 	if err != nil {
 		t.Fatal(err)
