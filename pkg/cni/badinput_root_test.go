@@ -419,8 +419,9 @@ func shortID(id string) string {
 	return id
 }
 
-// assertOnlyPod fails unless what the node holds is exactly p's.
-func assertOnlyPod(t *testing.T, env *nettest.Env, p *nettest.Pod) {
+// footprint is what an attached pod holds on the node, as env.Leaks
+// names it.
+func footprint(t *testing.T, env *nettest.Env, p *nettest.Pod) []string {
 	t.Helper()
 	att := loadState(t, env, p.ID)
 	key := state.Key(p.ID, "eth0")
@@ -432,10 +433,20 @@ func assertOnlyPod(t *testing.T, env *nettest.Env, p *nettest.Pod) {
 		"file run/netns/cni-usernet-" + key,
 		fmt.Sprintf("stack process %d", att.StackPID),
 	}
+	if r := att.SocketRedirect; r != nil && r.On {
+		want = append(want, fmt.Sprintf("socket redirect of netns cookie %d", r.NetnsCookie))
+	}
 	for _, a := range podAddrs(p.Result) {
 		want = append(want, "lease "+a.Addr().String())
 	}
 	slices.Sort(want)
+	return want
+}
+
+// assertOnlyPod fails unless what the node holds is exactly p's.
+func assertOnlyPod(t *testing.T, env *nettest.Env, p *nettest.Pod) {
+	t.Helper()
+	want := footprint(t, env, p)
 	var got []string
 	for range 50 { // a stopped stack may take a moment to go
 		if got = env.Leaks(); slices.Equal(got, want) {

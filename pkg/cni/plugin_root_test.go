@@ -460,17 +460,7 @@ func TestGCRemovesUnlisted(t *testing.T) {
 		assertNSClean(t, p.NS)
 	}
 	// What remains on the node is exactly the kept pod's.
-	var want []string
-	want = append(want, "link "+loadState(t, env, keep.ID).HostVeth)
-	want = append(want, "file state/"+state.Key(keep.ID, "eth0")+".json")
-	want = append(want, "file state/stacks/"+state.Key(keep.ID, "eth0"))
-	want = append(want, "file run/"+state.Key(keep.ID, "eth0")+".sock")
-	want = append(want, "file run/netns/cni-usernet-"+state.Key(keep.ID, "eth0"))
-	for _, p := range podAddrs(keep.Result) {
-		want = append(want, "lease "+p.Addr().String())
-	}
-	want = append(want, fmt.Sprintf("stack process %d", loadState(t, env, keep.ID).StackPID))
-	slices.Sort(want)
+	want := footprint(t, env, keep)
 	if got := env.Leaks(); !slices.Equal(got, want) {
 		t.Errorf("after GC the node holds %v, want only the kept pod's %v", got, want)
 	}
