@@ -82,7 +82,7 @@ func roundTrips(t *testing.T, node ns.NetNS, addr string, n int) {
 // socket to socket, and DEL takes the pod out again.
 func TestSocketRedirect(t *testing.T) {
 	env := nettest.NewEnv(t)
-	pod := env.NewPod(env.Conf(latest, nil))
+	pod := env.NewPod(env.Conf(latest, map[string]any{"socketRedirect": "on"}))
 	att := loadState(t, env, pod.ID)
 	r := att.SocketRedirect
 	if r == nil {
@@ -162,7 +162,8 @@ func TestSocketRedirectBoth(t *testing.T) {
 }
 
 // TestSocketRedirectOptOut: the annotation keeps a pod on loopback TCP;
-// the conflist's "off" keeps every pod there and loads nothing.
+// the conflist's "off" keeps every pod there whatever it asks, and loads
+// nothing; by default a pod that does not ask keeps it too.
 func TestSocketRedirectOptOut(t *testing.T) {
 	env := nettest.NewEnv(t)
 	for _, c := range []struct {
@@ -170,9 +171,11 @@ func TestSocketRedirectOptOut(t *testing.T) {
 		extra  map[string]any
 		reason string
 	}{
-		{"annotation", map[string]any{"runtimeConfig": map[string]any{
+		{"annotation", map[string]any{"socketRedirect": "on", "runtimeConfig": map[string]any{
 			"io.kubernetes.cri.pod-annotations": map[string]any{"cni-usernet.io/socket-redirect": "off"}}}, "annotation cni-usernet.io/socket-redirect"},
-		{"conflist", map[string]any{"socketRedirect": "off"}, "conflist socketRedirect"},
+		{"conflist", map[string]any{"socketRedirect": "off", "runtimeConfig": map[string]any{
+			"io.kubernetes.cri.pod-annotations": map[string]any{"cni-usernet.io/socket-redirect": "both"}}}, "conflist socketRedirect"},
+		{"default", nil, "default"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			pod := env.NewPod(env.Conf(latest, c.extra))
@@ -197,7 +200,7 @@ func TestSocketRedirectOptOut(t *testing.T) {
 // the node is still sending.
 func TestSocketRedirectBulkEcho(t *testing.T) {
 	env := nettest.NewEnv(t)
-	pod := env.NewPod(env.Conf(latest, nil))
+	pod := env.NewPod(env.Conf(latest, map[string]any{"socketRedirect": "on"}))
 	echoInPod(t, pod, 7010)
 	for _, family := range []int{4, 6} {
 		bulkEcho(t, env.Node, net.JoinHostPort(pod.IP(family).String(), "7010"))

@@ -60,7 +60,9 @@ func TestSocketRedirectMode(t *testing.T) {
 		conflist, annotation string // "" : absent
 		want, source         string
 	}{
-		{"", "", "on", "conflist socketRedirect"},
+		{"", "", "off", "default"},
+		{"", "both", "both", "annotation cni-usernet.io/socket-redirect"},
+		{"on", "", "on", "conflist socketRedirect"},
 		{"both", "", "both", "conflist socketRedirect"},
 		{"on", "both", "both", "annotation cni-usernet.io/socket-redirect"},
 		{"on", "off", "off", "annotation cni-usernet.io/socket-redirect"},

@@ -104,11 +104,12 @@ type NetConf struct {
 	// "auto": the stack's governor turns it on while requests flow and
 	// the node has idle CPU (pkg/stack/governor); "0s": off.
 	BusyPoll string `json:"busyPoll,omitempty"`
-	// SocketRedirect: "on" (absent) hands what a pod's applications send
-	// to its stack over loopback from socket to socket in the kernel
-	// instead of through TCP (pkg/node/sockmap), where the kernel can;
-	// "both" what the stack sends them too; "off": loopback TCP. The
-	// annotation AnnotationSocketRedirect chooses per pod.
+	// SocketRedirect: "on" hands what a pod's applications send to its
+	// stack over loopback from socket to socket in the kernel instead of
+	// through TCP (pkg/node/sockmap), where the kernel can; "both" what
+	// the stack sends them too; "off": loopback TCP on this node, whatever
+	// a pod asks. Absent: off, and the annotation AnnotationSocketRedirect
+	// chooses per pod.
 	SocketRedirect string `json:"socketRedirect,omitempty"`
 	// BPFDir is where the node's BPF programs and maps are pinned (a
 	// bpffs directory). Zero: DefaultBPFDir.
@@ -218,17 +219,22 @@ func (c *NetConf) ReadyTimeoutDuration() time.Duration { return c.readyTimeout }
 func (c *NetConf) Chained() bool { return c.PrevResult != nil }
 
 // SocketRedirectMode resolves the pod's socket redirect: the conflist's
-// "off", else the annotation, else the conflist's socketRedirect; source
-// says which decided.
+// "off", else the annotation, else the conflist's socketRedirect (absent:
+// off); source says which decided.
 func (c *NetConf) SocketRedirectMode() (mode, source string, err error) {
 	v, ok := c.RuntimeConfig.PodAnnotations[AnnotationSocketRedirect]
 	if ok && !validSocketRedirect(v) {
-		return "", "", fmt.Errorf("pod annotation %q: got %q, want %s", AnnotationSocketRedirect, v, accepted["socketRedirect"])
+		return "", "", fmt.Errorf("pod annotation %q: got %q, want one of %s, %s, %s", AnnotationSocketRedirect, v, SocketRedirectOn, SocketRedirectBoth, SocketRedirectOff)
 	}
-	if !ok || c.SocketRedirect == SocketRedirectOff {
-		return c.SocketRedirect, "conflist socketRedirect", nil
+	switch {
+	case c.SocketRedirect == SocketRedirectOff:
+		return SocketRedirectOff, "conflist socketRedirect", nil
+	case ok:
+		return v, "annotation " + AnnotationSocketRedirect, nil
+	case c.SocketRedirect == "":
+		return SocketRedirectOff, "default", nil
 	}
-	return v, "annotation " + AnnotationSocketRedirect, nil
+	return c.SocketRedirect, "conflist socketRedirect", nil
 }
 
 func validSocketRedirect(v string) bool {
