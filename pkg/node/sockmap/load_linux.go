@@ -14,6 +14,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// bpffsMount is where nodes mount bpffs.
+const bpffsMount = "/sys/fs/bpf"
+
 // DefaultPinRoot is where the node's programs and maps are pinned; a
 // directory per layout version (PinDir), so that a node upgraded to a
 // new layout replaces the old programs instead of running both.
@@ -197,13 +200,26 @@ func removeOtherLayouts(root string) {
 	}
 }
 
-// mountBPFFS mounts bpffs where root lives when no bpffs is there (a
-// node that mounts none at /sys/fs/bpf).
+// mountBPFFS makes root, mounting bpffs first when the nearest existing
+// directory above it is on none (a node that mounts none at
+// /sys/fs/bpf): at /sys/fs/bpf when root is below it, as systemd mounts
+// it, else beside root.
 func mountBPFFS(root string) error {
+	for d := root; ; d = filepath.Dir(d) {
+		var st unix.Statfs_t
+		if err := unix.Statfs(d, &st); err == nil {
+			if st.Type == unix.BPF_FS_MAGIC {
+				return os.MkdirAll(root, 0o700)
+			}
+			break
+		}
+		if d == filepath.Dir(d) {
+			break
+		}
+	}
 	mnt := filepath.Dir(root)
-	var st unix.Statfs_t
-	if err := unix.Statfs(mnt, &st); err == nil && st.Type == unix.BPF_FS_MAGIC {
-		return os.MkdirAll(root, 0o700)
+	if strings.HasPrefix(root, bpffsMount+"/") {
+		mnt = bpffsMount
 	}
 	if err := os.MkdirAll(mnt, 0o700); err != nil {
 		return fmt.Errorf("creating %s: %w", mnt, err)
