@@ -189,105 +189,128 @@ const (
 	opsInfo   = opsKey - infoSize // the socket's info, to write
 )
 
+// seq joins pieces of a program.
+func seq(parts ...asm.Instructions) asm.Instructions {
+	var out asm.Instructions
+	for _, p := range parts {
+		out = append(out, p...)
+	}
+	return out
+}
+
+// at gives insns' first instruction the label sym.
+func at(sym string, insns ...asm.Instruction) asm.Instructions {
+	insns[0] = insns[0].WithSymbol(sym)
+	return insns
+}
+
+// lookup looks the key at fp+key up in m and jumps to miss when it is
+// not there; R0 then points at the value.
+func lookup(m *ebpf.Map, key int16, miss string) asm.Instructions {
+	return asm.Instructions{
+		asm.LoadMapPtr(asm.R1, m.FD()),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, int32(key)),
+		asm.FnMapLookupElem.Call(),
+		asm.JEq.Imm(asm.R0, 0, miss),
+	}
+}
+
+// netnsCookie puts the cookie of the namespace of the context in R6 in
+// R9 and at fp+off.
+func netnsCookie(off int16) asm.Instructions {
+	return asm.Instructions{
+		asm.Mov.Reg(asm.R1, asm.R6),
+		asm.FnGetNetnsCookie.Call(),
+		asm.Mov.Reg(asm.R9, asm.R0),
+		asm.StoreMem(asm.RFP, off, asm.R9, asm.DWord),
+	}
+}
+
 // sockOpsProgram puts the established sockets of enabled namespaces in
 // the socket hash and forgets them when they close.
 func sockOpsProgram(m maps) asm.Instructions {
-	insns := asm.Instructions{
-		asm.Mov.Reg(asm.R6, asm.R1),
-		asm.LoadMem(asm.R2, asm.R6, sockOpsOp, asm.Word),
-		asm.JEq.Imm(asm.R2, opActiveEstab, "established"),
-		asm.JEq.Imm(asm.R2, opPassiveEstab, "established"),
-		asm.JEq.Imm(asm.R2, opStateCB, "state"),
-		asm.Ja.Label("out"),
-
+	return seq(
+		asm.Instructions{
+			asm.Mov.Reg(asm.R6, asm.R1),
+			asm.LoadMem(asm.R2, asm.R6, sockOpsOp, asm.Word),
+			asm.JEq.Imm(asm.R2, opActiveEstab, "established"),
+			asm.JEq.Imm(asm.R2, opPassiveEstab, "established"),
+			asm.JEq.Imm(asm.R2, opStateCB, "state"),
+			asm.Ja.Label("out"),
+		},
 		// established: is the namespace enabled, and under its cap?
-		asm.Mov.Reg(asm.R1, asm.R6).WithSymbol("established"),
-		asm.FnGetNetnsCookie.Call(),
-		asm.Mov.Reg(asm.R9, asm.R0),
-		asm.StoreMem(asm.RFP, opsCookie, asm.R9, asm.DWord),
-		asm.LoadMapPtr(asm.R1, m.netns.FD()),
-		asm.Mov.Reg(asm.R2, asm.RFP),
-		asm.Add.Imm(asm.R2, opsCookie),
-		asm.FnMapLookupElem.Call(),
-		asm.JEq.Imm(asm.R0, 0, "out"),
-		asm.LoadMem(asm.R1, asm.R0, 0, asm.Word),
-		asm.And.Imm(asm.R1, flagEnabled),
-		asm.JEq.Imm(asm.R1, 0, "out"),
-		asm.LoadMapPtr(asm.R1, m.counters.FD()),
-		asm.Mov.Reg(asm.R2, asm.RFP),
-		asm.Add.Imm(asm.R2, opsCookie),
-		asm.FnMapLookupElem.Call(),
-		asm.JEq.Imm(asm.R0, 0, "out"),
-		asm.Mov.Reg(asm.R8, asm.R0),
-		asm.LoadMem(asm.R1, asm.R8, nsSocketsOff, asm.Word),
-		asm.JLT.Imm(asm.R1, MaxSocketsPerPod, "room"),
-	}
-	insns = append(insns, atomicAdd(asm.R8, nsRefusedOff, 1, asm.DWord)...)
-	insns = append(insns, asm.Ja.Label("out"))
-	insns = append(insns, asm.Mov.Imm(asm.R0, 0).WithSymbol("room"))
-	insns = append(insns, buildKey(asm.R6, sockOpsCtx, opsKey, false, asm.R9, "out", "ek")...)
-	insns = append(insns,
-		// Its kind: the stack's relay sockets carry
-		// podnet.StackSocketMark, and the verdict redirects only what
-		// an application sends to one of them.
-		asm.Mov.Imm(asm.R1, 0),
-		asm.StoreMem(asm.RFP, opsInfo+infoPending, asm.R1, asm.DWord),
-		asm.StoreMem(asm.RFP, opsInfo+infoKind, asm.R1, asm.DWord),
-		asm.LoadMem(asm.R2, asm.R6, sockOpsSk, asm.DWord),
-		asm.JEq.Imm(asm.R2, 0, "kinded"),
-		asm.LoadMem(asm.R1, asm.R2, bpfSockMark, asm.Word),
-		asm.JNE.Imm(asm.R1, int32(podnet.StackSocketMark), "kinded"),
-		asm.Mov.Imm(asm.R1, kindStack),
-		asm.StoreMem(asm.RFP, opsInfo+infoKind, asm.R1, asm.DWord),
-		asm.Mov.Reg(asm.R1, asm.R6).WithSymbol("kinded"),
-		asm.LoadMapPtr(asm.R2, m.socks.FD()),
-		asm.Mov.Reg(asm.R3, asm.RFP),
-		asm.Add.Imm(asm.R3, opsKey),
-		asm.Mov.Imm(asm.R4, bpfNoExist),
-		asm.FnSockHashUpdate.Call(),
-		asm.JNE.Imm(asm.R0, 0, "out"),
-		asm.LoadMapPtr(asm.R1, m.info.FD()),
-		asm.Mov.Reg(asm.R2, asm.RFP),
-		asm.Add.Imm(asm.R2, opsKey),
-		asm.Mov.Reg(asm.R3, asm.RFP),
-		asm.Add.Imm(asm.R3, opsInfo),
-		asm.Mov.Imm(asm.R4, bpfAny),
-		asm.FnMapUpdateElem.Call(),
-	)
-	insns = append(insns, atomicAdd(asm.R8, nsSocketsOff, 1, asm.Word)...)
-	insns = append(insns,
-		// Told of its close, the socket's bookkeeping goes with it.
-		asm.Mov.Reg(asm.R1, asm.R6),
-		asm.Mov.Imm(asm.R2, stateCBFlag),
-		asm.FnSockOpsCbFlagsSet.Call(),
-		asm.Ja.Label("out"),
+		at("established", netnsCookie(opsCookie)...),
+		lookup(m.netns, opsCookie, "out"),
+		asm.Instructions{
+			asm.LoadMem(asm.R1, asm.R0, 0, asm.Word),
+			asm.And.Imm(asm.R1, flagEnabled),
+			asm.JEq.Imm(asm.R1, 0, "out"),
+		},
+		lookup(m.counters, opsCookie, "out"),
+		asm.Instructions{
+			asm.Mov.Reg(asm.R8, asm.R0),
+			asm.LoadMem(asm.R1, asm.R8, nsSocketsOff, asm.Word),
+			asm.JLT.Imm(asm.R1, MaxSocketsPerPod, "room"),
+		},
+		atomicAdd(asm.R8, nsRefusedOff, 1, asm.DWord),
+		asm.Instructions{asm.Ja.Label("out")},
+		at("room", buildKey(asm.R6, sockOpsCtx, opsKey, false, asm.R9, "out", "ek")...),
+		asm.Instructions{
+			// Its kind: the stack's relay sockets carry
+			// podnet.StackSocketMark, and the verdict redirects only what
+			// an application sends to one of them.
+			asm.Mov.Imm(asm.R1, 0),
+			asm.StoreMem(asm.RFP, opsInfo+infoPending, asm.R1, asm.DWord),
+			asm.StoreMem(asm.RFP, opsInfo+infoKind, asm.R1, asm.DWord),
+			asm.LoadMem(asm.R2, asm.R6, sockOpsSk, asm.DWord),
+			asm.JEq.Imm(asm.R2, 0, "kinded"),
+			asm.LoadMem(asm.R1, asm.R2, bpfSockMark, asm.Word),
+			asm.JNE.Imm(asm.R1, int32(podnet.StackSocketMark), "kinded"),
+			asm.Mov.Imm(asm.R1, kindStack),
+			asm.StoreMem(asm.RFP, opsInfo+infoKind, asm.R1, asm.DWord),
+			asm.Mov.Reg(asm.R1, asm.R6).WithSymbol("kinded"),
+			asm.LoadMapPtr(asm.R2, m.socks.FD()),
+			asm.Mov.Reg(asm.R3, asm.RFP),
+			asm.Add.Imm(asm.R3, opsKey),
+			asm.Mov.Imm(asm.R4, bpfNoExist),
+			asm.FnSockHashUpdate.Call(),
+			asm.JNE.Imm(asm.R0, 0, "out"),
+			asm.LoadMapPtr(asm.R1, m.info.FD()),
+			asm.Mov.Reg(asm.R2, asm.RFP),
+			asm.Add.Imm(asm.R2, opsKey),
+			asm.Mov.Reg(asm.R3, asm.RFP),
+			asm.Add.Imm(asm.R3, opsInfo),
+			asm.Mov.Imm(asm.R4, bpfAny),
+			asm.FnMapUpdateElem.Call(),
+		},
+		atomicAdd(asm.R8, nsSocketsOff, 1, asm.Word),
+		asm.Instructions{
+			// Told of its close, the socket's bookkeeping goes with it.
+			asm.Mov.Reg(asm.R1, asm.R6),
+			asm.Mov.Imm(asm.R2, stateCBFlag),
+			asm.FnSockOpsCbFlagsSet.Call(),
+			asm.Ja.Label("out"),
 
-		// state: a member socket changed state; at TCP_CLOSE it leaves.
-		asm.LoadMem(asm.R2, asm.R6, sockOpsArg1, asm.Word).WithSymbol("state"),
-		asm.JNE.Imm(asm.R2, tcpClose, "out"),
-		asm.Mov.Reg(asm.R1, asm.R6),
-		asm.FnGetNetnsCookie.Call(),
-		asm.Mov.Reg(asm.R9, asm.R0),
-		asm.StoreMem(asm.RFP, opsCookie, asm.R9, asm.DWord),
-	)
-	insns = append(insns, buildKey(asm.R6, sockOpsCtx, opsKey, false, asm.R9, "out", "ck")...)
-	insns = append(insns,
-		asm.LoadMapPtr(asm.R1, m.info.FD()),
-		asm.Mov.Reg(asm.R2, asm.RFP),
-		asm.Add.Imm(asm.R2, opsKey),
-		asm.FnMapDeleteElem.Call(),
-		asm.JNE.Imm(asm.R0, 0, "out"),
-		asm.LoadMapPtr(asm.R1, m.counters.FD()),
-		asm.Mov.Reg(asm.R2, asm.RFP),
-		asm.Add.Imm(asm.R2, opsCookie),
-		asm.FnMapLookupElem.Call(),
-		asm.JEq.Imm(asm.R0, 0, "out"),
-		asm.Mov.Reg(asm.R8, asm.R0),
-	)
-	insns = append(insns, atomicAdd(asm.R8, nsSocketsOff, -1, asm.Word)...)
-	return append(insns,
-		asm.Mov.Imm(asm.R0, 1).WithSymbol("out"),
-		asm.Return(),
+			// state: a member socket changed state; at TCP_CLOSE it leaves.
+			asm.LoadMem(asm.R2, asm.R6, sockOpsArg1, asm.Word).WithSymbol("state"),
+			asm.JNE.Imm(asm.R2, tcpClose, "out"),
+		},
+		netnsCookie(opsCookie),
+		buildKey(asm.R6, sockOpsCtx, opsKey, false, asm.R9, "out", "ck"),
+		asm.Instructions{
+			asm.LoadMapPtr(asm.R1, m.info.FD()),
+			asm.Mov.Reg(asm.R2, asm.RFP),
+			asm.Add.Imm(asm.R2, opsKey),
+			asm.FnMapDeleteElem.Call(),
+			asm.JNE.Imm(asm.R0, 0, "out"),
+		},
+		lookup(m.counters, opsCookie, "out"),
+		atomicAdd(asm.R0, nsSocketsOff, -1, asm.Word),
+		asm.Instructions{
+			asm.Mov.Imm(asm.R0, 1).WithSymbol("out"),
+			asm.Return(),
+		},
 	)
 }
 
@@ -313,122 +336,114 @@ type psockLayout struct {
 
 // skMsgProgram is the verdict on each message a member socket sends.
 func skMsgProgram(m maps, l psockLayout) asm.Instructions {
-	insns := asm.Instructions{
-		asm.Mov.Reg(asm.R6, asm.R1),
-		// R7: the sender's choice, in its socket storage.
-		asm.LoadMapPtr(asm.R1, m.choice.FD()),
-		asm.LoadMem(asm.R2, asm.R6, skMsgSk, asm.DWord),
-		asm.Mov.Imm(asm.R3, 0),
-		asm.Mov.Imm(asm.R4, storageCreate),
-		asm.FnSkStorageGet.Call(),
-		asm.JEq.Imm(asm.R0, 0, "pass"),
-		asm.Mov.Reg(asm.R7, asm.R0),
-		// R8: the pod's counters; the pod's flags on the stack. The
-		// namespace gone (disabled): TCP from now on.
-		asm.Mov.Imm(asm.R8, 0),
-		asm.Mov.Reg(asm.R1, asm.R6),
-		asm.FnGetNetnsCookie.Call(),
-		asm.Mov.Reg(asm.R9, asm.R0),
-		asm.StoreMem(asm.RFP, msgCookie, asm.R9, asm.DWord),
-		asm.LoadMapPtr(asm.R1, m.netns.FD()),
-		asm.Mov.Reg(asm.R2, asm.RFP),
-		asm.Add.Imm(asm.R2, msgCookie),
-		asm.FnMapLookupElem.Call(),
-		asm.JEq.Imm(asm.R0, 0, "tcp"),
-		asm.LoadMem(asm.R1, asm.R0, 0, asm.Word),
-		asm.StoreMem(asm.RFP, msgFlags, asm.R1, asm.Word),
-		asm.LoadMapPtr(asm.R1, m.counters.FD()),
-		asm.Mov.Reg(asm.R2, asm.RFP),
-		asm.Add.Imm(asm.R2, msgCookie),
-		asm.FnMapLookupElem.Call(),
-		asm.JEq.Imm(asm.R0, 0, "tcp"),
-		asm.Mov.Reg(asm.R8, asm.R0),
-	}
-	insns = append(insns, buildKey(asm.R6, skMsgCtx, msgOwn, false, asm.R9, "tcp", "own")...)
-	insns = append(insns, buildKey(asm.R6, skMsgCtx, msgPeer, true, asm.R9, "tcp", "peer")...)
-	insns = append(insns,
+	return seq(
+		asm.Instructions{
+			asm.Mov.Reg(asm.R6, asm.R1),
+			// R7: the sender's choice, in its socket storage.
+			asm.LoadMapPtr(asm.R1, m.choice.FD()),
+			asm.LoadMem(asm.R2, asm.R6, skMsgSk, asm.DWord),
+			asm.Mov.Imm(asm.R3, 0),
+			asm.Mov.Imm(asm.R4, storageCreate),
+			asm.FnSkStorageGet.Call(),
+			asm.JEq.Imm(asm.R0, 0, "pass"),
+			asm.Mov.Reg(asm.R7, asm.R0),
+			// R8: the pod's counters; the pod's flags on the stack. The
+			// namespace gone (disabled): TCP from now on.
+			asm.Mov.Imm(asm.R8, 0),
+		},
+		netnsCookie(msgCookie),
+		lookup(m.netns, msgCookie, "tcp"),
+		asm.Instructions{
+			asm.LoadMem(asm.R1, asm.R0, 0, asm.Word),
+			asm.StoreMem(asm.RFP, msgFlags, asm.R1, asm.Word),
+		},
+		lookup(m.counters, msgCookie, "tcp"),
+		asm.Instructions{asm.Mov.Reg(asm.R8, asm.R0)},
+		buildKey(asm.R6, skMsgCtx, msgOwn, false, asm.R9, "tcp", "own"),
 		// R9: the sender's info; none (left out at the pod's cap): TCP.
-		asm.LoadMapPtr(asm.R1, m.info.FD()),
-		asm.Mov.Reg(asm.R2, asm.RFP),
-		asm.Add.Imm(asm.R2, msgOwn),
-		asm.FnMapLookupElem.Call(),
-		asm.JEq.Imm(asm.R0, 0, "tcp"),
-		asm.Mov.Reg(asm.R9, asm.R0),
-		asm.LoadMem(asm.R1, asm.R9, infoKind, asm.DWord),
-		asm.StoreMem(asm.RFP, msgKind, asm.R1, asm.Word),
-		// A socket others redirect to publishes what it holds unread
-		// whenever it sends: their estimate of it starts again from the
-		// truth. Others redirect to the stack's sockets, and with
-		// flagBoth to the applications'.
-		asm.JEq.Imm(asm.R1, kindStack, "publish"),
-		asm.LoadMem(asm.R1, asm.RFP, msgFlags, asm.Word),
-		asm.And.Imm(asm.R1, flagBoth),
-		asm.JEq.Imm(asm.R1, 0, "decide"),
-		asm.LoadMem(asm.R1, asm.R6, skMsgSk, asm.DWord).WithSymbol("publish"),
-		asm.FnSkcToTcpSock.Call(),
-		asm.JEq.Imm(asm.R0, 0, "decide"),
-		asm.LoadMem(asm.R1, asm.R0, l.userDataOff, asm.DWord),
-		asm.And.Imm(asm.R1, userDataPtrMask),
-		asm.JEq.Imm(asm.R1, 0, "decide"),
-		asm.Mov.Imm(asm.R2, l.psockTypeID),
-		asm.Instruction{OpCode: asm.Call.Op(asm.ImmSource), Src: asm.PseudoKfuncCall, Constant: l.castID},
-		asm.LoadMem(asm.R1, asm.R0, l.msgTotLenOff, asm.Word),
-		asm.StoreMem(asm.R9, infoPending, asm.R1, asm.DWord),
+		lookup(m.info, msgOwn, "tcp"),
+		asm.Instructions{
+			asm.Mov.Reg(asm.R9, asm.R0),
+			asm.LoadMem(asm.R1, asm.R9, infoKind, asm.DWord),
+			asm.StoreMem(asm.RFP, msgKind, asm.R1, asm.Word),
+			// A socket others redirect to publishes what it holds unread
+			// whenever it sends: their estimate of it starts again from the
+			// truth. Others redirect to the stack's sockets, and with
+			// flagBoth to the applications'.
+			asm.JEq.Imm(asm.R1, kindStack, "publish"),
+			asm.LoadMem(asm.R1, asm.RFP, msgFlags, asm.Word),
+			asm.And.Imm(asm.R1, flagBoth),
+			asm.JEq.Imm(asm.R1, 0, "decide"),
+			asm.LoadMem(asm.R1, asm.R6, skMsgSk, asm.DWord).WithSymbol("publish"),
+			asm.FnSkcToTcpSock.Call(),
+			asm.JEq.Imm(asm.R0, 0, "decide"),
+			asm.LoadMem(asm.R1, asm.R0, l.userDataOff, asm.DWord),
+			asm.And.Imm(asm.R1, userDataPtrMask),
+			asm.JEq.Imm(asm.R1, 0, "decide"),
+			asm.Mov.Imm(asm.R2, l.psockTypeID),
+			asm.Instruction{OpCode: asm.Call.Op(asm.ImmSource), Src: asm.PseudoKfuncCall, Constant: l.castID},
+			asm.LoadMem(asm.R1, asm.R0, l.msgTotLenOff, asm.Word),
+			asm.StoreMem(asm.R9, infoPending, asm.R1, asm.DWord),
 
-		// The stack sends through TCP (an application may read with
-		// splice, which does not see a redirect's queue), unless the
-		// pod's flagBoth says its applications do not.
-		asm.LoadMem(asm.R1, asm.RFP, msgKind, asm.Word).WithSymbol("decide"),
-		asm.JNE.Imm(asm.R1, kindStack, "redirectable"),
-		asm.LoadMem(asm.R1, asm.RFP, msgFlags, asm.Word),
-		asm.And.Imm(asm.R1, flagBoth),
-		asm.JEq.Imm(asm.R1, 0, "pass"),
+			// The stack sends through TCP (an application may read with
+			// splice, which does not see a redirect's queue), unless the
+			// pod's flagBoth says its applications do not.
+			asm.LoadMem(asm.R1, asm.RFP, msgKind, asm.Word).WithSymbol("decide"),
+			asm.JNE.Imm(asm.R1, kindStack, "redirectable"),
+			asm.LoadMem(asm.R1, asm.RFP, msgFlags, asm.Word),
+			asm.And.Imm(asm.R1, flagBoth),
+			asm.JEq.Imm(asm.R1, 0, "pass"),
 
-		asm.LoadMem(asm.R1, asm.R7, 0, asm.DWord).WithSymbol("redirectable"),
-		asm.JEq.Imm(asm.R1, choiceTCP, "pass"),
-		asm.LoadMem(asm.R1, asm.RFP, msgFlags, asm.Word),
-		asm.And.Imm(asm.R1, flagCapture),
-		asm.JNE.Imm(asm.R1, 0, "tcp"),
+			asm.LoadMem(asm.R1, asm.R7, 0, asm.DWord).WithSymbol("redirectable"),
+			asm.JEq.Imm(asm.R1, choiceTCP, "pass"),
+			asm.LoadMem(asm.R1, asm.RFP, msgFlags, asm.Word),
+			asm.And.Imm(asm.R1, flagCapture),
+			asm.JNE.Imm(asm.R1, 0, "tcp"),
+			asm.LoadMem(asm.R9, asm.RFP, msgCookie, asm.DWord),
+		},
+		// The peer's key only now: most messages (the stack's, those of
+		// sockets on TCP) never need it.
+		buildKey(asm.R6, skMsgCtx, msgPeer, true, asm.R9, "tcp", "peer"),
 		// R9: the peer's info. No peer in the hash (it is not in this
 		// namespace, or was left out), or one of the sender's kind (two
 		// applications, which either may read with splice): TCP.
-		asm.LoadMapPtr(asm.R1, m.info.FD()),
-		asm.Mov.Reg(asm.R2, asm.RFP),
-		asm.Add.Imm(asm.R2, msgPeer),
-		asm.FnMapLookupElem.Call(),
-		asm.JEq.Imm(asm.R0, 0, "tcp"),
-		asm.Mov.Reg(asm.R9, asm.R0),
-		asm.LoadMem(asm.R1, asm.R9, infoKind, asm.DWord),
-		asm.LoadMem(asm.R2, asm.RFP, msgKind, asm.Word),
-		asm.JEq.Reg(asm.R1, asm.R2, "tcp"),
-		asm.LoadMem(asm.R1, asm.R9, infoPending, asm.DWord),
-		asm.JGT.Imm(asm.R1, Budget, "tcp"),
-		asm.Mov.Reg(asm.R1, asm.R6),
-		asm.LoadMapPtr(asm.R2, m.socks.FD()),
-		asm.Mov.Reg(asm.R3, asm.RFP),
-		asm.Add.Imm(asm.R3, msgPeer),
-		asm.Mov.Imm(asm.R4, bpfFIngress),
-		asm.FnMsgRedirectHash.Call(),
-		asm.JNE.Imm(asm.R0, skPass, "tcp"),
-		asm.LoadMem(asm.R1, asm.R6, skMsgSize, asm.Word),
-		asm.StoreXAdd(asm.R9, asm.R1, asm.DWord),
-		asm.Mov.Imm(asm.R1, choiceRedirect),
-		asm.StoreMem(asm.R7, 0, asm.R1, asm.DWord),
-	)
-	insns = append(insns, atomicAdd(asm.R8, nsRedirectedOff, 1, asm.DWord)...)
-	insns = append(insns,
-		asm.Mov.Imm(asm.R0, skPass),
-		asm.Return(),
+		lookup(m.info, msgPeer, "tcp"),
+		asm.Instructions{
+			asm.Mov.Reg(asm.R9, asm.R0),
+			asm.LoadMem(asm.R1, asm.R9, infoKind, asm.DWord),
+			asm.LoadMem(asm.R2, asm.RFP, msgKind, asm.Word),
+			asm.JEq.Reg(asm.R1, asm.R2, "tcp"),
+			asm.LoadMem(asm.R1, asm.R9, infoPending, asm.DWord),
+			asm.JGT.Imm(asm.R1, Budget, "tcp"),
+			asm.Mov.Reg(asm.R1, asm.R6),
+			asm.LoadMapPtr(asm.R2, m.socks.FD()),
+			asm.Mov.Reg(asm.R3, asm.RFP),
+			asm.Add.Imm(asm.R3, msgPeer),
+			asm.Mov.Imm(asm.R4, bpfFIngress),
+			asm.FnMsgRedirectHash.Call(),
+			asm.JNE.Imm(asm.R0, skPass, "tcp"),
+			asm.LoadMem(asm.R1, asm.R6, skMsgSize, asm.Word),
+			asm.StoreXAdd(asm.R9, asm.R1, asm.DWord),
+			asm.Mov.Imm(asm.R1, choiceRedirect),
+			asm.StoreMem(asm.R7, 0, asm.R1, asm.DWord),
+		},
+		atomicAdd(asm.R8, nsRedirectedOff, 1, asm.DWord),
+		asm.Instructions{
+			asm.Mov.Imm(asm.R0, skPass),
+			asm.Return(),
 
-		// tcp: this socket sends through TCP from now on.
-		asm.Mov.Imm(asm.R1, choiceTCP).WithSymbol("tcp"),
-		asm.StoreMem(asm.R7, 0, asm.R1, asm.DWord),
-		asm.JEq.Imm(asm.R8, 0, "pass"),
-	)
-	insns = append(insns, atomicAdd(asm.R8, nsFallbacksOff, 1, asm.DWord)...)
-	return append(insns,
-		asm.Mov.Imm(asm.R0, skPass).WithSymbol("pass"),
-		asm.Return(),
+			// tcp: this socket sends through TCP from now on; counted once.
+			asm.LoadMem(asm.R1, asm.R7, 0, asm.DWord).WithSymbol("tcp"),
+			asm.JEq.Imm(asm.R1, choiceTCP, "pass"),
+			asm.Mov.Imm(asm.R1, choiceTCP),
+			asm.StoreMem(asm.R7, 0, asm.R1, asm.DWord),
+			asm.JEq.Imm(asm.R8, 0, "pass"),
+		},
+		atomicAdd(asm.R8, nsFallbacksOff, 1, asm.DWord),
+		asm.Instructions{
+			asm.Mov.Imm(asm.R0, skPass).WithSymbol("pass"),
+			asm.Return(),
+		},
 	)
 }
 

@@ -30,8 +30,9 @@ type gate struct {
 	// policy takes the ingress verdict on the packets that open
 	// connections (ingress.go). Never nil.
 	policy *enforce.Enforcer
-	// own are the pod's own addresses (Options.PodAddrs): no packet from
-	// the wire carries one as its source (fromOwnAddr). Read-only.
+	// own are the pod's own addresses (Options.PodAddrs), unmapped: no
+	// packet from the wire carries one as its source (fromOwnAddr).
+	// Read-only.
 	own []netip.Addr
 }
 

@@ -3,6 +3,7 @@ package wirelink
 import (
 	"encoding/binary"
 	"net/netip"
+	"slices"
 
 	"github.com/cni-usernet/cni-usernet/pkg/api/policy"
 	"gvisor.dev/gvisor/pkg/tcpip"
@@ -176,11 +177,9 @@ func fromOwnAddr[S headerSource](g *gate, proto tcpip.NetworkProtocolNumber, s S
 	default:
 		return false
 	}
-	for _, a := range g.own {
-		if a.Unmap() == src {
-			g.stats.RxOwnSource.Add(1)
-			return true
-		}
+	if slices.Contains(g.own, src) {
+		g.stats.RxOwnSource.Add(1)
+		return true
 	}
 	return false
 }

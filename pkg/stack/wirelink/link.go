@@ -100,7 +100,11 @@ func New(t *tap.Tap, o Options) *Link {
 	g.syn = &synGate{cookiesSent: o.CookiesSent}
 	g.answerSYN = o.AnswerSYN
 	g.policy = o.Policy
-	g.own = o.PodAddrs
+	// Unmapped once here: the gate compares every packet's source.
+	g.own = make([]netip.Addr, len(o.PodAddrs))
+	for i, a := range o.PodAddrs {
+		g.own[i] = a.Unmap()
+	}
 	return &Link{o: o, gate: g, tap: t}
 }
 
