@@ -221,22 +221,7 @@ func TestBothWays(t *testing.T) {
 	}
 	// The stack (server) writes to an application (client) that does not
 	// read.
-	stop := make(chan struct{})
-	sent := make(chan int64, 1)
-	go func() {
-		n, _ := stream(server, stop)
-		server.CloseWrite()
-		sent <- n
-	}()
-	time.Sleep(time.Second)
-	close(stop)
-	n := <-sent
-	if limit := int64(Budget + 64<<10 + 16<<20); n > limit {
-		t.Fatalf("the stack got %d bytes out to an application that does not read, want at most %d", n, limit)
-	}
-	if got := readAll(t, client); got != n {
-		t.Fatalf("read %d bytes back, want the %d sent", got, n)
-	}
+	writeToNonReader(t, server, client)
 	// Two applications still keep TCP.
 	before := r.stats().Redirected
 	c2, s2 := r.appPair("tcp4", "127.0.0.1:0")
@@ -362,14 +347,24 @@ func TestSlowReaderBounded(t *testing.T) {
 	client, server := r.pair("tcp4", "127.0.0.1:0")
 	server.SetReadBuffer(256 << 10)
 	client.SetWriteBuffer(256 << 10)
+	writeToNonReader(t, client, server)
+	if s := r.stats(); s.Fallbacks == 0 {
+		t.Errorf("stats %+v: the writer never went through TCP", s)
+	}
+}
+
+// writeToNonReader has w write for a second to r, which does not read
+// meanwhile, bounds what w got out, then reads it all back in order.
+func writeToNonReader(t *testing.T, w, r *net.TCPConn) {
+	t.Helper()
 	stop := make(chan struct{})
 	sent := make(chan int64, 1)
 	go func() {
-		n, _ := stream(client, stop)
-		client.CloseWrite()
+		n, _ := stream(w, stop)
+		w.CloseWrite()
 		sent <- n
 	}()
-	time.Sleep(time.Second) // the writer runs against a reader that does not read
+	time.Sleep(time.Second)
 	close(stop)
 	n := <-sent
 	// What the kernel held for the reader: the redirect's budget, a
@@ -379,10 +374,7 @@ func TestSlowReaderBounded(t *testing.T) {
 	if limit := int64(Budget + 64<<10 + 16<<20); n > limit {
 		t.Fatalf("the writer got %d bytes out to a reader that does not read, want at most %d", n, limit)
 	}
-	if s := r.stats(); s.Fallbacks == 0 {
-		t.Errorf("stats %+v: the writer never went through TCP", s)
-	}
-	if got := readAll(t, server); got != n {
+	if got := readAll(t, r); got != n {
 		t.Fatalf("read %d bytes back, want the %d sent", got, n)
 	}
 }
