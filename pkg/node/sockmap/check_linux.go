@@ -1,7 +1,6 @@
 package sockmap
 
 import (
-	"errors"
 	"fmt"
 
 	"github.com/cilium/ebpf/btf"
@@ -65,5 +64,3 @@ func memberOffset(spec *btf.Spec, typ, member string) (uint32, error) {
 	}
 	return 0, fmt.Errorf("%w: struct %s has no %s", ErrUnsupported, typ, member)
 }
-
-var errNotEnabled = errors.New("the pod's namespace is not enabled")

@@ -4,10 +4,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"os"
-	"runtime"
 
 	"github.com/cilium/ebpf"
+	"github.com/containernetworking/plugins/pkg/ns"
 	"golang.org/x/sys/unix"
 )
 
@@ -15,34 +14,18 @@ import (
 // namespace or /proc/PID/ns/net): the kernel's ID of a namespace, never
 // reused while the node runs, which the programs key a pod by.
 func NetnsCookie(path string) (uint64, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return 0, fmt.Errorf("opening network namespace %s: %w", path, err)
-	}
-	defer f.Close()
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	self, err := os.Open("/proc/thread-self/ns/net")
-	if err != nil {
-		return 0, fmt.Errorf("opening this thread's network namespace: %w", err)
-	}
-	defer self.Close()
-	if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
-		return 0, fmt.Errorf("entering network namespace %s: %w", path, err)
-	}
-	fd, serr := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
 	var cookie uint64
-	if serr == nil {
-		cookie, serr = unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_NETNS_COOKIE)
-		unix.Close(fd)
-	}
-	if err := unix.Setns(int(self.Fd()), unix.CLONE_NEWNET); err != nil {
-		// The thread stays in the pod's namespace: let the runtime
-		// drop it rather than reuse it.
-		runtime.Goexit()
-	}
-	if serr != nil {
-		return 0, fmt.Errorf("reading the cookie of network namespace %s: %w", path, serr)
+	err := ns.WithNetNSPath(path, func(ns.NetNS) error {
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		cookie, err = unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_NETNS_COOKIE)
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("reading the cookie of network namespace %s: %w", path, err)
 	}
 	return cookie, nil
 }
@@ -153,6 +136,8 @@ func (n *Node) Enabled() ([]uint64, error) {
 	}
 	return out, nil
 }
+
+var errNotEnabled = errors.New("the pod's namespace is not enabled")
 
 // IsNotEnabled reports whether err says the pod's namespace is not in
 // the redirect.
