@@ -17,14 +17,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/cni-usernet/cni-usernet/pkg/api/netconf"
+	"github.com/cni-usernet/cni-usernet/pkg/util/flock"
 )
 
 // RecordName is the install record's path under the plugin's state
@@ -227,17 +224,5 @@ func (o *Options) log() *slog.Logger {
 // running the install or uninstall command by hand on the same node).
 // The lock file stays: removing it would let a waiter lock an unlinked file.
 func lock(recordPath string) (unlock func(), err error) {
-	if err := os.MkdirAll(filepath.Dir(recordPath), 0o755); err != nil {
-		return nil, fmt.Errorf("creating directory of %s: %w", recordPath, err)
-	}
-	path := recordPath + ".lock"
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("opening lock %s: %w", path, err)
-	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("locking %s: %w", path, err)
-	}
-	return func() { f.Close() }, nil
+	return flock.Lock(recordPath + ".lock")
 }

@@ -12,6 +12,8 @@ import (
 	"github.com/cilium/ebpf/btf"
 	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
+
+	"github.com/cni-usernet/cni-usernet/pkg/util/flock"
 )
 
 // bpffsMount is where nodes mount bpffs.
@@ -83,7 +85,7 @@ func Load(root, lockPath string) (*Node, error) {
 	if n, err := Open(root); err == nil {
 		return n, nil
 	}
-	unlock, err := lockFile(lockPath)
+	unlock, err := flock.Lock(lockPath)
 	if err != nil {
 		return nil, err
 	}
@@ -281,20 +283,4 @@ func mountedCgroup2Root() string {
 		}
 	}
 	return ""
-}
-
-// lockFile takes an exclusive lock on path, creating it.
-func lockFile(path string) (unlock func(), err error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return nil, fmt.Errorf("creating %s: %w", filepath.Dir(path), err)
-	}
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("opening %s: %w", path, err)
-	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("locking %s: %w", path, err)
-	}
-	return func() { unix.Flock(int(f.Fd()), unix.LOCK_UN); f.Close() }, nil
 }
