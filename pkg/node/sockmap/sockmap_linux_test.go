@@ -55,6 +55,20 @@ func newRigBoth(t *testing.T, enable, both bool) *rig {
 			t.Errorf("unloading: %v", err)
 		}
 	})
+	netns, cookie := newPodNS(t)
+	r := &rig{t: t, node: node, netns: netns, cookie: cookie}
+	if enable {
+		if err := node.Enable(cookie, both); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return r
+}
+
+// newPodNS is a network namespace standing in for a pod, lo up, and its
+// cookie.
+func newPodNS(t *testing.T) (ns.NetNS, uint64) {
+	t.Helper()
 	netns, err := testutils.NewNS()
 	if err != nil {
 		t.Fatal(err)
@@ -76,13 +90,7 @@ func newRigBoth(t *testing.T, enable, both bool) *rig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &rig{t: t, node: node, netns: netns, cookie: cookie}
-	if enable {
-		if err := node.Enable(cookie, both); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return r
+	return netns, cookie
 }
 
 // markStack gives a socket the stack's relay mark.
@@ -228,6 +236,105 @@ func TestBothWays(t *testing.T) {
 	pingPong(t, c2, s2, 100, 64)
 	if after := r.stats().Redirected; after != before {
 		t.Errorf("%d messages between applications redirected", after-before)
+	}
+}
+
+// TestPodsWithTheSameTuples: two pods whose connections have the same
+// addresses and ports (each pod's own loopback) share the node's socket
+// hash without meeting: each pod's messages reach only its own stack.
+func TestPodsWithTheSameTuples(t *testing.T) {
+	r := newRig(t, true)
+	otherNS, other := newPodNS(t)
+	if err := r.node.Enable(other, false); err != nil {
+		t.Fatal(err)
+	}
+	fixedPair := func(netns ns.NetNS) (client, server net.Conn) {
+		t.Helper()
+		err := netns.Do(func(ns.NetNS) error {
+			lc := net.ListenConfig{Control: markStack}
+			ln, err := lc.Listen(context.Background(), "tcp4", "127.0.0.1:7000")
+			if err != nil {
+				return err
+			}
+			defer ln.Close()
+			d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 7001}}
+			if client, err = d.Dial("tcp4", "127.0.0.1:7000"); err != nil {
+				return err
+			}
+			server, err = ln.Accept()
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { client.Close(); server.Close() })
+		return client, server
+	}
+	c1, s1 := fixedPair(r.netns)
+	c2, s2 := fixedPair(otherNS)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		pingPong(t, c2, s2, 1000, 64)
+	}()
+	pingPong(t, c1, s1, 1000, 100)
+	<-done
+	for _, cookie := range []uint64{r.cookie, other} {
+		if s, err := r.node.Stats(cookie); err != nil || s.Redirected != 1000 {
+			t.Errorf("pod %d: stats %+v, %v: want its application's 1000 messages redirected", cookie, s, err)
+		}
+	}
+}
+
+// TestPodCapKeepsOthers: a pod that opens connections without end fills
+// only its own share of the node's socket hash; its sockets beyond are
+// left out (and keep TCP), and another pod's still redirect.
+func TestPodCapKeepsOthers(t *testing.T) {
+	if testing.Short() {
+		t.Skip("opens MaxSocketsPerPod sockets")
+	}
+	r := newRig(t, true)
+	var conns []net.Conn
+	t.Cleanup(func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	err := r.netns.Do(func(ns.NetNS) error {
+		ln, err := net.Listen("tcp4", "127.0.0.1:0")
+		if err != nil {
+			return err
+		}
+		defer ln.Close()
+		for range MaxSocketsPerPod/2 + 8 {
+			c, err := net.Dial("tcp4", ln.Addr().String())
+			if err != nil {
+				return err
+			}
+			s, err := ln.Accept()
+			if err != nil {
+				c.Close()
+				return err
+			}
+			conns = append(conns, c, s)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := r.stats(); s.Sockets != MaxSocketsPerPod || s.Refused == 0 {
+		t.Fatalf("stats %+v: want the pod at its cap of %d sockets, the rest refused", s, MaxSocketsPerPod)
+	}
+	otherNS, other := newPodNS(t)
+	if err := r.node.Enable(other, false); err != nil {
+		t.Fatal(err)
+	}
+	o := &rig{t: t, node: r.node, netns: otherNS, cookie: other}
+	client, server := o.pair("tcp4", "127.0.0.1:0")
+	pingPong(t, client, server, 100, 64)
+	if s := o.stats(); s.Redirected != 100 {
+		t.Errorf("the other pod: stats %+v, want its application's 100 messages redirected", s)
 	}
 }
 
