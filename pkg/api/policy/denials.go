@@ -42,6 +42,12 @@ const (
 	// TooManyHeaders: an IPv6 packet with more extension headers than the
 	// verdict walks to find its transport header.
 	TooManyHeaders
+	// AdminDeny: a Deny rule of an Admin tier ClusterNetworkPolicy
+	// matched first.
+	AdminDeny
+	// BaselineDeny: no NetworkPolicy isolates the direction and a Deny
+	// rule of a Baseline tier ClusterNetworkPolicy matched first.
+	BaselineDeny
 )
 
 func (r Reason) String() string {
@@ -54,6 +60,10 @@ func (r Reason) String() string {
 		return "first fragment without ports"
 	case TooManyHeaders:
 		return "too many extension headers"
+	case AdminDeny:
+		return "admin tier deny"
+	case BaselineDeny:
+		return "baseline tier deny"
 	}
 	return "reason " + strconv.Itoa(int(r))
 }
@@ -87,9 +97,15 @@ type Denial struct {
 	Peer  netip.Addr `json:"peer,omitzero"`
 	Port  uint16     `json:"port,omitempty"`
 	Local netip.Addr `json:"local,omitzero"`
-	// Policies are the policies that isolate the pod in Direction
-	// ("namespace/name", joined with ","): none of their rules admitted
-	// the flow. "(pending)" before the agent's first push.
+	// Layer is the layer that denied the flow: Admin or Baseline (a
+	// ClusterNetworkPolicy's Deny rule), NetworkPolicy (no rule of the
+	// isolating policies admits it); empty for a flow no layer was asked
+	// about (Reason says why).
+	Layer Tier `json:"layer,omitempty"`
+	// Policies are, for NetworkPolicy, the policies that isolate the pod
+	// in Direction ("namespace/name", joined with ","): none of their
+	// rules admitted the flow; "(pending)" before the agent's first push.
+	// For a tier, the ClusterNetworkPolicy whose Deny rule matched.
 	Policies string `json:"policies"`
 	// Reason is Reason's text: "no rule admits" for a flow the rules
 	// simply do not allow.

@@ -66,10 +66,22 @@ type DenialSink interface {
 // Attach gives m its denial counter for each isolated direction (counter
 // returns the one for a direction's label) and the sink of its denials.
 // Called once, before m is shared.
+//
+// A ClusterNetworkPolicy's denials count under its tier and name
+// ("Admin:name", "Baseline:name"), a NetworkPolicy denial under the
+// isolating policies' label.
 func (m *Matcher) Attach(counter func(d Dir, label string) *atomic.Uint64, sink DenialSink) {
 	for d := range m.dirs {
-		if dm := &m.dirs[d]; dm.isolated {
+		dm := &m.dirs[d]
+		if dm.npIsolated {
 			dm.denied = counter(Dir(d), dm.label)
+		}
+		for tier, rules := range map[Tier][]tierMatcher{TierAdmin: dm.admin, TierBaseline: dm.baseline} {
+			for i := range rules {
+				if rules[i].action == Deny {
+					rules[i].denied = counter(Dir(d), string(tier)+":"+rules[i].label)
+				}
+			}
 		}
 	}
 	m.sink = sink
@@ -81,7 +93,14 @@ type serviceKey struct {
 }
 
 type dirMatcher struct {
+	// isolated: anything can be denied (NetworkPolicy isolates the
+	// direction, or ClusterNetworkPolicy rules apply to it).
 	isolated bool
+	// npIsolated: NetworkPolicy isolates the direction.
+	npIsolated bool
+	// admin and baseline are the ClusterNetworkPolicy tiers' rules, in
+	// the order they are asked.
+	admin, baseline []tierMatcher
 	// label is the isolating policies joined with ",": the label of the
 	// direction's denial counter.
 	label string
@@ -157,7 +176,8 @@ type portKey struct {
 }
 
 func compileDir(d *Direction) dirMatcher {
-	dm := dirMatcher{isolated: d.Isolated, label: strings.Join(d.Policies, ",")}
+	dm := dirMatcher{isolated: d.Isolated || d.hasTiers(), npIsolated: d.Isolated, label: strings.Join(d.Policies, ",")}
+	dm.admin, dm.baseline = compileTier(d.Admin), compileTier(d.Baseline)
 	if !d.Isolated {
 		return dm
 	}
@@ -223,22 +243,52 @@ func (m *Matcher) Isolated(d Dir) bool { return m.dirs[d].isolated }
 // (of the pod for ingress, of the peer for egress; 0 for a protocol
 // without ports). When denied, policy is the label of the direction's
 // denial counter: its isolating policies joined with ",".
+//
+// The layers are asked in order: the Admin tier's rules, NetworkPolicy
+// (which decides whenever it isolates d), the Baseline tier's rules, then
+// the default, which allows. The node's addresses are let in before any
+// layer is asked.
 func (m *Matcher) Allow(d Dir, peer netip.Addr, proto uint8, port uint16) (allowed bool, policy string) {
+	ok, v := m.verdict(d, peer, proto, port)
+	return ok, v.label
+}
+
+// denier is the layer that denied a flow: the label its denial carries,
+// why, and its counter.
+type denier struct {
+	label  string
+	why    Reason
+	denied *atomic.Uint64
+}
+
+func (m *Matcher) verdict(d Dir, peer netip.Addr, proto uint8, port uint16) (bool, denier) {
 	dm := &m.dirs[d]
 	if !dm.isolated {
-		return true, ""
+		return true, denier{}
 	}
 	peer = peer.Unmap()
 	if d == Ingress && slices.Contains(m.node, peer) {
-		return true, ""
+		return true, denier{}
 	}
-	if dm.anyProto.contains(peer) {
-		return true, ""
+	if decided, ok, by := tierVerdict(dm.admin, peer, proto, port); decided {
+		if ok {
+			return true, denier{}
+		}
+		return false, denier{by.label, AdminDeny, by.denied}
 	}
-	if i := portIndex(proto); i >= 0 && dm.ports[i].allows(peer, port) {
-		return true, ""
+	if dm.npIsolated {
+		if dm.anyProto.contains(peer) {
+			return true, denier{}
+		}
+		if i := portIndex(proto); i >= 0 && dm.ports[i].allows(peer, port) {
+			return true, denier{}
+		}
+		return false, denier{dm.label, NoRuleAdmits, dm.denied}
 	}
-	return false, dm.label
+	if decided, ok, by := tierVerdict(dm.baseline, peer, proto, port); decided && !ok {
+		return false, denier{by.label, BaselineDeny, by.denied}
+	}
+	return true, denier{}
 }
 
 func (t *portTable) allows(peer netip.Addr, port uint16) bool {
@@ -271,9 +321,9 @@ func (m *Matcher) Check(d Dir, peer netip.Addr, proto uint8, port uint16) bool {
 
 // CheckFlow is Check of f, whose Local goes into the denial's record.
 func (m *Matcher) CheckFlow(f Flow) bool {
-	ok, _ := m.Allow(f.Dir, f.Peer, f.Proto, f.Port)
+	ok, v := m.verdict(f.Dir, f.Peer, f.Proto, f.Port)
 	if !ok {
-		m.Deny(f, NoRuleAdmits)
+		m.record(f, v)
 	}
 	return ok
 }
@@ -282,11 +332,21 @@ func (m *Matcher) CheckFlow(f Flow) bool {
 // verdict site that denies without Allow's say.
 func (m *Matcher) Deny(f Flow, why Reason) {
 	dm := &m.dirs[f.Dir]
-	if dm.denied != nil {
-		dm.denied.Add(1)
+	v := denier{label: dm.label, why: why, denied: dm.denied}
+	if !dm.npIsolated {
+		// Only ClusterNetworkPolicy rules apply to the direction: no
+		// NetworkPolicy's counter to count it under.
+		v.label, v.denied = "", nil
+	}
+	m.record(f, v)
+}
+
+func (m *Matcher) record(f Flow, v denier) {
+	if v.denied != nil {
+		v.denied.Add(1)
 	}
 	if m.sink != nil {
-		m.sink.Denied(time.Now(), f, why, dm.label, m.gen)
+		m.sink.Denied(time.Now(), f, v.why, v.label, m.gen)
 	}
 }
 

@@ -314,7 +314,7 @@ func TestUnmarshalRoundTrip(t *testing.T) {
 		t.Fatalf("round trip: got %+v, want %+v", q, p)
 	}
 	for _, bad := range []string{
-		`{"version":2}`,
+		`{"version":3}`,
 		`{"version":1,"ingress":{"isolated":true,"rules":[{"ports":[{"protocol":"ICMP"}]}]}}`,
 		`{"version":1,"ingress":{"isolated":true,"rules":[{"ports":[{"protocol":"TCP","first":90,"last":80}]}]}}`,
 		`{"version":1,"ingress":{"isolated":true,"rules":[{"ports":[{"protocol":"TCP","last":80}]}]}}`,

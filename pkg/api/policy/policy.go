@@ -21,7 +21,26 @@ import (
 // a policy of a version it does not know (the agent is newer than the
 // stack), and says so: the agent then restarts the stack with its own
 // binary rather than leave a pod open.
-const FormatVersion = 1
+//
+// Version 2 added the ClusterNetworkPolicy tiers (Direction.Admin and
+// Baseline), which a stack that reads version 1 would skip, leaving open
+// what an Admin tier denies. The agent writes version 1 for a policy
+// without them (Version), so that stacks that read only version 1 keep
+// taking the policies they can enforce.
+const FormatVersion = 2
+
+// tierlessVersion is the version of a policy without ClusterNetworkPolicy
+// rules: what version-1 stacks read.
+const tierlessVersion = 1
+
+// NeededVersion is the format version p needs: FormatVersion when it holds
+// ClusterNetworkPolicy rules, 1 otherwise.
+func (p *PodPolicy) NeededVersion() int {
+	if p.Ingress.hasTiers() || p.Egress.hasTiers() {
+		return FormatVersion
+	}
+	return tierlessVersion
+}
 
 // Protocol is an IP protocol number as Kubernetes names them.
 type Protocol string
@@ -82,6 +101,17 @@ type Direction struct {
 	Policies []string `json:"policies,omitempty"`
 	// Rules is the union of what those policies allow.
 	Rules []Rule `json:"rules,omitempty"`
+	// Admin and Baseline are the ClusterNetworkPolicy rules of the pod in
+	// this direction, each tier's in the order they are asked (by the
+	// policy's priority, then its name, then the rule's place in it). A
+	// connection meets the Admin tier, then NetworkPolicy (Isolated,
+	// Rules), then the Baseline tier, then the default, which allows:
+	// the first rule that matches in a tier decides (Accept, Deny) or
+	// hands over to the next layer (Pass); a tier where no rule matches
+	// hands over too. NetworkPolicy decides for every connection of a
+	// direction it isolates.
+	Admin    []TierRule `json:"admin,omitempty"`
+	Baseline []TierRule `json:"baseline,omitempty"`
 }
 
 // Backend is one endpoint a Service port leads to.
@@ -117,7 +147,7 @@ type PodPolicy struct {
 	// requires, whatever Ingress says.
 	Node []netip.Addr `json:"node,omitempty"`
 	// Services are the cluster's Service VIPs with their backends, sent
-	// only when Egress is isolated.
+	// only when Egress can deny (isolated, or ClusterNetworkPolicy rules).
 	Services []Service `json:"services,omitempty"`
 }
 
@@ -135,8 +165,11 @@ func Closed(node []netip.Addr) *PodPolicy {
 
 // Validate reports the first problem with p.
 func (p *PodPolicy) Validate() error {
-	if p.Version != FormatVersion {
-		return fmt.Errorf("policy format version %d, this stack reads %d", p.Version, FormatVersion)
+	if p.Version != FormatVersion && p.Version != tierlessVersion {
+		return fmt.Errorf("policy format version %d, this stack reads %d and %d", p.Version, tierlessVersion, FormatVersion)
+	}
+	if p.Version < p.NeededVersion() {
+		return fmt.Errorf("policy format version %d holds ClusterNetworkPolicy rules, which need version %d", p.Version, p.NeededVersion())
 	}
 	for _, d := range []struct {
 		name string
@@ -145,6 +178,13 @@ func (p *PodPolicy) Validate() error {
 		for i, r := range d.d.Rules {
 			if err := r.validate(); err != nil {
 				return fmt.Errorf("%s rule %d (%s): %w", d.name, i, r.Policy, err)
+			}
+		}
+		for tier, rules := range map[Tier][]TierRule{TierAdmin: d.d.Admin, TierBaseline: d.d.Baseline} {
+			for i, r := range rules {
+				if err := r.validate(); err != nil {
+					return fmt.Errorf("%s %s tier rule %d (%s): %w", d.name, tier, i, r.Policy, err)
+				}
 			}
 		}
 	}

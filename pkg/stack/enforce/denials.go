@@ -113,7 +113,7 @@ func (l *denialLog) recent() (out []policy.Denial, suppressed uint64) {
 		out = append(out, policy.Denial{
 			Time: d.at, Direction: d.flow.Dir.String(), Protocol: policy.ProtoName(d.flow.Proto),
 			Peer: d.flow.Peer, Port: d.flow.Port, Local: d.flow.Local,
-			Policies: d.label, Reason: d.why.String(), Generation: d.gen,
+			Layer: d.why.Layer(), Policies: d.label, Reason: d.why.String(), Generation: d.gen,
 		})
 	}
 	return out, l.agg.total
@@ -157,13 +157,13 @@ func (ln *logLine) log(logger *slog.Logger) {
 	case lineRepeated:
 		f := ln.d.flow
 		logger.Info("network policy denied, repeated", "direction", f.Dir.String(), "protocol", policy.ProtoName(f.Proto), "peer", f.Peer,
-			"port", f.Port, "local", f.Local, "policies", ln.d.label, "reason", ln.d.why.String(), "generation", ln.d.gen,
+			"port", f.Port, "local", f.Local, "layer", ln.d.why.Layer(), "policies", ln.d.label, "reason", ln.d.why.String(), "generation", ln.d.gen,
 			"suppressed", ln.count, "since", ln.since)
 		return
 	}
 	f := ln.d.flow
 	logger.Info("network policy denied", "direction", f.Dir.String(), "protocol", policy.ProtoName(f.Proto), "peer", f.Peer,
-		"port", f.Port, "local", f.Local, "policies", ln.d.label, "reason", ln.d.why.String(), "generation", ln.d.gen)
+		"port", f.Port, "local", f.Local, "layer", ln.d.why.Layer(), "policies", ln.d.label, "reason", ln.d.why.String(), "generation", ln.d.gen)
 }
 
 func logLines(logger *slog.Logger, lines []logLine) {

@@ -107,7 +107,7 @@ func TestRecentDenials(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{`"recentDenials":[{"time":"`, `"direction":"egress","protocol":"ICMPv6","peer":"fd00::9","local":"fd00::2","policies":"ns/out","reason":"no rule admits","generation":7}`} {
+	for _, want := range []string{`"recentDenials":[{"time":"`, `"direction":"egress","protocol":"ICMPv6","peer":"fd00::9","local":"fd00::2","layer":"NetworkPolicy","policies":"ns/out","reason":"no rule admits","generation":7}`} {
 		if !strings.Contains(string(b), want) {
 			t.Errorf("status JSON without %s: %s", want, b)
 		}
@@ -164,7 +164,7 @@ func TestDenialLogLines(t *testing.T) {
 		t.Fatalf("log lines for 25 denials at once: got %d, want 10 (up to 20 across two windows)", lines)
 	}
 	want := map[string]string{"msg": "network policy denied", "direction": "ingress", "protocol": "TCP", "peer": "10.9.0.1",
-		"port": "8000", "local": "10.0.0.2", "policies": "ns/a,ns/b", "reason": "no rule admits", "generation": "7"}
+		"port": "8000", "local": "10.0.0.2", "layer": "NetworkPolicy", "policies": "ns/a,ns/b", "reason": "no rule admits", "generation": "7"}
 	got := h.attrs(0)
 	for k, v := range want {
 		if got[k] != v {
