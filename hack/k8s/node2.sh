@@ -249,8 +249,7 @@ up() {
   echo "cgroupRoot: /$N2_CGROUP" >>"$ETC/kubelet-$NODE2.yaml"
   n2_start_daemon kubelet-node2 "$BIN/kubelet" \
     --config="$ETC/kubelet-$NODE2.yaml" --kubeconfig="$STATE/kubelet-$NODE2.kubeconfig" \
-    --hostname-override="$NODE2" --node-ip="$NODE2_IP${DUAL:+,$NODE2_IP6}" \
-    --pod-infra-container-image="$PAUSE_IMAGE" --v=1
+    --hostname-override="$NODE2" --node-ip="$NODE2_IP${DUAL:+,$NODE2_IP6}" --v=1
 
   # ------------------------------------------------------------ kube-proxy
   sed -e "s#^hostnameOverride: .*#hostnameOverride: $NODE2#" \

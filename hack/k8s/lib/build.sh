@@ -8,12 +8,20 @@ FLANNEL_SRC=$(cd "$LAB/../../third_party/flannel" && pwd)
 . "$LAB/lib/common.sh"
 CRICTL_VERSION=${CRICTL_VERSION:-v1.34.0}
 mkdir -p "$BIN"
+# Each release's binaries are built once into a directory of their own
+# ($PREFIX/kubernetes/<version>, from the toolmod that pins it:
+# lib/common.sh) and copied to $BIN when the lab runs that release, so
+# that moving between the default and K8S_LAB_KUBERNETES=1.35 costs a copy,
+# not a build.
+KDIR=$PREFIX/kubernetes/$K8S_VERSION
+mkdir -p "$KDIR"
+has_version() { # BINARY: whether it reports $K8S_VERSION
+  local v=--version; [ "${1##*/}" = kubectl ] && v="version --client"
+  [ -x "$1" ] && "$1" $v 2>/dev/null | grep -qw "$K8S_VERSION"
+}
 pkgs=()
 for b in kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl; do
-  v=--version; [ "$b" = kubectl ] && v="version --client"
-  if ! { [ -x "$BIN/$b" ] && "$BIN/$b" $v 2>/dev/null | grep -qw "$K8S_VERSION"; }; then
-    pkgs+=("k8s.io/kubernetes/cmd/$b")
-  fi
+  has_version "$KDIR/$b" || pkgs+=("k8s.io/kubernetes/cmd/$b")
 done
 if [ ${#pkgs[@]} -gt 0 ]; then
   minor=$(echo "$K8S_VERSION" | cut -d. -f2)
@@ -21,11 +29,15 @@ if [ ${#pkgs[@]} -gt 0 ]; then
   for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
     ld="$ld -X $p.gitVersion=$K8S_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
   done
-  log "building ${pkgs[*]##*/} (the slow part: about 10 min on 2 cores with empty Go caches)"
+  log "building Kubernetes $K8S_VERSION: ${pkgs[*]##*/} (${K8S_TOOLMOD#"$LAB/"}/go.mod; the slow part: about 10 min on 2 cores with empty Go caches)"
   s=$(date +%s)
-  (cd "$LAB/toolmod" && CGO_ENABLED=0 nice -n 19 go build -trimpath -ldflags "$ld" -o "$BIN/" "${pkgs[@]}")
+  (cd "$K8S_TOOLMOD" && CGO_ENABLED=0 nice -n 19 go build -trimpath -ldflags "$ld" -o "$KDIR/" "${pkgs[@]}")
   log "built in $(( $(date +%s) - s ))s"
 fi
+for b in kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl; do
+  # (renamed into place: a running daemon keeps its old file)
+  has_version "$BIN/$b" || { cp "$KDIR/$b" "$BIN/.$b.new" && mv -f "$BIN/.$b.new" "$BIN/$b"; }
+done
 if ! [ -x "$BIN/crictl" ]; then
   log "building crictl $CRICTL_VERSION"
   GOBIN=$BIN CGO_ENABLED=0 nice -n 19 go install -trimpath -ldflags "-s -w" "sigs.k8s.io/cri-tools/cmd/crictl@$CRICTL_VERSION"
