@@ -147,11 +147,24 @@ for ipt in iptables ip6tables; do
 done
 # (both families: a dual-stack lab has the same guard and portmap chains
 # in ip6tables)
+# The guard (up.sh) must have stayed in place until now, hooked and with
+# its rule for the Service range, or lab traffic may have left the
+# machine during the run: said, and down.sh exits non-zero.
+guard_gone=
 for ipt in iptables ip6tables; do
-  if $ipt -w -S K8S-LAB-GUARD >/dev/null 2>&1; then
-    $ipt -w -D FORWARD -j K8S-LAB-GUARD 2>/dev/null || true
-    $ipt -w -F K8S-LAB-GUARD; $ipt -w -X K8S-LAB-GUARD
+  svc=$SVC_CIDR; [ $ipt = ip6tables ] && svc=$SVC_CIDR6
+  # (a dual-stack lab's: ip6tables' guard exists only there)
+  if $ipt -w -S K8S-LAB-GUARD >/dev/null 2>&1 || $ipt -w -S K8S-LAB-GUARD-OUT >/dev/null 2>&1; then
+    for hook in "FORWARD K8S-LAB-GUARD -j DROP" "OUTPUT K8S-LAB-GUARD-OUT -d $svc -j REJECT"; do
+      set -- $hook
+      $ipt -w -C "$1" -j "$2" 2>/dev/null && $ipt -w -S "$2" 2>/dev/null | grep -q -- " ${*:3}" ||
+        { log "WARNING: $ipt's $2 was no longer in $1 with its rule '${*:3}'"; guard_gone=1; }
+    done
   fi
+  for hook in FORWARD:K8S-LAB-GUARD OUTPUT:K8S-LAB-GUARD-OUT; do
+    while $ipt -w -D "${hook%%:*}" -j "${hook#*:}" 2>/dev/null; do :; done
+    $ipt -w -F "${hook#*:}" 2>/dev/null && $ipt -w -X "${hook#*:}"
+  done
   # portmap plugin chains (only present if a pod used hostPort)
   for c in CNI-HOSTPORT-DNAT CNI-HOSTPORT-SNAT CNI-HOSTPORT-MASQ CNI-HOSTPORT-SETMARK; do
     $ipt -w -t nat -S "$c" >/dev/null 2>&1 || continue
@@ -218,3 +231,4 @@ if [ $purge = 1 ]; then
     /etc/cni/net.d/99-k8s-lab-ptp.conflist /etc/crictl.yaml "$RUNDIR"
 fi
 log "teardown done"
+[ -z "$guard_gone" ] || { log "ERROR: the lab's guard was gone before the teardown (see WARNING above)"; exit 1; }

@@ -14,8 +14,10 @@
 # Usage: hack/k8s/up.sh                   build what is missing, start everything
 #        K8S_LAB_DEFAULT_CNI=1 hack/k8s/up.sh   also install a fallback ptp conflist
 #                                                 (and smoke-test a pod on it)
-#        K8S_LAB_CONTAINERD=2 hack/k8s/up.sh    containerd 2 (containerd2/go.mod) on both
-#                                                 nodes instead of Debian's 1.6
+#        K8S_LAB_CONTAINERD=1 hack/k8s/up.sh    Debian's containerd 1.6 on both nodes
+#                                                 instead of containerd 2 (containerd2/go.mod)
+#        K8S_LAB_KUBERNETES=1.35 hack/k8s/up.sh Kubernetes 1.35 (toolmod-1.35) instead of
+#                                                 toolmod's 1.37 (fixed when the cluster is made)
 #        K8S_LAB_PROXY_MODE=nftables hack/k8s/up.sh   kube-proxy in nftables mode on both
 #                                                 nodes (default iptables; a running lab
 #                                                 switches, see "kube-proxy" below)
@@ -48,6 +50,12 @@ if [ -n "${K8S_LAB_IP_FAMILY:-}" ] && [ -n "$IP_FAMILY_RUNNING" ] && [ "$K8S_LAB
   die "the lab's cluster is $IP_FAMILY_RUNNING, K8S_LAB_IP_FAMILY asks for $K8S_LAB_IP_FAMILY: hack/k8s/down.sh --purge first"
 fi
 echo "$IP_FAMILY" >"$IP_FAMILY_FILE"
+# (the release a cluster was made with: lib/common.sh's K8S_LAB_KUBERNETES)
+K8S_VERSION_FILE=$STATE/kubernetes-version
+if [ -f "$K8S_VERSION_FILE" ] && [ "$(cat "$K8S_VERSION_FILE")" != "$K8S_VERSION" ]; then
+  die "the lab's cluster is Kubernetes $(cat "$K8S_VERSION_FILE"), this run asks for $K8S_VERSION (K8S_LAB_KUBERNETES=${K8S_LAB_KUBERNETES:-}): hack/k8s/down.sh --purge first"
+fi
+echo "$K8S_VERSION" >"$K8S_VERSION_FILE"
 
 t0=$(date +%s)
 log "k8s-lab setup: Kubernetes $K8S_VERSION, node $NODE ($NODE_IP${DUAL:+, $NODE_IP6}), pods $POD_NETS, Services $SVC_CIDRS"
@@ -90,22 +98,47 @@ sysctl -qw net.ipv4.ip_forward=1 net.bridge.bridge-nf-call-iptables=1
 if [ -n "$DUAL" ]; then
   ip -6 addr show dev lo | grep -q " $NODE_IP6/128" || ip -6 addr add "$NODE_IP6/128" dev lo
   sysctl -qw net.ipv6.conf.all.forwarding=1
-  # The same guard for IPv6: this machine kind's eth0 may have an IPv6
-  # default route, and pods' IPv6 traffic must not take it.
-  if ! ip6tables -w -S K8S-LAB-GUARD >/dev/null 2>&1; then ip6tables -w -N K8S-LAB-GUARD; fi
-  ip6tables -w -C FORWARD -j K8S-LAB-GUARD 2>/dev/null || ip6tables -w -I FORWARD 1 -j K8S-LAB-GUARD
-  ip6tables -w -F K8S-LAB-GUARD
-  ip6tables -w -A K8S-LAB-GUARD -s "$POD_NET6" -d "$NODE2_IP6" -o k8slab-n2 -j RETURN
-  ip6tables -w -A K8S-LAB-GUARD -s "$POD_NET6" ! -d "$POD_NET6" -j DROP
 fi
-# Guard: pod-network traffic may only go to the pod network (or this host, which
-# is INPUT, not FORWARD): nothing a pod sends is forwarded off this machine.
-if ! iptables -w -S K8S-LAB-GUARD >/dev/null 2>&1; then iptables -w -N K8S-LAB-GUARD; fi
-iptables -w -C FORWARD -j K8S-LAB-GUARD 2>/dev/null || iptables -w -I FORWARD 1 -j K8S-LAB-GUARD
-iptables -w -F K8S-LAB-GUARD
-# (node 2's address, only over the lab's own link to it, for NodePorts there)
-iptables -w -A K8S-LAB-GUARD -s "$POD_NET" -d "$NODE2_IP" -o k8slab-n2 -j RETURN
-iptables -w -A K8S-LAB-GUARD -s "$POD_NET" ! -d "$POD_NET" -j DROP
+# The guard: no lab traffic leaves this machine, in either family (this
+# machine kind's eth0 may have an IPv6 default route too).
+# - K8S-LAB-GUARD, first in FORWARD: what this host forwards, node 2's own
+#   traffic and every pod's. Anything for a lab range (nodes, router
+#   links, pods, Services) that would leave by a default route's device is
+#   refused: a request to a Service's ClusterIP that no kube-proxy
+#   translates (the Service is gone; upstream's Services specs curl one
+#   from a hostNetwork pod) would otherwise follow the default route. And
+#   pod-network traffic may only go to the pod network (or this host,
+#   which is INPUT, not FORWARD), or to node 2 over the lab's own link.
+# - K8S-LAB-GUARD-OUT, first in OUTPUT: this node's own traffic (its
+#   processes, hostNetwork pods), for the Service ranges only, whatever
+#   the device. In OUTPUT `-o` is the device routed to before kube-proxy's
+#   DNAT, while `-d` is the address after it: a rule on the pod or node
+#   ranges leaving by eth0 would also refuse every translated request (the
+#   kubernetes Service, translated to the API server on lo, was routed to
+#   eth0 first) and stop the agents. A Service address still in `-d` is one
+#   no kube-proxy rule translated, which has nowhere to go but out.
+# down.sh checks that both were still in place at the end.
+guard() { # IPT DEVICES RANGES SVC POD_NET NODE2_ADDR
+  local ipt=$1 devs=$2 nets=$3 svc=$4 pods=$5 node2=$6 dev net
+  for c in K8S-LAB-GUARD K8S-LAB-GUARD-OUT; do
+    $ipt -w -S "$c" >/dev/null 2>&1 || $ipt -w -N "$c"
+    $ipt -w -F "$c"
+  done
+  $ipt -w -C FORWARD -j K8S-LAB-GUARD 2>/dev/null || $ipt -w -I FORWARD 1 -j K8S-LAB-GUARD
+  $ipt -w -C OUTPUT -j K8S-LAB-GUARD-OUT 2>/dev/null || $ipt -w -I OUTPUT 1 -j K8S-LAB-GUARD-OUT
+  for dev in $devs; do
+    for net in $nets; do $ipt -w -A K8S-LAB-GUARD -d "$net" -o "$dev" -j REJECT; done
+  done
+  $ipt -w -A K8S-LAB-GUARD-OUT -d "$svc" -j REJECT
+  # (node 2's address, only over the lab's own link to it, for NodePorts there)
+  $ipt -w -A K8S-LAB-GUARD -s "$pods" -d "$node2" -o k8slab-n2 -j RETURN
+  $ipt -w -A K8S-LAB-GUARD -s "$pods" ! -d "$pods" -j DROP
+}
+default_devs() { # -4|-6: the devices of this machine's default routes
+  ip "$1" route show default | sed -n 's/.* dev \([^ ]*\).*/\1/p' | sort -u | tr '\n' ' '
+}
+guard iptables "$(default_devs -4)" "$LAB_NETS" "$SVC_CIDR" "$POD_NET" "$NODE2_IP"
+[ -n "$DUAL" ] && guard ip6tables "$(default_devs -6)" "$LAB_NETS6" "$SVC_CIDR6" "$POD_NET6" "$NODE2_IP6"
 
 # Pods' network namespaces (/run/netns) must be on a shared mount for a
 # DaemonSet to mount them with HostToContainer propagation (cni-usernet's
@@ -299,7 +332,7 @@ authorization: {mode: Webhook}
 tlsCertFile: $PKI/kubelet-serving.crt
 tlsPrivateKeyFile: $PKI/kubelet-serving.key
 cgroupDriver: cgroupfs
-failCgroupV1: false
+failCgroupV1: false   # this machine's cgroups are v1, which 1.35 and later refuse unless told
 failSwapOn: false
 oomScoreAdj: 0   # -999 (default) needs CAP_SYS_RESOURCE, which this VM's root lacks
 containerRuntimeEndpoint: unix:///run/containerd/containerd.sock
@@ -316,8 +349,7 @@ echo "nameserver $DNS_IP" >"$ETC/resolv.conf"
 mkdir -p /var/lib/kubelet
 start_daemon kubelet "$BIN/kubelet" \
   --config="$ETC/kubelet.yaml" --kubeconfig="$STATE/kubelet.kubeconfig" \
-  --hostname-override="$NODE" --node-ip="$NODE_IP${DUAL:+,$NODE_IP6}" \
-  --pod-infra-container-image="$PAUSE_IMAGE" --v=1
+  --hostname-override="$NODE" --node-ip="$NODE_IP${DUAL:+,$NODE_IP6}" --v=1
 
 # ---------------------------------------------------------------- kube-proxy
 if [ -x "$BIN/kube-proxy" ]; then
