@@ -46,7 +46,10 @@ type Compiler struct {
 	*podView
 	// policies are the policies of each namespace, sorted by name.
 	policies map[string][]*parsedPolicy
-	snap     *Snapshot
+	// cnps are the ClusterNetworkPolicies in the order a connection
+	// meets them (clusterPolicies).
+	cnps []*parsedCNP
+	snap *Snapshot
 
 	mu sync.Mutex // guards the three below
 	// podSets are the pods a peer's selectors select, by the selectors'
@@ -135,13 +138,18 @@ func NewIndexedCompiler(idx Indexes, snap *Snapshot, local []LocalPod) *Compiler
 	for _, ps := range c.policies {
 		slices.SortFunc(ps, func(a, b *parsedPolicy) int { return strings.Compare(a.name, b.name) })
 	}
+	c.cnps = clusterPolicies(snap)
 	return c
 }
 
 // egress is the matcher and Services of egress d (its rules those of
 // d.Policies), made once per Compiler for each set of policies.
-func (c *Compiler) egress(d policy.Direction, node []netip.Addr) *egressResult {
-	key := fmt.Sprintf("%q %v", d.Policies, node)
+//
+// The ClusterNetworkPolicies' rules do not depend on the pod they apply
+// to: tiers, the names of the ClusterNetworkPolicies whose egress rules
+// d holds, in order, tell d's tiers apart.
+func (c *Compiler) egress(d policy.Direction, tiers []string, node []netip.Addr) *egressResult {
+	key := fmt.Sprintf("%q %q %v", d.Policies, tiers, node)
 	c.mu.Lock()
 	e := c.egressOf[key]
 	if e == nil {
@@ -152,7 +160,7 @@ func (c *Compiler) egress(d policy.Direction, node []netip.Addr) *egressResult {
 	e.once.Do(func() {
 		e.matcher, e.err = policy.Compile(&policy.PodPolicy{Version: policy.FormatVersion, Egress: d})
 		if e.err == nil {
-			e.services, e.carried = c.serviceTable().forPod(e.matcher, d.Rules, node)
+			e.services, e.carried = c.serviceTable().forPod(e.matcher, admitting(d), node)
 		}
 	})
 	return e
@@ -227,7 +235,7 @@ func cleanAddrs(addrs []netip.Addr) []netip.Addr {
 }
 
 // Compile returns pod's policy, and the warnings of the policies that
-// select it (and of the Services, when its egress is isolated): each names
+// select it (and of the Services, when its egress can deny): each names
 // a part that was skipped and allows nothing. A pod without its API object
 // gets policy.Closed.
 //
@@ -257,7 +265,7 @@ func (c *Compiler) CompilePod(pod LocalPod, node []netip.Addr, generation uint64
 		p.Generation = generation
 		return Compiled{Policy: p, Warnings: []Warning{{Object: "(pod)", Message: "no pod object to compile: closed"}}}
 	}
-	out := &policy.PodPolicy{Version: policy.FormatVersion, Generation: generation}
+	out := &policy.PodPolicy{Generation: generation}
 	if len(nodeAddrs) > 0 {
 		out.Node = nodeAddrs
 	}
@@ -287,13 +295,35 @@ func (c *Compiler) CompilePod(pod LocalPod, node []netip.Addr, generation uint64
 			out.Egress.Rules = append(out.Egress.Rules, b.egress...)
 		}
 	}
-	if out.Egress.Isolated {
+	var egressTiers []string
+	nsLabels := namespaceLabels(pod.Pod.Metadata.Namespace, c.nsLabels[pod.Pod.Metadata.Namespace])
+	for _, cp := range c.cnps {
+		deps.cnp = true
+		if !cp.selects(labels, nsLabels) {
+			continue
+		}
+		b := cp.resolved(c)
+		deps.addPeers(b.peers)
+		warnings = append(warnings, cp.warnings...)
+		warnings = append(warnings, b.warnings...)
+		in, eg := &out.Ingress.Baseline, &out.Egress.Baseline
+		if cp.admin {
+			in, eg = &out.Ingress.Admin, &out.Egress.Admin
+		}
+		*in = append(*in, b.ingress...)
+		*eg = append(*eg, b.egress...)
+		if len(b.egress) > 0 {
+			egressTiers = append(egressTiers, cp.name)
+		}
+	}
+	out.Version = out.NeededVersion()
+	if out.Egress.Isolated || out.Egress.HasTiers() {
 		t := c.serviceTable()
 		warnings = append(warnings, t.warnings...)
 		// The stack's own matcher decides which backends the rules
 		// admit, so that what is carried is what the stack would pick
 		// from, exactly.
-		e := c.egress(out.Egress, nodeAddrs)
+		e := c.egress(out.Egress, egressTiers, nodeAddrs)
 		if e.err != nil {
 			// Cannot happen (the compiler's rules are valid); carry
 			// nothing rather than guess: the stack refuses the policy
@@ -305,4 +335,22 @@ func (c *Compiler) CompilePod(pod LocalPod, node []netip.Addr, generation uint64
 		}
 	}
 	return Compiled{Policy: out, Warnings: warnings, Deps: deps}
+}
+
+// admitting is what can admit a connection in egress d, as rules: every
+// address when no NetworkPolicy isolates d (the default, the Baseline
+// tier's Accept); else the NetworkPolicies' rules and the Admin tier's
+// Accept rules. Only the Services with a backend or address among them
+// can be carried.
+func admitting(d policy.Direction) []policy.Rule {
+	if !d.Isolated {
+		return []policy.Rule{{}}
+	}
+	rules := d.Rules
+	for _, r := range d.Admin {
+		if r.Action == policy.Accept {
+			rules = append(slices.Clip(rules), policy.Rule{Policy: r.Policy, Peers: r.Peers, Ports: r.Ports})
+		}
+	}
+	return rules
 }

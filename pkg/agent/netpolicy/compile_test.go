@@ -375,7 +375,7 @@ func TestCompiledPolicy(t *testing.T) {
 	node := []netip.Addr{netip.MustParseAddr("fd00:ffff::10"), netip.MustParseAddr("192.168.0.10"), netip.MustParseAddr("::ffff:192.168.0.10")}
 	got := Compile(s, LocalPod{Pod: s.Pods["x/a"]}, node, 42)
 	want := &policy.PodPolicy{
-		Version:    policy.FormatVersion,
+		Version:    1, // no ClusterNetworkPolicy rule: what version-1 stacks read
 		Generation: 42,
 		Ingress: policy.Direction{
 			Isolated: true,

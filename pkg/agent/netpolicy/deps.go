@@ -38,6 +38,9 @@ type Deps struct {
 	// services are the Services carried ("namespace/name"), deny
 	// entries included.
 	services map[string]bool
+	// cnp: ClusterNetworkPolicies were compiled, whose subjects select by
+	// the pod's namespace's labels.
+	cnp bool
 }
 
 type peerDep struct {
@@ -50,7 +53,13 @@ func newDeps(pod *Pod) *Deps {
 }
 
 func (d *Deps) addPolicy(b *policyBody) {
-	for _, ps := range b.peers {
+	d.addPeers(b.peers)
+	d.namedAll = d.namedAll || b.namedAll
+	d.namedBlocks = append(d.namedBlocks, b.namedBlocks...)
+}
+
+func (d *Deps) addPeers(peers []*peerSet) {
+	for _, ps := range peers {
 		for _, sel := range ps.sels {
 			k := sel.key
 			if sel.ns == nil {
@@ -62,8 +71,6 @@ func (d *Deps) addPolicy(b *policyBody) {
 			}
 		}
 	}
-	d.namedAll = d.namedAll || b.namedAll
-	d.namedBlocks = append(d.namedBlocks, b.namedBlocks...)
 }
 
 // Change is one change of a watched object, prepared once and then
@@ -204,27 +211,37 @@ func hasNamedPort(cs []Container) bool {
 // its labels (with the name label every namespace has) did not change.
 // It affects the pods whose peers' namespaceSelectors select it before or
 // after: its pods join or leave those peers.
+//
+// It also affects the namespace's own pods when ClusterNetworkPolicies
+// were compiled: their subjects select by the namespace's labels.
 func NamespaceChange(old, new *Namespace) Change {
 	var c namespaceChange
 	for _, ns := range []*Namespace{old, new} {
 		if ns != nil {
-			c = append(c, namespaceLabels(ns.Metadata.Name, ns.Metadata.Labels))
+			c.name = ns.Metadata.Name
+			c.labels = append(c.labels, namespaceLabels(ns.Metadata.Name, ns.Metadata.Labels))
 		}
 	}
-	if len(c) == 2 && maps.Equal(c[0], c[1]) {
+	if len(c.labels) == 2 && maps.Equal(c.labels[0], c.labels[1]) {
 		return nil
 	}
 	return c
 }
 
-type namespaceChange []map[string]string
+type namespaceChange struct {
+	name   string
+	labels []map[string]string
+}
 
 func (c namespaceChange) Affects(d *Deps) bool {
+	if d.cnp && d.ns == c.name {
+		return true
+	}
 	for _, p := range d.peers {
 		if p.sel.ns == nil {
 			continue
 		}
-		for _, l := range c {
+		for _, l := range c.labels {
 			if p.sel.ns.matches(l) {
 				return true
 			}
@@ -378,3 +395,18 @@ func (c sliceChange) Affects(d *Deps) bool {
 	}
 	return false
 }
+
+// ClusterPolicyChange is a ClusterNetworkPolicy added (old nil), changed
+// or deleted (new nil); nil when its spec did not change. Its subject
+// selects by namespace labels, which Deps does not keep: it affects every
+// pod (ClusterNetworkPolicies are few and change seldom).
+func ClusterPolicyChange(old, new *ClusterNetworkPolicy) Change {
+	if old != nil && new != nil && reflect.DeepEqual(old.Spec, new.Spec) && slices.Equal(old.Unknown, new.Unknown) {
+		return nil
+	}
+	return everyPod{}
+}
+
+type everyPod struct{}
+
+func (everyPod) Affects(*Deps) bool { return true }

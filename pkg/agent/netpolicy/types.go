@@ -226,11 +226,14 @@ type EndpointPort struct {
 // compiler's whole input besides the pod being compiled. Keys are
 // "namespace/name" (a Namespace's: its name).
 type Snapshot struct {
-	Policies       map[string]*NetworkPolicy
-	Pods           map[string]*Pod
-	Namespaces     map[string]*Namespace
-	Services       map[string]*Service
-	EndpointSlices map[string]*EndpointSlice
+	Policies map[string]*NetworkPolicy
+	// ClusterPolicies are the ClusterNetworkPolicies, by name; nil when
+	// the agent does not watch them.
+	ClusterPolicies map[string]*ClusterNetworkPolicy
+	Pods            map[string]*Pod
+	Namespaces      map[string]*Namespace
+	Services        map[string]*Service
+	EndpointSlices  map[string]*EndpointSlice
 }
 
 // LocalPod is a pod on this node being compiled: its API object (for

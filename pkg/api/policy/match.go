@@ -176,7 +176,7 @@ type portKey struct {
 }
 
 func compileDir(d *Direction) dirMatcher {
-	dm := dirMatcher{isolated: d.Isolated || d.hasTiers(), npIsolated: d.Isolated, label: strings.Join(d.Policies, ",")}
+	dm := dirMatcher{isolated: d.Isolated || d.HasTiers(), npIsolated: d.Isolated, label: strings.Join(d.Policies, ",")}
 	dm.admin, dm.baseline = compileTier(d.Admin), compileTier(d.Baseline)
 	if !d.Isolated {
 		return dm

@@ -36,7 +36,7 @@ const tierlessVersion = 1
 // NeededVersion is the format version p needs: FormatVersion when it holds
 // ClusterNetworkPolicy rules, 1 otherwise.
 func (p *PodPolicy) NeededVersion() int {
-	if p.Ingress.hasTiers() || p.Egress.hasTiers() {
+	if p.Ingress.HasTiers() || p.Egress.HasTiers() {
 		return FormatVersion
 	}
 	return tierlessVersion

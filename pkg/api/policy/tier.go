@@ -60,8 +60,8 @@ func (r *TierRule) validate() error {
 	return (&Rule{Policy: r.Policy, Peers: r.Peers, Ports: r.Ports}).validate()
 }
 
-// hasTiers reports whether d holds any ClusterNetworkPolicy rule.
-func (d *Direction) hasTiers() bool { return len(d.Admin) > 0 || len(d.Baseline) > 0 }
+// HasTiers reports whether d holds any ClusterNetworkPolicy rule.
+func (d *Direction) HasTiers() bool { return len(d.Admin) > 0 || len(d.Baseline) > 0 }
 
 // tierMatcher is one TierRule compiled.
 type tierMatcher struct {

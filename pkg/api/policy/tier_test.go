@@ -66,7 +66,7 @@ func TestTierOrder(t *testing.T) {
 		},
 		{
 			name: "baseline accept before its deny",
-			dir: policy.Direction{Baseline: []policy.TierRule{tierRule("base", policy.Accept, tenant), tierRule("base", policy.Deny, nil)}},
+			dir:  policy.Direction{Baseline: []policy.TierRule{tierRule("base", policy.Accept, tenant), tierRule("base", policy.Deny, nil)}},
 			peer: "10.0.0.5", port: 80, want: true,
 		},
 		{
@@ -89,22 +89,22 @@ func TestTierOrder(t *testing.T) {
 		},
 		{
 			name: "the earlier admin rule decides: accept before deny",
-			dir: policy.Direction{Admin: []policy.TierRule{tierRule("first", policy.Accept, tenant), tierRule("second", policy.Deny, tenant)}},
+			dir:  policy.Direction{Admin: []policy.TierRule{tierRule("first", policy.Accept, tenant), tierRule("second", policy.Deny, tenant)}},
 			peer: "10.0.0.5", port: 80, want: true,
 		},
 		{
 			name: "the earlier admin rule decides: deny before accept",
-			dir: policy.Direction{Admin: []policy.TierRule{tierRule("first", policy.Deny, tenant), tierRule("second", policy.Accept, tenant)}},
+			dir:  policy.Direction{Admin: []policy.TierRule{tierRule("first", policy.Deny, tenant), tierRule("second", policy.Accept, tenant)}},
 			peer: "10.0.0.5", port: 80, want: false, why: policy.AdminDeny, wantLabel: "first",
 		},
 		{
 			name: "a rule's ports: another port is not matched",
-			dir: policy.Direction{Admin: []policy.TierRule{tierRule("d", policy.Deny, tenant, ports(policy.TCP, 8000, 8080))}},
+			dir:  policy.Direction{Admin: []policy.TierRule{tierRule("d", policy.Deny, tenant, ports(policy.TCP, 8000, 8080))}},
 			peer: "10.0.0.5", port: 80, want: true,
 		},
 		{
 			name: "a rule's ports: a port of the range is",
-			dir: policy.Direction{Admin: []policy.TierRule{tierRule("d", policy.Deny, tenant, ports(policy.TCP, 8000, 8080))}},
+			dir:  policy.Direction{Admin: []policy.TierRule{tierRule("d", policy.Deny, tenant, ports(policy.TCP, 8000, 8080))}},
 			peer: "10.0.0.5", port: 8042, want: false, why: policy.AdminDeny, wantLabel: "d",
 		},
 	}
