@@ -9,10 +9,15 @@
 # `ctr images import` accepts. Users with a registry can build Containerfile instead.
 #   hack/image.sh [OUT_TAR]     default bin/cni-usernet-image.tar
 #   IMAGE=registry.example/cni-usernet:v1 hack/image.sh    another reference
+#   (default: the one manifests/cni-usernet.yaml names, below)
 # The image is reproducible: same sources, same Go, same bytes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-IMAGE=${IMAGE:-ghcr.io/cni-usernet/cni-usernet:dev}
+# (by default the image manifests/cni-usernet.yaml names: the chart's
+# repository at its appVersion, the coming release's tag, so that the
+# manifest runs this tree's image once it is imported on the nodes)
+chart=charts/cni-usernet
+IMAGE=${IMAGE:-$(sed -n '/^image:/,/^[^ ]/s/^  repository: *"\{0,1\}\([^"]*\)"\{0,1\} *$/\1/p' "$chart/values.yaml" | head -1):$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\} *$/\1/p' "$chart/Chart.yaml")}
 out=${1:-bin/cni-usernet-image.tar}
 GO=${GO:-go}
 version=${VERSION:-$(git describe --always --dirty 2>/dev/null || echo dev)}

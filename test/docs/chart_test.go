@@ -278,7 +278,7 @@ func TestChartValues(t *testing.T) {
 		"metrics.address=fd00::1":                         {"--metrics-address=[fd00::1]:9437"},
 		"portMap=false,bandwidth=false":                   {"--port-map=false", "--bandwidth=false"},
 		"image.repository=r/c,image.tag=v1":               {"image=r/c:v1"},
-		"image.repository=r/c":                            {"image=r/c:dev"}, // the chart's appVersion
+		"image.repository=r/c":                            {"image=r/c:v0.2.0"}, // the chart's appVersion
 		"image.digest=sha256:" + strings.Repeat("ab", 32): {"image=ghcr.io/cni-usernet/cni-usernet@sha256:" + strings.Repeat("ab", 32)},
 		"fullnameOverride=usernet":                        {"--daemonset=usernet"},
 	} {

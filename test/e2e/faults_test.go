@@ -187,9 +187,10 @@ func importImage(ctx context.Context, t *testing.T, repo, tar string) {
 }
 
 // manifestWithImage is dir's manifests/cni-usernet.yaml with image in
-// place of the agent's image it names: ghcr.io/cni-usernet/cni-usernet:dev,
-// or localhost/cni-usernet:dev in a tree from before the image had a
-// registry's name (previousRelease's, which the skew test installs).
+// place of the agent's image it names: ghcr.io/cni-usernet/cni-usernet at
+// the chart's appVersion (or :dev in a tree from before it named a
+// release), or localhost/cni-usernet:dev in a tree from before the image
+// had a registry's name (previousRelease's, which the skew test installs).
 func manifestWithImage(t *testing.T, dir, image string) string {
 	t.Helper()
 	m, err := os.ReadFile(filepath.Join(dir, "manifests", "cni-usernet.yaml"))
@@ -203,7 +204,7 @@ func manifestWithImage(t *testing.T, dir, image string) string {
 }
 
 // agentImageLine is the manifest's line naming the agent's image.
-var agentImageLine = regexp.MustCompile(`(?m)^(\s+image: )(ghcr\.io/cni-usernet|localhost)/cni-usernet:dev$`)
+var agentImageLine = regexp.MustCompile(`(?m)^(\s+image: )(ghcr\.io/cni-usernet|localhost)/cni-usernet:(dev|v[0-9][^\s"]*)$`)
 
 // pauseKubelet stops node 1's kubelet (SIGSTOP) until the returned
 // function or the test's cleanup resumes it: it removes within seconds any
