@@ -11,7 +11,7 @@
 #   cni-usernet-<V>-linux-<arch>.tar.gz   the five binaries (the agent's among them), for a by-hand install
 #   cni-usernet-<X.Y.Z>.tgz         the Helm chart (version X.Y.Z, appVersion <V>)
 #   cni-usernet.yaml                the manifest rendered from that chart for that image
-#   sbom.spdx.json                  what the binaries link (hack/release/sbom)
+#   sbom.spdx.json                  what each binary links, the agent's too (hack/release/sbom)
 #   SHA256SUMS                      every file above
 #
 # IMAGE_REPOSITORY names the image (default: the chart's image.repository);
@@ -80,10 +80,9 @@ grep -q "image: \"\{0,1\}$image\"\{0,1\}$" "$out/cni-usernet.yaml" || {
   exit 1
 }
 
-# What the amd64 binaries link (the arm64 ones link the same modules).
-$GO run ./hack/release/sbom -version "$version" -out "$out/sbom.spdx.json" \
-  "$work/rootfs-amd64/cni-usernet" "$work/rootfs-amd64/cni-usernet-stack" \
-  "$work/rootfs-amd64/portmap" "$work/rootfs-amd64/bandwidth"
+# What each of the image's binaries links, the agent's among them: every
+# file of the amd64 root (the arm64 ones link the same modules).
+$GO run ./hack/release/sbom -version "$version" -out "$out/sbom.spdx.json" "$work/rootfs-amd64"/*
 
 (cd "$out" && sha256sum -- * | grep -v ' SHA256SUMS$' >SHA256SUMS)
 echo "release $version in $out ($image):"

@@ -5,11 +5,13 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"net"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -307,6 +309,7 @@ func buildRelease(t *testing.T, repo, helm, dir, chart string) (image string) {
 	} else {
 		t.Logf("sha256sum -c SHA256SUMS:\n%s", strings.TrimSpace(out))
 	}
+	releaseSBOM(t, dir)
 	index, err := run(ctx, "", "tar", "-xOf", filepath.Join(dir, "cni-usernet-"+releaseVersion+"-image.oci.tar"), "index.json")
 	if err != nil {
 		t.Fatal(err)
@@ -337,6 +340,70 @@ func buildRelease(t *testing.T, repo, helm, dir, chart string) (image string) {
 		t.FailNow()
 	}
 	return image
+}
+
+// releaseSBOM checks that the release's SBOM describes every binary of
+// its amd64 tarball, the agent's among them, by name and SHA-256: what the
+// release workflow attests to the image is what the image holds.
+func releaseSBOM(t *testing.T, dir string) {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, "sbom.spdx.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Packages []struct {
+			ID        string `json:"SPDXID"`
+			Name      string `json:"name"`
+			Checksums []struct {
+				Value string `json:"checksumValue"`
+			} `json:"checksums"`
+		} `json:"packages"`
+		Relationships []struct {
+			Element string `json:"spdxElementId"`
+			Type    string `json:"relationshipType"`
+			Related string `json:"relatedSpdxElement"`
+		} `json:"relationships"`
+	}
+	if err := json.Unmarshal(b, &doc); err != nil {
+		t.Fatalf("sbom.spdx.json: %v", err)
+	}
+	described := map[string]bool{}
+	for _, r := range doc.Relationships {
+		if r.Element == "SPDXRef-DOCUMENT" && r.Type == "DESCRIBES" {
+			described[r.Related] = true
+		}
+	}
+	sums := map[string]string{}
+	for _, p := range doc.Packages {
+		if described[p.ID] && len(p.Checksums) > 0 {
+			sums[p.Name] = p.Checksums[0].Value
+		}
+	}
+	unpacked := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := run(ctx, "", "tar", "-xzf", filepath.Join(dir, "cni-usernet-"+releaseVersion+"-linux-amd64.tar.gz"), "-C", unpacked); err != nil {
+		t.Fatal(err)
+	}
+	files, err := os.ReadDir(unpacked)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, f := range files {
+		names = append(names, f.Name())
+		out, err := run(ctx, unpacked, "sha256sum", f.Name())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sum := strings.Fields(out)[0]; sums[f.Name()] != sum {
+			t.Errorf("sbom.spdx.json: binary %s described with SHA-256 %q, the release's is %s", f.Name(), sums[f.Name()], sum)
+		}
+	}
+	if !slices.Contains(names, "cni-usernet-agent") || len(sums) != len(names) {
+		t.Errorf("sbom.spdx.json describes %d binaries %v; the release's binaries are %v", len(sums), sums, names)
+	}
 }
 
 // imageLines are the lines of a manifest that name a container's image.
