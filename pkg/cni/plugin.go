@@ -27,6 +27,9 @@ import (
 // Main runs the plugin the way a runtime calls it: CNI_* environment
 // variables and the configuration on stdin, the result on stdout.
 func Main() {
+	if data := intoNodeMountNS(); data != nil {
+		stdinFrom(data)
+	}
 	skel.PluginMainFuncs(skel.CNIFuncs{
 		Add:    recorded("ADD", cmdAdd),
 		Del:    recorded("DEL", cmdDel),
@@ -95,6 +98,9 @@ func startWith(args *skel.CmdArgs, conf *netconf.NetConf) *invocation {
 	inv.log, inv.close = openLog(conf.LogDir, slog.Group("cni",
 		"cmd", os.Getenv("CNI_COMMAND"), "containerID", args.ContainerID, "netns", args.Netns,
 		"ifName", args.IfName, "pod", string(inv.pod.K8S_POD_NAMESPACE)+"/"+string(inv.pod.K8S_POD_NAME)))
+	if mountNSNote != "" {
+		inv.log.Info("mount namespace", "mountNS", conf.MountNS, "reason", mountNSNote)
+	}
 	return inv
 }
 

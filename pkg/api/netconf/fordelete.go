@@ -23,7 +23,7 @@ func ParseForDelete(data []byte) (*NetConf, error) {
 	var c NetConf
 	for key, dst := range map[string]*string{
 		"cniVersion": &c.CNIVersion, "name": &c.Name, "type": &c.Type,
-		"stateDir": &c.StateDir, "logDir": &c.LogDir, "runDir": &c.RunDir, "netnsDir": &c.NetnsDir, "tunName": &c.TUNName, "bpfDir": &c.BPFDir,
+		"stateDir": &c.StateDir, "logDir": &c.LogDir, "runDir": &c.RunDir, "netnsDir": &c.NetnsDir, "mountNS": &c.MountNS, "tunName": &c.TUNName, "bpfDir": &c.BPFDir,
 	} {
 		if v, ok := raw[key]; ok {
 			_ = json.Unmarshal(v, dst)
@@ -40,7 +40,7 @@ func ParseForDelete(data []byte) (*NetConf, error) {
 	for _, d := range []struct {
 		dst *string
 		def string
-	}{{&c.StateDir, DefaultStateDir}, {&c.LogDir, DefaultLogDir}, {&c.RunDir, DefaultRunDir}, {&c.NetnsDir, DefaultNetnsDir}, {&c.BPFDir, DefaultBPFDir}} {
+	}{{&c.StateDir, DefaultStateDir}, {&c.LogDir, DefaultLogDir}, {&c.RunDir, DefaultRunDir}, {&c.NetnsDir, DefaultNetnsDir}, {&c.MountNS, DefaultMountNS}, {&c.BPFDir, DefaultBPFDir}} {
 		if *d.dst == "" || !filepath.IsAbs(*d.dst) {
 			*d.dst = d.def
 		}

@@ -18,6 +18,7 @@ const (
 	DefaultLogDir       = "/var/log/cni-usernet"
 	DefaultRunDir       = "/run/cni-usernet"
 	DefaultNetnsDir     = "/var/run/netns"
+	DefaultMountNS      = "/proc/1/ns/mnt"
 	DefaultReadyTimeout = 10 * time.Second
 )
 
@@ -137,6 +138,14 @@ type NetConf struct {
 	// namespaces, where the node agent's DaemonSet mounts them, so that a
 	// restart in the agent finds them. Zero: DefaultNetnsDir.
 	NetnsDir string `json:"netnsDir,omitempty"`
+	// MountNS is the node's mount namespace, where the plugin does its
+	// work when its caller runs it in another one (a meta-plugin in a
+	// container, such as Multus thick, or `ip netns exec`): a wire
+	// namespace pinned there is seen by every later CHECK, DEL and stack
+	// restart, where a pin made in a private mount namespace would be
+	// seen by none. Zero: DefaultMountNS; one that cannot be opened
+	// leaves the plugin in its caller's.
+	MountNS string `json:"mountNS,omitempty"`
 	// ReadyTimeout bounds the wait for the stack to come up. Zero: 10s.
 	ReadyTimeout string `json:"readyTimeout,omitempty"`
 	// Kubeconfig, when set, lets the plugin read a pod's annotations from

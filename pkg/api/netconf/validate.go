@@ -97,6 +97,7 @@ var accepted = map[string]string{
 	"runDir": fmt.Sprintf("an absolute path of at most %d bytes (the stack's control socket, runDir + %d bytes, must fit in %d); absent: %s",
 		maxRunDir, socketName, maxSocketPath, DefaultRunDir),
 	"netnsDir":      fmt.Sprintf("an absolute path; absent: %s", DefaultNetnsDir),
+	"mountNS":       fmt.Sprintf("an absolute path to a mount namespace; absent: %s", DefaultMountNS),
 	"kubeconfig":    "an absolute path to a kubeconfig file; absent: the API server is not used",
 	"nodeName":      fmt.Sprintf(`a Kubernetes node name (lower-case letters, digits, "-" and ".", at most %d bytes); absent: the host name`, maxNodeName),
 	"stackCgroup":   fmt.Sprintf("one of %s (the stack is charged to its pod's cgroup), %s (to cni-usernet's cgroup under the node's kubepods tree); absent: %s", StackCgroupPod, StackCgroupNode, StackCgroupPod),
@@ -179,7 +180,7 @@ func (c *NetConf) validate(data []byte) error {
 		return err
 	}
 	for _, p := range []struct{ key, path string }{
-		{"stateDir", c.StateDir}, {"logDir", c.LogDir}, {"runDir", c.RunDir}, {"netnsDir", c.NetnsDir}, {"kubeconfig", c.Kubeconfig}, {"bpfDir", c.BPFDir},
+		{"stateDir", c.StateDir}, {"logDir", c.LogDir}, {"runDir", c.RunDir}, {"netnsDir", c.NetnsDir}, {"mountNS", c.MountNS}, {"kubeconfig", c.Kubeconfig}, {"bpfDir", c.BPFDir},
 	} {
 		if p.path != "" && (!filepath.IsAbs(p.path) || strings.ContainsRune(p.path, 0)) {
 			return badValue(p.key, strconv.Quote(p.path))
@@ -214,6 +215,9 @@ func (c *NetConf) validate(data []byte) error {
 	}
 	if c.NetnsDir == "" {
 		c.NetnsDir = DefaultNetnsDir
+	}
+	if c.MountNS == "" {
+		c.MountNS = DefaultMountNS
 	}
 	if c.BPFDir == "" {
 		c.BPFDir = DefaultBPFDir
