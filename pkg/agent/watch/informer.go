@@ -98,6 +98,10 @@ type Informer[T any] struct {
 	lastLog    time.Time
 	suppressed int
 
+	// absent: the collection is optional and its resource was not
+	// served at the last list.
+	absent bool
+
 	// syncedCh is closed on the first complete list.
 	syncedCh chan struct{}
 	// retry asks Run to start the reflector again (Retry).
@@ -119,7 +123,7 @@ func New[T any](o Options[T]) (*Informer[T], error) {
 		return nil, fmt.Errorf("watching %s: %w", o.Kind, err)
 	}
 	i := &Informer[T]{o: o, items: map[string]*T{}, syncedCh: make(chan struct{}), retry: make(chan struct{}, 1)}
-	i.src = &source[T]{c: c, rc: rc, report: i.report}
+	i.src = &source[T]{c: c, rc: rc, report: i.report, absent: i.noteAbsent}
 	return i, nil
 }
 
@@ -248,4 +252,39 @@ func (i *Informer[T]) report(err error) {
 		msg = "cannot list or watch: nothing cached yet"
 	}
 	i.o.Log.Warn(msg, "resource", i.o.Kind.String(), "err", err, "cached", size, "errorsNotLogged", n)
+}
+
+// Absent says whether the collection is an optional one (a CRD's) that
+// the API server did not serve at the last list: the cache is then empty
+// and the collection synced.
+func (i *Informer[T]) Absent() bool {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	return i.absent
+}
+
+// noteAbsent records whether an optional collection's resource is served
+// (the list's answer was not 404) and says so once at each change; for a
+// 404 it returns whether the list counts as empty. It does not while the
+// cache holds objects: an API server that restarts may answer 404 for a
+// custom resource until it has loaded the CRD, and forgetting policies
+// for that moment would open what they close. The cache then stays as it
+// was, as when the server is away.
+func (i *Informer[T]) noteAbsent(absent bool) (empty bool) {
+	i.mu.Lock()
+	if absent && len(i.items) > 0 {
+		i.mu.Unlock()
+		return false
+	}
+	was := i.absent
+	i.absent = absent
+	i.mu.Unlock()
+	switch {
+	case absent && !was:
+		i.o.Log.Warn("the API server does not serve this resource (its CRD is not installed): taken as none, looked for again at every relist",
+			"resource", i.o.Kind.String())
+	case !absent && was:
+		i.o.Log.Info("the API server serves this resource now", "resource", i.o.Kind.String())
+	}
+	return absent
 }

@@ -31,6 +31,10 @@ type collection[T any] struct {
 	// annotations, no spec the compiler does not look at). It is called
 	// once per object a list or an event brings.
 	transform func(runtime.Object) (*T, error)
+	// optional: the collection's resource may not be served (a CRD not
+	// installed). A list answered 404 is then an empty list, and the
+	// informer says once that it is absent.
+	optional bool
 }
 
 func (c *collection[T]) kindGV() schema.GroupVersion {

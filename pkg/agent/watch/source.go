@@ -50,6 +50,10 @@ type source[T any] struct {
 	rc *rest.RESTClient
 	// report is told the outcome of every list and watch request.
 	report func(error)
+	// absent is told whether an optional collection's resource is
+	// served (false) or answered 404 (true); for a 404 it says whether
+	// to take it as an empty list.
+	absent func(bool) (empty bool)
 }
 
 var (
@@ -72,6 +76,15 @@ func (s *source[T]) ListWithContext(ctx context.Context, opts metav1.ListOptions
 	err := req.Do(ctx).Into(list)
 	if ctx.Err() != nil {
 		return nil, ctx.Err()
+	}
+	if s.c.optional {
+		switch {
+		case err == nil:
+			s.absent(false)
+		case apierrors.IsNotFound(err) && s.absent(true):
+			s.report(nil)
+			return &entryList{}, nil
+		}
 	}
 	s.report(err)
 	if err != nil {
@@ -110,8 +123,10 @@ func (s *source[T]) WatchWithContext(ctx context.Context, opts metav1.ListOption
 		return nil, ctx.Err()
 	}
 	// A version the server no longer has is no outage: the reflector
-	// lists again.
-	if !apierrors.IsResourceExpired(err) && !apierrors.IsGone(err) {
+	// lists again. Nor is an optional resource that is not served: the
+	// reflector lists again after its backoff, and finds it when it
+	// comes.
+	if !apierrors.IsResourceExpired(err) && !apierrors.IsGone(err) && !(s.c.optional && apierrors.IsNotFound(err)) {
 		s.report(err)
 	}
 	if err != nil {

@@ -128,6 +128,8 @@ func resourceVersion(v any) string {
 		return o.Metadata.ResourceVersion
 	case *netpolicy.NetworkPolicy:
 		return o.Metadata.ResourceVersion
+	case *netpolicy.ClusterNetworkPolicy:
+		return o.Metadata.ResourceVersion
 	}
 	return ""
 }

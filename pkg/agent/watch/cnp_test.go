@@ -1,0 +1,102 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package watch
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"k8s.io/client-go/rest"
+
+	"github.com/cni-usernet/cni-usernet/pkg/agent/netpolicy"
+	"github.com/cni-usernet/cni-usernet/test/lib/fakeapi"
+)
+
+var cnpKind = fakeapi.Kind{Group: "policy.networking.k8s.io", Version: "v1beta1", Resource: "clusternetworkpolicies", Kind: "ClusterNetworkPolicy"}
+
+// startCNPs runs a ClusterNetworkPolicy informer against f until the test
+// ends; its log goes to log.
+func startCNPs(t *testing.T, f *fakeapi.Server, log *logBuf, onChange func(old, new *netpolicy.ClusterNetworkPolicy)) *Informer[netpolicy.ClusterNetworkPolicy] {
+	t.Helper()
+	cfg := &rest.Config{Host: f.URL(), BearerToken: "tok", TLSClientConfig: rest.TLSClientConfig{CAData: f.CAPEM()}}
+	inf, err := New(Options[netpolicy.ClusterNetworkPolicy]{Config: cfg, Kind: ClusterNetworkPolicies, OnChange: onChange,
+		Log: slog.New(slog.NewTextHandler(log, nil)), Backoff: 10 * time.Millisecond, MaxBackoff: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); inf.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return inf
+}
+
+// TestClusterNetworkPoliciesAbsent: a cluster without the CRD (the API
+// server answers 404) is a synced, empty collection, said once however
+// often the informer looks again.
+func TestClusterNetworkPoliciesAbsent(t *testing.T) {
+	f := fakeapi.NewTest(t, fakeapi.Options{Token: "tok"}) // the default kinds: no CRD
+	log := &logBuf{}
+	inf := startCNPs(t, f, log, nil)
+	eventually(t, "the absent collection synced", inf.HasSynced)
+	_, unknown := f.Counts()
+	eventually(t, "three lists", func() bool {
+		_, unknown = f.Counts()
+		return unknown["GET /apis/policy.networking.k8s.io/v1beta1/clusternetworkpolicies"] >= 3
+	})
+	if !inf.Absent() || inf.Len() != 0 || inf.Err() != nil {
+		t.Errorf("absent %v, len %d, err %v: want absent, empty, no error", inf.Absent(), inf.Len(), inf.Err())
+	}
+	if n := strings.Count(log.String(), "does not serve this resource"); n != 1 {
+		t.Errorf("the absence said %d times, want once:\n%s", n, log.String())
+	}
+	if strings.Contains(log.String(), "cannot list or watch") {
+		t.Errorf("an absent CRD logged as an outage:\n%s", log.String())
+	}
+}
+
+// TestClusterNetworkPoliciesWatched: the policies are trimmed to the
+// compiler's types, their unknown fields listed; a 404 while the cache
+// holds policies (an API server that has not loaded its CRDs yet) keeps
+// them.
+func TestClusterNetworkPoliciesWatched(t *testing.T) {
+	f := fakeapi.NewTest(t, fakeapi.Options{Token: "tok", Kinds: append(slices.Clone(fakeapi.Kinds), cnpKind)})
+	var obj map[string]any
+	doc := `{"metadata":{"name":"no-y","resourceVersion":"1","managedFields":[{"manager":"kubectl"}]},
+		"spec":{"tier":"Admin","priority":10,"subject":{"namespaces":{"matchLabels":{"ns":"x"}}},
+		"ingress":[{"name":"r","action":"Deny","from":[{"namespaces":{"matchLabels":{"ns":"y"}},"services":{}}],
+		  "protocols":[{"tcp":{"destinationPort":{"range":{"start":80,"end":81}}}}]}]},
+		"status":{"conditions":[]}}`
+	if err := json.Unmarshal([]byte(doc), &obj); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Store.Put("clusternetworkpolicies", obj); err != nil {
+		t.Fatal(err)
+	}
+	log := &logBuf{}
+	inf := startCNPs(t, f, log, nil)
+	eventually(t, "the policy cached", func() bool { return inf.Len() == 1 })
+	got, _ := inf.Get("no-y")
+	if got.Spec.Tier != "Admin" || got.Spec.Priority != 10 || got.Spec.Subject.Namespaces == nil ||
+		got.Spec.Ingress[0].Protocols[0].TCP.DestinationPort.Range.End != 81 || got.Spec.Ingress[0].Name != "r" {
+		t.Errorf("decoded %+v", got.Spec)
+	}
+	if want := []string{"spec.ingress[0].from[0].services"}; !slices.Equal(got.Unknown, want) {
+		t.Errorf("unknown fields %q, want %q", got.Unknown, want)
+	}
+	if inf.Absent() {
+		t.Error("a served collection is absent")
+	}
+	f.SetFault("/apis/policy.networking.k8s.io/v1beta1/clusternetworkpolicies", &fakeapi.Fault{Code: http.StatusNotFound, Reason: "NotFound", Message: "not yet"})
+	eventually(t, "the 404 seen", func() bool { return inf.Err() != nil })
+	if inf.Len() != 1 || inf.Absent() {
+		t.Errorf("after a 404 with policies cached: len %d, absent %v; want the policy kept", inf.Len(), inf.Absent())
+	}
+}
+
