@@ -73,6 +73,13 @@ type agentFlags struct {
 	portMap            bool
 	bandwidth          bool
 	networkPolicy      bool
+	// The node's defaults for its pods' stacks, written into the
+	// conflist: empty or zero leaves the key out (the plugin's default).
+	stackCgroup    string
+	busyPoll       string
+	stackThreads   int
+	socketRedirect string
+	healthAddress  string
 }
 
 func parseAgentFlags(args []string) (*agentFlags, error) {
@@ -113,6 +120,11 @@ func parseAgentFlags(args []string) (*agentFlags, error) {
 	fs.BoolVar(&f.portMap, "port-map", true, "chain the portmap plugin after cni-usernet (pods' hostPort); in chain mode only when the node's conflist has none")
 	fs.BoolVar(&f.bandwidth, "bandwidth", true, "chain the bandwidth plugin after cni-usernet (kubernetes.io/ingress-bandwidth, egress-bandwidth); in chain mode only when the node's conflist has none")
 	fs.BoolVar(&f.networkPolicy, "network-policy", true, "enforce NetworkPolicy in each pod's stack: watch the API server, compile and push each local pod's policy, and mark the conflist so that ADD waits for it (false: the primary CNI enforces policy, e.g. Calico or Cilium)")
+	fs.StringVar(&f.stackCgroup, "stack-cgroup", "", "where the node's pods' stacks are charged, the conflist's stackCgroup: pod (the pod's cgroup) or node (cni-usernet's cgroup under the kubepods tree); empty: the plugin's default, pod")
+	fs.StringVar(&f.busyPoll, "busy-poll", "", `the node's default busy polling, the conflist's busyPoll: auto (the stack's governor), a window up to 10ms ("200us", polled always) or 0s (off); empty: the plugin's default, auto`)
+	fs.IntVar(&f.stackThreads, "stack-threads", 0, "threads that run each pod stack's Go code, the conflist's stackThreads; 0: the plugin's default")
+	fs.StringVar(&f.socketRedirect, "socket-redirect", "", "the node's socket redirect, the conflist's socketRedirect: on, both or off; empty: off, and a pod's annotation may turn it on")
+	fs.StringVar(&f.healthAddress, "health-address", defaultHealthAddress, "serve /healthz (the liveness probe's) on this address; empty: none")
 	fs.BoolVar(&f.probe, "probe", false, "exit 0 when the running agent is ready (readiness probe), 1 otherwise")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -144,6 +156,9 @@ func parseAgentFlags(args []string) (*agentFlags, error) {
 		return nil, fmt.Errorf("--node-routes-interval %s: want a positive duration", f.nodeRoutesInterval)
 	}
 	if _, err := f.routeOptions(); err != nil {
+		return nil, err
+	}
+	if err := f.validateStackDefaults(); err != nil {
 		return nil, err
 	}
 	return f, nil
@@ -219,6 +234,11 @@ func Run(args []string) error {
 		if err := serveMetrics(ctx, metricsServing{addr: f.metricsAddress, interval: f.metricsInterval, allowPods: f.metricsAllowPods,
 			store: state.Store{Dir: f.stateDir}, stats: sup.Stats(), pol: polMetrics, pods: pods, log: log}); err != nil {
 			log.Error("no metrics", "err", err)
+		}
+	}
+	if f.healthAddress != "" {
+		if err := serveHealth(f.healthAddress, health{stats: sup.Stats(), interval: f.reconcile, now: time.Now}, log); err != nil {
+			return err
 		}
 	}
 	if f.pprofAddress != "" {

@@ -137,6 +137,7 @@ func (n *nodeSetup) pluginConf(ctx context.Context) ([]byte, error) {
 		// ADD then waits until the pod's stack holds its policy.
 		p["networkPolicy"] = true
 	}
+	n.f.setStackDefaults(p)
 	if n.f.mode == "standalone" {
 		subnets, err := n.podSubnets(ctx)
 		if err != nil {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
@@ -37,7 +38,10 @@ func netnsGone(path string) (bool, error) {
 // records are reported, not stopped.
 func (s *Supervisor) Reconcile() {
 	log := s.cfg.Log
-	defer s.stats.ReconcileRuns.Add(1)
+	defer func() {
+		s.stats.ReconcileRuns.Add(1)
+		s.stats.LastReconcile.Store(time.Now().UnixNano())
+	}()
 	atts, errs := s.cfg.Store.List()
 	for _, err := range errs {
 		log.Error("unreadable attachment state (left in place)", "err", err)

@@ -112,6 +112,9 @@ type Supervisor struct {
 // Stats counts what this agent process did, for its metrics.
 type Stats struct {
 	ReconcileRuns atomic.Uint64
+	// LastReconcile is when the last reconcile pass ended (Unix
+	// nanoseconds; 0: none yet): the agent's liveness (its /healthz).
+	LastReconcile atomic.Int64
 	// ReclaimedByReconcile and ReclaimedOnExit count attachments
 	// reclaimed because their netns was gone: found by a reconcile pass,
 	// or by the watcher when the stack died with its pod.
