@@ -86,4 +86,3 @@ func serveHealth(addr string, h health, log *slog.Logger) error {
 	}()
 	return nil
 }
-
