@@ -110,8 +110,13 @@ release: helm gvisor
 	hack/release.sh $(VERSION)
 
 helm: bin/helm
+# The Kubernetes version helm assumes without a cluster (helm template,
+# lint: the chart's kubeVersion is checked against it) is its client-go's,
+# set as helm's own release build sets it; unset, helm assumes v1.20.
+HELM_K8S_MINOR = $(shell sed -n 's|^[[:space:]]*k8s.io/client-go v0\.\([0-9]*\)\..*|\1|p' hack/helm/go.mod)
+HELM_LDFLAGS = $(foreach p,chartutil lint/rules,-X helm.sh/helm/v3/pkg/$(p).k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/$(p).k8sVersionMinor=$(HELM_K8S_MINOR))
 bin/helm: hack/helm/go.mod hack/helm/go.sum
-	cd hack/helm && $(GO) build -trimpath -o ../../bin/helm helm.sh/helm/v3/cmd/helm
+	cd hack/helm && $(GO) build -trimpath -ldflags "$(HELM_LDFLAGS)" -o ../../bin/helm helm.sh/helm/v3/cmd/helm
 
 # kubeconform, pinned beside helm (hack/helm): test/docs checks every
 # object the chart renders, for each combination of values that changes

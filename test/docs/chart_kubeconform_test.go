@@ -194,11 +194,17 @@ var chartCombinations = func() map[string]string {
 		"resources":        "resources: {requests: {cpu: 1, memory: 64Mi}, limits: {cpu: \"2\", memory: 1Gi}}\n",
 		"image":            "image: {repository: registry.example/cni-usernet, digest: \"sha256:" + strings.Repeat("0f", 32) + "\", pullPolicy: Always}\n",
 		"names":            "fullnameOverride: usernet\n",
+		"nodeRoutes":       "nodeRoutes: {enabled: \"true\", encapsulation: vxlan, vxlanPort: 8472, vxlanVNI: 7}\npodSubnets: [10.244.0.0/24, \"fd00:10:244::/64\"]\n",
+		"stack":            "stack: {cgroup: node, busyPoll: 0s, threads: 2, socketRedirect: \"on\"}\n",
+		"extra":            "extraArgs: [--reconcile-interval=1m, --pprof-address=127.0.0.1:6060]\nextraEnv: [{name: GODEBUG, value: madvdontneed=1}, {name: POD_IP, valueFrom: {fieldRef: {fieldPath: status.podIP}}}]\n",
+		"serviceAccount":   "serviceAccount: {create: false, name: network-agent}\nrbac: {create: false}\n",
+		"probes":           "livenessProbe: {enabled: true, port: 9500, periodSeconds: 5, failureThreshold: 3}\nupdateStrategy: {type: RollingUpdate, rollingUpdate: {maxUnavailable: 10%}}\n",
+		"onDelete":         "updateStrategy: {type: OnDelete}\nlivenessProbe: {enabled: false}\nclusterNetworkPolicy: {enabled: false}\n",
 	}
 	all := ""
 	for k, v := range fields {
 		c["field-"+k] = v
-		if k != "priorityClassName" {
+		if k != "priorityClassName" && k != "onDelete" {
 			all += v
 		}
 	}
@@ -221,7 +227,7 @@ func TestChartKubeconform(t *testing.T) {
 		if err := os.WriteFile(vf, []byte(values), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		out, err := helm(t, "template", "cni-usernet", chart, "--namespace", "kube-system", "-f", vf)
+		out, err := helmTemplate(t, "cni-usernet", chart, "--namespace", "kube-system", "-f", vf, "--skip-tests=false")
 		if err != nil {
 			t.Fatalf("%s: helm template: %v\n%s\nvalues:\n%s", name, err, out, values)
 		}
@@ -269,7 +275,7 @@ func TestChartKubeconform(t *testing.T) {
 func TestChartKubeconformCatches(t *testing.T) {
 	kc := kubeconformBinary(t)
 	schemas := kubeSchemas(t)
-	out, err := helm(t, "template", "cni-usernet", chart, "--namespace", "kube-system")
+	out, err := helmTemplate(t, "cni-usernet", chart, "--namespace", "kube-system")
 	if err != nil {
 		t.Fatalf("helm template: %v\n%s", err, out)
 	}

@@ -54,6 +54,18 @@ func helm(t *testing.T, args ...string) (string, error) {
 	return string(out), err
 }
 
+// templateDefaults render what a cluster with the Prometheus Operator
+// gets (the ServiceMonitor needs its API, monitoring.coreos.com/v1),
+// without `helm test`'s pod (TestChartTestPod checks it; a caller's
+// --skip-tests=false keeps it).
+var templateDefaults = []string{"--skip-tests", "--api-versions", "monitoring.coreos.com/v1"}
+
+// helmTemplate runs `helm template` with templateDefaults, then args.
+func helmTemplate(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	return helm(t, append(append([]string{"template"}, templateDefaults...), args...)...)
+}
+
 // objects parses a multi-document YAML stream into its objects, keyed by
 // kind/namespace/name, each as the JSON the API server would get.
 func objects(t *testing.T, stream string) map[string]map[string]any {
@@ -182,14 +194,14 @@ func readManifest(t *testing.T) string {
 // other fails here. The release's labels aside (releaseLabels).
 func TestChartMatchesManifest(t *testing.T) {
 	t.Run("Defaults", func(t *testing.T) {
-		out, err := helm(t, "template", "cni-usernet", chart, "--namespace", "kube-system")
+		out, err := helmTemplate(t, "cni-usernet", chart, "--namespace", "kube-system")
 		if err != nil {
 			t.Fatalf("helm template: %v\n%s", err, out)
 		}
 		compare(t, out, objects(t, readManifest(t)))
 	})
 	t.Run("Chain", func(t *testing.T) {
-		out, err := helm(t, "template", "cni-usernet", chart, "--namespace", "kube-system", "--set", "mode=chain")
+		out, err := helmTemplate(t, "cni-usernet", chart, "--namespace", "kube-system", "--set", "mode=chain")
 		if err != nil {
 			t.Fatalf("helm template --set mode=chain: %v\n%s", err, out)
 		}
@@ -229,7 +241,7 @@ func TestChartLint(t *testing.T) {
 // arguments and its DaemonSet.
 func agentArgs(t *testing.T, set string) ([]string, map[string]any) {
 	t.Helper()
-	out, err := helm(t, "template", "cni-usernet", chart, "--namespace", "kube-system", "--set", set)
+	out, err := helmTemplate(t, "cni-usernet", chart, "--namespace", "kube-system", "--set", set)
 	if err != nil {
 		t.Fatalf("helm template --set %s: %v\n%s", set, err, out)
 	}

@@ -137,44 +137,71 @@ func TestChartSchema(t *testing.T) {
 	for _, p := range []string{"Always", "IfNotPresent", "Never"} {
 		good = append(good, "image.pullPolicy="+p)
 	}
-	for _, b := range []string{"networkPolicy.enabled", "portMap", "bandwidth", "metrics.enabled", "metrics.serviceMonitor.enabled"} {
+	for _, b := range []string{"networkPolicy.enabled", "portMap", "bandwidth", "metrics.enabled", "metrics.serviceMonitor.enabled",
+		"clusterNetworkPolicy.enabled", "serviceAccount.create", "rbac.create", "livenessProbe.enabled"} {
 		good = append(good, b+"=true", b+"=false")
 	}
 	good = append(good, "metrics.port=1", "metrics.port=65535", "mtu=0", "mtu=576", "mtu=9000", "metrics.address=192.0.2.1", "metrics.address=2001:db8::1",
 		"resources.limits.cpu=2,resources.limits.memory=1Gi,resources.requests.cpu=0.5", "terminationGracePeriodSeconds=0",
-		"metrics.serviceMonitor.interval=1m30s", "tolerations[0].operator=Equal,tolerations[0].key=k,tolerations[0].value=v,tolerations[0].effect=NoSchedule")
+		"metrics.serviceMonitor.interval=1m30s", "tolerations[0].operator=Equal,tolerations[0].key=k,tolerations[0].value=v,tolerations[0].effect=NoSchedule",
+		"nodeRoutes.enabled=true", "nodeRoutes.enabled=auto", "nodeRoutes.encapsulation=never", "nodeRoutes.vxlanVNI=16777215",
+		"podSubnets={10.244.0.0/16,fd00::/56}", "stack.busyPoll=200us", "stack.busyPoll=auto", "stack.busyPoll=0s", "stack.cgroup=pod", "stack.threads=4",
+		"stack.socketRedirect=both", "extraArgs={--reconcile-interval=1m}", "extraEnv[0].name=GODEBUG,extraEnv[0].value=x",
+		"serviceAccount.name=net-agent", "updateStrategy.type=OnDelete", "updateStrategy.rollingUpdate.maxUnavailable=25%")
 	for _, set := range good {
-		if out, err := helm(t, "template", "cni-usernet", chart, "--set", set); err != nil {
+		if out, err := helmTemplate(t, "cni-usernet", chart, "--set", set); err != nil {
 			t.Errorf("--set %s: refused: %v\n%s", set, err, out)
 		}
 	}
 	for set, want := range map[string]string{
-		"mode=bogus":                                "'standalone', 'chain'",
-		"mode=Standalone":                           "'standalone', 'chain'",
-		"gso=fast":                                  "'auto', 'hardware', 'software', 'off'",
-		"image.pullPolicy=Sometimes":                "'Always', 'IfNotPresent', 'Never'",
-		"metrics.port=0":                            "/metrics/port",
-		"metrics.port=65536":                        "/metrics/port",
-		"metrics.port=http":                         "/metrics/port",
-		"mtu=575":                                   "/mtu",
-		"mtu=65536":                                 "/mtu",
-		"networkPolicy.enabled=yes":                 "/networkPolicy/enabled",
-		"portMap=1":                                 "/portMap",
-		"metrics.enabled=on":                        "/metrics/enabled",
-		"metrics.address=node1":                     "/metrics/address",
-		"resources.requests.cpu=lots":               "/resources/requests/cpu",
-		"resources.request.cpu=1":                   "request",
-		"tolerations[0].operator=Maybe":             "/tolerations/0/operator",
-		"image.digest=latest":                       "/image/digest",
-		"mdoe=chain":                                "mdoe",
-		"metrics.serviceMonitor.interval=often":     "/metrics/serviceMonitor/interval",
-		"terminationGracePeriodSeconds=-1":          "/terminationGracePeriodSeconds",
-		"imagePullSecrets[0].secret=regcred":        "/imagePullSecrets/0",
-		"affinity.nodeAffinitty.x=y":                "nodeAffinitty",
-		"podAnnotations.a=1":                        "/podAnnotations/a",
-		"metrics.serviceMonitor.labels.release=123": "/metrics/serviceMonitor/labels/release",
+		"mode=bogus":                                    "'standalone', 'chain'",
+		"mode=Standalone":                               "'standalone', 'chain'",
+		"gso=fast":                                      "'auto', 'hardware', 'software', 'off'",
+		"image.pullPolicy=Sometimes":                    "'Always', 'IfNotPresent', 'Never'",
+		"metrics.port=0":                                "/metrics/port",
+		"metrics.port=65536":                            "/metrics/port",
+		"metrics.port=http":                             "/metrics/port",
+		"mtu=575":                                       "/mtu",
+		"mtu=65536":                                     "/mtu",
+		"networkPolicy.enabled=yes":                     "/networkPolicy/enabled",
+		"portMap=1":                                     "/portMap",
+		"metrics.enabled=on":                            "/metrics/enabled",
+		"metrics.address=node1":                         "/metrics/address",
+		"resources.requests.cpu=lots":                   "/resources/requests/cpu",
+		"resources.request.cpu=1":                       "request",
+		"tolerations[0].operator=Maybe":                 "/tolerations/0/operator",
+		"image.digest=latest":                           "/image/digest",
+		"mdoe=chain":                                    "mdoe",
+		"metrics.serviceMonitor.interval=often":         "/metrics/serviceMonitor/interval",
+		"terminationGracePeriodSeconds=-1":              "/terminationGracePeriodSeconds",
+		"imagePullSecrets[0].secret=regcred":            "/imagePullSecrets/0",
+		"affinity.nodeAffinitty.x=y":                    "nodeAffinitty",
+		"podAnnotations.a=1":                            "/podAnnotations/a",
+		"metrics.serviceMonitor.labels.release=123":     "/metrics/serviceMonitor/labels/release",
+		"extraArgs={-v}":                                "/extraArgs/0",
+		"extraArgs[0]=reconcile":                        "/extraArgs/0",
+		"extraEnv[0].value=x":                           "name",
+		"extraEnv[0].name=A,extraEnv[0].valueForm=x":    "valueForm",
+		"nodeRoutes.encapsulation=ipip":                 "'auto', 'vxlan', 'never'",
+		"nodeRoutes.enabled=maybe":                      "/nodeRoutes/enabled",
+		"nodeRoutes.vxlanPort=0":                        "/nodeRoutes/vxlanPort",
+		"nodeRoutes.vxlanVNI=16777216":                  "/nodeRoutes/vxlanVNI",
+		"podSubnets={10.244.0.0}":                       "/podSubnets/0",
+		"stack.cgroup=kubepods":                         "/stack/cgroup",
+		"stack.busyPoll=1s":                             "/stack/busyPoll",
+		"stack.threads=-1":                              "/stack/threads",
+		"stack.socketRedirect=yes":                      "/stack/socketRedirect",
+		"stack.threds=2":                                "threds",
+		"serviceAccount.create=yes":                     "/serviceAccount/create",
+		"serviceAccount.name=Net_Agent":                 "/serviceAccount/name",
+		"rbac.create=1":                                 "/rbac/create",
+		"clusterNetworkPolicy.enabled=on":               "/clusterNetworkPolicy/enabled",
+		"updateStrategy.type=Recreate":                  "'RollingUpdate', 'OnDelete'",
+		"updateStrategy.rollingUpdate.maxUnavailable=0": "/updateStrategy/rollingUpdate/maxUnavailable",
+		"livenessProbe.port=70000":                      "/livenessProbe/port",
+		"livenessProbe.periodSeconds=0":                 "/livenessProbe/periodSeconds",
 	} {
-		out, err := helm(t, "template", "cni-usernet", chart, "--set", set)
+		out, err := helmTemplate(t, "cni-usernet", chart, "--set", set)
 		if err == nil || !strings.Contains(out, "schema") || !strings.Contains(out, want) {
 			t.Errorf("--set %s: want a schema failure naming %q, got %v\n%s", set, want, err, out)
 		}
@@ -184,11 +211,11 @@ func TestChartSchema(t *testing.T) {
 // render renders the chart as release name with values set.
 func render(t *testing.T, name string, set ...string) map[string]map[string]any {
 	t.Helper()
-	args := []string{"template", name, chart, "--namespace", "net"}
+	args := []string{name, chart, "--namespace", "net"}
 	for _, s := range set {
 		args = append(args, "--set", s)
 	}
-	out, err := helm(t, args...)
+	out, err := helmTemplate(t, args...)
 	if err != nil {
 		t.Fatalf("helm %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
@@ -304,30 +331,43 @@ func TestChartRBAC(t *testing.T) {
 	for _, r := range []string{"networking.k8s.io/networkpolicies", "/pods", "/namespaces", "/services", "discovery.k8s.io/endpointslices"} {
 		policy = append(policy, r+":list", r+":watch")
 	}
+	cnp := []string{"policy.networking.k8s.io/clusternetworkpolicies:get", "policy.networking.k8s.io/clusternetworkpolicies:list", "policy.networking.k8s.io/clusternetworkpolicies:watch"}
 	for _, mode := range []string{"standalone", "chain"} {
 		for _, pol := range []bool{true, false} {
-			want := slices.Clone(always)
-			if mode == "standalone" {
-				want = append(want, standalone...)
-			}
-			if pol {
-				want = append(want, policy...)
-			}
-			sort.Strings(want)
-			objs := render(t, "cni-usernet", "mode="+mode, fmt.Sprintf("networkPolicy.enabled=%t", pol))
-			var got []string
-			for _, r := range get(objs["ClusterRole//cni-usernet"], "rules").([]any) {
-				for _, g := range get(r, "apiGroups").([]any) {
-					for _, res := range get(r, "resources").([]any) {
-						for _, v := range get(r, "verbs").([]any) {
-							got = append(got, fmt.Sprintf("%s/%s:%s", g, res, v))
+			for _, cluster := range []bool{true, false} {
+				want := slices.Clone(always)
+				if mode == "standalone" {
+					want = append(want, standalone...)
+				}
+				if pol {
+					want = append(want, policy...)
+				}
+				// ClusterNetworkPolicy is compiled with NetworkPolicy:
+				// without it, neither the rule nor the flag's true.
+				if pol && cluster {
+					want = append(want, cnp...)
+				}
+				sort.Strings(want)
+				set := []string{"mode=" + mode, fmt.Sprintf("networkPolicy.enabled=%t", pol), fmt.Sprintf("clusterNetworkPolicy.enabled=%t", cluster)}
+				objs := render(t, "cni-usernet", set...)
+				var got []string
+				for _, r := range get(objs["ClusterRole//cni-usernet"], "rules").([]any) {
+					for _, g := range get(r, "apiGroups").([]any) {
+						for _, res := range get(r, "resources").([]any) {
+							for _, v := range get(r, "verbs").([]any) {
+								got = append(got, fmt.Sprintf("%s/%s:%s", g, res, v))
+							}
 						}
 					}
 				}
-			}
-			sort.Strings(got)
-			if !slices.Equal(got, want) {
-				t.Errorf("mode=%s networkPolicy.enabled=%t: grants\n  %v\nwant\n  %v", mode, pol, got, want)
+				sort.Strings(got)
+				if !slices.Equal(got, want) {
+					t.Errorf("%v: grants\n  %v\nwant\n  %v", set, got, want)
+				}
+				args := fmt.Sprint(get(objs["DaemonSet/net/cni-usernet"], "spec", "template", "spec", "containers").([]any)[0].(map[string]any)["args"])
+				if flag := fmt.Sprintf("--cluster-network-policy=%t", pol && cluster); !strings.Contains(args, flag) {
+					t.Errorf("%v: agent args %s, want %s", set, args, flag)
+				}
 			}
 		}
 	}
@@ -358,7 +398,7 @@ func TestChartNotes(t *testing.T) {
 		"mode=chain,gso=software,networkPolicy.enabled=false,metrics.enabled=false,fullnameOverride=un": {"mode           chain",
 			"default GSO    software", "NetworkPolicy  off", "metrics        off", "rollout status ds/un"},
 	} {
-		out, err := helm(t, "template", "cni-usernet", dir, "--namespace", "net", "--set", set, "--show-only", "templates/notes.yaml")
+		out, err := helmTemplate(t, "cni-usernet", dir, "--namespace", "net", "--set", set, "--show-only", "templates/notes.yaml")
 		if err != nil {
 			t.Fatalf("--set %s: %v\n%s", set, err, out)
 		}

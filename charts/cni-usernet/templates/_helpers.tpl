@@ -81,3 +81,8 @@ helm.sh/chart: {{ include "cni-usernet.chart" . }}
 {{- end }}
 {{- printf "%s:%d" $a (int .Values.metrics.port) }}
 {{- end }}
+
+{{/* The agent's ServiceAccount: serviceAccount.name, else the objects' name. */}}
+{{- define "cni-usernet.serviceAccountName" -}}
+{{- default (include "cni-usernet.fullname" .) .Values.serviceAccount.name }}
+{{- end }}
