@@ -130,6 +130,18 @@ type Status struct {
 	// DenialLogsSuppressed counts the denials that got no log line
 	// (the rate limit).
 	DenialLogsSuppressed uint64 `json:"denialLogsSuppressed,omitempty"`
+	// Layers counts the policies in force in each layer, both directions
+	// together; nil when no ClusterNetworkPolicy applies to the pod.
+	Layers *LayerCounts `json:"layers,omitempty"`
+}
+
+// LayerCounts are how many policies of each layer a pod's policy holds:
+// ClusterNetworkPolicies of the Admin and Baseline tiers, the
+// NetworkPolicies that isolate it.
+type LayerCounts struct {
+	Admin         int `json:"admin"`
+	NetworkPolicy int `json:"networkPolicy"`
+	Baseline      int `json:"baseline"`
 }
 
 // Denied counts denials per isolating policies' label.

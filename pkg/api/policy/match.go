@@ -54,6 +54,8 @@ type Matcher struct {
 	// sink records the denials; set by the holder that attaches m (nil:
 	// not recorded).
 	sink DenialSink
+	// layers counts the policies per layer, for the status.
+	layers *LayerCounts
 }
 
 // DenialSink records the denials a Matcher counts, with the label of the
@@ -146,7 +148,7 @@ func Compile(p *PodPolicy) (*Matcher, error) {
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
-	m := &Matcher{gen: p.Generation, node: make([]netip.Addr, 0, len(p.Node))}
+	m := &Matcher{gen: p.Generation, node: make([]netip.Addr, 0, len(p.Node)), layers: layersOf(p)}
 	for _, a := range p.Node {
 		m.node = append(m.node, a.Unmap())
 	}

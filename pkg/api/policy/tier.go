@@ -149,3 +149,28 @@ func (r Reason) Layer() Tier {
 	}
 	return ""
 }
+
+// Layers counts the policies of each layer in m, nil when no
+// ClusterNetworkPolicy applies (the pod has NetworkPolicies alone).
+func (m *Matcher) Layers() *LayerCounts { return m.layers }
+
+func layersOf(p *PodPolicy) *LayerCounts {
+	if !p.Ingress.HasTiers() && !p.Egress.HasTiers() {
+		return nil
+	}
+	admin, np, base := map[string]bool{}, map[string]bool{}, map[string]bool{}
+	for _, d := range []*Direction{&p.Ingress, &p.Egress} {
+		for _, r := range d.Admin {
+			admin[r.Policy] = true
+		}
+		for _, r := range d.Baseline {
+			base[r.Policy] = true
+		}
+		if d.Isolated {
+			for _, n := range d.Policies {
+				np[n] = true
+			}
+		}
+	}
+	return &LayerCounts{Admin: len(admin), NetworkPolicy: len(np), Baseline: len(base)}
+}

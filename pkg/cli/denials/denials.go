@@ -6,6 +6,7 @@
 package denials
 
 import (
+	"cmp"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -100,7 +101,7 @@ const denialTime = time.StampMilli
 
 func printDenials(out io.Writer, rows []podDenial) {
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "TIME\tPOD\tDIRECTION\tPROTO\tPEER\tPORT\tLOCAL\tPOLICIES\tREASON")
+	fmt.Fprintln(tw, "TIME\tPOD\tDIRECTION\tPROTO\tPEER\tPORT\tLOCAL\tLAYER\tPOLICIES\tREASON")
 	for _, r := range rows {
 		peer, port, local := "-", "-", "-"
 		if r.Peer.IsValid() {
@@ -112,8 +113,8 @@ func printDenials(out io.Writer, rows []podDenial) {
 		if r.Local.IsValid() {
 			local = r.Local.String()
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Time.Format(denialTime), r.Pod, strings.ToUpper(r.Direction),
-			r.Protocol, peer, port, local, r.Policies, r.Reason)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Time.Format(denialTime), r.Pod, strings.ToUpper(r.Direction),
+			r.Protocol, peer, port, local, cmp.Or(string(r.Layer), "-"), r.Policies, r.Reason)
 	}
 	tw.Flush()
 }

@@ -48,14 +48,18 @@ func TestPrintDenials(t *testing.T) {
 	rows := []podDenial{
 		{Pod: "shop/web-0", Denial: denialAt(1, "ingress", "TCP", "10.244.2.9", 8080)},
 		{Pod: "shop/db-0", Denial: denialAt(2, "egress", "ICMPv6", "fd00::9", 0)},
+		{Pod: "shop/web-0", Denial: denialAt(3, "ingress", "TCP", "10.244.3.1", 22)},
 	}
+	rows[0].Layer = policy.TierNetworkPolicy
 	rows[1].Local, rows[1].Policies, rows[1].Reason = netip.Addr{}, "(pending)", "no rule admits"
+	rows[2].Layer, rows[2].Policies, rows[2].Reason = policy.TierAdmin, "no-ssh", "admin tier deny"
 	var b bytes.Buffer
 	printDenials(&b, rows)
 	want := strings.Join([]string{
-		"TIME                 POD         DIRECTION  PROTO   PEER        PORT  LOCAL       POLICIES   REASON",
-		"Dec  3 10:00:01.123  shop/web-0  INGRESS    TCP     10.244.2.9  8080  10.244.1.5  shop/web   no rule admits",
-		"Dec  3 10:00:02.123  shop/db-0   EGRESS     ICMPv6  fd00::9     -     -           (pending)  no rule admits",
+		"TIME                 POD         DIRECTION  PROTO   PEER        PORT  LOCAL       LAYER          POLICIES   REASON",
+		"Dec  3 10:00:01.123  shop/web-0  INGRESS    TCP     10.244.2.9  8080  10.244.1.5  NetworkPolicy  shop/web   no rule admits",
+		"Dec  3 10:00:02.123  shop/db-0   EGRESS     ICMPv6  fd00::9     -     -           -              (pending)  no rule admits",
+		"Dec  3 10:00:03.123  shop/web-0  INGRESS    TCP     10.244.3.1  22    10.244.1.5  Admin          no-ssh     admin tier deny",
 		""}, "\n")
 	if b.String() != want {
 		t.Errorf("got:\n%s\nwant:\n%s", b.String(), want)

@@ -209,7 +209,9 @@ func printTable(out io.Writer, rows []Attachment) {
 
 // policyColumn is the network policy in force: "off", or its generation
 // and the isolated directions with their denials, e.g. "gen 7 in(12) out(0)";
-// "open" when neither direction is isolated.
+// "open" when neither direction is isolated. When ClusterNetworkPolicies
+// apply, the policies of each layer in the order they are asked follow:
+// "admin 1 np 2 baseline 1".
 func policyColumn(p *policy.Status) string {
 	if p == nil {
 		return "off"
@@ -229,6 +231,9 @@ func policyColumn(p *policy.Status) string {
 	}
 	if !p.IngressIsolated && !p.EgressIsolated {
 		s += " open"
+	}
+	if l := p.Layers; l != nil {
+		s += fmt.Sprintf(" admin %d np %d baseline %d", l.Admin, l.NetworkPolicy, l.Baseline)
 	}
 	return s
 }

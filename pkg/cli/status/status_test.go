@@ -20,6 +20,8 @@ func TestPolicyColumn(t *testing.T) {
 		{&policy.Status{Generation: 7, IngressIsolated: true, EgressIsolated: true,
 			Denied: policy.Denied{Ingress: map[string]uint64{"a": 5, "b": 7}}}, "gen 7 in(12) out(0)"},
 		{&policy.Status{Generation: 1, EgressIsolated: true, Denied: policy.Denied{Egress: map[string]uint64{"a": 2}}}, "gen 1 out(2)"},
+		{&policy.Status{Generation: 2, IngressIsolated: true, Denied: policy.Denied{Ingress: map[string]uint64{"Admin:x": 1}},
+			Layers: &policy.LayerCounts{Admin: 2, NetworkPolicy: 1}}, "gen 2 in(1) admin 2 np 1 baseline 0"},
 	} {
 		if got := policyColumn(tc.p); got != tc.want {
 			t.Errorf("%+v: got %q, want %q", tc.p, got, tc.want)

@@ -123,7 +123,8 @@ func (e *Enforcer) SetLogger(l *slog.Logger) {
 // Status reads the policy in force and the denial counters.
 func (e *Enforcer) Status() policy.Status {
 	m := e.cur.Load()
-	s := policy.Status{Generation: m.Generation(), IngressIsolated: m.Isolated(policy.Ingress), EgressIsolated: m.Isolated(policy.Egress)}
+	s := policy.Status{Generation: m.Generation(), IngressIsolated: m.Isolated(policy.Ingress), EgressIsolated: m.Isolated(policy.Egress),
+		Layers: m.Layers()}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	read := func(d policy.Dir) map[string]uint64 {
