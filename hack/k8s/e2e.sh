@@ -45,6 +45,25 @@ dump_logs() {
   done
 }
 
+# record MODE RESULT SECONDS: a line of what ran, on what, and how it
+# ended, appended to E2E_RECORD (hack/k8s/runs.tsv by default), from which
+# hack/k8s/compat.sh renders docs/compatibility.md's matrix. Only what the
+# run itself reads from the nodes, the cluster and the tools.
+E2E_RECORD=${E2E_RECORD:-$LAB/runs.tsv}
+record() {
+  local cg=v1 primary=none k8s rt
+  [ "$(stat -fc %T /sys/fs/cgroup)" = cgroup2fs ] && cg=v2
+  [ "$1" = chain ] && primary="flannel $("$BIN/flanneld" --version 2>&1 | head -1)"
+  k8s=$(kubectl version -o json 2>/dev/null | sed -n 's/.*"gitVersion": *"\([^"]*\)".*/\1/p' | tail -1)
+  rt="containerd $("$CONTAINERD" --version | awk '{print $3}'), runc $(runc --version | sed -n 's/^runc version //p')"
+  [ -f "$E2E_RECORD" ] || printf 'date\tcommit\tkubernetes\truntime\tcgroup\tkernel\tfamilies\ttopology\tproxy\tmode\tprimary\tcommand\tresult\tseconds\n' >"$E2E_RECORD"
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$(date -u +%F)" \
+    "$(git -C "$REPO" describe --always --dirty 2>/dev/null)" "${k8s:-$K8S_VERSION}" "$rt" "$cg" "$(uname -r)" \
+    "$IP_FAMILY" "$TOPOLOGY" "$(sed -n 's/^mode: //p' "$ETC/kube-proxy.yaml" 2>/dev/null)" "$1" "$primary" \
+    "$(env | grep -E '^(K8S_LAB_[A-Z0-9_]+|E2E_MODES|E2E_RUN|E2E_CHURN)=' | sort | sed "s/=\(.*\)/='\1'/" | tr '\n' ' ')hack/k8s/e2e.sh" \
+    "$2" "$3" >>"$E2E_RECORD"
+}
+
 # up.sh is idempotent: on a running cluster it only starts what is missing
 # (node 2, CoreDNS) in a few seconds.
 "$LAB/up.sh" || { rc=1; log "cluster did not come up"; exit; }
@@ -96,6 +115,8 @@ for mode in $modes; do
     *) log "E2E_MODES: unknown mode $mode"; rc=1; continue ;;
   esac
   log "---- test/e2e, $mode mode"
-  E2E_MODE=$mode go test -count=1 -v -timeout 30m ./test/e2e ${E2E_RUN:+-run "$E2E_RUN"} || { rc=1; dump_logs; }
+  result=pass
+  E2E_MODE=$mode go test -count=1 -v -timeout 30m ./test/e2e ${E2E_RUN:+-run "$E2E_RUN"} || { rc=1; result=fail; dump_logs; }
   log "---- $mode mode: $(( $(date +%s) - s ))s$([ "$mode" = chain ] && echo ", flannel's start included")"
+  record "$mode" "$result" $(( $(date +%s) - s ))
 done
