@@ -20,6 +20,7 @@ import (
 	"github.com/cni-usernet/cni-usernet/pkg/api/state"
 	"github.com/cni-usernet/cni-usernet/pkg/node/ingressdrop"
 	"github.com/cni-usernet/cni-usernet/pkg/node/launch"
+	"github.com/cni-usernet/cni-usernet/pkg/node/podcgroup"
 	"github.com/cni-usernet/cni-usernet/pkg/node/podkernel"
 	"github.com/cni-usernet/cni-usernet/pkg/node/sockmap"
 	"github.com/cni-usernet/cni-usernet/pkg/node/sourceguard"
@@ -59,7 +60,13 @@ type Teardown struct {
 	// the standalone veth's (HostVethName).
 	SourceGuard string
 	// Proc is the stack; zero: found by its config path.
-	Proc     launch.Process
+	Proc launch.Process
+	// StackCgroups are the stack's cgroups as it started (the record's):
+	// its StackLeaf goes with it (podcgroup.RemoveLeaf). CgroupRoot is
+	// the cgroup mount they are read under; zero: /sys/fs/cgroup.
+	StackCgroups []string
+	CgroupRoot   string
+
 	IPAMType string
 	IPAMConf []byte
 	// CNIPath finds the IPAM plugin; empty: CNI_PATH.
@@ -76,6 +83,7 @@ func (td *Teardown) FromState(att *state.Attachment) {
 	td.Chained = att.Chained
 	td.IPs = att.IPs
 	td.Proc = launch.Process{PID: att.StackPID, StartTime: att.StackStartTime}
+	td.StackCgroups = att.StackCgroups
 	if att.WireNetns != "" {
 		td.WireNetns = att.WireNetns
 	}
@@ -104,6 +112,10 @@ func (td *Teardown) Run() error {
 		if err := launch.Stop(proc, StopGrace); err != nil {
 			errs = append(errs, fmt.Errorf("stopping stack: %w", err))
 		}
+	}
+	// Best effort: kubelet removes the pod's cgroup with what is in it.
+	if err := podcgroup.RemoveLeaf(td.CgroupRoot, td.StackCgroups); err != nil {
+		td.log().Warn("the stack's cgroup stays", "err", err)
 	}
 	td.disableRedirect()
 	if err := td.CleanNetns(); err != nil {

@@ -9,7 +9,10 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // DefaultRoot is where the node mounts its cgroup hierarchies.
@@ -176,6 +179,42 @@ func Prepare(root string, loc Location) (string, error) {
 		}
 	}
 	return join, nil
+}
+
+// RemoveLeaf removes the StackLeaf a stack was in, once it has exited:
+// lines are its /proc/PID/cgroup lines at start (launch.Cgroups), read
+// in the cgroup namespace of the caller, and root is that namespace's
+// cgroup mount (zero: DefaultRoot), with the unified hierarchy at root
+// or, on a hybrid node, at root/unified. Only a v2 cgroup named
+// StackLeaf is removed: the pod's own cgroup is kubelet's, and
+// NodeCgroup is shared by every stack charged to the node. Already gone
+// is success; a leaf that still holds a process stays (EBUSY).
+func RemoveLeaf(root string, lines []string) error {
+	if root == "" {
+		root = DefaultRoot
+	}
+	var errs []error
+	for _, line := range lines {
+		rel, ok := strings.CutPrefix(line, "0::")
+		if !ok || path.Base(rel) != StackLeaf {
+			continue
+		}
+		rel = strings.TrimPrefix(path.Clean("/"+rel), "/")
+		if slices.Contains(strings.Split(rel, "/"), "..") {
+			continue
+		}
+		for _, mount := range []string{root, filepath.Join(root, "unified")} {
+			if !isFile(filepath.Join(mount, "cgroup.controllers")) {
+				continue
+			}
+			p := filepath.Join(mount, rel)
+			if err := unix.Rmdir(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+				errs = append(errs, fmt.Errorf("removing the stack's cgroup %s: %w", p, err))
+			}
+			break
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // byUID looks for the pod-level cgroup kubelet makes for uid, with either
