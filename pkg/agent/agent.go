@@ -73,6 +73,8 @@ type agentFlags struct {
 	portMap            bool
 	bandwidth          bool
 	networkPolicy      bool
+	// clusterNetworkPolicy: watch ClusterNetworkPolicies too.
+	clusterNetworkPolicy bool
 	// The node's defaults for its pods' stacks, written into the
 	// conflist: empty or zero leaves the key out (the plugin's default).
 	stackCgroup    string
@@ -119,6 +121,7 @@ func parseAgentFlags(args []string) (*agentFlags, error) {
 	fs.StringVar(&f.pprofAddress, "pprof-address", "", "serve Go's runtime profiles at /debug/pprof/ on this loopback address (e.g. 127.0.0.1:6060); empty: none")
 	fs.BoolVar(&f.portMap, "port-map", true, "chain the portmap plugin after cni-usernet (pods' hostPort); in chain mode only when the node's conflist has none")
 	fs.BoolVar(&f.bandwidth, "bandwidth", true, "chain the bandwidth plugin after cni-usernet (kubernetes.io/ingress-bandwidth, egress-bandwidth); in chain mode only when the node's conflist has none")
+	fs.BoolVar(&f.clusterNetworkPolicy, "cluster-network-policy", true, "with --network-policy, enforce policy.networking.k8s.io ClusterNetworkPolicy (Admin and Baseline tiers) too; where its CRD is not installed the agent says so once and enforces NetworkPolicy alone (needs get/list/watch on clusternetworkpolicies)")
 	fs.BoolVar(&f.networkPolicy, "network-policy", true, "enforce NetworkPolicy in each pod's stack: watch the API server, compile and push each local pod's policy, and mark the conflist so that ADD waits for it (false: the primary CNI enforces policy, e.g. Calico or Cilium)")
 	fs.StringVar(&f.stackCgroup, "stack-cgroup", "", "where the node's pods' stacks are charged, the conflist's stackCgroup: pod (the pod's cgroup) or node (cni-usernet's cgroup under the kubepods tree); empty: the plugin's default, pod")
 	fs.StringVar(&f.busyPoll, "busy-poll", "", `the node's default busy polling, the conflist's busyPoll: auto (the stack's governor), a window up to 10ms ("200us", polled always) or 0s (off); empty: the plugin's default, auto`)
@@ -409,6 +412,8 @@ func startPolicy(ctx context.Context, f *agentFlags, setup *nodeSetup, m *policy
 		Node:    f.nodeName,
 		Metrics: m,
 		Log:     log.With("component", "policy"),
+
+		ClusterNetworkPolicy: f.clusterNetworkPolicy,
 	})
 	if err != nil {
 		return err

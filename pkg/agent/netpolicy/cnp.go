@@ -353,3 +353,41 @@ func (c *Compiler) TierCounts() (admin, baseline int) {
 	}
 	return admin, baseline
 }
+
+// Unsupported are the parts of p the compiler does not implement or does
+// not know, each with where it is: the rules that hold them fail closed.
+// Selectors and CIDRs the API would refuse are not among them (the
+// compiler's warnings tell of those, per pod).
+func (p *ClusterNetworkPolicy) Unsupported() []string {
+	out := slices.Clone(p.Unknown)
+	if p.Spec.Tier != tierAdmin && p.Spec.Tier != tierBaseline {
+		out = append(out, fmt.Sprintf("spec.tier %q", p.Spec.Tier))
+	}
+	check := func(where, action string, peers []ClusterNetworkPolicyPeer, protos []ClusterNetworkPolicyProtocol) {
+		switch policy.Action(action) {
+		case policy.Accept, policy.Deny, policy.Pass:
+		default:
+			out = append(out, fmt.Sprintf("%s.action %q", where, action))
+		}
+		for i, pe := range peers {
+			if pe.Nodes != nil {
+				out = append(out, fmt.Sprintf("%s peer %d: nodes", where, i))
+			}
+			if len(pe.DomainNames) > 0 {
+				out = append(out, fmt.Sprintf("%s peer %d: domainNames", where, i))
+			}
+		}
+		for i, pr := range protos {
+			if pr.DestinationNamedPort != "" {
+				out = append(out, fmt.Sprintf("%s protocol %d: destinationNamedPort", where, i))
+			}
+		}
+	}
+	for i, r := range p.Spec.Ingress {
+		check(fmt.Sprintf("spec.ingress[%d]", i), r.Action, r.From, r.Protocols)
+	}
+	for i, r := range p.Spec.Egress {
+		check(fmt.Sprintf("spec.egress[%d]", i), r.Action, r.To, r.Protocols)
+	}
+	return out
+}

@@ -21,6 +21,9 @@ type cache struct {
 	namespaces *watch.Informer[netpolicy.Namespace]
 	services   *watch.Informer[netpolicy.Service]
 	slices     *watch.Informer[netpolicy.EndpointSlice]
+	// cnps are the ClusterNetworkPolicies; nil when not watched
+	// (Options.ClusterNetworkPolicy).
+	cnps *watch.Informer[netpolicy.ClusterNetworkPolicy]
 	// synced is called once every collection has listed once.
 	synced func()
 	// indexes are what rounds share: the pods and namespaces as peers,
@@ -41,6 +44,7 @@ type changes interface {
 	namespace(old, new *netpolicy.Namespace)
 	service(old, new *netpolicy.Service)
 	slice(old, new *netpolicy.EndpointSlice)
+	clusterPolicy(old, new *netpolicy.ClusterNetworkPolicy)
 }
 
 // newCache makes the reflectors; ch is told of every change, synced once
@@ -79,7 +83,75 @@ func newCache(o Options, ch changes, synced func()) (*cache, error) {
 	if c.slices, err = newReflector(o, watch.EndpointSlices, ch.slice, log); err != nil {
 		return nil, err
 	}
+	if o.ClusterNetworkPolicy {
+		onCNP := func(old, new *netpolicy.ClusterNetworkPolicy) {
+			reportClusterPolicy(o, old, new)
+			ch.clusterPolicy(old, new)
+			c.countClusterPolicies(o.Metrics)
+		}
+		if c.cnps, err = newReflector(o, watch.ClusterNetworkPolicies, onCNP, log); err != nil {
+			return nil, err
+		}
+	}
 	return c, nil
+}
+
+// reportClusterPolicy logs, at each change of a ClusterNetworkPolicy,
+// the parts of it this agent does not implement (they fail closed; the
+// pods they select also get the compiler's warnings as Events).
+func reportClusterPolicy(o Options, old, new *netpolicy.ClusterNetworkPolicy) {
+	if new == nil || old != nil && netpolicy.ClusterPolicyChange(old, new) == nil {
+		return
+	}
+	if parts := new.Unsupported(); len(parts) > 0 {
+		o.Log.Warn("a ClusterNetworkPolicy holds what this agent does not implement: those rules fail closed (an Accept matches nothing, a Deny or Pass denies everything)",
+			"clusterNetworkPolicy", new.Metadata.Name, "unsupported", strings.Join(parts, "; "))
+	}
+}
+
+// countClusterPolicies sets the gauges of the ClusterNetworkPolicies by
+// tier and of those with parts not implemented.
+func (c *cache) countClusterPolicies(m *Metrics) {
+	tiers := map[string]int{"Admin": 0, "Baseline": 0}
+	unsupported := 0
+	for _, p := range c.cnps.List() {
+		if _, ok := tiers[p.Spec.Tier]; ok {
+			tiers[p.Spec.Tier]++
+		} else {
+			tiers["other"]++ // a newer API's, enforced as Admin
+		}
+		if len(p.Unsupported()) > 0 {
+			unsupported++
+		}
+	}
+	for t, n := range tiers {
+		m.clusterPolicies.WithLabelValues(t).Set(float64(n))
+	}
+	m.clusterUnsupported.Set(float64(unsupported))
+}
+
+// collections are the reflectors the cache runs: the five of
+// NetworkPolicy, and the ClusterNetworkPolicies' when watched.
+func (c *cache) collections() []interface {
+	Run(context.Context)
+	Synced() <-chan struct{}
+	HasSynced() bool
+	Err() error
+	Kind() watch.Kind
+	Retry()
+} {
+	out := []interface {
+		Run(context.Context)
+		Synced() <-chan struct{}
+		HasSynced() bool
+		Err() error
+		Kind() watch.Kind
+		Retry()
+	}{c.policies, c.pods, c.namespaces, c.services, c.slices}
+	if c.cnps != nil {
+		out = append(out, c.cnps)
+	}
+	return out
 }
 
 // newReflector is the one place a collection's watch is made.
@@ -95,18 +167,18 @@ func newReflector[T any](o Options, k watch.Kind, onChange func(old, new *T), lo
 // every reflector has stopped.
 func (c *cache) run(ctx context.Context) {
 	var wg sync.WaitGroup
-	for _, run := range []func(context.Context){c.policies.Run, c.pods.Run, c.namespaces.Run, c.services.Run, c.slices.Run} {
+	for _, r := range c.collections() {
 		wg.Add(1)
-		go func() { defer wg.Done(); run(ctx) }()
+		go func() { defer wg.Done(); r.Run(ctx) }()
 	}
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
 		// Collections that list empty report no change: say when all
 		// have listed, for the first pass.
-		for _, ch := range []<-chan struct{}{c.policies.Synced(), c.pods.Synced(), c.namespaces.Synced(), c.services.Synced(), c.slices.Synced()} {
+		for _, r := range c.collections() {
 			select {
-			case <-ch:
+			case <-r.Synced():
 			case <-ctx.Done():
 				return
 			}
@@ -121,11 +193,7 @@ func (c *cache) run(ctx context.Context) {
 // of policies would open every pod.
 func (c *cache) ready() error {
 	var missing []string
-	for _, r := range []interface {
-		HasSynced() bool
-		Err() error
-		Kind() watch.Kind
-	}{c.policies, c.pods, c.namespaces, c.services, c.slices} {
+	for _, r := range c.collections() {
 		if r.HasSynced() {
 			continue
 		}
@@ -163,10 +231,15 @@ func (c *cache) waitSynced(ctx context.Context, wait time.Duration) error {
 // namespaces: those it takes from indexes (netpolicy.NewIndexedCompiler),
 // and a round looks a local pod up with pod.
 func (c *cache) snapshot() *netpolicy.Snapshot {
+	var cnps map[string]*netpolicy.ClusterNetworkPolicy
+	if c.cnps != nil {
+		cnps = c.cnps.List()
+	}
 	return &netpolicy.Snapshot{
-		Policies:       c.policies.List(),
-		Services:       c.services.List(),
-		EndpointSlices: c.slices.List(),
+		ClusterPolicies: cnps,
+		Policies:        c.policies.List(),
+		Services:        c.services.List(),
+		EndpointSlices:  c.slices.List(),
 	}
 }
 
@@ -198,11 +271,9 @@ func (c *cache) podsErr() error { return c.pods.Err() }
 // retry cuts every reflector's backoff short: the API server may be
 // back while the watches wait out theirs (up to 30 s after an outage).
 func (c *cache) retry() {
-	c.pods.Retry()
-	c.policies.Retry()
-	c.namespaces.Retry()
-	c.services.Retry()
-	c.slices.Retry()
+	for _, r := range c.collections() {
+		r.Retry()
+	}
 }
 
 // waitPod waits until the pod cache holds namespace/name, ctx ends or

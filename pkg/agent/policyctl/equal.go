@@ -101,23 +101,38 @@ func (d *digester) direction(dir *policy.Direction) {
 	d.int(uint64(len(dir.Rules)))
 	for i := range dir.Rules {
 		r := &dir.Rules[i]
-		d.str(r.Policy)
-		d.int(uint64(len(r.Ports)))
-		for _, p := range r.Ports {
-			d.str(string(p.Protocol))
-			d.int(uint64(p.First))
-			d.int(uint64(p.Last))
-		}
-		d.int(uint64(len(r.Peers)))
-		for _, p := range r.Peers {
-			d.prefix(p.CIDR)
-			d.int(uint64(len(p.Except)))
-			for _, e := range p.Except {
-				d.prefix(e)
-			}
+		d.rule(r.Policy, r.Ports, r.Peers)
+	}
+	// The ClusterNetworkPolicy tiers, each rule with its action and
+	// name.
+	for _, tier := range [][]policy.TierRule{dir.Admin, dir.Baseline} {
+		d.int(uint64(len(tier)))
+		for i := range tier {
+			r := &tier[i]
+			d.str(string(r.Action))
+			d.str(r.Name)
+			d.rule(r.Policy, r.Ports, r.Peers)
 		}
 	}
 	d.flush()
+}
+
+func (d *digester) rule(pol string, ports []policy.PortRange, peers []policy.Peer) {
+	d.str(pol)
+	d.int(uint64(len(ports)))
+	for _, p := range ports {
+		d.str(string(p.Protocol))
+		d.int(uint64(p.First))
+		d.int(uint64(p.Last))
+	}
+	d.int(uint64(len(peers)))
+	for _, p := range peers {
+		d.prefix(p.CIDR)
+		d.int(uint64(len(p.Except)))
+		for _, e := range p.Except {
+			d.prefix(e)
+		}
+	}
 }
 
 // heldPolicy is what a stack holds, as the controller remembers it.

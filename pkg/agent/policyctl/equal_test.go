@@ -17,8 +17,11 @@ func TestDigestIsEqual(t *testing.T) {
 			Ingress: policy.Direction{Isolated: true, Policies: []string{"x/a"}, Rules: []policy.Rule{{Policy: "x/a",
 				Peers: []policy.Peer{{CIDR: netip.MustParsePrefix("10.0.0.0/8"), Except: []netip.Prefix{netip.MustParsePrefix("10.1.0.0/16")}}},
 				Ports: []policy.PortRange{{Protocol: policy.TCP, First: 80, Last: 80}}}}},
-			Egress: policy.Direction{Isolated: true, Policies: []string{"x/a"}},
-			Node:   []netip.Addr{netip.MustParseAddr("192.0.2.1")},
+			Egress: policy.Direction{Isolated: true, Policies: []string{"x/a"},
+				Admin: []policy.TierRule{{Policy: "no-y", Name: "r", Action: policy.Deny,
+					Peers: []policy.Peer{{CIDR: netip.MustParsePrefix("10.2.0.0/16")}}}},
+				Baseline: []policy.TierRule{{Policy: "base", Action: policy.Deny}}},
+			Node: []netip.Addr{netip.MustParseAddr("192.0.2.1")},
 			Services: []policy.Service{{Name: "y/s:http", Protocol: policy.TCP, VIP: netip.MustParseAddrPort("10.96.0.1:80"),
 				Backends: []policy.Backend{{Addr: netip.MustParseAddrPort("10.2.0.1:8080")}}}},
 		}
@@ -42,6 +45,16 @@ func TestDigestIsEqual(t *testing.T) {
 		"a service's name":                 func(p *policy.PodPolicy) { p.Services[0].Name = "y/s:https" },
 		"a rule's policy":                  func(p *policy.PodPolicy) { p.Ingress.Rules[0].Policy = "x/b" },
 		"a prefix length":                  func(p *policy.PodPolicy) { p.Ingress.Rules[0].Peers[0].CIDR = netip.MustParsePrefix("10.0.0.0/9") },
+		"an Admin rule's action":           func(p *policy.PodPolicy) { p.Egress.Admin[0].Action = policy.Pass },
+		"an Admin rule's peer":             func(p *policy.PodPolicy) { p.Egress.Admin[0].Peers = nil },
+		"an Admin rule's name":             func(p *policy.PodPolicy) { p.Egress.Admin[0].Name = "" },
+		"a Baseline rule's ports": func(p *policy.PodPolicy) {
+			p.Egress.Baseline[0].Ports = []policy.PortRange{{Protocol: policy.UDP}}
+		},
+		"the Admin rule moved to the Baseline tier": func(p *policy.PodPolicy) {
+			p.Egress.Baseline = append(p.Egress.Admin, p.Egress.Baseline...)
+			p.Egress.Admin = nil
+		},
 		"one policy name split in two": func(p *policy.PodPolicy) {
 			p.Ingress.Policies = []string{"x/", "a"}
 		},

@@ -236,6 +236,8 @@ type policyEnv struct {
 	compiled func(podKey string)
 	// resync is Options.Resync; zero: the default.
 	resync time.Duration
+	// clusterPolicies is Options.ClusterNetworkPolicy.
+	clusterPolicies bool
 }
 
 func newPolicyEnv(t *testing.T) *policyEnv {
@@ -258,6 +260,8 @@ func (e *policyEnv) start(t *testing.T) (*Controller, func()) {
 		watchBackoff: 20 * time.Millisecond,
 		compiled:     e.compiled,
 		Resync:       e.resync,
+
+		ClusterNetworkPolicy: e.clusterPolicies,
 	})
 	if err != nil {
 		t.Fatal(err)

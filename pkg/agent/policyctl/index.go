@@ -80,6 +80,12 @@ func (x *index) policy(old, new *netpolicy.NetworkPolicy) {
 	}
 }
 
+func (x *index) clusterPolicy(old, new *netpolicy.ClusterNetworkPolicy) {
+	if ch := netpolicy.ClusterPolicyChange(old, new); ch != nil {
+		x.apply(ch, "")
+	}
+}
+
 func (x *index) pod(old, new *netpolicy.Pod) {
 	ch := netpolicy.PodChange(old, new, x.nsLabels)
 	self := ""

@@ -8,6 +8,10 @@ type Metrics struct {
 	pending    prometheus.Gauge
 	pushErrors prometheus.Counter
 	duration   *prometheus.HistogramVec
+	// clusterPolicies and clusterUnsupported count the
+	// ClusterNetworkPolicies the agent sees (when it watches them).
+	clusterPolicies    *prometheus.GaugeVec
+	clusterUnsupported prometheus.Gauge
 }
 
 // NewMetrics returns the controller's metrics, registered nowhere:
@@ -33,10 +37,18 @@ func NewMetrics() *Metrics {
 			// pass over a node's pods with pushes, milliseconds to tens.
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
 		}, []string{"trigger"}),
+		clusterPolicies: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "cni_usernet_policy_cluster_policies",
+			Help: "ClusterNetworkPolicies the agent sees, by tier (Admin, Baseline, other: a tier it does not know, enforced as Admin); none while their CRD is not installed or --cluster-network-policy is off.",
+		}, []string{"tier"}),
+		clusterUnsupported: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "cni_usernet_policy_cluster_policies_unsupported",
+			Help: "ClusterNetworkPolicies that hold fields the agent does not implement (experimental or unknown): the rules that hold them fail closed.",
+		}),
 	}
 }
 
 // Collectors are the metrics, for a prometheus.Registry.
 func (m *Metrics) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.pods, m.pending, m.pushErrors, m.duration}
+	return []prometheus.Collector{m.pods, m.pending, m.pushErrors, m.duration, m.clusterPolicies, m.clusterUnsupported}
 }

@@ -53,6 +53,13 @@ type Options struct {
 	// node ports are answered on them); no watch reports them. Zero:
 	// 30 s.
 	NodeCheck time.Duration
+	// ClusterNetworkPolicy watches policy.networking.k8s.io
+	// ClusterNetworkPolicies too and compiles them with the
+	// NetworkPolicies into each pod's tiers. Where the API server does
+	// not serve them (the CRD is not installed) the agent says so once
+	// and enforces NetworkPolicy alone, looking for them again at every
+	// relist.
+	ClusterNetworkPolicy bool
 	// Metrics count what the controller does. Nil: counted for nobody.
 	Metrics *Metrics
 	// Log receives the controller's lines. Nil: none.
