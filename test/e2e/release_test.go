@@ -209,7 +209,7 @@ spec:
 		agents := agentPods(t)
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
-		if out, err := run(ctx, dir, helm, "upgrade", "cni-usernet", chart, "-n", "kube-system", "--reuse-values", "--set", "gso=software"); err != nil {
+		if out, err := run(ctx, dir, helm, "upgrade", "cni-usernet", chart, "-n", "kube-system", "--reset-then-reuse-values", "--set", "gso=software"); err != nil {
 			t.Fatalf("helm upgrade: %v\n%s", err, out)
 		}
 		mustKubectl(t, "-n", "kube-system", "rollout", "status", "ds/cni-usernet", "--timeout=5m")
