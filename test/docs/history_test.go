@@ -134,3 +134,128 @@ func TestHistoryPatterns(t *testing.T) {
 		t.Errorf("a hash in BENCHMARKS.md's prose not flagged")
 	}
 }
+
+// notebookPhrases tell a reference page's reader about the project's
+// past instead of what holds: releases before this one (it has made
+// none), "until this release", a statement dated "Before (2026-12-02)".
+var notebookPhrases = regexp.MustCompile(`(?i)\b(?:until|since|before|as of) this release\b|\bearlier releases?\b|\b(?:before|after|until|since|as of)\s*\(?\s*20\d\d-[01]\d-[0-3]\d\b`)
+
+// proseDate is a date in a page's prose: a run told as a diary entry
+// ("measured on the lab on 2026-12-02"). A link to the dated archive
+// (its target, or a date as the link's text: a citation) is not prose.
+var (
+	proseDate     = regexp.MustCompile(`\b20\d\d-[01]\d-[0-3]\d\b`)
+	linkTarget    = regexp.MustCompile(`\]\([^)]*\)`)
+	datedCitation = regexp.MustCompile(`\[[^\]]*20\d\d-[01]\d-[0-3]\d[^\]]*\]\(`)
+)
+
+// referencePages are the pages written in the present tense: the README,
+// SECURITY.md, the chart's README and docs/*.md. BENCHMARKS.md (whose
+// runs are dated by nature), CHANGELOG.md and the archive under
+// docs/benchmarks/ tell history by design.
+func referencePages(t *testing.T) []string {
+	t.Helper()
+	pages := []string{"README.md", "SECURITY.md", "charts/cni-usernet/README.md"}
+	m, err := filepath.Glob(filepath.Join(repo, "docs", "*.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range m {
+		rel, _ := filepath.Rel(repo, p)
+		pages = append(pages, rel)
+	}
+	return pages
+}
+
+// presentTenseOwed are the reference pages still dated in places, each
+// with who rewrites it; the test fails when one of them no longer needs
+// its entry, so that the list only shrinks.
+var presentTenseOwed = map[string]string{
+	"docs/performance.md": "the performance work rewrites it (dated runs belong in BENCHMARKS.md and the archive)",
+	"docs/testing.md":     "the lab's owner rewrites its timings in the present tense",
+}
+
+// notebookFindings lists the lines of a reference page that read like a
+// lab notebook.
+func notebookFindings(name, text string) []string {
+	var out []string
+	for i, line := range proseLines(text) {
+		if m := notebookPhrases.FindString(line); m != "" {
+			out = append(out, fmtFinding(name, i+1, m, "the project's past: say what holds now; the story belongs in CHANGELOG.md and the archive docs/benchmarks/"))
+		}
+		prose := linkTarget.ReplaceAllString(datedCitation.ReplaceAllString(line, "]("), "]")
+		if d := proseDate.FindString(prose); d != "" {
+			out = append(out, fmtFinding(name, i+1, d, "a dated run in a reference page: give the figure BENCHMARKS.md holds and link it (or the archive file), without the diary date"))
+		}
+	}
+	return out
+}
+
+// The reference pages are written in the present tense: no "until this
+// release", no releases before (there are none), no dated runs in prose.
+func TestReferencePagesPresentTense(t *testing.T) {
+	for _, p := range referencePages(t) {
+		b, err := os.ReadFile(filepath.Join(repo, p))
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := notebookFindings(p, string(b))
+		if why, owed := presentTenseOwed[p]; owed {
+			if len(f) == 0 {
+				t.Errorf("%s is in the present tense now: remove it from presentTenseOwed", p)
+			} else {
+				t.Logf("%s: %d dated or historical lines still owed (%s)", p, len(f), why)
+			}
+			continue
+		}
+		for _, e := range f {
+			t.Error(e)
+		}
+	}
+}
+
+func TestNotebookPatterns(t *testing.T) {
+	for _, s := range []string{
+		"Until this release the applications' side was a second netstack",
+		"attachments made by earlier releases",
+		"Before (2026-12-02) the queue held",
+		"Measured on the lab on 2026-12-02: new agents ready",
+		"(2026-12-03 07:56 UTC, a quiet 2-vCPU VM)",
+	} {
+		if len(notebookFindings("docs/x.md", s)) == 0 {
+			t.Errorf("no finding in %q", s)
+		}
+	}
+	for _, s := range []string{
+		"the stack's CPU per GB in alternated runs ([2026-12-01](benchmarks/2026-12-01-relay-writev-gro.md))",
+		"[BENCHMARKS.md](../BENCHMARKS.md#latest-full-run-2026-12-03-2344-utc)",
+		"a release's chart names that release's image",
+	} {
+		if f := notebookFindings("docs/x.md", s); len(f) != 0 {
+			t.Errorf("false finding in %q: %v", s, f)
+		}
+	}
+}
+
+// docs/README.md, the index of the documentation, links the dated
+// archive once, through its own index (docs/benchmarks/README.md), and
+// none of its files: the archive is the record BENCHMARKS.md cites, not
+// a page to read.
+func TestArchiveOutOfTheIndex(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join(repo, "docs", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var links []string
+	for _, m := range mdLink.FindAllStringSubmatch(string(b), -1) {
+		if strings.HasPrefix(m[1], "benchmarks/") || strings.HasPrefix(m[1], "./benchmarks/") {
+			links = append(links, m[1])
+		}
+	}
+	if len(links) != 1 || links[0] != "benchmarks/README.md" {
+		t.Errorf("docs/README.md links the archive as %v, want once, benchmarks/README.md", links)
+	}
+	if _, err := os.Stat(filepath.Join(repo, "docs", "benchmarks", "README.md")); err != nil {
+		t.Errorf("the archive has no index: %v", err)
+	}
+}
