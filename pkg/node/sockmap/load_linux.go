@@ -26,7 +26,7 @@ const DefaultPinRoot = "/sys/fs/bpf/cni-usernet"
 
 // layoutVersion names the maps' and programs' layout; bump it with any
 // change of a key, a value or a program's contract with the maps.
-const layoutVersion = "sockmap-v1"
+const layoutVersion = "sockmap-v2"
 
 // PinDir is the directory of the node's pins under root.
 func PinDir(root string) string { return filepath.Join(root, layoutVersion) }
@@ -34,6 +34,7 @@ func PinDir(root string) string { return filepath.Join(root, layoutVersion) }
 // The pins in PinDir.
 const (
 	pinSocks    = "socks"
+	pinTargets  = "targets"
 	pinInfo     = "info"
 	pinNetns    = "netns"
 	pinCounters = "counters"
@@ -144,6 +145,11 @@ func load(dir string, layout psockLayout) (err error) {
 	if m.socks, err = newMap(pinSocks, &ebpf.MapSpec{Name: "usn_socks", Type: ebpf.SockHash, KeySize: keySize, ValueSize: 8, MaxEntries: maxSockets}); err != nil {
 		return err
 	}
+	// targets has no programs attached, ever: its members keep TCP's own
+	// sendmsg.
+	if m.targets, err = newMap(pinTargets, &ebpf.MapSpec{Name: "usn_targets", Type: ebpf.SockHash, KeySize: keySize, ValueSize: 8, MaxEntries: maxSockets}); err != nil {
+		return err
+	}
 	if m.info, err = newMap(pinInfo, &ebpf.MapSpec{Name: "usn_info", Type: ebpf.LRUHash, KeySize: keySize, ValueSize: infoSize, MaxEntries: maxSockets}); err != nil {
 		return err
 	}
@@ -169,7 +175,7 @@ func load(dir string, layout psockLayout) (err error) {
 	if err := link.RawAttachProgram(link.RawAttachProgramOptions{Target: m.socks.FD(), Program: verdict, Attach: ebpf.AttachSkMsgVerdict}); err != nil {
 		return fmt.Errorf("%w: attaching the sk_msg program to the socket hash: %v", ErrUnsupported, err)
 	}
-	ops, err := ebpf.NewProgram(programSpec("usn_sock_ops", ebpf.SockOps, sockOpsProgram(m)))
+	ops, err := ebpf.NewProgram(programSpec("usn_sock_ops", ebpf.SockOps, sockOpsProgram(m, layout)))
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrUnsupported, errLoading("sock_ops", err))
 	}

@@ -17,12 +17,21 @@ import (
 const Budget = 1 << 20
 
 // MaxSocketsPerPod bounds the sockets one pod namespace puts in the
-// node's socket hash, so that a pod opening connections without end
+// node's socket hashes, so that a pod opening connections without end
 // takes only its own sockets off the redirect, never another pod's.
 const MaxSocketsPerPod = 8192
 
-// maxSockets is the socket hash's size: room for many pods at their cap.
+// maxSockets is each socket hash's size: room for many pods at their cap.
 const maxSockets = 65536
+
+// leaveGrace is how long a socket waits, once no peer can start a new
+// redirect into it, before it leaves the socket hashes: a redirect that
+// a peer's verdict chose before the peer went through TCP lands in the
+// socket's queue after the peer's lock is dropped, on a thread that may
+// be preempted or throttled meanwhile, and leaving drops whatever lands
+// later. It is far above a scheduling delay and far below a connection's
+// life.
+const leaveGrace = 1_000_000_000 // ns
 
 // maxPods is how many pod namespaces the namespaces map holds.
 const maxPods = 4096
@@ -31,7 +40,7 @@ const maxPods = 4096
 // node's commands); the counters map its counters (written only by the
 // programs), so that neither overwrites the other's writes.
 const (
-	nsSocketsOff    = 0  // u32: sockets in the hash
+	nsSocketsOff    = 0  // u32: sockets in the hashes
 	nsRedirectedOff = 8  // u64: messages redirected
 	nsFallbacksOff  = 16 // u64: sockets that went (back) through TCP
 	nsRefusedOff    = 24 // u64: sockets left out at the pod's cap
@@ -46,13 +55,24 @@ const (
 	flagBoth = 4
 )
 
-// A socket's info in the info map: the redirected bytes it holds unread,
-// and its kind.
+// A socket's info in the info map, which programs read by key (a
+// program cannot read another socket's socket storage): the redirected
+// bytes it holds unread, its kind, whether it has a verdict, its choice,
+// and since when it could leave the hashes.
 const (
-	infoPending = 0 // u64
-	infoKind    = 8 // u64: kindStack, or 0 for an application's socket
-	infoSize    = 16
+	infoPending = 0  // u64
+	infoKind    = 8  // u32: kindStack, or 0 for an application's socket
+	infoState   = 12 // u32: stateVerdict, stateLeft
+	infoChoice  = 16 // u32: choiceTCP once its verdict chose TCP (mirrors its socket storage)
+	infoSince   = 24 // u64: ktime when no peer could start a redirect into it, or 0
+	infoSize    = 32
 	kindStack   = 1
+	// stateVerdict: the socket is in the socks hash, so its sends go
+	// through the verdict and may redirect; without it, it never does.
+	stateVerdict = 1
+	// stateLeft: the socket left the hashes; the counters no longer
+	// hold it.
+	stateLeft = 2
 )
 
 // A socket's choice, in its socket storage.
@@ -100,9 +120,11 @@ const (
 	storageCreate   = 1  // BPF_SK_STORAGE_GET_F_CREATE
 	skPass          = 1  // SK_PASS
 	stateCBFlag     = 4  // BPF_SOCK_OPS_STATE_CB_FLAG
+	rttCBFlag       = 8  // BPF_SOCK_OPS_RTT_CB_FLAG
 	opActiveEstab   = 4  // BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB
 	opPassiveEstab  = 5  // BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB
 	opStateCB       = 10 // BPF_SOCK_OPS_STATE_CB
+	opRTTCB         = 12 // BPF_SOCK_OPS_RTT_CB
 	tcpClose        = 7  // BPF_TCP_CLOSE
 	userDataPtrMask = -8 // SK_USER_DATA_PTRMASK: the low bits are flags
 )
@@ -175,7 +197,8 @@ func atomicAdd(ptr asm.Register, off int16, imm int32, size asm.Size) asm.Instru
 
 // maps are the node's maps the programs use.
 type maps struct {
-	socks    *ebpf.Map // SOCKHASH: key → socket
+	socks    *ebpf.Map // SOCKHASH with the verdict: key → a socket that may redirect
+	targets  *ebpf.Map // SOCKHASH without programs: key → a stack's socket, to redirect to
 	info     *ebpf.Map // LRU_HASH: key → the socket's info
 	netns    *ebpf.Map // HASH: netns cookie → u32 flags
 	counters *ebpf.Map // HASH: netns cookie → the pod's counters
@@ -185,8 +208,10 @@ type maps struct {
 // Stack layout of the sock_ops program.
 const (
 	opsCookie = -8                // the netns cookie, as the namespaces map's key
-	opsKey    = -8 - 8 - keySize  // the socket's key
+	opsFlags  = -16               // the pod's flags (u32)
+	opsKey    = -16 - keySize     // the socket's key
 	opsInfo   = opsKey - infoSize // the socket's info, to write
+	opsPeer   = opsInfo - keySize // its peer's key
 )
 
 // seq joins pieces of a program.
@@ -228,12 +253,22 @@ func netnsCookie(off int16) asm.Instructions {
 }
 
 // sockOpsProgram puts the established sockets of enabled namespaces in
-// the socket hash and forgets them when they close.
-func sockOpsProgram(m maps) asm.Instructions {
+// the socket hashes, publishes what each holds unread on its RTT
+// callbacks, takes a socket that went back to TCP out of the hashes once
+// that is safe, and forgets a socket when it closes.
+//
+// An application's socket goes in socks, whose verdict redirects what it
+// sends. A stack's socket goes in targets, which has no programs: its
+// sends keep TCP's own sendmsg (a socket in a hash with an sk_msg verdict
+// sends through the sockmap's copy for as long as it is in one), and the
+// applications' verdict finds it there. With flagBoth it goes in socks
+// too, so that its own writes redirect.
+func sockOpsProgram(m maps, l psockLayout) asm.Instructions {
 	return seq(
 		asm.Instructions{
 			asm.Mov.Reg(asm.R6, asm.R1),
 			asm.LoadMem(asm.R2, asm.R6, sockOpsOp, asm.Word),
+			asm.JEq.Imm(asm.R2, opRTTCB, "rtt"),
 			asm.JEq.Imm(asm.R2, opActiveEstab, "established"),
 			asm.JEq.Imm(asm.R2, opPassiveEstab, "established"),
 			asm.JEq.Imm(asm.R2, opStateCB, "state"),
@@ -244,6 +279,7 @@ func sockOpsProgram(m maps) asm.Instructions {
 		lookup(m.netns, opsCookie, "out"),
 		asm.Instructions{
 			asm.LoadMem(asm.R1, asm.R0, 0, asm.Word),
+			asm.StoreMem(asm.RFP, opsFlags, asm.R1, asm.Word),
 			asm.And.Imm(asm.R1, flagEnabled),
 			asm.JEq.Imm(asm.R1, 0, "out"),
 		},
@@ -257,26 +293,35 @@ func sockOpsProgram(m maps) asm.Instructions {
 		asm.Instructions{asm.Ja.Label("out")},
 		at("room", buildKey(asm.R6, sockOpsCtx, opsKey, false, asm.R9, "out", "ek")...),
 		asm.Instructions{
-			// Its kind: the stack's relay sockets carry
-			// podnet.StackSocketMark, and the verdict redirects only what
-			// an application sends to one of them.
 			asm.Mov.Imm(asm.R1, 0),
-			asm.StoreMem(asm.RFP, opsInfo+infoPending, asm.R1, asm.DWord),
-			asm.StoreMem(asm.RFP, opsInfo+infoKind, asm.R1, asm.DWord),
+			asm.StoreMem(asm.RFP, opsInfo, asm.R1, asm.DWord),
+			asm.StoreMem(asm.RFP, opsInfo+8, asm.R1, asm.DWord),
+			asm.StoreMem(asm.RFP, opsInfo+16, asm.R1, asm.DWord),
+			asm.StoreMem(asm.RFP, opsInfo+24, asm.R1, asm.DWord),
+			// Its kind: the stack's relay sockets carry
+			// podnet.StackSocketMark.
 			asm.LoadMem(asm.R2, asm.R6, sockOpsSk, asm.DWord),
-			asm.JEq.Imm(asm.R2, 0, "kinded"),
+			asm.JEq.Imm(asm.R2, 0, "app"),
 			asm.LoadMem(asm.R1, asm.R2, bpfSockMark, asm.Word),
-			asm.JNE.Imm(asm.R1, int32(podnet.StackSocketMark), "kinded"),
+			asm.JNE.Imm(asm.R1, int32(podnet.StackSocketMark), "app"),
 			asm.Mov.Imm(asm.R1, kindStack),
-			asm.StoreMem(asm.RFP, opsInfo+infoKind, asm.R1, asm.DWord),
-			asm.Mov.Reg(asm.R1, asm.R6).WithSymbol("kinded"),
-			asm.LoadMapPtr(asm.R2, m.socks.FD()),
-			asm.Mov.Reg(asm.R3, asm.RFP),
-			asm.Add.Imm(asm.R3, opsKey),
-			asm.Mov.Imm(asm.R4, bpfNoExist),
-			asm.FnSockHashUpdate.Call(),
-			asm.JNE.Imm(asm.R0, 0, "out"),
-			asm.LoadMapPtr(asm.R1, m.info.FD()),
+			asm.StoreMem(asm.RFP, opsInfo+infoKind, asm.R1, asm.Word),
+		},
+		sockHashInsert(m.targets, "out"),
+		asm.Instructions{
+			asm.LoadMem(asm.R1, asm.RFP, opsFlags, asm.Word),
+			asm.And.Imm(asm.R1, flagBoth),
+			asm.JEq.Imm(asm.R1, 0, "member"),
+		},
+		// A stack's socket that is not in socks only has no verdict: it
+		// is still a target.
+		sockHashInsert(m.socks, "member"),
+		asm.Instructions{asm.Ja.Label("verdict")},
+		at("app", sockHashInsert(m.socks, "out")...),
+		asm.Instructions{
+			asm.Mov.Imm(asm.R1, stateVerdict).WithSymbol("verdict"),
+			asm.StoreMem(asm.RFP, opsInfo+infoState, asm.R1, asm.Word),
+			asm.LoadMapPtr(asm.R1, m.info.FD()).WithSymbol("member"),
 			asm.Mov.Reg(asm.R2, asm.RFP),
 			asm.Add.Imm(asm.R2, opsKey),
 			asm.Mov.Reg(asm.R3, asm.RFP),
@@ -286,10 +331,115 @@ func sockOpsProgram(m maps) asm.Instructions {
 		},
 		atomicAdd(asm.R8, nsSocketsOff, 1, asm.Word),
 		asm.Instructions{
-			// Told of its close, the socket's bookkeeping goes with it.
+			// Told of its close, the socket's bookkeeping goes with it;
+			// told of each RTT sample (an ACK of what it sent), it
+			// publishes its backlog and checks whether it may leave.
+			asm.Mov.Reg(asm.R1, asm.R6),
+			asm.Mov.Imm(asm.R2, stateCBFlag|rttCBFlag),
+			asm.FnSockOpsCbFlagsSet.Call(),
+			asm.Ja.Label("out"),
+		},
+
+		// rtt: a member socket's sent data was acknowledged.
+		at("rtt", netnsCookie(opsCookie)...),
+		buildKey(asm.R6, sockOpsCtx, opsKey, false, asm.R9, "out", "rk"),
+		lookup(m.info, opsKey, "out"),
+		asm.Instructions{
+			asm.Mov.Reg(asm.R7, asm.R0),
+			asm.LoadMem(asm.R1, asm.R7, infoState, asm.Word),
+			asm.JSet.Imm(asm.R1, stateLeft, "out"),
+			// R8: the redirected bytes it holds unread, 0 without a psock
+			// (then it is in no hash, and nothing can be queued to it).
+			// Published here too, so that a socket without a verdict (a
+			// stack's socket in targets only) tells its writers how far
+			// behind it is.
+			asm.Mov.Imm(asm.R8, 0),
+			asm.LoadMem(asm.R1, asm.R6, sockOpsSk, asm.DWord),
+			asm.JEq.Imm(asm.R1, 0, "published"),
+		},
+		psockQueued(l, asm.R8, "published"),
+		asm.Instructions{
+			asm.StoreMem(asm.R7, infoPending, asm.R8, asm.DWord),
+
+			// It may leave the hashes (and its sends, and reads, go back
+			// to TCP's own code) only when leaving loses nothing:
+			//
+			//  1. Its own sends go through TCP: it has no verdict, or its
+			//     verdict chose TCP, which never changes back. Leaving
+			//     with a verdict that still redirects would send what
+			//     follows through TCP, behind data still in its peer's
+			//     redirect queue: the order is the verdict's to keep.
+			asm.LoadMem(asm.R1, asm.R7, infoState, asm.Word).WithSymbol("published"),
+			asm.JSet.Imm(asm.R1, stateVerdict, "verdict_choice"),
+			asm.Ja.Label("queue_empty"),
+			asm.LoadMem(asm.R1, asm.R7, infoChoice, asm.Word).WithSymbol("verdict_choice"),
+			asm.JNE.Imm(asm.R1, choiceTCP, "out"),
+			//  2. Its redirect queue is empty: leaving the last hash
+			//     drops its psock, and dropping a psock purges the
+			//     messages queued on it, unread. (Checked under the
+			//     socket's lock, which a redirect into it takes to queue.)
+			asm.JNE.Imm(asm.R8, 0, "out").WithSymbol("queue_empty"),
+			//  3. Its peer can no longer redirect into it.
+			asm.LoadMem(asm.R9, asm.RFP, opsCookie, asm.DWord),
+		},
+		buildKey(asm.R6, sockOpsCtx, opsPeer, true, asm.R9, "out", "rp"),
+		// No peer's info: its peer's verdict, which needs that info, no
+		// longer redirects, but one it chose before may still be in
+		// flight.
+		lookup(m.info, opsPeer, "grace"),
+		asm.Instructions{
+			//  A peer without a verdict never redirects, and a verdict
+			//  never redirects between two sockets of one kind: nothing
+			//  can be queued to it, nor be on its way.
+			asm.LoadMem(asm.R1, asm.R0, infoState, asm.Word),
+			asm.JSet.Imm(asm.R1, stateVerdict, "peer_verdict"),
+			asm.Ja.Label("leave"),
+			asm.LoadMem(asm.R1, asm.R0, infoKind, asm.Word).WithSymbol("peer_verdict"),
+			asm.LoadMem(asm.R2, asm.R7, infoKind, asm.Word),
+			asm.JEq.Reg(asm.R1, asm.R2, "leave"),
+			//  A peer whose verdict chose TCP starts no new redirect: the
+			//  choice never changes back. But a verdict may have chosen
+			//  this socket just before, on another thread writing to the
+			//  peer: that redirect is queued after the peer's lock is
+			//  dropped, and lands later. So the socket leaves only
+			//  leaveGrace after it first saw no peer could start one.
+			asm.LoadMem(asm.R1, asm.R0, infoChoice, asm.Word),
+			asm.JEq.Imm(asm.R1, choiceTCP, "grace"),
+			// A peer that may still redirect: wait, and start the grace
+			// again from when it stops.
+			asm.Mov.Imm(asm.R1, 0),
+			asm.StoreMem(asm.R7, infoSince, asm.R1, asm.DWord),
+			asm.Ja.Label("out"),
+
+			asm.FnKtimeGetNs.Call().WithSymbol("grace"),
+			asm.LoadMem(asm.R1, asm.R7, infoSince, asm.DWord),
+			asm.JNE.Imm(asm.R1, 0, "waited"),
+			asm.StoreMem(asm.R7, infoSince, asm.R0, asm.DWord),
+			asm.Ja.Label("out"),
+			asm.Sub.Reg(asm.R0, asm.R1).WithSymbol("waited"),
+			asm.JLT.Imm(asm.R0, leaveGrace, "out"),
+
+			// leave: out of both hashes (a psock goes, and the socket's
+			// own protocol comes back, only when it is in none), out of
+			// the counters, and no more RTT callbacks.
+			asm.LoadMapPtr(asm.R1, m.socks.FD()).WithSymbol("leave"),
+			asm.Mov.Reg(asm.R2, asm.RFP),
+			asm.Add.Imm(asm.R2, opsKey),
+			asm.FnMapDeleteElem.Call(),
+			asm.LoadMapPtr(asm.R1, m.targets.FD()),
+			asm.Mov.Reg(asm.R2, asm.RFP),
+			asm.Add.Imm(asm.R2, opsKey),
+			asm.FnMapDeleteElem.Call(),
+			asm.LoadMem(asm.R1, asm.R7, infoState, asm.Word),
+			asm.Or.Imm(asm.R1, stateLeft),
+			asm.StoreMem(asm.R7, infoState, asm.R1, asm.Word),
 			asm.Mov.Reg(asm.R1, asm.R6),
 			asm.Mov.Imm(asm.R2, stateCBFlag),
 			asm.FnSockOpsCbFlagsSet.Call(),
+		},
+		lookup(m.counters, opsCookie, "out"),
+		atomicAdd(asm.R0, nsSocketsOff, -1, asm.Word),
+		asm.Instructions{
 			asm.Ja.Label("out"),
 
 			// state: a member socket changed state; at TCP_CLOSE it leaves.
@@ -298,12 +448,16 @@ func sockOpsProgram(m maps) asm.Instructions {
 		},
 		netnsCookie(opsCookie),
 		buildKey(asm.R6, sockOpsCtx, opsKey, false, asm.R9, "out", "ck"),
+		lookup(m.info, opsKey, "out"),
 		asm.Instructions{
+			// One that left the hashes already left the counters.
+			asm.LoadMem(asm.R7, asm.R0, infoState, asm.Word),
 			asm.LoadMapPtr(asm.R1, m.info.FD()),
 			asm.Mov.Reg(asm.R2, asm.RFP),
 			asm.Add.Imm(asm.R2, opsKey),
 			asm.FnMapDeleteElem.Call(),
 			asm.JNE.Imm(asm.R0, 0, "out"),
+			asm.JSet.Imm(asm.R7, stateLeft, "out"),
 		},
 		lookup(m.counters, opsCookie, "out"),
 		atomicAdd(asm.R0, nsSocketsOff, -1, asm.Word),
@@ -314,16 +468,49 @@ func sockOpsProgram(m maps) asm.Instructions {
 	)
 }
 
+// sockHashInsert puts the socket of the sock_ops context in R6 in m
+// under the key at opsKey, and jumps to fail when it cannot.
+func sockHashInsert(m *ebpf.Map, fail string) asm.Instructions {
+	return asm.Instructions{
+		asm.Mov.Reg(asm.R1, asm.R6),
+		asm.LoadMapPtr(asm.R2, m.FD()),
+		asm.Mov.Reg(asm.R3, asm.RFP),
+		asm.Add.Imm(asm.R3, opsKey),
+		asm.Mov.Imm(asm.R4, bpfNoExist),
+		asm.FnSockHashUpdate.Call(),
+		asm.JNE.Imm(asm.R0, 0, fail),
+	}
+}
+
+// psockQueued reads the redirected bytes queued unread on the socket in
+// R1 (not null) into dst, through BTF: sock.sk_user_data points at the
+// socket's sk_psock (its low bits are flags), whose msg_tot_len counts
+// them. It jumps to none when the socket is not a TCP one or has no
+// psock. It clobbers R0 to R5.
+func psockQueued(l psockLayout, dst asm.Register, none string) asm.Instructions {
+	return asm.Instructions{
+		asm.FnSkcToTcpSock.Call(),
+		asm.JEq.Imm(asm.R0, 0, none),
+		asm.LoadMem(asm.R1, asm.R0, l.userDataOff, asm.DWord),
+		asm.And.Imm(asm.R1, userDataPtrMask),
+		asm.JEq.Imm(asm.R1, 0, none),
+		asm.Mov.Imm(asm.R2, l.psockTypeID),
+		asm.Instruction{OpCode: asm.Call.Op(asm.ImmSource), Src: asm.PseudoKfuncCall, Constant: l.castID},
+		asm.LoadMem(dst, asm.R0, l.msgTotLenOff, asm.Word),
+	}
+}
+
 // Stack layout of the sk_msg program.
 const (
-	msgCookie = -8
-	msgFlags  = -16                // the pod's flags (u32)
-	msgKind   = -12                // the sender's kind (u32)
-	msgOwn    = msgFlags - keySize // the sender's key
-	msgPeer   = msgOwn - keySize   // its peer's
+	msgCookie   = -8
+	msgFlags    = -16                // the pod's flags (u32)
+	msgKind     = -12                // the sender's kind (u32)
+	msgOwn      = msgFlags - keySize // the sender's key
+	msgPeer     = msgOwn - keySize   // its peer's
+	msgPeerInfo = msgPeer - 8        // its peer's info (a spilled pointer)
 )
 
-// psockLayout is where the verdict finds a socket's unread redirected
+// psockLayout is where the programs find a socket's unread redirected
 // bytes: sock.sk_user_data points at the socket's sk_psock, whose
 // msg_tot_len counts them. Offsets and the type's BTF ID come from the
 // running kernel's BTF; castID is the bpf_rdonly_cast kfunc's.
@@ -334,7 +521,8 @@ type psockLayout struct {
 	castID       int64
 }
 
-// skMsgProgram is the verdict on each message a member socket sends.
+// skMsgProgram is the verdict on each message a socket in socks sends:
+// an application's, and with flagBoth a stack's.
 func skMsgProgram(m maps, l psockLayout) asm.Instructions {
 	return seq(
 		asm.Instructions{
@@ -352,78 +540,87 @@ func skMsgProgram(m maps, l psockLayout) asm.Instructions {
 			asm.Mov.Imm(asm.R8, 0),
 		},
 		netnsCookie(msgCookie),
+		asm.Instructions{
+			// R9: the sender's info, once found.
+			asm.Mov.Imm(asm.R9, 0),
+		},
 		lookup(m.netns, msgCookie, "tcp"),
 		asm.Instructions{
 			asm.LoadMem(asm.R1, asm.R0, 0, asm.Word),
 			asm.StoreMem(asm.RFP, msgFlags, asm.R1, asm.Word),
 		},
 		lookup(m.counters, msgCookie, "tcp"),
-		asm.Instructions{asm.Mov.Reg(asm.R8, asm.R0)},
-		buildKey(asm.R6, skMsgCtx, msgOwn, false, asm.R9, "tcp", "own"),
-		// R9: the sender's info; none (left out at the pod's cap): TCP.
+		asm.Instructions{
+			asm.Mov.Reg(asm.R8, asm.R0),
+			asm.LoadMem(asm.R3, asm.RFP, msgCookie, asm.DWord),
+		},
+		buildKey(asm.R6, skMsgCtx, msgOwn, false, asm.R3, "tcp", "own"),
+		// None (left out at the pod's cap): TCP.
 		lookup(m.info, msgOwn, "tcp"),
 		asm.Instructions{
 			asm.Mov.Reg(asm.R9, asm.R0),
-			asm.LoadMem(asm.R1, asm.R9, infoKind, asm.DWord),
+			asm.LoadMem(asm.R1, asm.R9, infoKind, asm.Word),
 			asm.StoreMem(asm.RFP, msgKind, asm.R1, asm.Word),
 			// A socket others redirect to publishes what it holds unread
-			// whenever it sends: their estimate of it starts again from the
-			// truth. Others redirect to the stack's sockets, and with
-			// flagBoth to the applications'.
+			// whenever it sends (and on its RTT callbacks): their estimate
+			// of it starts again from the truth. Others redirect to the
+			// stack's sockets, and with flagBoth to the applications'.
 			asm.JEq.Imm(asm.R1, kindStack, "publish"),
 			asm.LoadMem(asm.R1, asm.RFP, msgFlags, asm.Word),
 			asm.And.Imm(asm.R1, flagBoth),
 			asm.JEq.Imm(asm.R1, 0, "decide"),
 			asm.LoadMem(asm.R1, asm.R6, skMsgSk, asm.DWord).WithSymbol("publish"),
-			asm.FnSkcToTcpSock.Call(),
-			asm.JEq.Imm(asm.R0, 0, "decide"),
-			asm.LoadMem(asm.R1, asm.R0, l.userDataOff, asm.DWord),
-			asm.And.Imm(asm.R1, userDataPtrMask),
-			asm.JEq.Imm(asm.R1, 0, "decide"),
-			asm.Mov.Imm(asm.R2, l.psockTypeID),
-			asm.Instruction{OpCode: asm.Call.Op(asm.ImmSource), Src: asm.PseudoKfuncCall, Constant: l.castID},
-			asm.LoadMem(asm.R1, asm.R0, l.msgTotLenOff, asm.Word),
+		},
+		psockQueued(l, asm.R1, "decide"),
+		asm.Instructions{
 			asm.StoreMem(asm.R9, infoPending, asm.R1, asm.DWord),
 
-			// The stack sends through TCP (an application may read with
-			// splice, which does not see a redirect's queue), unless the
-			// pod's flagBoth says its applications do not.
+			// A stack's socket has a verdict only when the pod said its
+			// applications never read with splice (which does not see a
+			// redirect's queue); a pod that no longer says so gets TCP.
 			asm.LoadMem(asm.R1, asm.RFP, msgKind, asm.Word).WithSymbol("decide"),
 			asm.JNE.Imm(asm.R1, kindStack, "redirectable"),
 			asm.LoadMem(asm.R1, asm.RFP, msgFlags, asm.Word),
 			asm.And.Imm(asm.R1, flagBoth),
-			asm.JEq.Imm(asm.R1, 0, "pass"),
+			asm.JEq.Imm(asm.R1, 0, "tcp"),
 
 			asm.LoadMem(asm.R1, asm.R7, 0, asm.DWord).WithSymbol("redirectable"),
 			asm.JEq.Imm(asm.R1, choiceTCP, "pass"),
 			asm.LoadMem(asm.R1, asm.RFP, msgFlags, asm.Word),
 			asm.And.Imm(asm.R1, flagCapture),
 			asm.JNE.Imm(asm.R1, 0, "tcp"),
-			asm.LoadMem(asm.R9, asm.RFP, msgCookie, asm.DWord),
+			asm.LoadMem(asm.R3, asm.RFP, msgCookie, asm.DWord),
 		},
-		// The peer's key only now: most messages (the stack's, those of
-		// sockets on TCP) never need it.
-		buildKey(asm.R6, skMsgCtx, msgPeer, true, asm.R9, "tcp", "peer"),
-		// R9: the peer's info. No peer in the hash (it is not in this
+		// The peer's key only now: most messages (those of sockets on
+		// TCP) never need it.
+		buildKey(asm.R6, skMsgCtx, msgPeer, true, asm.R3, "tcp", "peer"),
+		// The peer's info. No peer in the hashes (it is not in this
 		// namespace, or was left out), or one of the sender's kind (two
 		// applications, which either may read with splice): TCP.
 		lookup(m.info, msgPeer, "tcp"),
 		asm.Instructions{
-			asm.Mov.Reg(asm.R9, asm.R0),
-			asm.LoadMem(asm.R1, asm.R9, infoKind, asm.DWord),
+			asm.StoreMem(asm.RFP, msgPeerInfo, asm.R0, asm.DWord),
+			asm.LoadMem(asm.R1, asm.R0, infoKind, asm.Word),
 			asm.LoadMem(asm.R2, asm.RFP, msgKind, asm.Word),
 			asm.JEq.Reg(asm.R1, asm.R2, "tcp"),
-			asm.LoadMem(asm.R1, asm.R9, infoPending, asm.DWord),
+			asm.LoadMem(asm.R1, asm.R0, infoPending, asm.DWord),
 			asm.JGT.Imm(asm.R1, Budget, "tcp"),
-			asm.Mov.Reg(asm.R1, asm.R6),
+			// An application redirects to the stack's socket in targets;
+			// the stack (flagBoth) to the application's in socks.
+			asm.LoadMapPtr(asm.R2, m.targets.FD()),
+			asm.LoadMem(asm.R1, asm.RFP, msgKind, asm.Word),
+			asm.JNE.Imm(asm.R1, kindStack, "redirect"),
 			asm.LoadMapPtr(asm.R2, m.socks.FD()),
+			asm.Mov.Reg(asm.R1, asm.R6).WithSymbol("redirect"),
 			asm.Mov.Reg(asm.R3, asm.RFP),
 			asm.Add.Imm(asm.R3, msgPeer),
 			asm.Mov.Imm(asm.R4, bpfFIngress),
 			asm.FnMsgRedirectHash.Call(),
+			// Not in the hash (it left it, or is leaving): TCP.
 			asm.JNE.Imm(asm.R0, skPass, "tcp"),
+			asm.LoadMem(asm.R2, asm.RFP, msgPeerInfo, asm.DWord),
 			asm.LoadMem(asm.R1, asm.R6, skMsgSize, asm.Word),
-			asm.StoreXAdd(asm.R9, asm.R1, asm.DWord),
+			asm.StoreXAdd(asm.R2, asm.R1, asm.DWord),
 			asm.Mov.Imm(asm.R1, choiceRedirect),
 			asm.StoreMem(asm.R7, 0, asm.R1, asm.DWord),
 		},
@@ -432,8 +629,14 @@ func skMsgProgram(m maps, l psockLayout) asm.Instructions {
 			asm.Mov.Imm(asm.R0, skPass),
 			asm.Return(),
 
-			// tcp: this socket sends through TCP from now on; counted once.
-			asm.LoadMem(asm.R1, asm.R7, 0, asm.DWord).WithSymbol("tcp"),
+			// tcp: this socket sends through TCP from now on; counted
+			// once. Its info says so too, for its peer's and its own
+			// sock_ops callbacks, which decide when it may leave the
+			// hashes.
+			asm.JEq.Imm(asm.R9, 0, "tcp_storage").WithSymbol("tcp"),
+			asm.Mov.Imm(asm.R1, choiceTCP),
+			asm.StoreMem(asm.R9, infoChoice, asm.R1, asm.Word),
+			asm.LoadMem(asm.R1, asm.R7, 0, asm.DWord).WithSymbol("tcp_storage"),
 			asm.JEq.Imm(asm.R1, choiceTCP, "pass"),
 			asm.Mov.Imm(asm.R1, choiceTCP),
 			asm.StoreMem(asm.R7, 0, asm.R1, asm.DWord),
