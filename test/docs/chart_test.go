@@ -226,7 +226,8 @@ func TestChartMatchesManifest(t *testing.T) {
 // helm lint --strict finds nothing, with the defaults and with every
 // value changed.
 func TestChartLint(t *testing.T) {
-	for _, set := range []string{"", "mode=chain,mtu=1450,gso=software,networkPolicy.enabled=false,metrics.port=9500,metrics.address=10.0.0.1,metrics.serviceMonitor.enabled=true,image.repository=registry.example/cni-usernet,image.tag=v1,image.pullPolicy=Always,fullnameOverride=usernet,priorityClassName=,imagePullSecrets[0].name=regcred,podAnnotations.a=b,podLabels.c=d"} {
+	for _, set := range []string{"", "mode=chain,mtu=1450,gso=software,networkPolicy.enabled=false,metrics.port=9500,metrics.address=10.0.0.1,metrics.serviceMonitor.enabled=true,image.repository=registry.example/cni-usernet,image.tag=v1,image.pullPolicy=Always,fullnameOverride=usernet,priorityClassName=,imagePullSecrets[0].name=regcred,podAnnotations.a=b,podLabels.c=d",
+		"nodeRoutes.encapsulation=vxlan,nodeRoutes.vxlanPort=8472,podSubnets={10.244.0.0/24},stack.cgroup=node,stack.busyPoll=0s,stack.threads=2,extraArgs={--reconcile-interval=1m},extraEnv[0].name=A,extraEnv[0].value=b,serviceAccount.create=false,serviceAccount.name=agent,rbac.create=false,clusterNetworkPolicy.enabled=false,updateStrategy.type=OnDelete,livenessProbe.enabled=false,nodeSelector=null"} {
 		args := []string{"lint", "--strict", chart}
 		if set != "" {
 			args = append(args, "--set", set)
