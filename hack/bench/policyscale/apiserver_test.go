@@ -29,7 +29,7 @@ func testServer(t *testing.T) (*fakeapi.Server, *cluster, func(path string) *htt
 	if err != nil {
 		t.Fatal(err)
 	}
-	api := fakeapi.NewTest(t, fakeapi.Options{Kinds: servedKinds(), Token: "tok", Cert: &cert, Bookmark: 50 * time.Millisecond, Log: slog.New(slog.DiscardHandler)})
+	api := fakeapi.NewTest(t, fakeapi.Options{Kinds: servedKinds(true), Token: "tok", Cert: &cert, Bookmark: 50 * time.Millisecond, Log: slog.New(slog.DiscardHandler)})
 	if err := loadCluster(api.Store, c); err != nil {
 		t.Fatal(err)
 	}

@@ -16,6 +16,10 @@ type clusterSpec struct {
 	Endpoints int
 	// Local is the pods on the agent's node, spread over the namespaces.
 	Local int
+	// ClusterPolicies is how many ClusterNetworkPolicies the cluster
+	// holds (clusterPolicy); zero: none, and their collection is not
+	// served (a cluster without the CRD).
+	ClusterPolicies int
 }
 
 func (s clusterSpec) podsPerNS() int  { return s.Pods / s.Namespaces }
@@ -85,6 +89,7 @@ type cluster struct {
 	Svcs   []*service
 	Slices []*endpointSlice
 	Pols   []*networkPolicy
+	CNPs   []*clusterNetworkPolicy
 	// local are the indexes in Pods of the agent's node's pods.
 	local []int
 	added int // pods and policies the events added so far
@@ -137,6 +142,9 @@ func newCluster(s clusterSpec) (*cluster, error) {
 	}
 	for q := range s.Policies - s.Namespaces {
 		c.Pols = append(c.Pols, c.appPolicy(q))
+	}
+	for q := range s.ClusterPolicies {
+		c.CNPs = append(c.CNPs, c.clusterPolicy(q, 2222))
 	}
 	return c, nil
 }

@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -175,5 +176,33 @@ func TestAgentCommand(t *testing.T) {
 	write("cni-usernet-agent")
 	if got, _ := agentCommand(dir); len(got) != 1 || filepath.Base(got[0]) != "cni-usernet-agent" {
 		t.Errorf("with cni-usernet-agent: %q, want it alone", got)
+	}
+}
+
+// TestClusterPolicies: --cluster-policies adds Admin and Baseline
+// ClusterNetworkPolicies in turn, and the event adds one whose subject is
+// the first local pod's team.
+func TestClusterPolicies(t *testing.T) {
+	spec := clusters["1k"]
+	spec.ClusterPolicies = 4
+	c, err := newCluster(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.CNPs) != 4 || c.CNPs[0].Spec.Tier != "Admin" || c.CNPs[1].Spec.Tier != "Baseline" || c.CNPs[0].Metadata.Namespace != "" {
+		t.Fatalf("cluster policies %+v, want 4, Admin and Baseline in turn, cluster-scoped", c.CNPs)
+	}
+	ev, err := c.event(evClusterPolicy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := ev.obj.(*clusterNetworkPolicy)
+	lns := c.local[0] / spec.podsPerNS()
+	if ev.resource != "clusternetworkpolicies" || ev.typ != "ADDED" || p.Spec.Subject.Namespaces.MatchLabels["team"] != team(lns) {
+		t.Errorf("event %s %s selecting %v, want a new policy over %s", ev.resource, ev.typ, p.Spec.Subject.Namespaces, team(lns))
+	}
+	if !slices.ContainsFunc(servedKinds(true), func(k fakeapi.Kind) bool { return k.Resource == "clusternetworkpolicies" }) ||
+		slices.ContainsFunc(servedKinds(false), func(k fakeapi.Kind) bool { return k.Resource == "clusternetworkpolicies" }) {
+		t.Error("the ClusterNetworkPolicies are served when, and only when, the cluster has some")
 	}
 }

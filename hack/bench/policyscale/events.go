@@ -23,10 +23,16 @@ const (
 	// A new policy in L's namespace selecting L's app, letting in the
 	// backend tier on a new port. One local pod's policy changes.
 	evPolicy = "policy-added"
+	// A new ClusterNetworkPolicy (--cluster-policies) whose subject is
+	// L's team's namespaces, denying another team's frontend pods a new
+	// port: every local pod is compiled again, those of L's team get a
+	// push.
+	evClusterPolicy = "cluster-policy-added"
 )
 
-// eventKinds are the events in the order they run and are reported.
-var eventKinds = []string{evLabel, evPodAdded, evEndpoint, evPolicy}
+// eventKinds are the events in the order they run and are reported;
+// evClusterPolicy only in a cluster with ClusterNetworkPolicies.
+var eventKinds = []string{evLabel, evPodAdded, evEndpoint, evPolicy, evClusterPolicy}
 
 // change is one object to Put in the API server's store.
 type change struct {
@@ -74,6 +80,14 @@ func (c *cluster) event(kind string) (change, error) {
 		}}
 		c.Pols = append(c.Pols, p)
 		return change{"networkpolicies", "ADDED", p}, nil
+	case evClusterPolicy:
+		c.added++
+		p := c.clusterPolicy(s.ClusterPolicies+c.added, int32(9000+c.added%1000))
+		// Its subject: L's namespace's team.
+		p.Spec.Subject.Namespaces.MatchLabels["team"] = team(ns)
+		p.Metadata.Name = fmt.Sprintf("added-%05d", c.added)
+		c.CNPs = append(c.CNPs, p)
+		return change{"clusternetworkpolicies", "ADDED", p}, nil
 	}
 	return change{}, fmt.Errorf("unknown event %q", kind)
 }

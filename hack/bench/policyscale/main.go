@@ -56,8 +56,10 @@ type options struct {
 	reps     int
 	out      string
 	quiet    time.Duration
-	timeout  time.Duration
-	keep     bool
+	// clusterPolicies is ClusterNetworkPolicies added to every cluster.
+	clusterPolicies int
+	timeout         time.Duration
+	keep            bool
 }
 
 func parseOptions(args []string) (*options, error) {
@@ -69,6 +71,7 @@ func parseOptions(args []string) (*options, error) {
 	curRev := fs.String("current-rev", "", "this tree's revision, for the report")
 	cl := fs.String("clusters", "10k,100k", "cluster sizes to run, of: 1k, 10k, 100k")
 	fs.IntVar(&o.reps, "reps", 5, "injections of each event kind")
+	fs.IntVar(&o.clusterPolicies, "cluster-policies", 0, "ClusterNetworkPolicies (Admin and Baseline in turn) added to each cluster, and the cluster-policy-added event; 0: none, and their CRD absent")
 	fs.StringVar(&o.out, "out", "", "results directory (policy-scale.md, policy-scale.txt, logs/)")
 	fs.DurationVar(&o.quiet, "quiet", time.Second, "time without a push (and with the agent's CPU idle) after which an event has settled")
 	fs.DurationVar(&o.timeout, "timeout", 3*time.Minute, "longest wait for one event to settle (the initial sync: 5 times as long)")
@@ -190,6 +193,7 @@ type runResult struct {
 func runOne(ctx context.Context, o *options, cname string, b build, token string, cert tls.Certificate, dir string, log *slog.Logger) (*runResult, error) {
 	start := time.Now()
 	spec := clusters[cname]
+	spec.ClusterPolicies = o.clusterPolicies
 	res := &runResult{cluster: cname, spec: spec, build: b}
 	stateDir, runDir := filepath.Join(dir, "state"), filepath.Join(dir, "run")
 	for _, d := range []string{stateDir, runDir} {
@@ -206,7 +210,7 @@ func runOne(ctx context.Context, o *options, cname string, b build, token string
 	if err != nil {
 		return nil, err
 	}
-	api, err := fakeapi.New(fakeapi.Options{Kinds: servedKinds(), Token: token, Cert: &cert, Log: log})
+	api, err := fakeapi.New(fakeapi.Options{Kinds: servedKinds(spec.ClusterPolicies > 0), Token: token, Cert: &cert, Log: log})
 	if err != nil {
 		return nil, err
 	}
@@ -261,6 +265,9 @@ func runOne(ctx context.Context, o *options, cname string, b build, token string
 	res.idleMSs = m.idleNS / 1e6
 	log.Info("synced", "cluster", cname, "build", b.name, "took", w.took.Round(time.Millisecond), "pushes", w.pushes.pushes, "rssMiB", int(res.rssMiB))
 	for _, kind := range eventKinds {
+		if kind == evClusterPolicy && spec.ClusterPolicies == 0 {
+			continue
+		}
 		er, err := m.runEvent(ctx, c, st, kind, o.reps, o.timeout)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", kind, err)
@@ -282,10 +289,15 @@ func runOne(ctx context.Context, o *options, cname string, b build, token string
 }
 
 // servedKinds are the collections the cluster fills: any other (a
-// DaemonSet the agent looks for) is answered 404, and shows in the
-// report as an unknown request.
-func servedKinds() []fakeapi.Kind {
-	return slices.DeleteFunc(slices.Clone(fakeapi.Kinds), func(k fakeapi.Kind) bool { return k.Resource == "daemonsets" })
+// DaemonSet the agent looks for, the ClusterNetworkPolicies of a cluster
+// without them) is answered 404, and shows in the report as an unknown
+// request.
+func servedKinds(clusterPolicies bool) []fakeapi.Kind {
+	kinds := slices.DeleteFunc(slices.Clone(fakeapi.Kinds), func(k fakeapi.Kind) bool { return k.Resource == "daemonsets" })
+	if clusterPolicies {
+		kinds = append(kinds, cnpKind)
+	}
+	return kinds
 }
 
 // loadCluster puts the cluster's objects in the store.
@@ -296,7 +308,11 @@ func loadCluster(st *fakeapi.Store, c *cluster) error {
 	}{
 		{"nodes", objs(c.Nodes)}, {"namespaces", objs(c.NSes)}, {"pods", objs(c.Pods)},
 		{"services", objs(c.Svcs)}, {"endpointslices", objs(c.Slices)}, {"networkpolicies", objs(c.Pols)},
+		{"clusternetworkpolicies", objs(c.CNPs)},
 	} {
+		if len(l.objs) == 0 {
+			continue // a kind the server may not serve
+		}
 		if err := st.Load(l.res, l.objs...); err != nil {
 			return err
 		}

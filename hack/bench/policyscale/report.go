@@ -33,6 +33,9 @@ func (r *report) lines() string {
 	for _, x := range r.runs {
 		head := fmt.Sprintf("policy-scale build=%s rev=%s pods=%d services=%d endpoints=%d policies=%d local=%d",
 			x.build.name, orDash(x.build.rev), x.spec.Pods, x.spec.Services, x.spec.Services*x.spec.Endpoints, x.spec.Policies, x.spec.Local)
+		if x.spec.ClusterPolicies > 0 {
+			head += fmt.Sprintf(" cluster_policies=%d", x.spec.ClusterPolicies)
+		}
 		fmt.Fprintf(&b, "%s event=initial-sync sync_ms=%s cpu_ms=%.0f pods_touched=%d pushes=%d push_bytes_total=%d push_bytes_max=%d agent_rss_mib=%.1f agent_heap_mib=%.1f settled=%t\n",
 			head, ms(x.sync.took), x.syncCPUMS, x.sync.pushes.pods, x.sync.pushes.pushes, x.sync.pushes.bytes, x.sync.pushes.max, x.rssMiB, x.heapMiB, x.sync.settled)
 		for _, e := range x.events {
@@ -69,7 +72,11 @@ func (r *report) markdown() string {
 		seen[x.cluster] = true
 		s := x.spec
 		fmt.Fprintf(&b, "## %d pods, %d Services, %d endpoints, %d policies\n\n", s.Pods, s.Services, s.Services*s.Endpoints, s.Policies)
-		fmt.Fprintf(&b, "%d namespaces, %d local pods, %d ready endpoints a Service.\n\n", s.Namespaces, s.Local, s.Endpoints)
+		fmt.Fprintf(&b, "%d namespaces, %d local pods, %d ready endpoints a Service.", s.Namespaces, s.Local, s.Endpoints)
+		if s.ClusterPolicies > 0 {
+			fmt.Fprintf(&b, " %d ClusterNetworkPolicies (Admin and Baseline in turn, each over a tenth of the namespaces).", s.ClusterPolicies)
+		}
+		b.WriteString("\n\n")
 		b.WriteString("Initial sync (agent start to the last of the first pushes):\n\n")
 		b.WriteString("| build | revision | command | sync (ms) | CPU (ms) | pushes | bytes pushed (MiB) | largest push (KiB) | RSS after sync (MiB) | live heap after sync (MiB) | RSS at end / peak (MiB) | idle CPU (ms/s) | run took (s) |\n")
 		b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
