@@ -408,6 +408,22 @@ func TestChartNotes(t *testing.T) {
 			}
 		}
 	}
+	// A ServiceMonitor asked for where the cluster serves no API for it:
+	// the notes say it was left out.
+	const missing = "serves no monitoring.coreos.com/v1"
+	for _, api := range []bool{false, true} {
+		args := []string{"template", "cni-usernet", dir, "--namespace", "net", "--set", "metrics.serviceMonitor.enabled=true", "--show-only", "templates/notes.yaml"}
+		if api {
+			args = append(args, "--api-versions", "monitoring.coreos.com/v1")
+		}
+		out, err := helm(t, args...)
+		if err != nil {
+			t.Fatalf("%v: %v\n%s", args, err, out)
+		}
+		if strings.Contains(out, missing) == api {
+			t.Errorf("ServiceMonitor API served %v: NOTES.txt says %q: %v\n%s", api, missing, !api, out)
+		}
+	}
 }
 
 // podLabels and podAnnotations add to the agent's pods; a podLabel cannot
