@@ -221,4 +221,3 @@ func TestClusterPolicyDeps(t *testing.T) {
 		t.Error("z's relabelling affects x/a, whose peers it is not")
 	}
 }
-

@@ -99,4 +99,3 @@ func TestClusterNetworkPoliciesWatched(t *testing.T) {
 		t.Errorf("after a 404 with policies cached: len %d, absent %v; want the policy kept", inf.Len(), inf.Absent())
 	}
 }
-
