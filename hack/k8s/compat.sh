@@ -4,7 +4,7 @@
 # the lab's records (hack/k8s/runs.tsv, which e2e.sh appends a line to for
 # every mode it runs): one row per distinct setup (Kubernetes, runtime,
 # cgroup version, kernel, families, topology, kube-proxy mode, chained
-# primary), with its last run's date, commit, command, result and time.
+# primary) and command, with its last run's date, commit, result and time.
 # Only what the runs recorded: a setup no run recorded has no row.
 #   hack/k8s/compat.sh            rewrite the matrix between its markers
 #   hack/k8s/compat.sh check      exit 1 when the page is not what the records give
@@ -16,7 +16,7 @@ matrix() {
   echo '| Kubernetes | runtime | cgroup | kernel | families, nodes, kube-proxy | mode (primary) | last run | result (s) | command |'
   echo '|---|---|---|---|---|---|---|---|---|'
   # newest run of each setup, setups by Kubernetes (newest first), runtime, mode
-  tail -n +2 "$runs" | awk -F'\t' '{ key = $3 FS $4 FS $5 FS $6 FS $7 FS $8 FS $9 FS $10 FS $11; last[key] = $0 }
+  tail -n +2 "$runs" | awk -F'\t' '{ key = $3 FS $4 FS $5 FS $6 FS $7 FS $8 FS $9 FS $10 FS $11 FS $12; last[key] = $0 }
     END { for (k in last) print last[k] }' |
     sort -t$'\t' -k3,3Vr -k4,4 -k10,10r -k7,7 -k8,8 |
     awk -F'\t' '{
