@@ -27,6 +27,7 @@ import (
 // and a network namespace standing in for a pod.
 type rig struct {
 	t      *testing.T
+	root   string
 	node   *Node
 	netns  ns.NetNS
 	cookie uint64
@@ -56,7 +57,7 @@ func newRigBoth(t *testing.T, enable, both bool) *rig {
 		}
 	})
 	netns, cookie := newPodNS(t)
-	r := &rig{t: t, node: node, netns: netns, cookie: cookie}
+	r := &rig{t: t, root: root, node: node, netns: netns, cookie: cookie}
 	if enable {
 		if err := node.Enable(cookie, both); err != nil {
 			t.Fatal(err)
@@ -330,7 +331,7 @@ func TestPodCapKeepsOthers(t *testing.T) {
 	if err := r.node.Enable(other, false); err != nil {
 		t.Fatal(err)
 	}
-	o := &rig{t: t, node: r.node, netns: otherNS, cookie: other}
+	o := &rig{t: t, root: r.root, node: r.node, netns: otherNS, cookie: other}
 	client, server := o.pair("tcp4", "127.0.0.1:0")
 	pingPong(t, client, server, 100, 64)
 	if s := o.stats(); s.Redirected != 100 {
@@ -393,9 +394,10 @@ func TestNotEnabledKeepsTCP(t *testing.T) {
 }
 
 // stream writes numbered 8-byte words (each its offset) until stop is
-// closed or a write fails; it returns how many bytes it wrote.
+// closed or a write fails; it returns how many bytes it wrote. A write
+// may end anywhere in a word: the next one starts with the word's rest.
 func stream(w net.Conn, stop <-chan struct{}) (int64, error) {
-	buf := make([]byte, 64<<10)
+	buf := make([]byte, 64<<10+8)
 	var sent int64
 	for {
 		select {
@@ -403,11 +405,12 @@ func stream(w net.Conn, stop <-chan struct{}) (int64, error) {
 			return sent, nil
 		default:
 		}
+		start := sent &^ 7
 		for i := 0; i+8 <= len(buf); i += 8 {
-			binary.LittleEndian.PutUint64(buf[i:], uint64(sent)+uint64(i))
+			binary.LittleEndian.PutUint64(buf[i:], uint64(start)+uint64(i))
 		}
 		w.SetWriteDeadline(time.Now().Add(200 * time.Millisecond))
-		n, err := w.Write(buf)
+		n, err := w.Write(buf[sent-start : sent-start+64<<10])
 		sent += int64(n)
 		if err != nil {
 			var ne net.Error
