@@ -252,6 +252,15 @@ func TestBothFallbackLeavesHashes(t *testing.T) {
 	if err := r.node.SetCapture(r.cookie, true); err != nil {
 		t.Fatal(err)
 	}
+	// Not before leaveGrace: a redirect either verdict chose just before
+	// its capture may still be on its way.
+	for range 5 {
+		pingPong(t, client, server, 10, 64)
+		time.Sleep(leaveGrace * time.Nanosecond / 20)
+	}
+	if s := r.stats(); s.Sockets != 2 {
+		t.Fatalf("stats %+v: a socket left the hashes before leaveGrace", s)
+	}
 	left := func() bool {
 		cs, ct := r.where(client)
 		ss, st := r.where(server)
@@ -344,5 +353,49 @@ func TestResetAcrossLeaving(t *testing.T) {
 	time.Sleep(100 * time.Millisecond)
 	if s := r.stats(); s.Sockets != 0 {
 		t.Errorf("stats %+v after both closed: want 0 sockets", s)
+	}
+}
+
+// TestUnreadKeepsStackSocket: a stack's socket that holds redirected
+// bytes unread stays in targets, whatever its writer does (leaving would
+// purge them), however long it goes on sending; once it reads them, it
+// got every byte.
+func TestUnreadKeepsStackSocket(t *testing.T) {
+	r := newRig(t, true)
+	client, server := r.pair("tcp4", "127.0.0.1:0")
+	msg := bytes.Repeat([]byte("unread "), 10000)
+	if _, err := client.Write(msg); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.node.SetCapture(r.cookie, true); err != nil {
+		t.Fatal(err)
+	}
+	tail := []byte("then through TCP")
+	if !eventually(2*time.Second, func() {
+		if _, err := client.Write(tail); err != nil {
+			t.Fatal(err)
+		}
+		msg = append(msg, tail...)
+	}, func() bool { s, _ := r.where(client); return !s }) {
+		t.Fatal("the application's socket is still in socks after it went through TCP")
+	}
+	// The stack sends (and so is told of each ACK) for longer than
+	// leaveGrace without reading.
+	for end := time.Now().Add(leaveGrace * time.Nanosecond * 3 / 2); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+		exchange(t, server, client)
+	}
+	if _, inTargets := r.where(server); !inTargets {
+		t.Error("the stack's socket left targets with redirected bytes unread")
+	}
+	client.CloseWrite()
+	got, err := io.ReadAll(server)
+	if err != nil || !bytes.Equal(got, msg) {
+		t.Fatalf("the stack read %d bytes, %v; want the %d sent, in order", len(got), err, len(msg))
+	}
+	if !eventually(3*leaveGrace*time.Nanosecond, func() { exchange(t, server, client) }, func() bool {
+		_, inTargets := r.where(server)
+		return !inTargets
+	}) {
+		t.Fatal("the stack's socket is still in targets with its queue read and its peer on TCP")
 	}
 }
