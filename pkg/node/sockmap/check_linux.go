@@ -6,8 +6,8 @@ import (
 	"github.com/cilium/ebpf/btf"
 )
 
-// Check says whether the running kernel has what the verdict reads
-// through BTF, and where: the socket's sk_user_data, its psock's
+// Check says whether the running kernel has what the programs (the
+// verdict, and sock_ops on its RTT callbacks) read through BTF, and where: the socket's sk_user_data, its psock's
 // msg_tot_len (the unread redirected bytes; kernels without it cannot
 // bound a reader) and the bpf_rdonly_cast kfunc. The helpers the programs
 // call are checked by loading them.

@@ -11,16 +11,25 @@
 // it; Cilium's socket-level acceleration does the same for local
 // connections.
 //
-// Two programs do it, loaded once per node and pinned under bpffs:
+// Two programs and two socket hashes do it, loaded once per node and
+// pinned under bpffs:
 //
 //   - a sock_ops program on the cgroup v2 root puts each TCP socket of an
 //     enabled pod namespace (a netns cookie in the namespaces map, which
-//     the plugin fills at ADD) in a socket hash when it is established,
+//     the plugin fills at ADD) in the hashes when it is established,
 //     keyed by the namespace and its four-tuple, and removes its
-//     bookkeeping when it closes;
-//   - an sk_msg verdict on that hash decides, for each message a member
-//     socket sends, whether it goes to the peer's receive queue or
-//     through TCP.
+//     bookkeeping when it closes. An application's socket goes in socks,
+//     the hash with the verdict. A stack's socket goes in targets, a hash
+//     with no programs, where the applications' verdict finds it; it goes
+//     in socks as well only when the pod redirects the stack's writes too
+//     (both). A socket in a hash with an sk_msg verdict sends through the
+//     sockmap's own sendmsg (a copy, then a push into TCP) for as long as
+//     it is in one, even when the verdict sends it through TCP; in
+//     targets alone it keeps TCP's own.
+//   - an sk_msg verdict on socks decides, for each message a member
+//     socket sends, whether it goes to the peer's receive queue (an
+//     application's to the stack's socket in targets, the stack's to the
+//     application's in socks) or through TCP.
 //
 // The verdict keeps three rules that a redirect needs and TCP gave for
 // free:
@@ -35,16 +44,32 @@
 //     reader that does not read without bound. So each socket's unread
 //     redirected bytes are bounded (Budget): every sender adds what it
 //     redirects to its peer's count, every socket sets its own count to
-//     what its queue really holds whenever it sends itself (the socket
-//     psock's msg_tot_len, read through BTF), and a sender whose peer is
-//     over the budget goes through TCP, whose window then holds it.
-//     Request and response keep the redirect; a one-way bulk transfer
-//     goes through TCP once the budget is spent.
+//     what its queue really holds (the socket psock's msg_tot_len, read
+//     through BTF) whenever it sends through the verdict and on each RTT
+//     callback (an ACK of what it sent through TCP: a stack's socket
+//     without a verdict has only those), and a sender whose peer is over
+//     the budget goes through TCP, whose window then holds it. Request
+//     and response keep the redirect; a one-way bulk transfer goes
+//     through TCP once the budget is spent.
 //   - Observation. While a capture of the pod runs, its connections go
 //     through TCP, where the capture sees them on lo.
 //
+// A socket that went back to TCP leaves both hashes, so that its sends
+// (and reads) go back to TCP's own code, but only when nothing can be
+// lost; the sock_ops program checks on the socket's RTT callbacks. Its
+// own sends must go through TCP (no verdict, or a verdict that chose
+// TCP, kept in the info map too, where its peer's program reads it by
+// key); its own redirect queue must be empty, since leaving the last
+// hash drops the socket's psock and that purges the queue; and its peer
+// must no longer be able to redirect into it: a peer without a verdict,
+// or of the same kind, never does, and one whose verdict chose TCP
+// starts no new redirect, but one it chose just before may still land,
+// so the socket then waits leaveGrace first. It then stops its RTT
+// callbacks and leaves the pod's count.
+//
 // What the kernel must have (Check): BTF, sockmap and socket storage,
 // bpf_get_netns_cookie in sock_ops and sk_msg, bpf_skc_to_tcp_sock and the
-// bpf_rdonly_cast kfunc in sk_msg, and the psock's msg_tot_len. Where any
-// is missing the loader says so and the pod keeps the loopback TCP.
+// bpf_rdonly_cast kfunc in sk_msg and sock_ops, deleting from a socket
+// hash in sock_ops, and the psock's msg_tot_len. Where any is missing the
+// loader says so and the pod keeps the loopback TCP.
 package sockmap

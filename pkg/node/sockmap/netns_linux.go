@@ -32,7 +32,8 @@ func NetnsCookie(path string) (uint64, error) {
 
 // Stats are a pod's counters.
 type Stats struct {
-	// Sockets are the pod's sockets in the socket hash now.
+	// Sockets are the pod's sockets in the socket hashes now; one that
+	// went back to TCP and left them is no longer counted.
 	Sockets uint32 `json:"sockets"`
 	// Redirected counts messages handed to a peer's queue; Fallbacks the
 	// sockets that went through TCP after all (no peer in the hash, a
