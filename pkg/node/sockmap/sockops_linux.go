@@ -130,11 +130,10 @@ func sockOpsProgram(m maps, l psockLayout) asm.Instructions {
 			// It may leave the hashes (and its sends, and reads, go back
 			// to TCP's own code) only when leaving loses nothing:
 			//
-			//  1. Its own sends go through TCP: it has no verdict, or its
-			//     verdict chose TCP, which never changes back. Leaving
-			//     with a verdict that still redirects would send what
-			//     follows through TCP, behind data still in its peer's
-			//     redirect queue: the order is the verdict's to keep.
+			//  1. Its own sends go through TCP already: it has no
+			//     verdict, or its verdict chose TCP, which never changes
+			//     back. A socket whose verdict still redirects is what
+			//     the redirect is for; leaving would end it.
 			asm.LoadMem(asm.R1, asm.R7, infoState, asm.Word).WithSymbol("published"),
 			asm.JSet.Imm(asm.R1, stateVerdict, "verdict_choice"),
 			asm.Ja.Label("queue_empty"),
