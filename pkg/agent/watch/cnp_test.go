@@ -99,3 +99,45 @@ func TestClusterNetworkPoliciesWatched(t *testing.T) {
 		t.Errorf("after a 404 with policies cached: len %d, absent %v; want the policy kept", inf.Len(), inf.Absent())
 	}
 }
+
+// TestClusterNetworkPoliciesForbidden: an agent whose ClusterRole lacks
+// the rule gets 403 whether the CRD is installed or not. Where discovery
+// does not list the resource it is absent, as for a 404 (no policy can be
+// missed); where it does, the 403 is an outage and the collection never
+// counts as synced, so that no pod starts without the admin's denials.
+func TestClusterNetworkPoliciesForbidden(t *testing.T) {
+	forbidden := &fakeapi.Fault{Code: http.StatusForbidden, Reason: "Forbidden",
+		Message: `clusternetworkpolicies.policy.networking.k8s.io is forbidden: User "system:serviceaccount:kube-system:cni-usernet" cannot list resource "clusternetworkpolicies"`}
+	path := "/apis/policy.networking.k8s.io/v1beta1/clusternetworkpolicies"
+
+	t.Run("NotServed", func(t *testing.T) {
+		f := fakeapi.NewTest(t, fakeapi.Options{Token: "tok"}) // no CRD
+		f.SetFault(path, forbidden)
+		log := &logBuf{}
+		inf := startCNPs(t, f, log, nil)
+		eventually(t, "the absent collection synced", inf.HasSynced)
+		if !inf.Absent() || inf.Len() != 0 || inf.Err() != nil {
+			t.Errorf("absent %v, len %d, err %v: want absent, empty, no error", inf.Absent(), inf.Len(), inf.Err())
+		}
+		if f.Count("get /apis/policy.networking.k8s.io/v1beta1") == 0 {
+			t.Error("discovery was not asked")
+		}
+	})
+
+	t.Run("Served", func(t *testing.T) {
+		f := fakeapi.NewTest(t, fakeapi.Options{Token: "tok", Kinds: append(slices.Clone(fakeapi.Kinds), cnpKind)})
+		f.SetFault(path, forbidden)
+		log := &logBuf{}
+		inf := startCNPs(t, f, log, nil)
+		eventually(t, "the 403 reported", func() bool { return inf.Err() != nil })
+		eventually(t, "discovery asked twice", func() bool { return f.Count("get /apis/policy.networking.k8s.io/v1beta1") >= 2 })
+		if inf.HasSynced() || inf.Absent() {
+			t.Errorf("synced %v, absent %v under a 403 for a served resource: want neither", inf.HasSynced(), inf.Absent())
+		}
+		f.SetFault(path, nil)
+		eventually(t, "synced once allowed", inf.HasSynced)
+		if inf.Absent() || inf.Err() != nil {
+			t.Errorf("absent %v, err %v once allowed", inf.Absent(), inf.Err())
+		}
+	})
+}

@@ -2,6 +2,7 @@ package watch
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -81,7 +82,7 @@ func (s *source[T]) ListWithContext(ctx context.Context, opts metav1.ListOptions
 		switch {
 		case err == nil:
 			s.absent(false)
-		case apierrors.IsNotFound(err) && s.absent(true):
+		case s.notServed(ctx, err) && s.absent(true):
 			s.report(nil)
 			return &entryList{}, nil
 		}
@@ -126,7 +127,7 @@ func (s *source[T]) WatchWithContext(ctx context.Context, opts metav1.ListOption
 	// lists again. Nor is an optional resource that is not served: the
 	// reflector lists again after its backoff, and finds it when it
 	// comes.
-	if !apierrors.IsResourceExpired(err) && !apierrors.IsGone(err) && !(s.c.optional && apierrors.IsNotFound(err)) {
+	if err == nil || !apierrors.IsResourceExpired(err) && !apierrors.IsGone(err) && !s.notServed(ctx, err) {
 		s.report(err)
 	}
 	if err != nil {
@@ -145,6 +146,40 @@ func (s *source[T]) WatchWithContext(ctx context.Context, opts metav1.ListOption
 		}
 		return ev, true
 	}), nil
+}
+
+// notServed says whether an optional collection's request failed because
+// the API server does not serve its resource: a 404, or a 403 for a
+// resource its discovery (open to every authenticated client) does not
+// list. The server authorizes a request before it looks the resource up,
+// so an agent whose ClusterRole lacks the rule (a chart of an earlier
+// version, or RBAC managed by hand) gets 403 on a cluster without the
+// CRD, where there is no policy to miss. Where the resource is served,
+// or discovery cannot say, a 403 stays an outage: the objects may hold
+// denials, and the pods wait for them.
+func (s *source[T]) notServed(ctx context.Context, err error) bool {
+	switch {
+	case !s.c.optional || err == nil:
+		return false
+	case apierrors.IsNotFound(err):
+		return true
+	case !apierrors.IsForbidden(err):
+		return false
+	}
+	raw, derr := s.rc.Get().AbsPath("/apis", s.c.kind.Group, s.c.kind.Version).SetHeader("Accept", "application/json").Do(ctx).Raw()
+	if apierrors.IsNotFound(derr) {
+		return true
+	}
+	var list metav1.APIResourceList
+	if derr != nil || json.Unmarshal(raw, &list) != nil {
+		return false
+	}
+	for _, r := range list.APIResources {
+		if r.Name == s.c.kind.Resource {
+			return false
+		}
+	}
+	return true
 }
 
 // entry keys o and, when full, transforms it.

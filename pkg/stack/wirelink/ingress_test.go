@@ -194,10 +194,10 @@ func TestAdmitIngressRecords(t *testing.T) {
 		}
 	}
 	want := []policy.Denial{
-		{Direction: "ingress", Protocol: "TCP", Peer: deniedV4, Port: 8080, Local: podV4, Policies: "ns/p", Reason: "no rule admits", Generation: 3},
+		{Direction: "ingress", Protocol: "TCP", Peer: deniedV4, Port: 8080, Local: podV4, Layer: policy.TierNetworkPolicy, Policies: "ns/p", Reason: "no rule admits", Generation: 3},
 		{Direction: "ingress", Protocol: "TCP", Peer: deniedV4, Local: podV4, Policies: "ns/p", Reason: "first fragment without ports", Generation: 3},
 		{Direction: "ingress", Protocol: "60", Peer: deniedV6, Local: podV6, Policies: "ns/p", Reason: "too many extension headers", Generation: 3},
-		{Direction: "ingress", Protocol: "ICMPv6", Peer: deniedV6, Local: podV6, Policies: "ns/p", Reason: "no rule admits", Generation: 3},
+		{Direction: "ingress", Protocol: "ICMPv6", Peer: deniedV6, Local: podV6, Layer: policy.TierNetworkPolicy, Policies: "ns/p", Reason: "no rule admits", Generation: 3},
 	}
 	got := e.Status().RecentDenials
 	if len(got) != len(want) {

@@ -279,6 +279,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]any{"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
 		return
 	}
+	if s.discovery(w, req) {
+		return
+	}
 	r, ok := parseRoute(req.URL.Path)
 	k, known := s.kinds[r.resource]
 	switch {
@@ -295,6 +298,35 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	default:
 		s.list(w, req, r, k)
 	}
+}
+
+// discovery answers /api/v1 and /apis/GROUP/VERSION with the resources
+// served there, 404 for a group version none is.
+func (s *Server) discovery(w http.ResponseWriter, req *http.Request) bool {
+	seg := strings.Split(strings.Trim(req.URL.Path, "/"), "/")
+	var gv string
+	switch {
+	case len(seg) == 2 && seg[0] == "api":
+		gv = seg[1]
+	case len(seg) == 3 && seg[0] == "apis":
+		gv = seg[1] + "/" + seg[2]
+	default:
+		return false
+	}
+	s.count(s.counts, "get "+req.URL.Path)
+	resources := []map[string]any{}
+	for _, k := range s.o.Kinds {
+		if k.APIVersion() == gv {
+			resources = append(resources, map[string]any{"name": k.Resource, "kind": k.Kind, "namespaced": k.Namespaced,
+				"verbs": []string{"get", "list", "watch"}})
+		}
+	}
+	if len(resources) == 0 {
+		s.notFound(w, req)
+		return true
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources})
+	return true
 }
 
 func isWatch(req *http.Request) bool {
