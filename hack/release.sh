@@ -73,7 +73,9 @@ tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner -C "$layout" -cf 
 
 # The chart, versioned, and the manifest it renders for this image.
 "$HELM" package "$chart" --version "$chart_version" --app-version "$version" -d "$out" >&2
-"$HELM" template cni-usernet "$out/cni-usernet-$chart_version.tgz" --namespace kube-system \
+# Without the chart's test pod: kubectl apply would start it as a pod of
+# its own, where helm runs it only on `helm test`.
+"$HELM" template cni-usernet "$out/cni-usernet-$chart_version.tgz" --namespace kube-system --skip-tests \
   --set image.repository="$repo" --set image.tag="$version" >"$out/cni-usernet.yaml"
 grep -q "image: \"\{0,1\}$image\"\{0,1\}$" "$out/cni-usernet.yaml" || {
   echo "release.sh: the rendered manifest does not use $image" >&2
