@@ -33,7 +33,7 @@ const usage = `usage:
                                       install the plugin and its CNI configuration by hand / restore the node
   cni-usernet version
 
-The node agent (the DaemonSet's process) is cni-usernet-agent [flags].
+The node agent (the DaemonSet's process) is cni-usernet-agent [flags]; "cni-usernet agent [flags]" runs it.
 `
 
 func main() {
@@ -50,8 +50,7 @@ func main() {
 	case "capture":
 		err = capture.Run(os.Args[2:], os.Stdout, os.Stderr)
 	case "agent":
-		fmt.Fprintln(os.Stderr, "cni-usernet: the node agent is its own binary, cni-usernet-agent (same flags), beside cni-usernet in the image")
-		os.Exit(2)
+		err = execAgent(os.Args[2:])
 	case "install":
 		err = install.Run(os.Args[2:], os.Stdout, os.Stderr)
 	case "uninstall":
