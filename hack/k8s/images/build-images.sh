@@ -1,7 +1,8 @@
 #!/bin/bash
 # build-images.sh — make the local OCI image tarballs the cluster uses (nothing is
 # pulled): pause (static C) and busybox (Debian's busybox-static).
-# (From the k8s-lab recipe, without its agnhost image.)
+# `build-images.sh agnhost` also makes agnhost's (below), which only the runs
+# that ask for it import. (From the k8s-lab recipe.)
 set -euo pipefail
 LAB=$(cd "$(dirname "$0")/.." && pwd)
 . "$LAB/lib/common.sh"
@@ -31,4 +32,25 @@ if [ ! -f "$IMGDIR/coredns.tar" ]; then
   mkdir -p "$tmp/coredns/etc/coredns" "$tmp/coredns/tmp"
   cp "$BIN/coredns" "$tmp/coredns/coredns"
   "$LAB/images/mkimage.sh" "$COREDNS_IMAGE" "$tmp/coredns" "$IMGDIR/coredns.tar" '["/coredns"]'
+fi
+# agnhost, the Kubernetes e2e tests' image, for the ClusterNetworkPolicy
+# conformance suite (hack/k8s/cnp-conformance.sh): its binary from the
+# Kubernetes release the lab runs (agnhost/go.mod pins toolmod's), with
+# bash and busybox's tools beside it as upstream's image has them, under
+# the upstream name and tag the suite's pods name (AGNHOST_IMAGE), so that
+# their default pull policy (IfNotPresent) finds it and nothing is pulled.
+# In a directory of its own: up.sh and node2.sh import every *.tar of
+# IMGDIR, and the lab's other runs need no agnhost.
+if [ "${1:-}" = agnhost ] && [ ! -f "$AGNHOST_TAR" ]; then
+  mkdir -p "$tmp/agnhost" "${AGNHOST_TAR%/*}"
+  busybox_rootfs "$tmp/agnhost"
+  log "building agnhost ($LAB/agnhost/go.mod)"
+  (cd "$LAB/agnhost" && CGO_ENABLED=0 nice -n 19 go build -trimpath -ldflags "-s -w" -o "$tmp/agnhost/agnhost" k8s.io/kubernetes/test/images/agnhost)
+  # bash with the libraries it links, at their paths
+  cp /bin/bash "$tmp/agnhost/bin/bash"
+  for l in $(ldd /bin/bash | grep -o '/[^ ]*'); do
+    mkdir -p "$tmp/agnhost$(dirname "$l")"
+    cp -L "$l" "$tmp/agnhost$l"
+  done
+  "$LAB/images/mkimage.sh" "$AGNHOST_IMAGE" "$tmp/agnhost" "$AGNHOST_TAR" '["/agnhost"]' '["pause"]'
 fi
