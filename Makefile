@@ -189,6 +189,14 @@ e2e-nftables:
 e2e-ipv4:
 	K8S_LAB_IP_FAMILY=ipv4 E2E_MODES=standalone hack/k8s/e2e.sh
 
+# The upstream ClusterNetworkPolicy conformance suite (network-policy-api's,
+# hack/k8s/cnpconformance) on the lab in standalone mode, its report in
+# docs/conformance/ (docs/policy.md#upstream-conformance). Not part of
+# `make e2e`; K8S_LAB_IP_FAMILY=ipv4 for the IPv4-only cluster.
+.PHONY: e2e-cnp-conformance
+e2e-cnp-conformance:
+	hack/k8s/cnp-conformance.sh
+
 # Nodes on different subnets: a router between the lab's nodes that knows
 # no pod CIDR, so the agents carry pods' traffic between the nodes in
 # VXLAN (standalone; flannel's own VXLAN when chained), dual-stack.
