@@ -92,11 +92,13 @@ fi
 # ---------------------------------------------------------------- host network
 # NODE_IP lives on lo: a node address that is not loopback (the apiserver refuses
 # 127/8 as the kubernetes Service endpoint) and never leaves this machine.
-ip -4 addr show dev lo | grep -q " $NODE_IP/32" || ip addr add "$NODE_IP/32" dev lo
+# (replace, not add: idempotent on a running cluster, where `ip addr show |
+# grep -q` under pipefail fails when grep's early exit kills ip's next write)
+ip addr replace "$NODE_IP/32" dev lo
 save_sysctls
 sysctl -qw net.ipv4.ip_forward=1 net.bridge.bridge-nf-call-iptables=1
 if [ -n "$DUAL" ]; then
-  ip -6 addr show dev lo | grep -q " $NODE_IP6/128" || ip -6 addr add "$NODE_IP6/128" dev lo
+  ip -6 addr replace "$NODE_IP6/128" dev lo
   sysctl -qw net.ipv6.conf.all.forwarding=1
 fi
 # The guard: no lab traffic leaves this machine, in either family (this
