@@ -170,9 +170,7 @@ func referencePages(t *testing.T) []string {
 // presentTenseOwed are the reference pages still dated in places, each
 // with who rewrites it; the test fails when one of them no longer needs
 // its entry, so that the list only shrinks.
-var presentTenseOwed = map[string]string{
-	"docs/performance.md": "the performance work rewrites it (dated runs belong in BENCHMARKS.md and the archive)",
-}
+var presentTenseOwed = map[string]string{}
 
 // notebookFindings lists the lines of a reference page that read like a
 // lab notebook.
