@@ -78,9 +78,10 @@ func previousChart(t *testing.T, repo, dir string) (string, string) {
 }
 
 // TestKubernetesHelmUpgrade is an operator's upgrade of the chart: the
-// previous chart version installed with Helm, pods on both nodes, then
-// `helm upgrade --reset-then-reuse-values` to this tree's chart (the
-// documented command, docs/install.md), the same image. It checks that
+// previous chart version installed with Helm and the image of its own
+// tree, pods on both nodes, then `helm upgrade --reset-then-reuse-values`
+// to this tree's chart and image (the documented command,
+// docs/install.md; the image set, as the install set it). It checks that
 // every agent is replaced and ready, that every pod answered all along
 // (HTTP every 0.5 s) and a connection opened before keeps echoing, that
 // no stack was restarted, that `helm test` passes and that a new pod
@@ -94,14 +95,10 @@ func TestKubernetesHelmUpgrade(t *testing.T) {
 	suffix := make([]byte, 3)
 	rand.Read(suffix)
 	ns := "cu-up-" + hex.EncodeToString(suffix)
-	// The image hack/image.sh built, imported on the nodes; both charts
-	// run it, so that only the chart changes.
-	ref := imageRef(t, thisReleaseManifest(t, repo))
-	i := strings.LastIndex(ref, ":")
-	if i < strings.LastIndex(ref, "/") {
-		t.Fatalf("image %q has no tag", ref)
-	}
-	image := "image.repository=" + ref[:i] + ",image.tag=" + ref[i+1:]
+	// This tree's image, which hack/image.sh built and the nodes
+	// imported, is what the upgrade brings; the previous chart runs the
+	// image of its own tree, as the release it was part of did.
+	image := imageValues(t, imageRef(t, thisReleaseManifest(t, repo)))
 
 	t.Cleanup(func() {
 		kubectl("delete", "ns", ns, "--wait=true", "--timeout=90s")
@@ -125,9 +122,10 @@ func TestKubernetesHelmUpgrade(t *testing.T) {
 
 	old, rev := previousChart(t, repo, t.TempDir())
 	step("InstallPreviousChart", func(t *testing.T) {
+		_, oldImage := buildImageAt(t, repo, rev)
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
-		if out, err := run(ctx, repo, helm, "install", "cni-usernet", old, "-n", "kube-system", "--set", image); err != nil {
+		if out, err := run(ctx, repo, helm, "install", "cni-usernet", old, "-n", "kube-system", "--set", imageValues(t, oldImage)); err != nil {
 			t.Fatalf("helm install the chart of %.12s: %v\n%s", rev, err, out)
 		}
 		mustKubectl(t, "-n", "kube-system", "rollout", "status", "ds/cni-usernet", "--timeout=5m")
@@ -191,7 +189,7 @@ func TestKubernetesHelmUpgrade(t *testing.T) {
 		defer cancel()
 		start := time.Now()
 		out, err := run(ctx, repo, helm, "upgrade", "cni-usernet", filepath.Join(repo, "charts/cni-usernet"), "-n", "kube-system",
-			"--reset-then-reuse-values", "--wait", "--timeout=5m")
+			"--reset-then-reuse-values", "--set", image, "--wait", "--timeout=5m")
 		if err != nil {
 			close(stop)
 			wg.Wait()
@@ -250,6 +248,16 @@ func TestKubernetesHelmUpgrade(t *testing.T) {
 		}
 		wantHTTP(t, "node -> late", body, "late", "")
 	})
+}
+
+// imageValues are the chart's --set values that run ref.
+func imageValues(t *testing.T, ref string) string {
+	t.Helper()
+	i := strings.LastIndex(ref, ":")
+	if i < strings.LastIndex(ref, "/") {
+		t.Fatalf("image %q has no tag", ref)
+	}
+	return "image.repository=" + ref[:i] + ",image.tag=" + ref[i+1:]
 }
 
 // imageRef is the agent's image a manifest names.

@@ -227,25 +227,38 @@ func node2OrNode1() string {
 // and returns its manifest using that image.
 func buildPreviousImage(t *testing.T, repo string) string {
 	t.Helper()
+	src, image := buildImageAt(t, repo, previousRelease)
+	return manifestWithImage(t, src, image)
+}
+
+// buildImageAt builds the image of the tree at rev (its own hack/image.sh)
+// with a tag of its own, imports it on the nodes, and returns the tree's
+// copy and the image's reference.
+func buildImageAt(t *testing.T, repo, rev string) (src, image string) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	if _, err := run(ctx, repo, "git", "cat-file", "-e", previousRelease+"^{commit}"); err != nil {
-		t.Skipf("commit %s not in this repository's history: %v", previousRelease, err)
+	if _, err := run(ctx, repo, "git", "cat-file", "-e", rev+"^{commit}"); err != nil {
+		t.Skipf("commit %s not in this repository's history: %v", rev, err)
 	}
-	src := t.TempDir()
-	if _, err := run(ctx, "", "bash", "-c", fmt.Sprintf("git -C %q archive %s | tar -x -C %q", repo, previousRelease, src)); err != nil {
-		t.Fatalf("unpacking %s: %v", previousRelease, err)
+	src = t.TempDir()
+	if _, err := run(ctx, "", "bash", "-c", fmt.Sprintf("git -C %q archive %s | tar -x -C %q", repo, rev, src)); err != nil {
+		t.Fatalf("unpacking %s: %v", rev, err)
 	}
-	image := "localhost/cni-usernet:e2e-" + previousRelease
+	short := rev
+	if len(short) > 7 {
+		short = short[:7]
+	}
+	image = "localhost/cni-usernet:e2e-" + short
 	tar := filepath.Join(t.TempDir(), "previous.tar")
 	cmd := exec.CommandContext(ctx, "hack/image.sh", tar)
 	cmd.Dir = src
-	cmd.Env = append(os.Environ(), "IMAGE="+image, "VERSION="+previousRelease)
+	cmd.Env = append(os.Environ(), "IMAGE="+image, "VERSION="+short)
 	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("building %s's image: %v\n%s", previousRelease, err, out)
+		t.Fatalf("building %s's image: %v\n%s", rev, err, out)
 	}
 	importImage(ctx, t, repo, tar)
-	return manifestWithImage(t, src, image)
+	return src, image
 }
 
 // checkOldStackMetrics: the agent's scrape has name's series, served by a
