@@ -12,7 +12,9 @@
 # (CNP_REPORT_DIR elsewhere) and the run's log beside the binaries
 # (bin/), and tears the cluster down, also when something failed
 # (E2E_KEEP_CLUSTER=1 keeps it). K8S_LAB_IP_FAMILY=ipv4 runs it on the
-# IPv4-only cluster, and the other K8S_LAB_* of lib/common.sh apply.
+# IPv4-only cluster, and the other K8S_LAB_* of lib/common.sh apply;
+# CNP_TIMEOUT is the suite's go test -timeout (60m; a run cut short
+# writes no report, its log says how far it got).
 # Not part of `make e2e`: the suite runs about half an hour on this lab.
 # Exits non-zero when the suite failed or the run could not end.
 set -uo pipefail
@@ -83,7 +85,7 @@ kubectl wait --for condition=Ready node --all --timeout=3m || { rc=1; exit; }
 log "---- the ClusterNetworkPolicy conformance suite $NPAPI_VERSION, standalone, $IP_FAMILY (log: $RUNLOG)"
 mkdir -p "$(dirname "$REPORT")"
 s=$(date +%s)
-"$SUITE" -test.v -test.count=1 -test.timeout=60m -test.run '^TestCNPConformance$' \
+"$SUITE" -test.v -test.count=1 -test.timeout="${CNP_TIMEOUT:-60m}" -test.run '^TestCNPConformance$' \
   -conformance-profiles=ClusterNetworkPolicy -supported-features=ClusterNetworkPolicy \
   -organization=cni-usernet -project=cni-usernet -url=https://github.com/cni-usernet/cni-usernet \
   -version="$(git describe --always --dirty 2>/dev/null)" -contact=https://github.com/cni-usernet/cni-usernet/issues \
