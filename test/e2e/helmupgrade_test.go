@@ -151,7 +151,7 @@ func TestKubernetesHelmUpgrade(t *testing.T) {
 		defer conn.Close()
 		r := bufio.NewReader(conn)
 		echo(t, conn, r, "before the upgrade")
-		stacks := nodeStatus(t)
+		stacks := clusterStatus(t, repo)
 		agents := agentPods(t)
 
 		stop := make(chan struct{})
@@ -220,7 +220,7 @@ func TestKubernetesHelmUpgrade(t *testing.T) {
 			t.Errorf("pods not served during the upgrade:\n%s", strings.Join(failures, "\n"))
 		}
 		echo(t, conn, r, "after the upgrade")
-		now := nodeStatus(t)
+		now := clusterStatus(t, repo)
 		for _, name := range []string{"srv", "far"} {
 			if b, a := stacks[ns+"/"+name].PID, now[ns+"/"+name].PID; b == 0 || a != b {
 				t.Errorf("%s's stack: PID %d before the upgrade, %d after: restarted", name, b, a)
@@ -248,6 +248,18 @@ func TestKubernetesHelmUpgrade(t *testing.T) {
 		}
 		wantHTTP(t, "node -> late", body, "late", "")
 	})
+}
+
+// clusterStatus is `cni-usernet status --json` of both nodes, keyed by pod.
+func clusterStatus(t *testing.T, repo string) map[string]statusRow {
+	t.Helper()
+	m := nodeStatus(t)
+	if node2() != "" {
+		for k, v := range node2Status(t, repo) {
+			m[k] = v
+		}
+	}
+	return m
 }
 
 // imageValues are the chart's --set values that run ref.
