@@ -29,6 +29,9 @@ teardown() {
   if [ "${E2E_KEEP_CLUSTER:-0}" = 1 ]; then
     log "E2E_KEEP_CLUSTER=1: the cluster stays up (hack/k8s/down.sh --purge removes it)"
   else
+    # The suite's namespaces first: a run cut short leaves its
+    # StatefulSets, which would recreate the pods down.sh deletes.
+    kubectl delete ns -l conformance-house --wait=true --timeout=120s >/dev/null 2>&1 || true
     "$LAB/down.sh" --purge || rc=1
   fi
   exit $rc
