@@ -13,10 +13,10 @@ cd "$(dirname "$0")/../.."
 runs=${COMPAT_RUNS:-hack/k8s/runs.tsv}   # (COMPAT_RUNS: another copy of the records, as test/docs passes the committed one)
 page=docs/compatibility.md
 matrix() {
-  # (the commit names the run; its date is in the records: the page is
-  # a reference, in the present tense)
-  echo '| Kubernetes | runtime | cgroup | kernel | families, nodes, kube-proxy | mode (primary) | last run at | result (s) | command |'
-  echo '|---|---|---|---|---|---|---|---|---|'
+  # (each run's date and commit stay in the records: the page is a
+  # reference, in the present tense, that names no revision)
+  echo '| Kubernetes | runtime | cgroup | kernel | families, nodes, kube-proxy | mode (primary) | result (s) | command |'
+  echo '|---|---|---|---|---|---|---|---|'
   # newest run of each setup, setups by Kubernetes (newest first), runtime, mode
   tail -n +2 "$runs" | awk -F'\t' '{ key = $3 FS $4 FS $5 FS $6 FS $7 FS $8 FS $9 FS $10 FS $11 FS $12; last[key] = $0 }
     END { for (k in last) print last[k] }' |
@@ -24,8 +24,8 @@ matrix() {
     awk -F'\t' '{
       mode = $10; if ($11 != "none") mode = mode " (" $11 ")"
       gsub(/\|/, "\\|", $12)   # (a table cell: the pipes of E2E_RUN escaped)
-      printf "| %s | %s | %s | %s | %s, %s, %s | %s | `%s` | %s (%s) | `%s` |\n",
-        $3, $4, $5, $6, $7, $8, $9, mode, $2, $13, $14, $12 }'
+      printf "| %s | %s | %s | %s | %s, %s, %s | %s | %s (%s) | `%s` |\n",
+        $3, $4, $5, $6, $7, $8, $9, mode, $13, $14, $12 }'
 }
 tmp=$(mktemp)
 trap 'rm -f "$tmp"' EXIT
