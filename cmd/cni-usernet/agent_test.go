@@ -13,9 +13,6 @@ import (
 // beside the binary with the same arguments, and says which file it
 // looked for when the agent is not there.
 func TestAgentCommandRunsTheAgent(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds both binaries")
-	}
 	dir := t.TempDir()
 	for _, pkg := range []string{".", "../cni-usernet-agent"} {
 		name := filepath.Base(pkg)
