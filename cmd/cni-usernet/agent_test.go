@@ -14,11 +14,7 @@ import (
 // looked for when the agent is not there.
 func TestAgentCommandRunsTheAgent(t *testing.T) {
 	dir := t.TempDir()
-	for _, pkg := range []string{".", "../cni-usernet-agent"} {
-		name := filepath.Base(pkg)
-		if pkg == "." {
-			name = "cni-usernet"
-		}
+	for name, pkg := range map[string]string{"cni-usernet": ".", agentBinary: "../cni-usernet-agent"} {
 		build := exec.Command("go", "build", "-o", filepath.Join(dir, name), pkg)
 		if out, err := build.CombinedOutput(); err != nil {
 			t.Fatalf("go build %s: %v\n%s", pkg, err, out)
@@ -38,11 +34,11 @@ func TestAgentCommandRunsTheAgent(t *testing.T) {
 		t.Errorf("cni-usernet agent --no-such-flag: %v, want the agent's own refusal:\n%s", err, out)
 	}
 
-	if err := os.Remove(filepath.Join(dir, "cni-usernet-agent")); err != nil {
+	if err := os.Remove(filepath.Join(dir, agentBinary)); err != nil {
 		t.Fatal(err)
 	}
 	out, err = exec.Command(plugin, "agent", "--help").CombinedOutput()
-	if err == nil || !strings.Contains(string(out), filepath.Join(dir, "cni-usernet-agent")) {
+	if err == nil || !strings.Contains(string(out), filepath.Join(dir, agentBinary)) {
 		t.Errorf("without the agent beside it: %v, want an error naming it:\n%s", err, out)
 	}
 }

@@ -25,18 +25,12 @@ lab_lock
 cd "$REPO"
 
 rc=0
-teardown() {
-  if [ "${E2E_KEEP_CLUSTER:-0}" = 1 ]; then
-    log "E2E_KEEP_CLUSTER=1: the cluster stays up (hack/k8s/down.sh --purge removes it)"
-  else
-    # The suite's namespaces first: a run cut short leaves its
-    # StatefulSets, which would recreate the pods down.sh deletes.
-    kubectl delete ns -l conformance-house --wait=true --timeout=120s >/dev/null 2>&1 || true
-    "$LAB/down.sh" --purge || rc=1
-  fi
-  exit $rc
+# The suite's namespaces before the purge: a run cut short leaves its
+# StatefulSets, which would recreate the pods down.sh deletes.
+delete_suite_namespaces() {
+  kubectl delete ns -l conformance-house --wait=true --timeout=120s >/dev/null 2>&1 || true
 }
-trap teardown EXIT
+lab_purge_at_exit delete_suite_namespaces
 
 # The module's version and its files (the CRD), as cnpconformance/go.mod pins it.
 npapi=$(cd "$LAB/cnpconformance" && go mod download -json sigs.k8s.io/network-policy-api) || { rc=1; exit; }

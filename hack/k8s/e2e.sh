@@ -17,15 +17,7 @@ lab_lock
 cd "$REPO"
 
 rc=0
-teardown() {
-  if [ "${E2E_KEEP_CLUSTER:-0}" = 1 ]; then
-    log "E2E_KEEP_CLUSTER=1: the cluster stays up (hack/k8s/down.sh --purge removes it)"
-  else
-    "$LAB/down.sh" --purge || rc=1
-  fi
-  exit $rc
-}
-trap teardown EXIT
+lab_purge_at_exit
 
 # What a CI log needs to tell why a run failed; printed before the teardown
 # removes the logs.

@@ -35,6 +35,6 @@ func TestCompatibilityMatrixIsTheRecords(t *testing.T) {
 	s := string(page)
 	i, j := strings.Index(s, "<!-- matrix -->"), strings.Index(s, "<!-- /matrix -->")
 	if i < 0 || j < i || !strings.Contains(s[i:j], " | pass (") {
-		t.Errorf("docs/compatibility.md's matrix holds no passing run:\n%s", s[max(i, 0):max(j, 0)])
+		t.Error("docs/compatibility.md's matrix holds no passing run")
 	}
 }

@@ -331,9 +331,9 @@ func buildRelease(t *testing.T, repo, helm, dir, chart string) (image string) {
 		t.Fatal(err)
 	}
 	for what, text := range map[string]string{"the chart's defaults": rendered, "cni-usernet.yaml": string(manifest)} {
-		// The agent's container and its install init container run one
-		// image; any other name would be pulled from somewhere the
-		// release did not publish.
+		// The agent's container and, in the chart's render, its helm
+		// test pod run the release's image; any other name would be
+		// pulled from somewhere the release did not publish.
 		got := imageLines.FindAllStringSubmatch(text, -1)
 		if len(got) == 0 {
 			t.Errorf("%s name no image, want %s", what, image)
