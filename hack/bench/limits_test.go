@@ -48,3 +48,16 @@ func TestLimitRatios(t *testing.T) {
 		t.Errorf("limitOf: got %q %q %v, want usernet-hardware 0.5 true", cfg, l, ok)
 	}
 }
+
+// A redirect mode is measured under the limits when the run has it, and
+// leaves no skipped row behind when it does not.
+func TestLimitConfigNames(t *testing.T) {
+	b := &bench{o: options{Only: []string{"kernel", "usernet-hardware", "usernet-hardware-redirectboth"}}}
+	if got, want := b.limitConfigNames(), []string{"kernel", "usernet-hardware", "usernet-hardware-redirectboth"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("with the redirect mode selected: %v, want %v", got, want)
+	}
+	b = &bench{o: options{Only: []string{"kernel", "usernet-hardware"}}}
+	if got, want := b.limitConfigNames(), []string{"kernel", "usernet-hardware"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("without it: %v, want %v", got, want)
+	}
+}

@@ -117,7 +117,7 @@ func parseOptions(args []string) (options, error) {
 	scale := fs.String("scale", "", "true/false: the scale section (default true, false with --quick)")
 	fs.IntVar(&o.ScalePods, "scale-pods", 100, "idle cni-usernet pods in the scale section")
 	streams := fs.String("streams", "1,16,256", "concurrent iperf3 streams node→pod in the scale section")
-	cpuLimits := fs.String("cpu-limits", "", "comma-separated pod CPU limits (100m, 0.5, 2, max for none): kernel and usernet-hardware with the pod's server and stack in a cgroup of that CFS quota, after the rounds (not with --quick)")
+	cpuLimits := fs.String("cpu-limits", "", "comma-separated pod CPU limits (100m, 0.5, 2, max for none): kernel and usernet-hardware (and usernet-hardware-redirectboth when --only names it) with the pod's server and stack in a cgroup of that CFS quota, after the rounds (not with --quick)")
 	sizing := fs.String("sizing", "", "true/false: a stack's memory alone in a memory cgroup, idle and under load (default true, false with --quick)")
 	fs.DurationVar(&o.IperfTime, "iperf-time", 0, "iperf3 duration per direction (default 15s, 3s with --quick)")
 	fs.DurationVar(&o.RRTime, "rr-time", 0, "TCP_RR duration (default 10s, 2s with --quick)")

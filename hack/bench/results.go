@@ -172,7 +172,7 @@ func (b *bench) reportData() report.Data {
 	if len(b.o.CPULimits) > 0 {
 		d.Limits = &report.Limits{PeriodMs: cgroup.CFSPeriodUs / 1000}
 		for _, l := range b.o.CPULimits {
-			for _, name := range limitConfigs {
+			for _, name := range b.limitConfigNames() {
 				if c := configByName(name); c != nil {
 					d.Limits.Rows = append(d.Limits.Rows, report.Row{Name: limitRow(name, l.Label), Stack: c.usernet()})
 				}
