@@ -172,8 +172,7 @@ func startPolicy(path string, spec *podnet.Spec, log *slog.Logger) (*enforce.Enf
 	if err != nil {
 		return nil, fmt.Errorf("network policy: %w", err)
 	}
-	log.Info("network policy in force", "generation", p.Generation,
-		"ingressIsolated", p.Ingress.Isolated, "egressIsolated", p.Egress.Isolated)
+	logPolicyInForce(log, p)
 	return e, nil
 }
 
