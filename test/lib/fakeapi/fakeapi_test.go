@@ -358,12 +358,81 @@ func TestParseRoute(t *testing.T) {
 		{"/api/v1/namespaces/ns-1/pods/p", route{version: "v1", ns: "ns-1", resource: "pods", name: "p"}, true},
 		{"/api/v1/namespaces/ns-1/events", route{version: "v1", ns: "ns-1", resource: "events"}, true},
 		{"/apis/discovery.k8s.io/v1/endpointslices", route{group: "discovery.k8s.io", version: "v1", resource: "endpointslices"}, true},
-		{"/api/v1/nodes/n/status", route{}, false},
+		{"/api/v1/nodes/n/status", route{version: "v1", resource: "nodes", name: "n", sub: "status"}, true},
+		{"/api/v1/nodes/n/proxy", route{}, false},
 		{"/healthz", route{}, false},
 	} {
 		got, ok := parseRoute(tc.path)
 		if ok != tc.ok || (ok && got != tc.want) {
 			t.Errorf("parseRoute(%q) = %+v, %t; want %+v, %t", tc.path, got, ok, tc.want, tc.ok)
 		}
+	}
+}
+
+// A server-side apply to a status merges its conditions by type with the
+// other managers' ones, leaves spec and metadata, and is watched as a
+// MODIFIED; a missing object is 404, another patch type 415.
+func TestStatusApply(t *testing.T) {
+	s, get := testServer(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	patch := func(path, contentType, body string) *http.Response {
+		t.Helper()
+		pool := x509.NewCertPool()
+		pool.AppendCertsFromPEM(s.CAPEM())
+		client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+		t.Cleanup(client.CloseIdleConnections)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPatch, s.URL()+path, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer tok")
+		req.Header.Set("Content-Type", contentType)
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { resp.Body.Close() })
+		return resp
+	}
+	if _, err := s.Store.Put("networkpolicies", map[string]any{"metadata": map[string]any{"namespace": "ns-0", "name": "a", "generation": 3},
+		"spec": map[string]any{"podSelector": map[string]any{}},
+		"status": map[string]any{"conditions": []any{
+			map[string]any{"type": "other.example/Ready", "status": "True"},
+			map[string]any{"type": "ours.example/Done", "status": "False"}}}}); err != nil {
+		t.Fatal(err)
+	}
+	w := bufio.NewReader(get("/apis/networking.k8s.io/v1/networkpolicies?watch=1&resourceVersion=" + fmt.Sprint(s.Store.Current())).Body)
+	const path = "/apis/networking.k8s.io/v1/namespaces/ns-0/networkpolicies/a/status?fieldManager=me&force=true"
+	const apply = "application/apply-patch+yaml"
+	r := patch(path, apply, `{"apiVersion":"networking.k8s.io/v1","kind":"NetworkPolicy","metadata":{"name":"a"},
+		"status":{"conditions":[{"type":"ours.example/Done","status":"True"},{"type":"ours.example/New","status":"True"}]}}`)
+	if r.StatusCode != http.StatusOK {
+		t.Fatalf("the apply: status %d", r.StatusCode)
+	}
+	var got struct {
+		Metadata struct{ Generation int }
+		Spec     map[string]any
+		Status   struct{ Conditions []struct{ Type, Status string } }
+	}
+	if err := json.Unmarshal(s.Store.Get("networkpolicies", "ns-0", "a"), &got); err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(got.Status.Conditions) != "[{other.example/Ready True} {ours.example/Done True} {ours.example/New True}]" ||
+		got.Metadata.Generation != 3 || got.Spec == nil {
+		t.Errorf("after the apply: %+v; want the other condition kept, ours replaced and added, spec and generation kept", got)
+	}
+	if ev := readEvents(t, w, 1, 5*time.Second)[0]; ev["type"] != "MODIFIED" {
+		t.Errorf("the watch got %v, want MODIFIED", ev["type"])
+	}
+	if reqs := s.Requests(); !strings.Contains(string(reqs[len(reqs)-1].Body), "ours.example/New") {
+		t.Errorf("the patch's body is not recorded: %q", reqs[len(reqs)-1].Body)
+	}
+	if n := s.Count("patch networkpolicies/status"); n != 1 {
+		t.Errorf("counted %d patches, want 1", n)
+	}
+	if r := patch("/apis/networking.k8s.io/v1/namespaces/ns-0/networkpolicies/gone/status?fieldManager=me", apply,
+		`{"metadata":{"name":"gone"},"status":{}}`); r.StatusCode != http.StatusNotFound {
+		t.Errorf("a missing object: status %d, want 404", r.StatusCode)
+	}
+	if r := patch(path, "application/merge-patch+json", `{"status":{}}`); r.StatusCode != http.StatusUnsupportedMediaType {
+		t.Errorf("a merge patch: status %d, want 415", r.StatusCode)
 	}
 }

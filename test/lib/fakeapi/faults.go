@@ -16,6 +16,8 @@ type Request struct {
 	// ClientCert is the client certificate's common name, if it sent
 	// one.
 	ClientCert string
+	// Body is what a request other than a GET sent (its first MiB).
+	Body []byte
 }
 
 // Event is an Event a client created (POST) or updated (PATCH).
