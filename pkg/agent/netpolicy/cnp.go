@@ -14,8 +14,9 @@ import (
 
 // ClusterNetworkPolicy is policy.networking.k8s.io/v1beta1
 // ClusterNetworkPolicy (sigs.k8s.io/network-policy-api), its standard
-// channel's fields and the experimental ones the compiler must see to
-// refuse (nodes, domainNames, destinationNamedPort).
+// channel's fields and the experimental ones: destinationNamedPort, which
+// the compiler implements, and those it must see to refuse (nodes,
+// domainNames).
 type ClusterNetworkPolicy struct {
 	Metadata ObjectMeta               `json:"metadata"`
 	Spec     ClusterNetworkPolicySpec `json:"spec"`
@@ -76,8 +77,9 @@ type ClusterNetworkPolicyPeer struct {
 }
 
 // ClusterNetworkPolicyProtocol is v1beta1 ClusterNetworkPolicyProtocol:
-// exactly one of its fields. DestinationNamedPort is experimental, not
-// implemented.
+// exactly one of its fields. DestinationNamedPort (experimental) is a
+// port of the destination pod by its name, whatever its protocol: the
+// subject pod's for ingress, each peer pod's for egress.
 type ClusterNetworkPolicyProtocol struct {
 	TCP                  *ClusterNetworkPolicyPorts `json:"tcp,omitempty"`
 	UDP                  *ClusterNetworkPolicyPorts `json:"udp,omitempty"`
@@ -127,9 +129,40 @@ type parsedCNP struct {
 }
 
 type cnpBody struct {
-	ingress, egress []policy.TierRule
-	peers           []*peerSet
-	warnings        []Warning
+	ingress []cnpIngressRule
+	egress  []policy.TierRule
+	peers   []*peerSet
+	// namedBlocks are the networks whose pods' named ports an egress
+	// rule resolves (Deps).
+	namedBlocks []policy.Peer
+	warnings    []Warning
+}
+
+// cnpIngressRule is an ingress rule with its named ports left to resolve
+// on each pod it is compiled for (the subject pod's ports).
+type cnpIngressRule struct {
+	rule  policy.TierRule
+	named []namedPort
+}
+
+// on is r for a pod whose containers are containers: false when it
+// matches nothing there (it names only ports the pod does not declare).
+func (r *cnpIngressRule) on(containers []Container) (policy.TierRule, bool) {
+	if len(r.named) == 0 {
+		return r.rule, true
+	}
+	ports := slices.Clone(r.rule.Ports)
+	for _, n := range r.named {
+		if pr, ok := containerPort(containers, n); ok {
+			ports = append(ports, pr)
+		}
+	}
+	if len(ports) == 0 {
+		return policy.TierRule{}, false
+	}
+	tr := r.rule
+	tr.Ports = sortPorts(ports)
+	return tr, true
 }
 
 func parseCNP(cnp *ClusterNetworkPolicy, key string) *parsedCNP {
@@ -196,42 +229,59 @@ func (c *Compiler) resolveCNP(p *parsedCNP) *cnpBody {
 	}
 	for i, r := range p.cnp.Spec.Ingress {
 		where := fmt.Sprintf("ingress rule %d", i)
-		if tr, ok := c.cnpRule(p.name, r.Name, r.Action, r.From, r.Protocols, false, where, warn, b); ok {
-			b.ingress = append(b.ingress, tr)
+		if tr, named, _, ok := c.cnpRule(p.name, r.Name, r.Action, r.From, r.Protocols, false, where, warn, b); ok {
+			b.ingress = append(b.ingress, cnpIngressRule{rule: tr, named: named})
 		}
 	}
 	for i, r := range p.cnp.Spec.Egress {
 		where := fmt.Sprintf("egress rule %d", i)
-		if tr, ok := c.cnpRule(p.name, r.Name, r.Action, r.To, r.Protocols, true, where, warn, b); ok {
+		tr, named, peers, ok := c.cnpRule(p.name, r.Name, r.Action, r.To, r.Protocols, true, where, warn, b)
+		switch {
+		case !ok:
+		case len(named) == 0:
 			b.egress = append(b.egress, tr)
+		default:
+			// The rule's numbered ports as one rule, its named ports
+			// as one rule per port number they resolve to on the
+			// peers: in a row and with the same action, they match
+			// what the one rule matches.
+			if len(tr.Ports) > 0 {
+				b.egress = append(b.egress, tr)
+			}
+			for _, g := range c.namedEgress(p.name, peers, named) {
+				b.egress = append(b.egress, policy.TierRule{Policy: tr.Policy, Name: tr.Name, Action: tr.Action, Peers: g.Peers, Ports: g.Ports})
+			}
+			b.namedBlocks = append(b.namedBlocks, peers.blocks...)
 		}
 	}
 	return b
 }
 
-// cnpRule resolves one rule; false when it matches nothing. A part the
-// agent does not implement fails closed as the API asks: an Accept rule
-// does not match through it, a Deny or Pass rule becomes a Deny of
+// cnpRule resolves one rule; false when it matches nothing. Its named
+// ports are left to resolve on the destination pods, where the rule then
+// matches on them and on tr.Ports (none: only on them). A part the agent
+// does not implement fails closed as the API asks: an Accept rule does
+// not match through it, a Deny or Pass rule becomes a Deny of
 // everything.
 func (c *Compiler) cnpRule(pol, name, action string, peers []ClusterNetworkPolicyPeer, protos []ClusterNetworkPolicyProtocol,
-	egress bool, where string, warn func(string, ...any), b *cnpBody) (policy.TierRule, bool) {
+	egress bool, where string, warn func(string, ...any), b *cnpBody) (tr policy.TierRule, named []namedPort, ps *peerSet, ok bool) {
 	if name != "" {
 		where += " (" + name + ")"
 	}
-	tr := policy.TierRule{Policy: pol, Name: name, Action: policy.Action(action)}
+	tr = policy.TierRule{Policy: pol, Name: name, Action: policy.Action(action)}
 	switch tr.Action {
 	case policy.Accept, policy.Deny, policy.Pass:
 	default:
 		warn("%s: unknown action %q, enforced as Deny of everything", where, action)
-		return policy.TierRule{Policy: pol, Name: name, Action: policy.Deny}, true
+		return policy.TierRule{Policy: pol, Name: name, Action: policy.Deny}, nil, nil, true
 	}
-	failClosed := func(why string) (policy.TierRule, bool) {
+	failClosed := func(why string) (policy.TierRule, []namedPort, *peerSet, bool) {
 		if tr.Action == policy.Accept {
 			warn("%s: %s, matches nothing", where, why)
-			return tr, false
+			return tr, nil, nil, false
 		}
 		warn("%s: %s, enforced as Deny of everything", where, why)
-		return policy.TierRule{Policy: pol, Name: name, Action: policy.Deny}, true
+		return policy.TierRule{Policy: pol, Name: name, Action: policy.Deny}, nil, nil, true
 	}
 	if len(peers) == 0 {
 		return failClosed("no peer")
@@ -274,7 +324,9 @@ func (c *Compiler) cnpRule(pol, name, action string, peers []ClusterNetworkPolic
 		case set != 1:
 			return failClosed(fmt.Sprintf("protocol %d has %d fields, wants exactly one", i, set))
 		case pr.DestinationNamedPort != "":
-			return failClosed(fmt.Sprintf("protocol %d: destinationNamedPort (experimental) is not implemented", i))
+			// Whatever the protocol the pod declares it with.
+			named = append(named, namedPort{name: pr.DestinationNamedPort})
+			continue
 		}
 		proto, ports := policy.TCP, pr.TCP
 		switch {
@@ -300,20 +352,22 @@ func (c *Compiler) cnpRule(pol, name, action string, peers []ClusterNetworkPolic
 		tr.Ports = append(tr.Ports, policy.PortRange{Protocol: proto, First: uint16(first), Last: uint16(last)})
 	}
 	tr.Ports = sortPorts(tr.Ports)
+	slices.SortFunc(named, func(a, b namedPort) int { return strings.Compare(a.name, b.name) })
+	named = slices.Compact(named)
 	// The peers as NetworkPolicy peers: a selector or a CIDR the API would
 	// refuse selects nothing (resolvePeers warns), which for a Deny rule
 	// leaves open what it would have closed: fail closed.
 	before := len(b.warnings)
-	ps := c.resolvePeers("", npPeers, where, func(f string, a ...any) { warn(f, a...) })
+	ps = c.resolvePeers("", npPeers, where, func(f string, a ...any) { warn(f, a...) })
 	b.peers = append(b.peers, ps)
 	if len(b.warnings) > before && tr.Action != policy.Accept {
 		return failClosed("a peer the API would refuse")
 	}
 	if len(ps.prefixes) == 0 {
-		return tr, false // selects no pod now: matches nothing
+		return tr, nil, nil, false // selects no pod now: matches nothing
 	}
 	tr.Peers = ps.prefixes
-	return tr, true
+	return tr, named, ps, true
 }
 
 // clusterPolicies are the snapshot's ClusterNetworkPolicies in the order
@@ -363,7 +417,7 @@ func (p *ClusterNetworkPolicy) Unsupported() []string {
 	if p.Spec.Tier != tierAdmin && p.Spec.Tier != tierBaseline {
 		out = append(out, fmt.Sprintf("spec.tier %q", p.Spec.Tier))
 	}
-	check := func(where, action string, peers []ClusterNetworkPolicyPeer, protos []ClusterNetworkPolicyProtocol) {
+	check := func(where, action string, peers []ClusterNetworkPolicyPeer) {
 		switch policy.Action(action) {
 		case policy.Accept, policy.Deny, policy.Pass:
 		default:
@@ -377,17 +431,12 @@ func (p *ClusterNetworkPolicy) Unsupported() []string {
 				out = append(out, fmt.Sprintf("%s peer %d: domainNames", where, i))
 			}
 		}
-		for i, pr := range protos {
-			if pr.DestinationNamedPort != "" {
-				out = append(out, fmt.Sprintf("%s protocol %d: destinationNamedPort", where, i))
-			}
-		}
 	}
 	for i, r := range p.Spec.Ingress {
-		check(fmt.Sprintf("spec.ingress[%d]", i), r.Action, r.From, r.Protocols)
+		check(fmt.Sprintf("spec.ingress[%d]", i), r.Action, r.From)
 	}
 	for i, r := range p.Spec.Egress {
-		check(fmt.Sprintf("spec.egress[%d]", i), r.Action, r.To, r.Protocols)
+		check(fmt.Sprintf("spec.egress[%d]", i), r.Action, r.To)
 	}
 	return out
 }

@@ -3,6 +3,7 @@
 package netpolicy
 
 import (
+	"fmt"
 	"net/netip"
 	"strings"
 	"testing"
@@ -45,6 +46,12 @@ func addCNPs(s *Snapshot, cs ...*ClusterNetworkPolicy) {
 // the stacks take it.
 func checkStack(tb testing.TB, ps map[string]*policy.PodPolicy, port uint16, t truth) {
 	tb.Helper()
+	checkStackOn(tb, ps, policy.ProtoTCP, port, t)
+}
+
+// checkStackOn is checkStack on IP protocol proto.
+func checkStackOn(tb testing.TB, ps map[string]*policy.PodPolicy, proto uint8, port uint16, t truth) {
+	tb.Helper()
 	ms := map[string]*policy.Matcher{}
 	for k, p := range ps {
 		m, err := policy.Compile(p)
@@ -63,10 +70,10 @@ func checkStack(tb testing.TB, ps map[string]*policy.PodPolicy, port uint16, t t
 			tns, tpod, _ := strings.Cut(to, "/")
 			for _, fam := range []func(string, string) netip.Addr{podAddr4, podAddr6} {
 				src, dst := fam(fns, fpod), fam(tns, tpod)
-				eg, _ := ms[from].Allow(policy.Egress, dst, policy.ProtoTCP, port)
-				in, _ := ms[to].Allow(policy.Ingress, src, policy.ProtoTCP, port)
+				eg, _ := ms[from].Allow(policy.Egress, dst, proto, port)
+				in, _ := ms[to].Allow(policy.Ingress, src, proto, port)
 				if got, want := eg && in, t[[2]string{from, to}]; got != want {
-					bad = append(bad, from+" -> "+to+" "+dst.String()+": got "+boolStr(got)+", want "+boolStr(want))
+					bad = append(bad, fmt.Sprintf("%s -> %s %s proto %d port %d: got %s, want %s", from, to, dst, proto, port, boolStr(got), boolStr(want)))
 				}
 			}
 		}

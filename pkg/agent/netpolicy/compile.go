@@ -304,13 +304,18 @@ func (c *Compiler) CompilePod(pod LocalPod, node []netip.Addr, generation uint64
 		}
 		b := cp.resolved(c)
 		deps.addPeers(b.peers)
+		deps.namedBlocks = append(deps.namedBlocks, b.namedBlocks...)
 		warnings = append(warnings, cp.warnings...)
 		warnings = append(warnings, b.warnings...)
 		in, eg := &out.Ingress.Baseline, &out.Egress.Baseline
 		if cp.admin {
 			in, eg = &out.Ingress.Admin, &out.Egress.Admin
 		}
-		*in = append(*in, b.ingress...)
+		for i := range b.ingress {
+			if r, ok := b.ingress[i].on(pod.Pod.Spec.Containers); ok {
+				*in = append(*in, r)
+			}
+		}
 		*eg = append(*eg, b.egress...)
 		if len(b.egress) > 0 {
 			egressTiers = append(egressTiers, cp.name)

@@ -112,12 +112,13 @@ func (r *ingressRule) on(containers []Container, name string) (policy.Rule, bool
 }
 
 // containerPort resolves a named port on a pod's containers: the port of
-// that name and protocol.
+// that name and protocol, or of that name alone when n has no protocol
+// (a ClusterNetworkPolicy's: the name is unique in a pod).
 func containerPort(containers []Container, n namedPort) (policy.PortRange, bool) {
 	for _, ctr := range containers {
 		for _, p := range ctr.Ports {
 			proto := policy.Protocol(cmp.Or(p.Protocol, string(policy.TCP)))
-			if p.Name == n.name && proto == n.protocol && p.ContainerPort > 0 && p.ContainerPort <= 65535 {
+			if p.Name == n.name && (n.protocol == "" || proto == n.protocol) && p.ContainerPort > 0 && p.ContainerPort <= 65535 {
 				port := uint16(p.ContainerPort)
 				return policy.PortRange{Protocol: proto, First: port, Last: port}, true
 			}
