@@ -69,7 +69,7 @@ func ModuleRoot(dir string) string {
 func BinDir(t testing.TB) string {
 	t.Helper()
 	buildOnce.Do(func() {
-		binDir, buildErr = os.MkdirTemp("", "cni-usernet-bin-")
+		binDir, buildErr = newBinDir(os.TempDir())
 		if buildErr != nil {
 			return
 		}
