@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/cni-usernet/cni-usernet/pkg/api/policy"
 )
@@ -24,6 +25,27 @@ type ClusterNetworkPolicy struct {
 	// API's), as the watch found them: reported, and the rules they sit
 	// in fail closed.
 	Unknown []string `json:"-"`
+	// Generation is the object's metadata.generation: the version of its
+	// spec, which a status condition observes.
+	Generation int64 `json:"-"`
+	// Implemented is the object's ImplementedCondition as its status
+	// holds it; nil: none yet. It is not the policy: a change of it alone
+	// changes no pod's policy (ClusterPolicyChange).
+	Implemented *ClusterPolicyCondition `json:"-"`
+}
+
+// ImplementedCondition is the type of the condition the agents report on
+// each ClusterNetworkPolicy's status: whether cni-usernet implements all
+// of it. Domain-prefixed: other implementations report on the same object
+// under their own types.
+const ImplementedCondition = "cni-usernet.io/Implemented"
+
+// ClusterPolicyCondition is a metav1.Condition of a ClusterNetworkPolicy's
+// status, its type aside.
+type ClusterPolicyCondition struct {
+	Status, Reason, Message string
+	ObservedGeneration      int64
+	LastTransitionTime      time.Time
 }
 
 // ClusterNetworkPolicySpec is v1beta1 ClusterNetworkPolicySpec. Tier is

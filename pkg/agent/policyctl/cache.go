@@ -24,6 +24,9 @@ type cache struct {
 	// cnps are the ClusterNetworkPolicies; nil when not watched
 	// (Options.ClusterNetworkPolicy).
 	cnps *watch.Informer[netpolicy.ClusterNetworkPolicy]
+	// status writes the ClusterNetworkPolicies' status condition; nil
+	// when they are not watched.
+	status *statusWriter
 	// synced is called once every collection has listed once.
 	synced func()
 	// indexes are what rounds share: the pods and namespaces as peers,
@@ -84,10 +87,15 @@ func newCache(o Options, ch changes, synced func()) (*cache, error) {
 		return nil, err
 	}
 	if o.ClusterNetworkPolicy {
+		get := func(name string) (*netpolicy.ClusterNetworkPolicy, bool) { return c.cnps.Get(name) }
+		if c.status, err = newStatusWriter(o.Config, o.Log.With("component", "policy-status"), o.statusDelay, get); err != nil {
+			return nil, err
+		}
 		onCNP := func(old, new *netpolicy.ClusterNetworkPolicy) {
 			reportClusterPolicy(o, old, new)
 			ch.clusterPolicy(old, new)
 			c.countClusterPolicies(o.Metrics)
+			c.status.changed(old, new)
 		}
 		if c.cnps, err = newReflector(o, watch.ClusterNetworkPolicies, onCNP, log); err != nil {
 			return nil, err
@@ -170,6 +178,10 @@ func (c *cache) run(ctx context.Context) {
 	for _, r := range c.collections() {
 		wg.Add(1)
 		go func() { defer wg.Done(); r.Run(ctx) }()
+	}
+	if c.status != nil {
+		wg.Add(1)
+		go func() { defer wg.Done(); c.status.run(ctx) }()
 	}
 	wg.Add(1)
 	go func() {

@@ -238,6 +238,8 @@ type policyEnv struct {
 	resync time.Duration
 	// clusterPolicies is Options.ClusterNetworkPolicy.
 	clusterPolicies bool
+	// statusDelay is Options.statusDelay; zero: the default.
+	statusDelay time.Duration
 }
 
 func newPolicyEnv(t *testing.T) *policyEnv {
@@ -260,6 +262,7 @@ func (e *policyEnv) start(t *testing.T) (*Controller, func()) {
 		watchBackoff: 20 * time.Millisecond,
 		compiled:     e.compiled,
 		Resync:       e.resync,
+		statusDelay:  e.statusDelay,
 
 		ClusterNetworkPolicy: e.clusterPolicies,
 	})

@@ -58,7 +58,8 @@ type Options struct {
 	// NetworkPolicies into each pod's tiers. Where the API server does
 	// not serve them (the CRD is not installed) the agent says so once
 	// and enforces NetworkPolicy alone, looking for them again at every
-	// relist.
+	// relist. The agent reports on each one's status whether it
+	// implements all of it (the netpolicy.ImplementedCondition).
 	ClusterNetworkPolicy bool
 	// Metrics count what the controller does. Nil: counted for nobody.
 	Metrics *Metrics
@@ -69,6 +70,9 @@ type Options struct {
 	watchBackoff time.Duration
 	// compiled is told of each pod compiled, for tests; nil: nothing.
 	compiled func(podKey string)
+	// statusDelay is the most a ClusterNetworkPolicy's status write
+	// waits, for tests; zero: statusDelay.
+	statusDelay time.Duration
 }
 
 func (o *Options) validate() error {

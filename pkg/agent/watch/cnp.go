@@ -28,17 +28,29 @@ var cnpGV = schema.GroupVersion{Group: ClusterNetworkPolicies.Group, Version: Cl
 
 // cnpObject is a ClusterNetworkPolicy as the watch decodes it: its
 // metadata typed, its spec raw, read into netpolicy's types by the
-// transform. The agent links no client of the network-policy-api module:
-// these few lines stand for its types and generated code.
+// transform, and the conditions of its status, among which the agents'
+// own. The agent links no client of the network-policy-api module: these
+// few lines stand for its types and generated code.
 type cnpObject struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata"`
 	Spec              json.RawMessage `json:"spec"`
+	Status            cnpStatus       `json:"status"`
+}
+
+// cnpStatus is v1beta1 ClusterNetworkPolicyStatus.
+type cnpStatus struct {
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
 }
 
 func (o *cnpObject) DeepCopyObject() runtime.Object {
 	c := &cnpObject{TypeMeta: o.TypeMeta, Spec: slices.Clone(o.Spec)}
 	o.ObjectMeta.DeepCopyInto(&c.ObjectMeta)
+	for _, cond := range o.Status.Conditions {
+		var cc metav1.Condition
+		cond.DeepCopyInto(&cc)
+		c.Status.Conditions = append(c.Status.Conditions, cc)
+	}
 	return c
 }
 
@@ -79,7 +91,15 @@ func init() {
 // should become, so it keeps only its subject, tier and priority as far
 // as they decode, and the decoding error as its unknown field.
 func clusterNetworkPolicy(o *cnpObject) *netpolicy.ClusterNetworkPolicy {
-	out := &netpolicy.ClusterNetworkPolicy{Metadata: bareMeta(&o.ObjectMeta)}
+	out := &netpolicy.ClusterNetworkPolicy{Metadata: bareMeta(&o.ObjectMeta), Generation: o.Generation}
+	// Only the agents' own condition is kept: the others are other
+	// implementations', which the agent neither reads nor writes.
+	for _, c := range o.Status.Conditions {
+		if c.Type == netpolicy.ImplementedCondition {
+			out.Implemented = &netpolicy.ClusterPolicyCondition{Status: string(c.Status), Reason: c.Reason, Message: c.Message,
+				ObservedGeneration: c.ObservedGeneration, LastTransitionTime: c.LastTransitionTime.UTC()}
+		}
+	}
 	if err := json.Unmarshal(o.Spec, &out.Spec); err != nil {
 		out.Unknown = append(out.Unknown, fmt.Sprintf("spec (%v)", err))
 		return out

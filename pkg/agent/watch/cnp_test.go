@@ -141,3 +141,25 @@ func TestClusterNetworkPoliciesForbidden(t *testing.T) {
 		}
 	})
 }
+
+// TestClusterNetworkPolicyStatusRead: the watch keeps a policy's
+// generation and the agents' own condition of its status, not the other
+// implementations' ones.
+func TestClusterNetworkPolicyStatusRead(t *testing.T) {
+	f := fakeapi.NewTest(t, fakeapi.Options{Token: "tok", Kinds: append(slices.Clone(fakeapi.Kinds), cnpKind)})
+	doc := `{"metadata":{"name":"p","generation":7},"spec":{"tier":"Admin","priority":1,"subject":{"namespaces":{}}},
+		"status":{"conditions":[
+		  {"type":"other.example/Accepted","status":"True","reason":"Other","message":"theirs","lastTransitionTime":"2020-01-01T00:00:00Z"},
+		  {"type":"cni-usernet.io/Implemented","status":"False","reason":"NotImplemented","message":"ours","observedGeneration":6,"lastTransitionTime":"2021-02-03T04:05:06Z"}]}}`
+	if _, err := f.Store.Put("clusternetworkpolicies", json.RawMessage(doc)); err != nil {
+		t.Fatal(err)
+	}
+	inf := startCNPs(t, f, &logBuf{}, nil)
+	eventually(t, "the policy cached", func() bool { return inf.Len() == 1 })
+	got, _ := inf.Get("p")
+	want := netpolicy.ClusterPolicyCondition{Status: "False", Reason: "NotImplemented", Message: "ours", ObservedGeneration: 6,
+		LastTransitionTime: time.Date(2021, 2, 3, 4, 5, 6, 0, time.UTC)}
+	if got.Generation != 7 || got.Implemented == nil || *got.Implemented != want {
+		t.Errorf("generation %d, condition %+v; want 7, %+v", got.Generation, got.Implemented, want)
+	}
+}
