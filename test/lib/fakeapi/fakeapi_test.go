@@ -410,7 +410,9 @@ func TestStatusApply(t *testing.T) {
 	var got struct {
 		Metadata struct{ Generation int }
 		Spec     map[string]any
-		Status   struct{ Conditions []struct{ Type, Status string } }
+		Status   struct {
+			Conditions []struct{ Type, Status string }
+		}
 	}
 	if err := json.Unmarshal(s.Store.Get("networkpolicies", "ns-0", "a"), &got); err != nil {
 		t.Fatal(err)
