@@ -323,6 +323,7 @@ func TestChartNames(t *testing.T) {
 // and with the features the values turn on, nothing else (docs/kube.md;
 // pkg/api/kube's calls: pods get, events create, nodes get and list in
 // standalone mode, the NetworkPolicy reflectors' list and watch, the
+// ClusterNetworkPolicies' and the patch of their status condition, the
 // agent's own DaemonSet get).
 func TestChartRBAC(t *testing.T) {
 	always := []string{"/pods:get", "/events:create", "apps/daemonsets:get"}
@@ -331,7 +332,8 @@ func TestChartRBAC(t *testing.T) {
 	for _, r := range []string{"networking.k8s.io/networkpolicies", "/pods", "/namespaces", "/services", "discovery.k8s.io/endpointslices"} {
 		policy = append(policy, r+":list", r+":watch")
 	}
-	cnp := []string{"policy.networking.k8s.io/clusternetworkpolicies:get", "policy.networking.k8s.io/clusternetworkpolicies:list", "policy.networking.k8s.io/clusternetworkpolicies:watch"}
+	cnp := []string{"policy.networking.k8s.io/clusternetworkpolicies:get", "policy.networking.k8s.io/clusternetworkpolicies:list", "policy.networking.k8s.io/clusternetworkpolicies:watch",
+		"policy.networking.k8s.io/clusternetworkpolicies/status:patch"}
 	for _, mode := range []string{"standalone", "chain"} {
 		for _, pol := range []bool{true, false} {
 			for _, cluster := range []bool{true, false} {
