@@ -15,6 +15,12 @@
 # IPv4-only cluster, and the other K8S_LAB_* of lib/common.sh apply;
 # CNP_TIMEOUT is the suite's go test -timeout (60m; a run cut short
 # writes no report, its log says how far it got).
+# CNP_CHANNEL=experimental installs the module's experimental CRD instead
+# of the standard one and claims the experimental features the agent
+# implements (CNP_FEATURES, default ClusterNetworkPolicyNamedPorts); its
+# report is clusternetworkpolicy-<version>-standalone-<families>-experimental.yaml.
+# CNP_RUN narrows the suite to the tests whose names match (go test's
+# -run below TestCNPConformance, e.g. CNP_RUN=NamedPort).
 # Not part of `make e2e`: the suite runs about half an hour on this lab.
 # Exits non-zero when the suite failed or the run could not end.
 set -uo pipefail
@@ -36,7 +42,13 @@ lab_purge_at_exit delete_suite_namespaces
 npapi=$(cd "$LAB/cnpconformance" && go mod download -json sigs.k8s.io/network-policy-api) || { rc=1; exit; }
 NPAPI_VERSION=$(sed -n 's/^[[:space:]]*"Version": "\(.*\)",$/\1/p' <<<"$npapi")
 NPAPI_DIR=$(sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p' <<<"$npapi")
-CRD=$NPAPI_DIR/config/crd/standard/policy.networking.k8s.io_clusternetworkpolicies.yaml
+CHANNEL=${CNP_CHANNEL:-standard}
+case "$CHANNEL" in
+  standard) FEATURES=ClusterNetworkPolicy; SUFFIX= ;;
+  experimental) FEATURES=ClusterNetworkPolicy,${CNP_FEATURES:-ClusterNetworkPolicyNamedPorts}; SUFFIX=-experimental ;;
+  *) log "CNP_CHANNEL: standard or experimental, not $CHANNEL"; rc=1; exit ;;
+esac
+CRD=$NPAPI_DIR/config/crd/$CHANNEL/policy.networking.k8s.io_clusternetworkpolicies.yaml
 [ -f "$CRD" ] || { log "no $CRD"; rc=1; exit; }
 
 # What builds, before the cluster runs: agnhost's image, the suite's test
@@ -52,8 +64,8 @@ lab_containerd
 export KUBECONFIG=$STATE/admin.kubeconfig
 lab_ip_family
 log "IP families: $IP_FAMILY (pods $POD_NETS, Services $SVC_CIDRS)"
-REPORT=${CNP_REPORT_DIR:-$REPO/docs/conformance}/clusternetworkpolicy-$NPAPI_VERSION-standalone-$IP_FAMILY.yaml
-RUNLOG=$REPO/bin/cnp-conformance-$NPAPI_VERSION-standalone-$IP_FAMILY.log
+REPORT=${CNP_REPORT_DIR:-$REPO/docs/conformance}/clusternetworkpolicy-$NPAPI_VERSION-standalone-$IP_FAMILY$SUFFIX.yaml
+RUNLOG=$REPO/bin/cnp-conformance-$NPAPI_VERSION-standalone-$IP_FAMILY$SUFFIX.log
 
 # Standalone: a cluster kept from a chained run loses its flannel first.
 pid_alive flanneld && "$LAB/flannel.sh" down
@@ -69,7 +81,7 @@ done
 
 # The CRD before the agents, so that they watch ClusterNetworkPolicies from
 # their start.
-log "installing the ClusterNetworkPolicy CRD of network-policy-api $NPAPI_VERSION (standard channel)"
+log "installing the ClusterNetworkPolicy CRD of network-policy-api $NPAPI_VERSION ($CHANNEL channel)"
 kubectl apply -f "$CRD" || { rc=1; exit; }
 kubectl wait --for condition=established crd/clusternetworkpolicies.policy.networking.k8s.io --timeout=60s || { rc=1; exit; }
 
@@ -79,14 +91,14 @@ kubectl apply -f manifests/cni-usernet.yaml || { rc=1; exit; }
 kubectl -n kube-system rollout status ds/cni-usernet --timeout=5m || { rc=1; exit; }
 kubectl wait --for condition=Ready node --all --timeout=3m || { rc=1; exit; }
 
-log "---- the ClusterNetworkPolicy conformance suite $NPAPI_VERSION, standalone, $IP_FAMILY (log: $RUNLOG)"
+log "---- the ClusterNetworkPolicy conformance suite $NPAPI_VERSION, standalone, $IP_FAMILY, $CHANNEL channel, features $FEATURES${CNP_RUN:+, tests matching $CNP_RUN} (log: $RUNLOG)"
 mkdir -p "$(dirname "$REPORT")"
 s=$(date +%s)
-"$SUITE" -test.v -test.count=1 -test.timeout="${CNP_TIMEOUT:-60m}" -test.run '^TestCNPConformance$' \
-  -conformance-profiles=ClusterNetworkPolicy -supported-features=ClusterNetworkPolicy \
+"$SUITE" -test.v -test.count=1 -test.timeout="${CNP_TIMEOUT:-60m}" -test.run "^TestCNPConformance\$${CNP_RUN:+/$CNP_RUN}" \
+  -conformance-profiles=ClusterNetworkPolicy -supported-features="$FEATURES" \
   -organization=cni-usernet -project=cni-usernet -url=https://github.com/cni-usernet/cni-usernet \
   -version="$(git describe --always --dirty 2>/dev/null)" -contact=https://github.com/cni-usernet/cni-usernet/issues \
-  -additional-info="hack/k8s/cnp-conformance.sh: standalone mode, the hack/k8s lab ($IP_FAMILY, $(kubectl version -o json 2>/dev/null | sed -n 's/.*"gitVersion": *"\([^"]*\)".*/\1/p' | tail -1), two nodes)" \
+  -additional-info="hack/k8s/cnp-conformance.sh: standalone mode, the $CHANNEL CRD${CNP_RUN:+, tests matching $CNP_RUN}, the hack/k8s lab ($IP_FAMILY, $(kubectl version -o json 2>/dev/null | sed -n 's/.*"gitVersion": *"\([^"]*\)".*/\1/p' | tail -1), two nodes)" \
   -report-output="$REPORT" -debug >"$RUNLOG" 2>&1 || rc=1
 log "---- suite: $(( $(date +%s) - s ))s, rc $rc"
 # Each test's end, for the terminal (the whole run is in $RUNLOG).
