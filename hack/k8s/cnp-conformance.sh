@@ -91,6 +91,9 @@ kubectl apply -f manifests/cni-usernet.yaml || { rc=1; exit; }
 kubectl -n kube-system rollout status ds/cni-usernet --timeout=5m || { rc=1; exit; }
 kubectl wait --for condition=Ready node --all --timeout=3m || { rc=1; exit; }
 
+# A kept cluster's last run may still be deleting the suite's namespaces:
+# the suite's first apply would be refused in a terminating one.
+kubectl wait --for=delete ns -l conformance-house --timeout=5m >/dev/null 2>&1 || true
 log "---- the ClusterNetworkPolicy conformance suite $NPAPI_VERSION, standalone, $IP_FAMILY, $CHANNEL channel, features $FEATURES${CNP_RUN:+, tests matching $CNP_RUN} (log: $RUNLOG)"
 mkdir -p "$(dirname "$REPORT")"
 s=$(date +%s)
