@@ -159,6 +159,12 @@ func TestKubernetes(t *testing.T) {
 		}
 	})
 
+	// The cluster serves ClusterNetworkPolicy before the agents start.
+	step("ClusterNetworkPolicyCRD", func(st *testing.T) {
+		if remove := installCNPCRD(st, repo); remove != nil {
+			t.Cleanup(remove)
+		}
+	})
 	step("InstallFromREADME", func(t *testing.T) {
 		runREADME(t, repo, installBlock, 8*time.Minute)
 		eventually(t, 2*time.Minute, "node Ready", func() error {
@@ -580,6 +586,7 @@ spec:
 	check("HostPort", func(t *testing.T) { checkHostPort(t, repo, ns) })
 	check("Bandwidth", func(t *testing.T) { checkBandwidth(t, ns, network) })
 	check("NetworkPolicy", func(t *testing.T) { checkNetworkPolicy(t, repo, ns) })
+	check("ClusterNetworkPolicy", func(t *testing.T) { checkClusterNetworkPolicy(t, ns) })
 	check("TerminatingPeer", func(t *testing.T) { checkTerminatingPeer(t, ns) })
 	check("NetworkPolicyPropagation", func(t *testing.T) { checkPolicyPropagation(t, ns, policyPods()) })
 

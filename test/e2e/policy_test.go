@@ -82,98 +82,17 @@ func (m *policyModel) allowed(src, dst *mpod, kind string) bool {
 type matrix map[string]map[string]map[string]bool
 
 func checkNetworkPolicy(t *testing.T, repo, prefix string) {
-	nodes := []string{node1()}
-	if node2() != "" {
-		nodes = append(nodes, node2())
-	}
-	var pods []*mpod
-	var m strings.Builder
 	model := &policyModel{team: map[string]string{}, role: map[string]string{}}
-	for i, ns := range []string{"x", "y", "z"} {
-		full := prefix + "-" + ns
+	pods := startMatrixPods(t, prefix, []string{"x", "y", "z"}, func(ns, name string) map[string]string {
 		model.team[ns] = ns
-		// Quoted: YAML reads a bare y as true.
-		fmt.Fprintf(&m, "---\napiVersion: v1\nkind: Namespace\nmetadata: {name: %s, labels: {team: %q}}\n", full, ns)
-		for j, name := range []string{"a", "b", "c"} {
-			p := &mpod{ns: ns, name: name, full: full, node: nodes[(i*3+j)%len(nodes)]}
-			pods = append(pods, p)
-			labels := map[string]string{}
-			if name != "c" {
-				labels["role"] = "client"
-				model.role[p.key()] = "client"
-			}
-			m.WriteString(podManifestOn(full, name, "", p.node, labels))
-			fmt.Fprintf(&m, `---
-apiVersion: v1
-kind: Service
-metadata: {name: %s, namespace: %s}
-spec:
-  selector: {app: %s}
-  ports:
-  - {name: http, protocol: TCP, port: 80, targetPort: 8080}
-  - {name: echo, protocol: UDP, port: 90, targetPort: 9090}
-`, name, full, name)
+		if name == "c" {
+			return nil
 		}
-	}
-	t.Cleanup(func() {
-		for _, ns := range []string{"x", "y", "z"} {
-			kubectl("delete", "ns", prefix+"-"+ns, "--wait=false")
-		}
+		model.role[ns+"/"+name] = "client"
+		return map[string]string{"role": "client"}
 	})
-	apply(t, m.String())
-	for _, ns := range []string{"x", "y", "z"} {
-		mustKubectl(t, "-n", prefix+"-"+ns, "wait", "--for=condition=Ready", "pod", "--all", "--timeout=3m")
-	}
-	for _, p := range pods {
-		p.ip = getPod(t, p.full, p.name).Status.PodIP
-		p.svc = strings.TrimSpace(mustKubectl(t, "-n", p.full, "get", "svc", p.name, "-o", "jsonpath={.spec.clusterIP}"))
-	}
-	// kube-proxy programs a Service once its endpoints are ready.
-	eventually(t, time.Minute, "the Services' endpoints", func() error {
-		for _, p := range pods {
-			out, err := kubectl("-n", p.full, "get", "endpointslices", "-l", "kubernetes.io/service-name="+p.name,
-				"-o", "jsonpath={.items[*].endpoints[*].addresses[*]}")
-			if err != nil || strings.TrimSpace(out) != p.ip {
-				return fmt.Errorf("Service %s/%s: endpoints %q (%v), want %s", p.full, p.name, out, err, p.ip)
-			}
-		}
-		return nil
-	})
-
 	nsOf := func(short string) string { return prefix + "-" + short }
-	expectMatrix := func(what string) {
-		t.Helper()
-		want := matrix{}
-		for _, s := range pods {
-			want[s.key()] = map[string]map[string]bool{}
-			for _, d := range pods {
-				if s == d {
-					continue
-				}
-				want[s.key()][d.key()] = map[string]bool{}
-				for _, k := range probeKinds {
-					want[s.key()][d.key()][k] = model.allowed(s, d, k)
-				}
-			}
-		}
-		// The change reaches every stack within moments; a probe that
-		// is lost once (1 s timeout) gets another round.
-		var got matrix
-		var diff []string
-		start := time.Now()
-		for round := 1; ; round++ {
-			got = probeMatrix(t, pods)
-			diff = diffMatrix(want, got)
-			if len(diff) == 0 {
-				t.Logf("%s: the full matrix (%d probes) as expected after %s (round %d)", what, len(pods)*(len(pods)-1)*len(probeKinds), time.Since(start).Round(100*time.Millisecond), round)
-				return
-			}
-			if time.Since(start) > 20*time.Second {
-				break
-			}
-		}
-		t.Errorf("%s: %d probes differ from the expected matrix:\n%s\ngot:\n%s", what, len(diff), strings.Join(diff, "\n"), formatMatrix(pods, got))
-	}
+	expectMatrix := func(what string) { t.Helper(); expectPolicyMatrix(t, pods, model.allowed, what) }
 
 	expectMatrix("no policy")
 
@@ -252,6 +171,101 @@ spec:
 	mustKubectl(t, "-n", nsOf("y"), "delete", "networkpolicy", "egress-dns-only")
 	model.egressY = false
 	expectMatrix("egress policy deleted")
+}
+
+// startMatrixPods starts the matrix's pods: pods a, b and c in each of
+// the namespaces prefix-<short> (labelled team=<short>), spread over the
+// nodes, each with a Service of its own, and returns them with their
+// addresses once the Services' endpoints are ready. labels gives each
+// pod's extra labels.
+func startMatrixPods(t *testing.T, prefix string, namespaces []string, labels func(ns, name string) map[string]string) []*mpod {
+	t.Helper()
+	nodes := []string{node1()}
+	if node2() != "" {
+		nodes = append(nodes, node2())
+	}
+	var pods []*mpod
+	var m strings.Builder
+	for i, ns := range namespaces {
+		full := prefix + "-" + ns
+		// Quoted: YAML reads a bare y as true.
+		fmt.Fprintf(&m, "---\napiVersion: v1\nkind: Namespace\nmetadata: {name: %s, labels: {team: %q}}\n", full, ns)
+		for j, name := range []string{"a", "b", "c"} {
+			p := &mpod{ns: ns, name: name, full: full, node: nodes[(i*3+j)%len(nodes)]}
+			pods = append(pods, p)
+			m.WriteString(podManifestOn(full, name, "", p.node, labels(ns, name)))
+			fmt.Fprintf(&m, `---
+apiVersion: v1
+kind: Service
+metadata: {name: %s, namespace: %s}
+spec:
+  selector: {app: %s}
+  ports:
+  - {name: http, protocol: TCP, port: 80, targetPort: 8080}
+  - {name: echo, protocol: UDP, port: 90, targetPort: 9090}
+`, name, full, name)
+		}
+	}
+	t.Cleanup(func() {
+		for _, ns := range namespaces {
+			kubectl("delete", "ns", prefix+"-"+ns, "--wait=false")
+		}
+	})
+	apply(t, m.String())
+	for _, ns := range namespaces {
+		mustKubectl(t, "-n", prefix+"-"+ns, "wait", "--for=condition=Ready", "pod", "--all", "--timeout=3m")
+	}
+	for _, p := range pods {
+		p.ip = getPod(t, p.full, p.name).Status.PodIP
+		p.svc = strings.TrimSpace(mustKubectl(t, "-n", p.full, "get", "svc", p.name, "-o", "jsonpath={.spec.clusterIP}"))
+	}
+	// kube-proxy programs a Service once its endpoints are ready.
+	eventually(t, time.Minute, "the Services' endpoints", func() error {
+		for _, p := range pods {
+			out, err := kubectl("-n", p.full, "get", "endpointslices", "-l", "kubernetes.io/service-name="+p.name,
+				"-o", "jsonpath={.items[*].endpoints[*].addresses[*]}")
+			if err != nil || strings.TrimSpace(out) != p.ip {
+				return fmt.Errorf("Service %s/%s: endpoints %q (%v), want %s", p.full, p.name, out, err, p.ip)
+			}
+		}
+		return nil
+	})
+	return pods
+}
+
+// expectPolicyMatrix probes the whole matrix until it is what allowed
+// says (a change reaches every stack within moments; a probe lost once,
+// 1 s timeout, gets another round) or 20 s have passed.
+func expectPolicyMatrix(t *testing.T, pods []*mpod, allowed func(src, dst *mpod, kind string) bool, what string) {
+	t.Helper()
+	want := matrix{}
+	for _, s := range pods {
+		want[s.key()] = map[string]map[string]bool{}
+		for _, d := range pods {
+			if s == d {
+				continue
+			}
+			want[s.key()][d.key()] = map[string]bool{}
+			for _, k := range probeKinds {
+				want[s.key()][d.key()][k] = allowed(s, d, k)
+			}
+		}
+	}
+	var got matrix
+	var diff []string
+	start := time.Now()
+	for round := 1; ; round++ {
+		got = probeMatrix(t, pods)
+		diff = diffMatrix(want, got)
+		if len(diff) == 0 {
+			t.Logf("%s: the full matrix (%d probes) as expected after %s (round %d)", what, len(pods)*(len(pods)-1)*len(probeKinds), time.Since(start).Round(100*time.Millisecond), round)
+			return
+		}
+		if time.Since(start) > 20*time.Second {
+			break
+		}
+	}
+	t.Errorf("%s: %d probes differ from the expected matrix:\n%s\ngot:\n%s", what, len(diff), strings.Join(diff, "\n"), formatMatrix(pods, got))
 }
 
 // probeMatrix runs one round: each pod probes every other pod at once
@@ -369,7 +383,8 @@ func formatMatrix(pods []*mpod, m matrix) string {
 
 // checkPolicyPropagation measures how long a policy change takes to be in
 // force in every pod's stack on both nodes: n pods, a default deny
-// applied, then deleted, while Services' endpoints churn. When a stack
+// applied, then deleted, then an Admin-tier ClusterNetworkPolicy's deny
+// applied and deleted, while Services' endpoints churn. When a stack
 // holds a change is its own word: the time of its log line "network
 // policy in force" (read from its log file, which costs the stacks
 // nothing, where polling every stack's status would load the node the
@@ -416,20 +431,14 @@ spec:
 	defer stopChurn()
 
 	stacks := propagationStacks(t, ns)
-	measure := func(what, manifest string, del bool, isolated bool) {
+	measure := func(what string, change func(), want policyWant) {
 		t.Helper()
 		for _, s := range stacks {
 			s.mark()
 		}
 		cpu0, busy0 := stacksCPU(stacks), machineBusy()
 		invoked := time.Now()
-		if del {
-			// Not waiting for the object to be gone: kubectl returns
-			// with the API server's answer, as apply does.
-			mustKubectl(t, "-n", ns, "delete", "networkpolicy", "deny-all", "--wait=false")
-		} else {
-			apply(t, manifest)
-		}
+		change()
 		acked := time.Now()
 		inForce := make([]time.Time, len(stacks))
 		pending := len(stacks)
@@ -439,7 +448,7 @@ spec:
 				if !inForce[i].IsZero() {
 					continue
 				}
-				at, err := s.inForce(isolated)
+				at, err := s.inForce(want)
 				if err != nil {
 					t.Errorf("%s: reading the log of %s's stack: %v", what, s.pod, err)
 					inForce[i] = invoked.Add(time.Hour)
@@ -455,11 +464,11 @@ spec:
 		// The stacks' own word, once: what their logs told is in force.
 		for i, s := range stacks {
 			if inForce[i].IsZero() {
-				t.Errorf("%s: the stack of %s logged no policy with ingress isolated %v within a minute", what, s.pod, isolated)
+				t.Errorf("%s: the stack of %s logged no policy with %s within a minute", what, s.pod, want)
 				continue
 			}
-			if iso, err := stackIsolated(unixClient(s.socket)); err != nil || iso != isolated {
-				t.Errorf("%s: the stack of %s logged the change but its status says ingress isolated %v (%v)", what, s.pod, iso, err)
+			if got, err := stackPolicyState(unixClient(s.socket)); err != nil || got != want.inStatus() {
+				t.Errorf("%s: the stack of %s logged the change but its status says %s (%v)", what, s.pod, got, err)
 			}
 		}
 		fromInvoked := make([]time.Duration, 0, len(stacks))
@@ -492,14 +501,39 @@ spec:
 		t.Logf("%s: CPU from kubectl invoked to the last stack's change and a second more: node %s's %d stacks %s, the machine's CPUs busy %s of %s",
 			what, node1(), len(byNode[node1()]), stacksCPU(stacks)-cpu0, machineBusy()-busy0, time.Since(invoked).Round(time.Millisecond))
 	}
-	measure("default deny applied", fmt.Sprintf(`apiVersion: networking.k8s.io/v1
+	// Not waiting for a deleted object to be gone: kubectl returns with
+	// the API server's answer, as apply does.
+	measure("default deny applied", func() {
+		apply(t, fmt.Sprintf(`apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy
 metadata: {name: deny-all, namespace: %s}
 spec:
   podSelector: {}
   policyTypes: [Ingress]
-`, ns), false, true)
-	measure("default deny deleted", "", true, false)
+`, ns))
+	}, policyWant{isolated: true})
+	measure("default deny deleted", func() {
+		mustKubectl(t, "-n", ns, "delete", "networkpolicy", "deny-all", "--wait=false")
+	}, policyWant{})
+	// A cluster policy's change takes the same way, from another watch:
+	// an Admin-tier Deny of everything into the namespace.
+	cnp := ns + "-admin-deny"
+	t.Cleanup(func() { kubectl("delete", "clusternetworkpolicy", cnp, "--ignore-not-found") })
+	measure("Admin-tier ClusterNetworkPolicy applied", func() {
+		apply(t, fmt.Sprintf(`apiVersion: policy.networking.k8s.io/v1beta1
+kind: ClusterNetworkPolicy
+metadata: {name: %s}
+spec:
+  tier: Admin
+  priority: 10
+  subject: {namespaces: {matchLabels: {kubernetes.io/metadata.name: %s}}}
+  ingress:
+  - {name: deny-all, action: Deny, from: [{namespaces: {}}]}
+`, cnp, ns))
+	}, policyWant{admin: 1})
+	measure("Admin-tier ClusterNetworkPolicy deleted", func() {
+		mustKubectl(t, "delete", "clusternetworkpolicy", cnp, "--wait=false")
+	}, policyWant{})
 }
 
 // quantiles formats the p50, p99 and max of ds (sorted in place).
@@ -627,10 +661,28 @@ func (s *propStack) mark() {
 	}
 }
 
+// policyWant is what the propagation check waits for in a stack's
+// policy: whether NetworkPolicy isolates its ingress, and how many
+// policies (in the status) or rules (in the log line; one each here) of
+// the Admin tier it holds.
+type policyWant struct {
+	isolated bool
+	admin    int
+}
+
+// inStatus is w as a stack's status says it: there, ingress is isolated
+// when anything can be denied, by NetworkPolicy or by a tier's rule.
+func (w policyWant) inStatus() policyWant {
+	return policyWant{isolated: w.isolated || w.admin > 0, admin: w.admin}
+}
+
+func (w policyWant) String() string {
+	return fmt.Sprintf("ingress isolated %v and %d Admin-tier policies", w.isolated, w.admin)
+}
+
 // inForce reads the stack's log from where it was left: the time of the
-// first line that tells of a policy with ingress isolated as wanted put
-// in force, or zero.
-func (s *propStack) inForce(isolated bool) (time.Time, error) {
+// first line that tells of a policy as wanted put in force, or zero.
+func (s *propStack) inForce(want policyWant) (time.Time, error) {
 	f, err := os.Open(s.log)
 	if err != nil {
 		return time.Time{}, err
@@ -649,8 +701,9 @@ func (s *propStack) inForce(isolated bool) (time.Time, error) {
 			Time            time.Time `json:"time"`
 			Msg             string    `json:"msg"`
 			IngressIsolated bool      `json:"ingressIsolated"`
+			IngressAdmin    int       `json:"ingressAdmin"`
 		}
-		if json.Unmarshal(line, &l) == nil && l.Msg == "network policy in force" && l.IngressIsolated == isolated {
+		if json.Unmarshal(line, &l) == nil && l.Msg == "network policy in force" && (policyWant{l.IngressIsolated, l.IngressAdmin}) == want {
 			return l.Time, nil
 		}
 	}
@@ -844,25 +897,33 @@ func unixClient(sock string) *http.Client {
 	}}
 }
 
-// stackIsolated reads whether the stack's policy isolates ingress.
-func stackIsolated(c *http.Client) (bool, error) {
+// stackPolicyState reads whether the stack's policy isolates ingress and
+// how many Admin-tier policies it holds.
+func stackPolicyState(c *http.Client) (policyWant, error) {
 	resp, err := c.Get("http://stack/status")
 	if err != nil {
-		return false, err
+		return policyWant{}, err
 	}
 	defer resp.Body.Close()
 	var st struct {
 		Policy *struct {
 			IngressIsolated bool `json:"ingressIsolated"`
+			Layers          *struct {
+				Admin int `json:"admin"`
+			} `json:"layers"`
 		} `json:"policy"`
 	}
 	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
-		return false, err
+		return policyWant{}, err
 	}
 	if st.Policy == nil {
-		return false, fmt.Errorf("no policy in the status")
+		return policyWant{}, fmt.Errorf("no policy in the status")
 	}
-	return st.Policy.IngressIsolated, nil
+	w := policyWant{isolated: st.Policy.IngressIsolated}
+	if st.Policy.Layers != nil {
+		w.admin = st.Policy.Layers.Admin
+	}
+	return w, nil
 }
 
 // policyPods is how many pods the propagation measurement runs
