@@ -113,20 +113,22 @@ func checkClusterNetworkPolicy(t *testing.T, prefix string) {
 	t.Cleanup(func() {
 		kubectl("delete", "clusternetworkpolicy", admin, baseline, egress, "--ignore-not-found")
 	})
-	adminRule := func(action string) string {
+	// A policy of tier on cx's ingress from cy.
+	fromCy := func(name, tier, action string) string {
 		return fmt.Sprintf(`apiVersion: policy.networking.k8s.io/v1beta1
 kind: ClusterNetworkPolicy
 metadata: {name: %s}
 spec:
-  tier: Admin
+  tier: %s
   priority: 10
   subject: {namespaces: {matchLabels: {kubernetes.io/metadata.name: %s}}}
   ingress:
   - name: from-cy
     action: %s
     from: [{namespaces: {matchLabels: {kubernetes.io/metadata.name: %s}}}]
-`, admin, nsOf("cx"), action, nsOf("cy"))
+`, name, tier, nsOf("cx"), action, nsOf("cy"))
 	}
+	adminRule := func(action string) string { return fromCy(admin, "Admin", action) }
 	npAllowAll := fmt.Sprintf(`apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy
 metadata: {name: allow-all, namespace: %s}
@@ -146,18 +148,7 @@ spec:
 	checkImplementedCondition(t, admin)
 
 	apply(t, adminRule("Pass"))
-	apply(t, fmt.Sprintf(`apiVersion: policy.networking.k8s.io/v1beta1
-kind: ClusterNetworkPolicy
-metadata: {name: %s}
-spec:
-  tier: Baseline
-  priority: 10
-  subject: {namespaces: {matchLabels: {kubernetes.io/metadata.name: %s}}}
-  ingress:
-  - name: from-cy
-    action: Deny
-    from: [{namespaces: {matchLabels: {kubernetes.io/metadata.name: %s}}}]
-`, baseline, nsOf("cx"), nsOf("cy")))
+	apply(t, fromCy(baseline, "Baseline", "Deny"))
 	model.adminCyToCx, model.baselineDenyCyToCx = "Pass", true
 	expect("the Admin rule passes, a Baseline-tier Deny from cy, the tenant allows every ingress")
 
@@ -204,32 +195,9 @@ spec:
 // denials` shows it to an operator.
 func checkTierDenial(t *testing.T, pods []*mpod, ns, tier, name string) {
 	t.Helper()
-	for _, p := range pods {
-		if p.full != ns || p.node != node1() {
-			continue
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		out, err := run(ctx, "", installed, "denials", "--json", "--pod", p.full+"/"+p.name)
-		cancel()
-		if err != nil {
-			t.Errorf("cni-usernet denials --pod %s/%s: %v", p.full, p.name, err)
-			return
-		}
-		var rows []struct{ Pod, Direction, Layer, Policies string }
-		if err := json.Unmarshal([]byte(out), &rows); err != nil {
-			t.Errorf("decoding cni-usernet denials --json: %v\n%s", err, out)
-			return
-		}
-		for _, r := range rows {
-			if r.Direction == "ingress" && r.Layer == tier && r.Policies == name {
-				t.Logf("%s/%s's denials on node %s name layer %s, policy %s", p.full, p.name, node1(), r.Layer, r.Policies)
-				return
-			}
-		}
-		t.Errorf("cni-usernet denials on node %s shows no ingress denial of %s/%s by the %s tier's %s:\n%s", node1(), p.full, p.name, tier, name, out)
-		return
-	}
-	t.Logf("no pod of %s on node %s to read denials of", ns, node1())
+	findDenial(t, pods, ns, tier+" tier", fmt.Sprintf("ingress denial by the %s tier's %s", tier, name), func(r denialRow) bool {
+		return r.Direction == "ingress" && r.Layer == tier && r.Policies == name
+	})
 }
 
 // checkImplementedCondition: the agents report on the policy's own status

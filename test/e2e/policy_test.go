@@ -941,31 +941,43 @@ func policyPods() int {
 // node, naming the isolating policy and the reason "no rule admits".
 func checkDenialsOnNode(t *testing.T, pods []*mpod, ns, what string) {
 	t.Helper()
+	findDenial(t, pods, ns, what, fmt.Sprintf("an ingress denial by %s/deny-all (\"no rule admits\")", ns), func(r denialRow) bool {
+		return r.Direction == "ingress" && strings.Contains(r.Policies, ns+"/deny-all") && r.Reason == "no rule admits"
+	})
+}
+
+// denialRow is a row of `cni-usernet denials --json`, as far as the
+// checks read it.
+type denialRow struct{ Pod, Direction, Layer, Policies, Reason string }
+
+// findDenial reads `cni-usernet denials` on node 1 for the first pod of
+// ns there and wants a row of it that match accepts (want says which).
+func findDenial(t *testing.T, pods []*mpod, ns, what, want string, match func(denialRow) bool) {
+	t.Helper()
 	for _, p := range pods {
 		if p.full != ns || p.node != node1() {
 			continue
 		}
+		key := p.full + "/" + p.name
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		out, err := run(ctx, "", installed, "denials", "--json", "--pod", p.full+"/"+p.name)
+		out, err := run(ctx, "", installed, "denials", "--json", "--pod", key)
 		cancel()
 		if err != nil {
-			t.Errorf("%s: cni-usernet denials --pod %s/%s: %v", what, p.full, p.name, err)
+			t.Errorf("%s: cni-usernet denials --pod %s: %v", what, key, err)
 			return
 		}
-		var rows []struct {
-			Pod, Direction, Policies, Reason string
-		}
+		var rows []denialRow
 		if err := json.Unmarshal([]byte(out), &rows); err != nil {
 			t.Errorf("%s: decoding cni-usernet denials --json: %v\n%s", what, err, out)
 			return
 		}
 		for _, r := range rows {
-			if r.Pod == p.full+"/"+p.name && r.Direction == "ingress" && strings.Contains(r.Policies, ns+"/deny-all") && r.Reason == "no rule admits" {
-				t.Logf("%s: %s's denials on node %s name %s: %s", what, r.Pod, node1(), r.Policies, r.Reason)
+			if r.Pod == key && match(r) {
+				t.Logf("%s: %s's denials on node %s name layer %q, policies %s: %s", what, r.Pod, node1(), r.Layer, r.Policies, r.Reason)
 				return
 			}
 		}
-		t.Errorf("%s: cni-usernet denials on node %s shows no ingress denial of %s/%s by %s/deny-all (\"no rule admits\"):\n%s", what, node1(), p.full, p.name, ns, out)
+		t.Errorf("%s: cni-usernet denials on node %s shows no %s for %s:\n%s", what, node1(), want, key, out)
 		return
 	}
 	t.Logf("%s: no pod of %s on node %s to read denials of", what, ns, node1())

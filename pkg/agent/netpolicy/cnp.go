@@ -173,17 +173,10 @@ func (r *cnpIngressRule) on(containers []Container) (policy.TierRule, bool) {
 	if len(r.named) == 0 {
 		return r.rule, true
 	}
-	ports := slices.Clone(r.rule.Ports)
-	for _, n := range r.named {
-		if pr, ok := containerPort(containers, n); ok {
-			ports = append(ports, pr)
-		}
-	}
-	if len(ports) == 0 {
+	tr := r.rule
+	if tr.Ports = withNamedPorts(r.rule.Ports, r.named, containers); len(tr.Ports) == 0 {
 		return policy.TierRule{}, false
 	}
-	tr := r.rule
-	tr.Ports = sortPorts(ports)
 	return tr, true
 }
 

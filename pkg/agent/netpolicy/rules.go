@@ -94,21 +94,28 @@ func (r *ingressRule) on(containers []Container, name string) (policy.Rule, bool
 	if r.allPorts {
 		return rule, true
 	}
-	ports := r.ports
-	if len(r.named) > 0 {
-		ports = slices.Clone(ports)
-		for _, n := range r.named {
-			if pr, ok := containerPort(containers, n); ok {
-				ports = append(ports, pr)
-			}
-		}
-		ports = sortPorts(ports)
-	}
+	ports := withNamedPorts(r.ports, r.named, containers)
 	if len(ports) == 0 {
 		return policy.Rule{}, false
 	}
 	rule.Ports = ports
 	return rule, true
+}
+
+// withNamedPorts is ports and the named ports resolved on a pod whose
+// containers are containers (ports itself when there are none to
+// resolve; a name the pod does not declare adds nothing).
+func withNamedPorts(ports []policy.PortRange, named []namedPort, containers []Container) []policy.PortRange {
+	if len(named) == 0 {
+		return ports
+	}
+	ports = slices.Clone(ports)
+	for _, n := range named {
+		if pr, ok := containerPort(containers, n); ok {
+			ports = append(ports, pr)
+		}
+	}
+	return sortPorts(ports)
 }
 
 // containerPort resolves a named port on a pod's containers: the port of
