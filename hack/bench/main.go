@@ -201,6 +201,12 @@ func parseOptions(args []string) (options, error) {
 		for _, n := range strings.Split(only, ",") {
 			if n == crossNodeRows || n == sameNodeRows {
 				for _, c := range allConfigs {
+					// A row run only by its name (a variant for one
+					// question) stays out of the group; the baseline
+					// rows come with it and run when there is a baseline.
+					if c.ByName && !c.Baseline {
+						continue
+					}
 					if n == crossNodeRows && c.CrossNode != "" || n == sameNodeRows && c.SameNode {
 						o.Only = append(o.Only, c.Name)
 					}
