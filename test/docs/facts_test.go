@@ -80,27 +80,27 @@ var facts = []fact{
 	},
 	{
 		name:     "pod to pod across nodes, TCP_RR p50 (µs)",
-		home:     "BENCHMARKS.md, the latest full run's scale paragraph (pod to pod across two nodes)",
+		home:     "BENCHMARKS.md, the latest run's pod-to-pod section (pod to pod across two nodes)",
 		want:     from("BENCHMARKS.md", `Pod to pod across two\s+nodes: TCP_RR `+number+` µs`),
 		sentence: regexp.MustCompile(`(?i)across (?:two )?nodes|cross-node`),
 		page:     regexp.MustCompile(`TCP_RR.*?` + number + ` µs`),
 	},
 	{
 		name:     "pod to pod across nodes, redis SET / GET (× the kernel's pod to pod)",
-		home:     "BENCHMARKS.md, the latest full run's scale paragraph (pod to pod across two nodes)",
+		home:     "BENCHMARKS.md, the latest run's pod-to-pod section (pod to pod across two nodes)",
 		want:     from("BENCHMARKS.md", `across two\s+nodes: TCP_RR \d+ µs direct, redis `+number+`×\s*/\s*`+number+`×`),
 		sentence: regexp.MustCompile(`(?i)across (?:two )?nodes|cross-node`),
 		page:     regexp.MustCompile(`redis[^.;\d]*` + number + `×(?:\s*/\s*` + number + `×)?`),
 	},
 	{
 		name: "nginx 10 MiB, cni-usernet hardware and runsc (× the kernel)",
-		home: "BENCHMARKS.md, the latest full run's table, nginx 10 MiB column",
+		home: "the last full run with runsc (docs/benchmarks/2026-12-03-2344-full-run.md), its table's nginx 10 MiB column",
 		want: func(t *testing.T) []string {
-			b := readRepo(t, "BENCHMARKS.md")
+			b := readRepo(t, "docs/benchmarks/2026-12-03-2344-full-run.md")
 			row := func(label string) string {
 				m := regexp.MustCompile(`(?m)^\| ` + regexp.QuoteMeta(label) + `[^|]*\|[^|]*\|[^|]*\|[^|]*\| ` + number + `× \|`).FindStringSubmatch(b)
 				if m == nil {
-					t.Fatalf("BENCHMARKS.md has no nginx cell for %q", label)
+					t.Fatalf("the last full run with runsc has no nginx cell for %q", label)
 				}
 				return m[1]
 			}
