@@ -6,7 +6,15 @@
 // connections). It answers one question before that shape is built into
 // the stack: how much of a request's CPU and latency the loopback TCP is.
 //
+// With -netns the two sockets are in two network namespaces of the
+// probe's own, joined by a veth pair (two pods' applications talking
+// over the kernel's TCP), and the redirect joins them across the
+// namespaces: the cost of a request between two pods of one node whose
+// applications' sockets were joined directly, which is the floor for a
+// same-node shortcut between two pods' stacks.
+//
 //	go run . -rounds 3          # as root: both modes, alternated
+//	go run . -rounds 3 -netns   # the same across two namespaces
 package main
 
 import (
@@ -31,7 +39,12 @@ func main() {
 	role := flag.String("role", "client", "client or echo (internal)")
 	n := flag.Int("n", 100000, "round trips")
 	size := flag.Int("size", 64, "request and answer bytes")
+	acrossNetns := flag.Bool("netns", false, "the two sockets in two network namespaces joined by a veth pair (made and removed by the probe)")
 	flag.Parse()
+	if *mode != "" && *mode != "tcp" && *mode != "sockmap" {
+		fmt.Fprintf(os.Stderr, "-mode %q: want tcp or sockmap\n", *mode)
+		os.Exit(2)
+	}
 	if *n <= 0 || *size <= 0 {
 		fmt.Fprintln(os.Stderr, "-n and -size must be positive")
 		os.Exit(2)
@@ -47,12 +60,37 @@ func main() {
 			modes = append(modes, "tcp", "sockmap")
 		}
 	}
-	for _, m := range modes {
-		if err := run(m, *n, *size); err != nil {
-			fmt.Fprintf(os.Stderr, "%s: %v\n", m, err)
+	p := path{name: "loopback", connect: pair}
+	cleanup := func() {}
+	if *acrossNetns {
+		var err error
+		if cleanup, err = makeNamespaces(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}
+		p = path{name: "two-netns", connect: pairAcross}
 	}
+	err := runAll(modes, *n, *size, p)
+	cleanup() // the namespaces go whatever the outcome
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+}
+
+// path is how the two sockets are connected.
+type path struct {
+	name    string
+	connect func() (client, server, serverPort int, err error)
+}
+
+func runAll(modes []string, n, size int, p path) error {
+	for _, m := range modes {
+		if err := run(m, n, size, p); err != nil {
+			return fmt.Errorf("%s: %w", m, err)
+		}
+	}
+	return nil
 }
 
 func echo(fd, size int) {
@@ -108,40 +146,54 @@ func pair() (client, server int, serverPort int, err error) {
 	if err != nil {
 		return 0, 0, 0, fmt.Errorf("listening socket: %w", err)
 	}
+	c, err := listenAndConnect(l, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}, func() (int, error) {
+		return unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	})
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	return c.client, c.server, c.port, nil
+}
+
+// conn is one connection's two ends and the server's port.
+type conn struct{ client, server, port int }
+
+// listenAndConnect binds the listening socket l to addr, connects a
+// client socket from newClient to it and accepts it; l is closed.
+func listenAndConnect(l int, addr *unix.SockaddrInet4, newClient func() (int, error)) (conn, error) {
 	defer unix.Close(l)
-	loopback := &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}
-	if err := unix.Bind(l, loopback); err != nil {
-		return 0, 0, 0, fmt.Errorf("binding to loopback: %w", err)
+	if err := unix.Bind(l, addr); err != nil {
+		return conn{}, fmt.Errorf("binding to %v: %w", addr.Addr, err)
 	}
 	if err := unix.Listen(l, 1); err != nil {
-		return 0, 0, 0, fmt.Errorf("listening: %w", err)
+		return conn{}, fmt.Errorf("listening: %w", err)
 	}
 	sa, err := unix.Getsockname(l)
 	if err != nil {
-		return 0, 0, 0, fmt.Errorf("reading the listener's port: %w", err)
+		return conn{}, fmt.Errorf("reading the listener's port: %w", err)
 	}
-	loopback.Port = sa.(*unix.SockaddrInet4).Port
-	c, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	addr.Port = sa.(*unix.SockaddrInet4).Port
+	c, err := newClient()
 	if err != nil {
-		return 0, 0, 0, fmt.Errorf("client socket: %w", err)
+		return conn{}, fmt.Errorf("client socket: %w", err)
 	}
-	if err := unix.Connect(c, loopback); err != nil {
+	if err := unix.Connect(c, addr); err != nil {
 		unix.Close(c)
-		return 0, 0, 0, fmt.Errorf("connecting: %w", err)
+		return conn{}, fmt.Errorf("connecting: %w", err)
 	}
 	s, _, err := unix.Accept4(l, unix.SOCK_CLOEXEC)
 	if err != nil {
 		unix.Close(c)
-		return 0, 0, 0, fmt.Errorf("accepting: %w", err)
+		return conn{}, fmt.Errorf("accepting: %w", err)
 	}
 	for _, fd := range []int{c, s} {
 		if err := unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1); err != nil {
 			unix.Close(c)
 			unix.Close(s)
-			return 0, 0, 0, fmt.Errorf("setting TCP_NODELAY: %w", err)
+			return conn{}, fmt.Errorf("setting TCP_NODELAY: %w", err)
 		}
 	}
-	return c, s, loopback.Port, nil
+	return conn{client: c, server: s, port: addr.Port}, nil
 }
 
 // redirect loads a sockmap of two entries (0: the accepted socket, 1: the
@@ -184,8 +236,8 @@ func redirect(client, server, serverPort int) (func(), error) {
 	return done, nil
 }
 
-func run(mode string, n, size int) error {
-	client, server, port, err := pair()
+func run(mode string, n, size int, p path) error {
+	client, server, port, err := p.connect()
 	if err != nil {
 		return err
 	}
@@ -241,8 +293,8 @@ func run(mode string, n, size int) error {
 	clientCPU := cpu(&after) - cpu(&before)
 	echoCPU := cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
 	sort.Slice(rtt, func(i, j int) bool { return rtt[i] < rtt[j] })
-	fmt.Printf("mode=%s size=%d n=%d p50=%.1fus p99=%.1fus rt/s=%.0f cpu/rt client=%.2fus echo=%.2fus\n",
-		mode, size, n,
+	fmt.Printf("path=%s mode=%s size=%d n=%d p50=%.1fus p99=%.1fus rt/s=%.0f cpu/rt client=%.2fus echo=%.2fus\n",
+		p.name, mode, size, n,
 		float64(rtt[n/2].Nanoseconds())/1e3, float64(rtt[n*99/100].Nanoseconds())/1e3,
 		float64(n)/wall.Seconds(),
 		float64(clientCPU.Nanoseconds())/1e3/float64(n), float64(echoCPU.Nanoseconds())/1e3/float64(n))
