@@ -15,6 +15,7 @@
 //
 //	go run . -rounds 3          # as root: both modes, alternated
 //	go run . -rounds 3 -netns   # the same across two namespaces
+//	go run . -rounds 3 -netns -redis -n 100000   # redis between them
 package main
 
 import (
@@ -39,6 +40,7 @@ func main() {
 	role := flag.String("role", "client", "client or echo (internal)")
 	n := flag.Int("n", 100000, "round trips")
 	size := flag.Int("size", 64, "request and answer bytes")
+	redis := flag.Bool("redis", false, "with -netns: redis-server in one namespace, redis-benchmark in the other, the applications' sockets joined or not")
 	acrossNetns := flag.Bool("netns", false, "the two sockets in two network namespaces joined by a veth pair (made and removed by the probe)")
 	flag.Parse()
 	if *mode != "" && *mode != "tcp" && *mode != "sockmap" {
@@ -70,7 +72,16 @@ func main() {
 		}
 		p = path{name: "two-netns", connect: pairAcross}
 	}
-	err := runAll(modes, *n, *size, p)
+	var err error
+	if *redis && *acrossNetns {
+		for _, m := range modes {
+			if err = redisRound(m, *n); err != nil {
+				break
+			}
+		}
+	} else {
+		err = runAll(modes, *n, *size, p)
+	}
 	cleanup() // the namespaces go whatever the outcome
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
