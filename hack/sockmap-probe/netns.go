@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"runtime"
@@ -82,22 +83,12 @@ func inNetns(name string, f func() error) error {
 // pairAcross connects a socket in the client namespace to one accepted
 // in the server namespace, over the veth pair.
 func pairAcross() (client, server int, serverPort int, err error) {
-	ip := func(s string) (a [4]byte) {
-		var b [4]int
-		fmt.Sscanf(s, "%d.%d.%d.%d", &b[0], &b[1], &b[2], &b[3])
-		for i := range b {
-			a[i] = byte(b[i])
-		}
-		return a
-	}
 	var l int
-	srv := &unix.SockaddrInet4{Addr: ip(addrServer)}
+	srv := &unix.SockaddrInet4{Addr: [4]byte(net.ParseIP(addrServer).To4())}
 	if err := inNetns(nsServer, func() error {
 		var err error
-		if l, err = unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0); err != nil {
-			return err
-		}
-		return nil
+		l, err = unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		return err
 	}); err != nil {
 		return 0, 0, 0, fmt.Errorf("listening socket: %w", err)
 	}

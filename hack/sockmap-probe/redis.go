@@ -10,26 +10,79 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
 )
 
 // cgroup2Root is where the sock_ops program is attached: every process's
-// sockets pass it, and it keeps only the probe's /30.
+// sockets pass it, and it keeps only the probe's two namespaces'.
 const cgroup2Root = "/sys/fs/cgroup/unified"
 
-// ipv4 in the byte order a context field holds it, read as a
-// little-endian u32.
-func ctxIPv4(a, b, c, d byte) int32 {
-	return int32(uint32(a) | uint32(b)<<8 | uint32(c)<<16 | uint32(d)<<24)
+// soNetnsCookie is SO_NETNS_COOKIE: the cookie of the namespace a socket
+// was made in, the value bpf_get_netns_cookie gives the programs.
+const soNetnsCookie = 71
+
+// netnsCookie is the cookie of the named namespace.
+func netnsCookie(name string) (uint64, error) {
+	var cookie uint64
+	err := inNetns(name, func() error {
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		cookie, err = unix.GetsockoptUint64(fd, unix.SOL_SOCKET, soNetnsCookie)
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("reading the cookie of namespace %s: %w", name, err)
+	}
+	return cookie, nil
 }
 
-// joinAll loads a socket hash keyed by each socket's own address and
-// port, a sock_ops program that puts every established TCP socket of the
-// probe's two addresses in it, and an sk_msg verdict that redirects each
-// send into the receive queue of the socket whose key is the sender's
-// peer, across the namespaces. A send whose peer is not (yet) in the hash
-// goes through TCP. It returns what detaches and frees them.
+// ctxField is a field of a program's context: an IPv4 address, or a port
+// in host order or in network order in the field's upper half.
+type ctxField struct {
+	off      int16
+	netUpper bool
+}
+
+// storeKey writes the socket hash's key at R10-24 with R6 the context
+// and the namespace's cookie in R7: the cookie, two addresses and two
+// ports in host order, in the order given. Keyed by the namespace as
+// well as the tuple, no socket of another namespace can stand in for
+// one of the probe's, whatever addresses it claims.
+func storeKey(ip0, ip1, port0, port1 ctxField) asm.Instructions {
+	insns := asm.Instructions{asm.StoreMem(asm.RFP, -24, asm.R7, asm.DWord)}
+	for i, f := range []ctxField{ip0, ip1, port0, port1} {
+		insns = append(insns, asm.LoadMem(asm.R2, asm.R6, f.off, asm.Word))
+		if f.netUpper {
+			insns = append(insns, asm.RSh.Imm(asm.R2, 16), asm.HostTo(asm.BE, asm.R2, asm.Half))
+		}
+		insns = append(insns, asm.StoreMem(asm.RFP, int16(-16+4*i), asm.R2, asm.Word))
+	}
+	return append(insns,
+		asm.Mov.Reg(asm.R1, asm.R6),
+		asm.Mov.Reg(asm.R3, asm.RFP),
+		asm.Add.Imm(asm.R3, -24))
+}
+
+// joinAll loads a socket hash keyed by each socket's namespace and
+// 4-tuple, a sock_ops program that puts every established TCP socket of
+// the probe's two namespaces in it, and an sk_msg verdict that redirects
+// each send into the receive queue of its peer: the socket of the other
+// namespace whose tuple mirrors the sender's. A send whose peer is not
+// (yet) in the hash goes through TCP. It returns what detaches and frees
+// them.
 func joinAll() (func(), error) {
-	m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.SockHash, KeySize: 16, ValueSize: 4, MaxEntries: 4096})
+	client, err := netnsCookie(nsClient)
+	if err != nil {
+		return nil, err
+	}
+	server, err := netnsCookie(nsServer)
+	if err != nil {
+		return nil, err
+	}
+	m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.SockHash, KeySize: 24, ValueSize: 4, MaxEntries: 4096})
 	if err != nil {
 		return nil, fmt.Errorf("creating the socket hash: %w", err)
 	}
@@ -40,72 +93,72 @@ func joinAll() (func(), error) {
 		}
 		m.Close()
 	}
-	// The key, on the stack: local address, remote address, local port,
-	// remote port, ports in host order. A port that a context holds in
-	// network order in its upper half is shifted down and swapped.
-	const (
-		opsOp, opsRemoteIP4, opsLocalIP4, opsRemotePort, opsLocalPort = 0, 24, 28, 64, 68 // struct bpf_sock_ops
-		msgRemoteIP4, msgLocalIP4, msgRemotePort, msgLocalPort        = 20, 24, 60, 64    // struct sk_msg_md
+	var (
+		// struct bpf_sock_ops
+		opsOp         int16 = 0
+		opsRemoteIP4        = ctxField{off: 24}
+		opsLocalIP4         = ctxField{off: 28}
+		opsRemotePort       = ctxField{off: 64, netUpper: true}
+		opsLocalPort        = ctxField{off: 68}
+		// struct sk_msg_md
+		msgRemoteIP4  = ctxField{off: 20}
+		msgLocalIP4   = ctxField{off: 24}
+		msgRemotePort = ctxField{off: 60, netUpper: true}
+		msgLocalPort  = ctxField{off: 64}
 	)
-	a := ctxIPv4(10, 251, 77, 1)
-	b := ctxIPv4(10, 251, 77, 2)
 	ops := asm.Instructions{
 		asm.Mov.Reg(asm.R6, asm.R1),
 		asm.LoadMem(asm.R2, asm.R6, opsOp, asm.Word),
 		asm.JEq.Imm(asm.R2, 4, "established"), // BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB
 		asm.JEq.Imm(asm.R2, 5, "established"), // BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB
 		asm.Ja.Label("out"),
-		asm.LoadMem(asm.R2, asm.R6, opsLocalIP4, asm.Word).WithSymbol("established"),
-		asm.JEq.Imm(asm.R2, a, "ours"),
-		asm.JEq.Imm(asm.R2, b, "ours"),
+		asm.Mov.Reg(asm.R1, asm.R6).WithSymbol("established"),
+		asm.FnGetNetnsCookie.Call(),
+		asm.Mov.Reg(asm.R7, asm.R0),
+		asm.LoadImm(asm.R2, int64(client), asm.DWord),
+		asm.JEq.Reg(asm.R7, asm.R2, "ours"),
+		asm.LoadImm(asm.R2, int64(server), asm.DWord),
+		asm.JEq.Reg(asm.R7, asm.R2, "ours"),
 		asm.Ja.Label("out"),
-		asm.StoreMem(asm.RFP, -16, asm.R2, asm.Word).WithSymbol("ours"),
-		asm.LoadMem(asm.R2, asm.R6, opsRemoteIP4, asm.Word),
-		asm.StoreMem(asm.RFP, -12, asm.R2, asm.Word),
-		asm.LoadMem(asm.R2, asm.R6, opsLocalPort, asm.Word),
-		asm.StoreMem(asm.RFP, -8, asm.R2, asm.Word),
-		asm.LoadMem(asm.R2, asm.R6, opsRemotePort, asm.Word),
-		asm.RSh.Imm(asm.R2, 16),
-		asm.HostTo(asm.BE, asm.R2, asm.Half),
-		asm.StoreMem(asm.RFP, -4, asm.R2, asm.Word),
-		asm.Mov.Reg(asm.R1, asm.R6),
+	}
+	key := storeKey(opsLocalIP4, opsRemoteIP4, opsLocalPort, opsRemotePort)
+	key[0] = key[0].WithSymbol("ours")
+	ops = append(ops, key...)
+	ops = append(ops,
 		asm.LoadMapPtr(asm.R2, m.FD()),
-		asm.Mov.Reg(asm.R3, asm.RFP),
-		asm.Add.Imm(asm.R3, -16),
 		asm.Mov.Imm(asm.R4, 0), // BPF_ANY
 		asm.FnSockHashUpdate.Call(),
 		asm.Mov.Imm(asm.R0, 1).WithSymbol("out"),
 		asm.Return(),
-	}
+	)
 	opsProg, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.SockOps, Instructions: ops, License: "GPL"})
 	if err != nil {
 		done()
 		return nil, fmt.Errorf("loading sock_ops: %w", err)
 	}
 	closers = append(closers, func() { opsProg.Close() })
-	// The peer's key is the sender's, mirrored.
+	// The peer's key: the other namespace's cookie and the sender's tuple
+	// mirrored. Only the probe's sockets are in the hash, so the sender
+	// is one of the two namespaces'.
 	verdict := asm.Instructions{
 		asm.Mov.Reg(asm.R6, asm.R1),
-		asm.LoadMem(asm.R2, asm.R6, msgRemoteIP4, asm.Word),
-		asm.StoreMem(asm.RFP, -16, asm.R2, asm.Word),
-		asm.LoadMem(asm.R2, asm.R6, msgLocalIP4, asm.Word),
-		asm.StoreMem(asm.RFP, -12, asm.R2, asm.Word),
-		asm.LoadMem(asm.R2, asm.R6, msgRemotePort, asm.Word),
-		asm.RSh.Imm(asm.R2, 16),
-		asm.HostTo(asm.BE, asm.R2, asm.Half),
-		asm.StoreMem(asm.RFP, -8, asm.R2, asm.Word),
-		asm.LoadMem(asm.R2, asm.R6, msgLocalPort, asm.Word),
-		asm.StoreMem(asm.RFP, -4, asm.R2, asm.Word),
-		asm.Mov.Reg(asm.R1, asm.R6),
+		asm.FnGetNetnsCookie.Call(),
+		asm.LoadImm(asm.R7, int64(server), asm.DWord),
+		asm.LoadImm(asm.R2, int64(client), asm.DWord),
+		asm.JEq.Reg(asm.R0, asm.R2, "peer"),
+		asm.Mov.Reg(asm.R7, asm.R2),
+	}
+	key = storeKey(msgRemoteIP4, msgLocalIP4, msgRemotePort, msgLocalPort)
+	key[0] = key[0].WithSymbol("peer")
+	verdict = append(verdict, key...)
+	verdict = append(verdict,
 		asm.LoadMapPtr(asm.R2, m.FD()),
-		asm.Mov.Reg(asm.R3, asm.RFP),
-		asm.Add.Imm(asm.R3, -16),
 		asm.Mov.Imm(asm.R4, 1), // BPF_F_INGRESS
 		asm.FnMsgRedirectHash.Call(),
 		asm.JEq.Imm(asm.R0, 1, "redirected"), // SK_PASS
 		asm.Mov.Imm(asm.R0, 1),               // no peer: through TCP
 		asm.Return().WithSymbol("redirected"),
-	}
+	)
 	msgProg, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.SkMsg, Instructions: verdict, License: "GPL"})
 	if err != nil {
 		done()
