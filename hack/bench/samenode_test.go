@@ -14,7 +14,7 @@ import (
 // quick runs, --only pod2pod runs them alone, --pod2pod=false leaves
 // them out, and they are neither node→pod nor cross-node rows.
 func TestSameNodeSelection(t *testing.T) {
-	both := []string{"pod2pod-kernel", "pod2pod-usernet", "pod2pod-usernet-redirect", "pod2pod-usernet-redirectboth"}
+	both := []string{"pod2pod-kernel", "pod2pod-usernet", "pod2pod-usernet-redirect", "pod2pod-usernet-redirectboth", "pod2pod-usernet-direct"}
 	for _, tc := range []struct {
 		args []string
 		want []string // the rows of the section of pod to pod on one node
@@ -80,7 +80,7 @@ func TestSameNodeProblems(t *testing.T) {
 		t.Fatal(err)
 	}
 	b := &bench{o: o, skipped: map[string]string{}}
-	for _, row := range []string{"pod2pod-kernel", "pod2pod-usernet", "pod2pod-usernet-redirect", "pod2pod-usernet-redirectboth"} {
+	for _, row := range []string{"pod2pod-kernel", "pod2pod-usernet", "pod2pod-usernet-redirect", "pod2pod-usernet-redirectboth", "pod2pod-usernet-direct"} {
 		for _, m := range report.CrossMetrics {
 			if m.Key == "client_cpu_redis" || m.StackOnly && row == "pod2pod-kernel" {
 				continue
@@ -90,7 +90,8 @@ func TestSameNodeProblems(t *testing.T) {
 	}
 	got := b.problems()
 	want := []string{"pod2pod-kernel client_cpu_redis (no error recorded)", "pod2pod-usernet client_cpu_redis (no error recorded)",
-		"pod2pod-usernet-redirect client_cpu_redis (no error recorded)", "pod2pod-usernet-redirectboth client_cpu_redis (no error recorded)"}
+		"pod2pod-usernet-redirect client_cpu_redis (no error recorded)", "pod2pod-usernet-redirectboth client_cpu_redis (no error recorded)",
+		"pod2pod-usernet-direct client_cpu_redis (no error recorded)"}
 	if !slices.Equal(got, want) {
 		t.Errorf("problems: got %q, want %q", got, want)
 	}

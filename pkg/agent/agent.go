@@ -126,7 +126,7 @@ func parseAgentFlags(args []string) (*agentFlags, error) {
 	fs.StringVar(&f.stackCgroup, "stack-cgroup", "", "where the node's pods' stacks are charged, the conflist's stackCgroup: pod (the pod's cgroup) or node (cni-usernet's cgroup under the kubepods tree); empty: the plugin's default, pod")
 	fs.StringVar(&f.busyPoll, "busy-poll", "", `the node's default busy polling, the conflist's busyPoll: auto (the stack's governor), a window up to 10ms ("200us", polled always) or 0s (off); empty: the plugin's default, auto`)
 	fs.IntVar(&f.stackThreads, "stack-threads", 0, "threads that run each pod stack's Go code, the conflist's stackThreads; 0: the plugin's default")
-	fs.StringVar(&f.socketRedirect, "socket-redirect", "", "the node's socket redirect, the conflist's socketRedirect: on, both or off; empty: off, and a pod's annotation may turn it on")
+	fs.StringVar(&f.socketRedirect, "socket-redirect", "", "the node's socket redirect, the conflist's socketRedirect: on, both, direct or off; empty: off, and a pod's annotation may turn it on")
 	fs.StringVar(&f.healthAddress, "health-address", defaultHealthAddress, "serve /healthz (the liveness probe's) on this address; empty: none")
 	fs.BoolVar(&f.probe, "probe", false, "exit 0 when the running agent is ready (readiness probe), 1 otherwise")
 	if err := fs.Parse(args); err != nil {

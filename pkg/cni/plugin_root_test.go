@@ -270,7 +270,7 @@ func TestAddBadAnnotation(t *testing.T) {
 	}{
 		{"cni-usernet.io/gso", "turbo", []string{"turbo", "auto, hardware, software, off"}},
 		{"cni-usernet.io/busy-poll", "1s", []string{`"1s"`, "at most 10ms"}},
-		{"cni-usernet.io/socket-redirect", "fast", []string{`"fast"`, "on, both, off"}},
+		{"cni-usernet.io/socket-redirect", "fast", []string{`"fast"`, "on, both, direct, off"}},
 	} {
 		t.Run(c.annotation, func(t *testing.T) {
 			conf := env.Conf(latest, map[string]any{"runtimeConfig": map[string]any{

@@ -3,6 +3,7 @@ package cni
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"path/filepath"
 
 	"github.com/cni-usernet/cni-usernet/pkg/api/kube"
@@ -28,7 +29,8 @@ func (a *addition) redirect() {
 		return
 	}
 	both := mode == netconf.SocketRedirectBoth
-	cookie, err := a.enableRedirect(both)
+	direct := mode == netconf.SocketRedirectDirect
+	cookie, err := a.enableRedirect(both, direct)
 	if err != nil {
 		r.Reason = err.Error()
 		a.log.Warn("socket redirect off: the pod's loopback connections use TCP", "err", err)
@@ -37,12 +39,12 @@ func (a *addition) redirect() {
 		}
 		return
 	}
-	r.On, r.Both, r.BPFDir, r.NetnsCookie = true, both, a.conf.BPFDir, cookie
+	r.On, r.Both, r.Direct, r.BPFDir, r.NetnsCookie = true, both, direct, a.conf.BPFDir, cookie
 	a.undo.add(func() { disableRedirect(r) })
 	a.step("redirect")
 }
 
-func (a *addition) enableRedirect(both bool) (uint64, error) {
+func (a *addition) enableRedirect(both, direct bool) (uint64, error) {
 	node, err := sockmap.Load(a.conf.BPFDir, filepath.Join(a.conf.RunDir, redirectLock))
 	if err != nil {
 		return 0, err
@@ -52,10 +54,34 @@ func (a *addition) enableRedirect(both bool) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
+	if direct {
+		addrs, err := podAddrs(a.att.IPs)
+		if err != nil {
+			return 0, err
+		}
+		if err := node.EnableDirect(cookie, addrs); err != nil {
+			return 0, err
+		}
+		return cookie, nil
+	}
 	if err := node.Enable(cookie, both); err != nil {
 		return 0, err
 	}
 	return cookie, nil
+}
+
+// podAddrs are the addresses of the pod's CIDRs, which the direct
+// redirect registers as the pod's.
+func podAddrs(cidrs []string) ([]netip.Addr, error) {
+	out := make([]netip.Addr, 0, len(cidrs))
+	for _, c := range cidrs {
+		p, err := netip.ParsePrefix(c)
+		if err != nil {
+			return nil, fmt.Errorf("reading the pod's address %q: %w", c, err)
+		}
+		out = append(out, p.Addr())
+	}
+	return out, nil
 }
 
 // disableRedirect undoes enableRedirect for an ADD that failed after it.

@@ -14,6 +14,7 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
+	"github.com/cni-usernet/cni-usernet/pkg/api/state"
 	"github.com/cni-usernet/cni-usernet/pkg/node/sockmap"
 	"github.com/cni-usernet/cni-usernet/test/lib/nettest"
 )
@@ -238,4 +239,127 @@ func bulkEcho(t *testing.T, node ns.NetNS, addr string) {
 		t.Fatalf("%s: %d bytes back, not the %d sent", addr, len(got), size)
 	}
 	t.Logf("%s: %d bytes back in %v", addr, size, time.Since(start))
+}
+
+// TestSocketRedirectDirect: two pods of the node that say direct have
+// their connections joined application socket to application socket,
+// past both stacks, IPv4 and IPv6; a pod that says only both talks to
+// them through the stacks; DEL forgets the pod's addresses.
+func TestSocketRedirectDirect(t *testing.T) {
+	env := nettest.NewEnv(t)
+	conf := func(mode string) []byte {
+		return env.Conf(latest, map[string]any{"runtimeConfig": map[string]any{
+			"io.kubernetes.cri.pod-annotations": map[string]any{"cni-usernet.io/socket-redirect": mode}}})
+	}
+	client, server, other := env.NewPod(conf("direct")), env.NewPod(conf("direct")), env.NewPod(conf("both"))
+	rc, rs := loadState(t, env, client.ID).SocketRedirect, loadState(t, env, server.ID).SocketRedirect
+	for _, r := range []*state.SocketRedirect{rc, rs} {
+		if r == nil || !r.On || r.Both || !r.Direct {
+			if r != nil && strings.Contains(r.Reason, sockmap.ErrUnsupported.Error()) {
+				t.Skipf("this kernel cannot: %s", r.Reason)
+			}
+			t.Fatalf("record %+v: want on, direct", r)
+		}
+	}
+	node, err := sockmap.Open(rc.BPFDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer node.Close()
+	stats := func(r *state.SocketRedirect) sockmap.Stats {
+		t.Helper()
+		s, err := node.Stats(r.NetnsCookie)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	readEchoInPod(t, server, 7011)
+	for _, family := range []int{4, 6} {
+		before := stats(rc).Direct
+		roundTrips(t, client.NS, net.JoinHostPort(server.IP(family).String(), "7011"), 200)
+		// The first request may have left before the server's socket was
+		// there to join; the rest join.
+		if got := stats(rc).Direct - before; got < 199 {
+			t.Errorf("IPv%d: %d of the client's 200 requests went straight to the server, want all but the first at most", family, got)
+		}
+	}
+	if s := stats(rs); s.Direct < 2*199 {
+		t.Errorf("server's stats %+v: want its answers straight to the client", s)
+	}
+	// Pipelined requests, and a bulk echo past the budget, arrive whole
+	// and in order across the join and the fallback.
+	before := stats(rc).Direct
+	pipelined(t, client.NS, net.JoinHostPort(server.IP(4).String(), "7011"), 300)
+	if got := stats(rc).Direct - before; got == 0 {
+		t.Error("no pipelined request took the shortcut")
+	}
+	bulkEcho(t, client.NS, net.JoinHostPort(server.IP(6).String(), "7011"))
+	t.Logf("client %+v, server %+v", stats(rc), stats(rs))
+	// A pod that said only both: through the stacks, both ways.
+	before = stats(rs).Direct
+	roundTrips(t, other.NS, net.JoinHostPort(server.IP(4).String(), "7011"), 50)
+	if after := stats(rs).Direct; after != before {
+		t.Errorf("the server joined %d answers to a pod that did not say direct", after-before)
+	}
+	var rows []struct {
+		Redirect struct {
+			Mode string `json:"mode"`
+		} `json:"socketRedirect"`
+	}
+	if err := json.Unmarshal(runStatus(t, env, "--json"), &rows); err != nil {
+		t.Fatalf("status --json: %v", err)
+	}
+	direct := 0
+	for _, r := range rows {
+		if r.Redirect.Mode == "direct" {
+			direct++
+		}
+	}
+	if direct != 2 {
+		t.Errorf("status --json: %d pods in mode direct, want 2", direct)
+	}
+	if err := env.Del(client.Conf, client.ID, client.NS); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := node.Stats(rc.NetnsCookie); !sockmap.IsNotEnabled(err) {
+		t.Errorf("after DEL: got %v, want the pod out of the redirect", err)
+	}
+	if owned := node.Owned(rc.NetnsCookie); len(owned) != 0 {
+		t.Errorf("after DEL: addresses %v still name the pod", owned)
+	}
+	if owned := node.Owned(rs.NetnsCookie); len(owned) != 2 {
+		t.Errorf("the server's addresses: %v, want its two", owned)
+	}
+}
+
+// pipelined sends rounds of one to eight numbered requests back to back
+// to an echo at addr, then reads each round's answers, in order.
+func pipelined(t *testing.T, from ns.NetNS, addr string, rounds int) {
+	t.Helper()
+	c, err := nettest.Dial(from, "tcp", addr, 10*time.Second)
+	if err != nil {
+		t.Fatalf("dialing %s: %v", addr, err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(30 * time.Second))
+	r := bufio.NewReader(c)
+	seq := 0
+	for i := range rounds {
+		n := 1 + i%8
+		var batch strings.Builder
+		for j := range n {
+			fmt.Fprintf(&batch, "request %d of round %d\n", seq+j, i)
+		}
+		if _, err := io.WriteString(c, batch.String()); err != nil {
+			t.Fatalf("round %d: %v", i, err)
+		}
+		for j := range n {
+			want := fmt.Sprintf("request %d of round %d\n", seq+j, i)
+			if got, err := r.ReadString('\n'); err != nil || got != want {
+				t.Fatalf("round %d: got %q (%v), want %q", i, got, err, want)
+			}
+		}
+		seq += n
+	}
 }

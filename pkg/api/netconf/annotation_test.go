@@ -90,7 +90,7 @@ func TestSocketRedirectMode(t *testing.T) {
 		t.Fatal(err)
 	}
 	nc.RuntimeConfig.PodAnnotations = map[string]string{netconf.AnnotationSocketRedirect: "fast"}
-	if _, _, err := nc.SocketRedirectMode(); err == nil || !strings.Contains(err.Error(), "socket-redirect") || !strings.Contains(err.Error(), "on, both, off") {
+	if _, _, err := nc.SocketRedirectMode(); err == nil || !strings.Contains(err.Error(), "socket-redirect") || !strings.Contains(err.Error(), "on, both, direct, off") {
 		t.Errorf("bad annotation: got %v, want an error naming it and the values", err)
 	}
 	if _, err := netconf.Parse(conf(t, map[string]any{"socketRedirect": "sometimes"})); err == nil {

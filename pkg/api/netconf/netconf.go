@@ -5,6 +5,7 @@ package netconf
 import (
 	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/cni-usernet/cni-usernet/pkg/api/offload"
@@ -40,18 +41,25 @@ const AnnotationGSO = AnnotationPrefix + "gso"
 const AnnotationBusyPoll = AnnotationPrefix + "busy-poll"
 
 // AnnotationSocketRedirect sets the pod's socket redirect: "off", "on",
-// or "both", under the conflist's socketRedirect ("off" there wins).
+// "both" or "direct", under the conflist's socketRedirect ("off" there
+// wins).
 const AnnotationSocketRedirect = AnnotationPrefix + "socket-redirect"
 
 // The socketRedirect values, and the annotation's: what the applications
 // send to the stack is redirected (on), and what the stack sends them
-// too (both: the pod's applications never read with splice), or nothing
-// (off).
+// too (both: the pod's applications never read with splice); with
+// direct, as both, and a connection with another direct pod of the node
+// goes from application socket to application socket, past both stacks;
+// or nothing (off).
 const (
-	SocketRedirectOn   = "on"
-	SocketRedirectBoth = "both"
-	SocketRedirectOff  = "off"
+	SocketRedirectOn     = "on"
+	SocketRedirectBoth   = "both"
+	SocketRedirectDirect = "direct"
+	SocketRedirectOff    = "off"
 )
+
+// socketRedirectValues lists the values, for errors.
+var socketRedirectValues = strings.Join([]string{SocketRedirectOn, SocketRedirectBoth, SocketRedirectDirect, SocketRedirectOff}, ", ")
 
 // DefaultBPFDir is where the node's BPF programs are pinned.
 const DefaultBPFDir = "/sys/fs/bpf/cni-usernet"
@@ -108,8 +116,10 @@ type NetConf struct {
 	// SocketRedirect: "on" hands what a pod's applications send to its
 	// stack over loopback from socket to socket in the kernel instead of
 	// through TCP (pkg/node/sockmap), where the kernel can; "both" what
-	// the stack sends them too; "off": loopback TCP on this node, whatever
-	// a pod asks. Absent: off, and the annotation AnnotationSocketRedirect
+	// the stack sends them too; "direct" as "both", and a connection
+	// between two direct pods of the node goes from one application's
+	// socket to the other's, past both stacks; "off": loopback TCP on
+	// this node, whatever a pod asks. Absent: off, and the annotation AnnotationSocketRedirect
 	// chooses per pod.
 	SocketRedirect string `json:"socketRedirect,omitempty"`
 	// BPFDir is where the node's BPF programs and maps are pinned (a
@@ -233,7 +243,7 @@ func (c *NetConf) Chained() bool { return c.PrevResult != nil }
 func (c *NetConf) SocketRedirectMode() (mode, source string, err error) {
 	v, ok := c.RuntimeConfig.PodAnnotations[AnnotationSocketRedirect]
 	if ok && !validSocketRedirect(v) {
-		return "", "", fmt.Errorf("pod annotation %q: got %q, want one of %s, %s, %s", AnnotationSocketRedirect, v, SocketRedirectOn, SocketRedirectBoth, SocketRedirectOff)
+		return "", "", fmt.Errorf("pod annotation %q: got %q, want one of %s", AnnotationSocketRedirect, v, socketRedirectValues)
 	}
 	switch {
 	case c.SocketRedirect == SocketRedirectOff:
@@ -247,7 +257,11 @@ func (c *NetConf) SocketRedirectMode() (mode, source string, err error) {
 }
 
 func validSocketRedirect(v string) bool {
-	return v == SocketRedirectOn || v == SocketRedirectBoth || v == SocketRedirectOff
+	switch v {
+	case SocketRedirectOn, SocketRedirectBoth, SocketRedirectDirect, SocketRedirectOff:
+		return true
+	}
+	return false
 }
 
 // GSOMode resolves the pod's GSO mode: the annotation, else the conflist's

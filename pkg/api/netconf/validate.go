@@ -88,7 +88,7 @@ var accepted = map[string]string{
 	"maxTCP":         "a non-negative count of relayed TCP connections; absent or 0: the relay's default",
 	"maxUDP":         "a non-negative count of relayed UDP flows; absent or 0: the relay's default",
 	"busyPoll":       fmt.Sprintf(`"auto", or a duration like "50us", at most %s; "0s": off`, stackconfig.MaxBusyPoll),
-	"socketRedirect": fmt.Sprintf("one of %s, %s, %s; absent: %s, and a pod's annotation may turn it on", SocketRedirectOn, SocketRedirectBoth, SocketRedirectOff, SocketRedirectOff),
+	"socketRedirect": fmt.Sprintf("one of %s; absent: %s, and a pod's annotation may turn it on", socketRedirectValues, SocketRedirectOff),
 	"bpfDir":         "an absolute path in a bpffs; absent: " + DefaultBPFDir,
 	"udpIdle":        fmt.Sprintf(`a positive duration like "30s", at least %s; absent: the relay's default`, minDuration),
 	"readyTimeout":   fmt.Sprintf(`a positive duration like "30s", at least %s; absent: %s`, minDuration, DefaultReadyTimeout),

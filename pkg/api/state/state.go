@@ -86,6 +86,9 @@ type SocketRedirect struct {
 	On bool `json:"on"`
 	// Both: the stack's writes to the applications are redirected too.
 	Both bool `json:"both,omitempty"`
+	// Direct: connections with another direct pod of the node go from
+	// application socket to application socket.
+	Direct bool `json:"direct,omitempty"`
 	// Reason says what decided: the annotation or the conflist, or why
 	// the kernel could not.
 	Reason string `json:"reason,omitempty"`

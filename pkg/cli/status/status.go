@@ -64,6 +64,9 @@ func redirectOf(r *state.SocketRedirect) *Redirect {
 	if r.Both {
 		out.Mode = "both"
 	}
+	if r.Direct {
+		out.Mode = "direct"
+	}
 	if node, err := sockmap.Open(r.BPFDir); err == nil {
 		if s, err := node.Stats(r.NetnsCookie); err == nil {
 			out.Stats = &s

@@ -7,9 +7,11 @@ import (
 )
 
 // Check says whether the running kernel has what the programs (the
-// verdict, and sock_ops on its RTT callbacks) read through BTF, and where: the socket's sk_user_data, its psock's
-// msg_tot_len (the unread redirected bytes; kernels without it cannot
-// bound a reader) and the bpf_rdonly_cast kfunc. The helpers the programs
+// verdict, and sock_ops on its RTT callbacks) read through BTF, and
+// where: the socket's sk_user_data, its psock's msg_tot_len (the unread
+// redirected bytes; kernels without it cannot bound a reader), the
+// bpf_rdonly_cast kfunc, and tcp_sock's bytes_received, rcv_nxt and
+// copied_seq (what a socket read of its TCP stream). The helpers the programs
 // call are checked by loading them.
 func Check() (psockLayout, error) {
 	spec, err := btf.LoadKernelSpec()
@@ -46,7 +48,18 @@ func layoutIn(spec *btf.Spec) (psockLayout, error) {
 	if err != nil {
 		return l, fmt.Errorf("%w: bpf_rdonly_cast's BTF ID: %v", ErrUnsupported, err)
 	}
-	return psockLayout{userDataOff: int16(userData), msgTotLenOff: int16(totLen), psockTypeID: int32(psockID), castID: int64(castID)}, nil
+	l = psockLayout{userDataOff: int16(userData), msgTotLenOff: int16(totLen), psockTypeID: int32(psockID), castID: int64(castID)}
+	for _, f := range []struct {
+		name string
+		off  *int16
+	}{{"bytes_received", &l.bytesReceivedOff}, {"rcv_nxt", &l.rcvNxtOff}, {"copied_seq", &l.copiedSeqOff}} {
+		off, err := memberOffset(spec, "tcp_sock", f.name)
+		if err != nil {
+			return psockLayout{}, err
+		}
+		*f.off = int16(off)
+	}
+	return l, nil
 }
 
 func memberOffset(spec *btf.Spec, typ, member string) (uint32, error) {

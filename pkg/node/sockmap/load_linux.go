@@ -26,7 +26,7 @@ const DefaultPinRoot = "/sys/fs/bpf/cni-usernet"
 
 // layoutVersion names the maps' and programs' layout; bump it with any
 // change of a key, a value or a program's contract with the maps.
-const layoutVersion = "sockmap-v2"
+const layoutVersion = "sockmap-v3"
 
 // PinDir is the directory of the node's pins under root.
 func PinDir(root string) string { return filepath.Join(root, layoutVersion) }
@@ -39,6 +39,7 @@ const (
 	pinNetns    = "netns"
 	pinCounters = "counters"
 	pinChoice   = "choice"
+	pinOwners   = "owners"
 	pinVerdict  = "verdict"
 	pinSockOps  = "sock_ops_link"
 )
@@ -50,12 +51,13 @@ var ErrUnsupported = errors.New("socket redirect unsupported")
 // Node is the node's redirect: the namespaces map, through which a pod
 // is enabled, and its counters.
 type Node struct {
-	netns, counters *ebpf.Map
+	netns, counters, owners *ebpf.Map
 }
 
 // Close releases the handle; the programs stay loaded and attached.
 func (n *Node) Close() error {
 	n.counters.Close()
+	n.owners.Close()
 	return n.netns.Close()
 }
 
@@ -75,7 +77,13 @@ func Open(root string) (*Node, error) {
 		netns.Close()
 		return nil, fmt.Errorf("opening the node's socket redirect: %w", err)
 	}
-	return &Node{netns: netns, counters: counters}, nil
+	owners, err := ebpf.LoadPinnedMap(filepath.Join(PinDir(root), pinOwners), nil)
+	if err != nil {
+		netns.Close()
+		counters.Close()
+		return nil, fmt.Errorf("opening the node's socket redirect: %w", err)
+	}
+	return &Node{netns: netns, counters: counters, owners: owners}, nil
 }
 
 // Load returns the node's redirect, loading, attaching and pinning it
@@ -157,6 +165,9 @@ func load(dir string, layout psockLayout) (err error) {
 		return err
 	}
 	if m.counters, err = newMap(pinCounters, &ebpf.MapSpec{Name: "usn_counters", Type: ebpf.Hash, KeySize: 8, ValueSize: countersSize, MaxEntries: maxPods}); err != nil {
+		return err
+	}
+	if m.owners, err = newMap(pinOwners, &ebpf.MapSpec{Name: "usn_owners", Type: ebpf.Hash, KeySize: 16, ValueSize: 8, MaxEntries: maxOwners}); err != nil {
 		return err
 	}
 	// Socket storage needs BTF for its key and value.

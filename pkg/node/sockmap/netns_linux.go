@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net/netip"
 
 	"github.com/cilium/ebpf"
 	"github.com/containernetworking/plugins/pkg/ns"
@@ -42,6 +43,9 @@ type Stats struct {
 	Redirected uint64 `json:"redirected"`
 	Fallbacks  uint64 `json:"fallbacks"`
 	Refused    uint64 `json:"refused"`
+	// Direct counts the messages of Redirected that went to an
+	// application of another pod, past both stacks.
+	Direct uint64 `json:"direct,omitempty"`
 	// Capture is on while a capture of the pod runs.
 	Capture bool `json:"capture,omitempty"`
 }
@@ -57,6 +61,30 @@ func (n *Node) Enable(cookie uint64, both bool) error {
 	if both {
 		flags |= flagBoth
 	}
+	return n.enable(cookie, flags)
+}
+
+// EnableDirect puts the pod's namespace in the redirect as Enable does,
+// and joins its connections with the other direct pods of the node: a
+// connection between two of them that the node does not translate goes
+// from one application's socket to the other's. addrs
+// are the pod's own addresses, as IPAM gave them: the programs join a
+// socket only from its own pod's address to another direct pod's.
+func (n *Node) EnableDirect(cookie uint64, addrs []netip.Addr) error {
+	for _, a := range addrs {
+		if err := n.owners.Update(ownerKey(a), cookie, ebpf.UpdateAny); err != nil {
+			n.forgetOwner(cookie)
+			return fmt.Errorf("registering %s as netns cookie %d's: %w", a, cookie, err)
+		}
+	}
+	return n.enable(cookie, flagEnabled|flagDirect)
+}
+
+// ownerKey is an address as the programs see it: IPv6, an IPv4 one
+// mapped.
+func ownerKey(a netip.Addr) [16]byte { return netip.AddrFrom16(a.As16()).As16() }
+
+func (n *Node) enable(cookie uint64, flags uint32) error {
 	// Counters first: the programs count only where both exist. A repeated
 	// ADD keeps the counters it finds.
 	if err := n.counters.Update(cookie, counters{}, ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
@@ -76,6 +104,33 @@ func (n *Node) Disable(cookie uint64) error {
 	}
 	if err := n.counters.Delete(cookie); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return fmt.Errorf("removing the counters of netns cookie %d: %w", cookie, err)
+	}
+	return n.forgetOwner(cookie)
+}
+
+// Owned lists the addresses registered as cookie's (status, tests).
+func (n *Node) Owned(cookie uint64) []netip.Addr {
+	var out []netip.Addr
+	var addr [16]byte
+	var owner uint64
+	it := n.owners.Iterate()
+	for it.Next(&addr, &owner) {
+		if owner == cookie {
+			out = append(out, netip.AddrFrom16(addr).Unmap())
+		}
+	}
+	return out
+}
+
+// forgetOwner removes the addresses registered as cookie's. An address
+// a newer pod registered since is that pod's, and stays; DEL runs this
+// before IPAM releases the lease, so no newer pod has the address while
+// it runs.
+func (n *Node) forgetOwner(cookie uint64) error {
+	for _, a := range n.Owned(cookie) {
+		if err := n.owners.Delete(ownerKey(a)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("removing %s of netns cookie %d: %w", a, cookie, err)
+		}
 	}
 	return nil
 }
@@ -119,6 +174,7 @@ func (n *Node) Stats(cookie uint64) (Stats, error) {
 		Redirected: binary.NativeEndian.Uint64(c[nsRedirectedOff:]),
 		Fallbacks:  binary.NativeEndian.Uint64(c[nsFallbacksOff:]),
 		Refused:    binary.NativeEndian.Uint64(c[nsRefusedOff:]),
+		Direct:     binary.NativeEndian.Uint64(c[nsDirectOff:]),
 		Capture:    f&flagCapture != 0,
 	}, nil
 }

@@ -42,7 +42,8 @@ const (
 	nsRedirectedOff = 8  // u64: messages redirected
 	nsFallbacksOff  = 16 // u64: sockets that went (back) through TCP
 	nsRefusedOff    = 24 // u64: sockets left out at the pod's cap
-	countersSize    = 32
+	nsDirectOff     = 32 // u64: messages redirected to another pod's application
+	countersSize    = 40
 )
 
 const (
@@ -51,7 +52,14 @@ const (
 	// flagBoth redirects the stack's writes to the pod's applications
 	// too: the pod says its applications never read with splice.
 	flagBoth = 4
+	// flagDirect joins the pod's connections with another pod of the
+	// node that says so too, application socket to application socket.
+	flagDirect = 8
 )
+
+// maxOwners is how many pod addresses the owners map holds: two
+// families for each pod the namespaces map holds.
+const maxOwners = 2 * maxPods
 
 // A socket's info in the info map, which programs read by key (a
 // program cannot read another socket's socket storage): the redirected
@@ -63,7 +71,14 @@ const (
 	infoState   = 12 // u32: stateVerdict, stateLeft
 	infoChoice  = 16 // u32: choiceTCP once its verdict chose TCP (mirrors its socket storage)
 	infoSince   = 24 // u64: ktime when no peer could start a redirect into it, or 0
-	infoSize    = 32
+	// infoSent: what an application's socket of a direct pod redirected
+	// to its own stack; infoRead: what it has read of what its own stack
+	// wrote to it (through TCP), published when it sends. A socket joins
+	// its other end only when the other end has read all it sent
+	// through the stacks, so that nothing it redirects overtakes it.
+	infoSent = 32 // u64
+	infoRead = 40 // u64
+	infoSize = 48
 	kindStack   = 1
 	// stateVerdict: the socket is in the socks hash, so its sends go
 	// through the verdict and may redirect; without it, it never does.
@@ -78,6 +93,9 @@ const (
 	choiceNone     = 0
 	choiceRedirect = 1
 	choiceTCP      = 2
+	// choiceDirect: its messages go to the application at the other end
+	// of its connection, in another pod, past both stacks.
+	choiceDirect = 3
 )
 
 // The socket hash's key: the namespace's cookie, a zero word, the local
@@ -186,6 +204,13 @@ func buildKey(ctx asm.Register, f ctxFields, base int16, swap bool, cookie asm.R
 // (bytes 00 00 ff ff) as a little-endian register stores it.
 const v4MappedWord = -0x10000 // 0xffff0000
 
+// xaddAt adds src to the u64 at ptr+off.
+func xaddAt(ptr asm.Register, off int16, src asm.Register) asm.Instruction {
+	add := asm.StoreXAdd(ptr, src, asm.DWord)
+	add.Offset = off
+	return add
+}
+
 // atomicAdd adds imm to the u64 or u32 at ptr+off (clobbers R1).
 func atomicAdd(ptr asm.Register, off int16, imm int32, size asm.Size) asm.Instructions {
 	add := asm.StoreXAdd(ptr, asm.R1, size)
@@ -201,6 +226,7 @@ type maps struct {
 	netns    *ebpf.Map // HASH: netns cookie → u32 flags
 	counters *ebpf.Map // HASH: netns cookie → the pod's counters
 	choice   *ebpf.Map // SK_STORAGE: a socket's choice
+	owners   *ebpf.Map // HASH: a direct pod's address (IPv6, IPv4 mapped) → its netns cookie
 }
 
 // seq joins pieces of a program.
@@ -267,6 +293,7 @@ const (
 	msgOwn      = msgFlags - keySize // the sender's key
 	msgPeer     = msgOwn - keySize   // its peer's
 	msgPeerInfo = msgPeer - 8        // its peer's info (a spilled pointer)
+	msgPeerNS   = msgPeerInfo - 8    // the netns cookie of the pod at the other end
 )
 
 // psockLayout is where the programs find a socket's unread redirected
@@ -278,6 +305,27 @@ type psockLayout struct {
 	msgTotLenOff int16
 	psockTypeID  int32
 	castID       int64
+	// tcp_sock's bytes_received (u64), rcv_nxt and copied_seq (u32):
+	// what a socket has read of its TCP stream.
+	bytesReceivedOff, rcvNxtOff, copiedSeqOff int16
+}
+
+// tcpRead puts what the socket of the sk_msg context in R6 has read of
+// its TCP stream (bytes_received less what waits unread: rcv_nxt -
+// copied_seq) in dst, and jumps to none when it is not a TCP socket. It
+// clobbers R0 to R5. The verdict runs under the socket's lock, where
+// neither moves.
+func tcpRead(l psockLayout, dst asm.Register, none string) asm.Instructions {
+	return asm.Instructions{
+		asm.LoadMem(asm.R1, asm.R6, skMsgSk, asm.DWord),
+		asm.FnSkcToTcpSock.Call(),
+		asm.JEq.Imm(asm.R0, 0, none),
+		asm.LoadMem(dst, asm.R0, l.bytesReceivedOff, asm.DWord),
+		asm.LoadMem(asm.R2, asm.R0, l.rcvNxtOff, asm.Word),
+		asm.LoadMem(asm.R3, asm.R0, l.copiedSeqOff, asm.Word),
+		asm.Sub.Reg32(asm.R2, asm.R3),
+		asm.Sub.Reg(dst, asm.R2),
+	}
 }
 
 // skMsgProgram is the verdict on each message a socket in socks sends:
@@ -324,15 +372,29 @@ func skMsgProgram(m maps, l psockLayout) asm.Instructions {
 			// whenever it sends (and on its RTT callbacks): their estimate
 			// of it starts again from the truth. Others redirect to the
 			// stack's sockets, and with flagBoth to the applications'.
+			// Others redirect to the stack's sockets, with flagBoth to
+			// the applications' too, and with flagDirect to the
+			// applications' from another pod.
 			asm.JEq.Imm(asm.R1, kindStack, "publish"),
 			asm.LoadMem(asm.R1, asm.RFP, msgFlags, asm.Word),
-			asm.And.Imm(asm.R1, flagBoth),
+			asm.And.Imm(asm.R1, flagBoth|flagDirect),
 			asm.JEq.Imm(asm.R1, 0, "decide"),
 			asm.LoadMem(asm.R1, asm.R6, skMsgSk, asm.DWord).WithSymbol("publish"),
 		},
 		psockQueued(l, asm.R1, "decide"),
 		asm.Instructions{
 			asm.StoreMem(asm.R9, infoPending, asm.R1, asm.DWord),
+			// An application of a direct pod publishes what it has read
+			// from its stack too, for its other end's join.
+			asm.LoadMem(asm.R1, asm.RFP, msgKind, asm.Word),
+			asm.JEq.Imm(asm.R1, kindStack, "decide"),
+			asm.LoadMem(asm.R1, asm.RFP, msgFlags, asm.Word),
+			asm.And.Imm(asm.R1, flagDirect),
+			asm.JEq.Imm(asm.R1, 0, "decide"),
+		},
+		tcpRead(l, asm.R1, "decide"),
+		asm.Instructions{
+			asm.StoreMem(asm.R9, infoRead, asm.R1, asm.DWord),
 
 			// A stack's socket has a verdict only when the pod said its
 			// applications never read with splice (which does not see a
@@ -348,7 +410,10 @@ func skMsgProgram(m maps, l psockLayout) asm.Instructions {
 			asm.LoadMem(asm.R1, asm.RFP, msgFlags, asm.Word),
 			asm.And.Imm(asm.R1, flagCapture),
 			asm.JNE.Imm(asm.R1, 0, "tcp"),
-			asm.LoadMem(asm.R3, asm.RFP, msgCookie, asm.DWord),
+		},
+		directRedirect(m),
+		asm.Instructions{
+			asm.LoadMem(asm.R3, asm.RFP, msgCookie, asm.DWord).WithSymbol("in_pod"),
 		},
 		// The peer's key only now: most messages (those of sockets on
 		// TCP) never need it.
@@ -380,6 +445,10 @@ func skMsgProgram(m maps, l psockLayout) asm.Instructions {
 			asm.LoadMem(asm.R2, asm.RFP, msgPeerInfo, asm.DWord),
 			asm.LoadMem(asm.R1, asm.R6, skMsgSize, asm.Word),
 			asm.StoreXAdd(asm.R2, asm.R1, asm.DWord),
+			// What it sent through the stacks, for its own join later
+			// (R9, its info, is set on every path here).
+			asm.LoadMem(asm.R1, asm.R6, skMsgSize, asm.Word),
+			xaddAt(asm.R9, infoSent, asm.R1),
 			asm.Mov.Imm(asm.R1, choiceRedirect),
 			asm.StoreMem(asm.R7, 0, asm.R1, asm.DWord),
 		},
@@ -405,6 +474,103 @@ func skMsgProgram(m maps, l psockLayout) asm.Instructions {
 		asm.Instructions{
 			asm.Mov.Imm(asm.R0, skPass).WithSymbol("pass"),
 			asm.Return(),
+		},
+	)
+}
+
+// directRedirect is the verdict's first try for an application's
+// socket of a direct pod that has not gone through TCP: the application
+// at the other end of the connection, in another direct pod of the
+// node, past both stacks. It returns from the program when it
+// redirected; it goes on at in_pod when the socket may still take its
+// own stack, at tcp when it joined once and no longer can.
+//
+// A socket joins only when the other end has read all it sent through
+// the stacks (the other end's infoRead, published whenever it sends,
+// equals its infoSent): what the stacks deliver sits in the other end's
+// TCP queue, which its reads take only after the redirect's, so a
+// message redirected before that data was read would overtake it. A
+// connection's first message leaves before the other end's socket
+// exists when the other pod's stack completes the handshake before it
+// reaches its application; the connection then joins at the first
+// message after the other end answered.
+//
+// The other end is the socket with the mirrored four-tuple in the
+// namespace that owns the remote address (the owners map, filled at ADD
+// from the addresses IPAM gave), and only when the sender's own address
+// is its own pod's: a pod that gives itself another pod's address, as
+// CAP_NET_ADMIN lets it, reaches no socket of that pod's peers.
+func directRedirect(m maps) asm.Instructions {
+	return seq(
+		asm.Instructions{
+			asm.LoadMem(asm.R1, asm.RFP, msgKind, asm.Word),
+			asm.JEq.Imm(asm.R1, kindStack, "in_pod"),
+			asm.LoadMem(asm.R1, asm.RFP, msgFlags, asm.Word),
+			asm.And.Imm(asm.R1, flagDirect),
+			asm.JEq.Imm(asm.R1, 0, "no_direct"),
+		},
+		// The sender's address must be its own pod's.
+		lookup(m.owners, msgOwn+keyLIP, "no_direct"),
+		asm.Instructions{
+			asm.LoadMem(asm.R1, asm.R0, 0, asm.DWord),
+			asm.LoadMem(asm.R2, asm.RFP, msgCookie, asm.DWord),
+			asm.JNE.Reg(asm.R1, asm.R2, "no_direct"),
+		},
+		// The remote's, another direct pod's.
+		lookup(m.owners, msgOwn+keyRIP, "no_direct"),
+		asm.Instructions{
+			asm.LoadMem(asm.R1, asm.R0, 0, asm.DWord),
+			asm.LoadMem(asm.R2, asm.RFP, msgCookie, asm.DWord),
+			asm.JEq.Reg(asm.R1, asm.R2, "no_direct"),
+			asm.StoreMem(asm.RFP, msgPeerNS, asm.R1, asm.DWord),
+		},
+		// Still in the redirect, with its word, and not being captured.
+		lookup(m.netns, msgPeerNS, "no_direct"),
+		asm.Instructions{
+			asm.LoadMem(asm.R1, asm.R0, 0, asm.Word),
+			asm.And.Imm(asm.R1, flagEnabled|flagDirect|flagCapture),
+			asm.JNE.Imm(asm.R1, flagEnabled|flagDirect, "no_direct"),
+			asm.LoadMem(asm.R3, asm.RFP, msgPeerNS, asm.DWord),
+		},
+		buildKey(asm.R6, skMsgCtx, msgPeer, true, asm.R3, "no_direct", "direct"),
+		// Its socket: an application's, still in socks, under the budget.
+		lookup(m.info, msgPeer, "no_direct"),
+		asm.Instructions{
+			asm.StoreMem(asm.RFP, msgPeerInfo, asm.R0, asm.DWord),
+			asm.LoadMem(asm.R1, asm.R0, infoKind, asm.Word),
+			asm.JEq.Imm(asm.R1, kindStack, "no_direct"),
+			asm.LoadMem(asm.R1, asm.R0, infoState, asm.Word),
+			asm.JSet.Imm(asm.R1, stateLeft, "no_direct"),
+			asm.LoadMem(asm.R1, asm.R0, infoPending, asm.DWord),
+			asm.JGT.Imm(asm.R1, Budget, "no_direct"),
+			asm.LoadMem(asm.R1, asm.R0, infoRead, asm.DWord),
+			asm.LoadMem(asm.R2, asm.R9, infoSent, asm.DWord),
+			asm.JNE.Reg(asm.R1, asm.R2, "no_direct"),
+			asm.Mov.Reg(asm.R1, asm.R6),
+			asm.LoadMapPtr(asm.R2, m.socks.FD()),
+			asm.Mov.Reg(asm.R3, asm.RFP),
+			asm.Add.Imm(asm.R3, msgPeer),
+			asm.Mov.Imm(asm.R4, bpfFIngress),
+			asm.FnMsgRedirectHash.Call(),
+			asm.JNE.Imm(asm.R0, skPass, "no_direct"),
+			asm.LoadMem(asm.R2, asm.RFP, msgPeerInfo, asm.DWord),
+			asm.LoadMem(asm.R1, asm.R6, skMsgSize, asm.Word),
+			asm.StoreXAdd(asm.R2, asm.R1, asm.DWord),
+			asm.Mov.Imm(asm.R1, choiceDirect),
+			asm.StoreMem(asm.R7, 0, asm.R1, asm.DWord),
+		},
+		atomicAdd(asm.R8, nsRedirectedOff, 1, asm.DWord),
+		atomicAdd(asm.R8, nsDirectOff, 1, asm.DWord),
+		asm.Instructions{
+			asm.Mov.Imm(asm.R0, skPass),
+			asm.Return(),
+
+			// A socket that joined its other end never takes its stack
+			// afterwards (the stacks would deliver after what it
+			// redirected, which is fine, but TCP does the same with one
+			// rule fewer); one that never did may still.
+			asm.LoadMem(asm.R1, asm.R7, 0, asm.DWord).WithSymbol("no_direct"),
+			asm.JEq.Imm(asm.R1, choiceDirect, "tcp"),
 		},
 	)
 }

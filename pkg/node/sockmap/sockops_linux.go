@@ -60,10 +60,9 @@ func sockOpsProgram(m maps, l psockLayout) asm.Instructions {
 		at("room", buildKey(asm.R6, sockOpsCtx, opsKey, false, asm.R9, "out", "ek")...),
 		asm.Instructions{
 			asm.Mov.Imm(asm.R1, 0),
-			asm.StoreMem(asm.RFP, opsInfo, asm.R1, asm.DWord),
-			asm.StoreMem(asm.RFP, opsInfo+8, asm.R1, asm.DWord),
-			asm.StoreMem(asm.RFP, opsInfo+16, asm.R1, asm.DWord),
-			asm.StoreMem(asm.RFP, opsInfo+24, asm.R1, asm.DWord),
+		},
+		zeroStack(opsInfo, infoSize),
+		asm.Instructions{
 			// Its kind: the stack's relay sockets carry
 			// podnet.StackSocketMark.
 			asm.LoadMem(asm.R2, asm.R6, sockOpsSk, asm.DWord),
@@ -144,8 +143,19 @@ func sockOpsProgram(m maps, l psockLayout) asm.Instructions {
 			//     messages queued on it, unread. (Checked under the
 			//     socket's lock, which a redirect into it takes to queue.)
 			asm.JNE.Imm(asm.R8, 0, "out").WithSymbol("queue_empty"),
-			//  3. Its peer can no longer redirect into it.
-			asm.LoadMem(asm.R9, asm.RFP, opsCookie, asm.DWord),
+			//  3. No application of another pod can redirect into it: an
+			//     application's socket of a direct pod stays while it is
+			//     open, since its other end's verdict may join it at any
+			//     message and that end's choice is not readable here.
+			asm.LoadMem(asm.R1, asm.R7, infoKind, asm.Word),
+			asm.JEq.Imm(asm.R1, kindStack, "in_pod_peer"),
+		},
+		lookup(m.netns, opsCookie, "in_pod_peer"),
+		asm.Instructions{
+			asm.LoadMem(asm.R1, asm.R0, 0, asm.Word),
+			asm.JSet.Imm(asm.R1, flagDirect, "out"),
+			//  4. Its peer can no longer redirect into it.
+			asm.LoadMem(asm.R9, asm.RFP, opsCookie, asm.DWord).WithSymbol("in_pod_peer"),
 		},
 		buildKey(asm.R6, sockOpsCtx, opsPeer, true, asm.R9, "out", "rp"),
 		// No peer's info: its peer's verdict, which needs that info, no
@@ -231,6 +241,15 @@ func sockOpsProgram(m maps, l psockLayout) asm.Instructions {
 			asm.Return(),
 		},
 	)
+}
+
+// zeroStack zeroes size bytes (a multiple of 8) at fp+off; R1 must be 0.
+func zeroStack(off, size int16) asm.Instructions {
+	var out asm.Instructions
+	for i := int16(0); i < size; i += 8 {
+		out = append(out, asm.StoreMem(asm.RFP, off+i, asm.R1, asm.DWord))
+	}
+	return out
 }
 
 // sockHashInsert puts the socket of the sock_ops context in R6 in m
