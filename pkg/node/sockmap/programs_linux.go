@@ -76,10 +76,10 @@ const (
 	// wrote to it (through TCP), published when it sends. A socket joins
 	// its other end only when the other end has read all it sent
 	// through the stacks, so that nothing it redirects overtakes it.
-	infoSent = 32 // u64
-	infoRead = 40 // u64
-	infoSize = 48
-	kindStack   = 1
+	infoSent  = 32 // u64
+	infoRead  = 40 // u64
+	infoSize  = 48
+	kindStack = 1
 	// stateVerdict: the socket is in the socks hash, so its sends go
 	// through the verdict and may redirect; without it, it never does.
 	stateVerdict = 1
