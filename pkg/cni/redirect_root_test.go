@@ -319,6 +319,9 @@ func TestSocketRedirectDirect(t *testing.T) {
 	if direct != 2 {
 		t.Errorf("status --json: %d pods in mode direct, want 2", direct)
 	}
+	if table := string(runStatus(t, env)); !strings.Contains(table, "to another pod)") {
+		t.Errorf("status table without the messages to another pod:\n%s", table)
+	}
 	if err := env.Del(client.Conf, client.ID, client.NS); err != nil {
 		t.Fatal(err)
 	}

@@ -193,7 +193,11 @@ func printTable(out io.Writer, rows []Attachment) {
 		if d := r.Redirect; d != nil {
 			redirect = d.Mode
 			if d.Stats != nil {
-				redirect += fmt.Sprintf(" (%d msgs)", d.Stats.Redirected)
+				if d.Stats.Direct > 0 {
+					redirect += fmt.Sprintf(" (%d msgs, %d to another pod)", d.Stats.Redirected, d.Stats.Direct)
+				} else {
+					redirect += fmt.Sprintf(" (%d msgs)", d.Stats.Redirected)
+				}
 			}
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\n", id, r.IfName, pod, strings.Join(ips, ","),

@@ -67,9 +67,29 @@
 // so the socket then waits leaveGrace first. It then stops its RTT
 // callbacks and leaves the pod's count.
 //
+// Between two pods of the node that both say direct (flagDirect), a
+// connection the node does not translate goes from one application's
+// socket to the other's, past both stacks: the verdict of an
+// application's socket looks up the pod that owns the remote address
+// (the owners map, filled at ADD from IPAM's addresses) and, in that
+// pod's namespace, the socket with the mirrored four-tuple, and
+// redirects to it (BPF_F_INGRESS) under the same budget. It does so only
+// from an address its own pod owns, only to an application's socket of
+// a direct pod not being captured, and only once the other end has read
+// everything this one sent through the stacks: that data sits in the
+// other end's TCP queue, which its reads take after the redirect's, so
+// each such socket counts what it redirected to its own stack
+// (infoSent) and publishes, whenever it sends, what it has read of its
+// TCP stream (infoRead, from tcp_sock through BTF, under its lock). A
+// direct pod's stack writes to its applications through TCP, so that
+// the count is whole. An application's socket of a direct pod stays in
+// the hashes while open, since its other end may join it at any
+// message.
+//
 // What the kernel must have (Check): BTF, sockmap and socket storage,
 // bpf_get_netns_cookie in sock_ops and sk_msg, bpf_skc_to_tcp_sock and the
 // bpf_rdonly_cast kfunc in sk_msg and sock_ops, deleting from a socket
-// hash in sock_ops, and the psock's msg_tot_len. Where any is missing the
+// hash in sock_ops, the psock's msg_tot_len, and tcp_sock's
+// bytes_received, rcv_nxt and copied_seq. Where any is missing the
 // loader says so and the pod keeps the loopback TCP.
 package sockmap
