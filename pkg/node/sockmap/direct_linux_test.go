@@ -9,10 +9,12 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf/btf"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -442,5 +444,35 @@ func TestDisableForgetsAddresses(t *testing.T) {
 	pingPong(t, client, server, 100, 64)
 	if s := d.statsOf(d.b); s.Direct != 0 {
 		t.Errorf("pod B: stats %+v: joined a pod taken out", s)
+	}
+}
+
+// TestLayoutNeedsTCPSockCounts: a kernel whose BTF does not say where
+// tcp_sock keeps what a socket received and read cannot order a join,
+// and is refused: its pods keep the loopback TCP.
+func TestLayoutNeedsTCPSockCounts(t *testing.T) {
+	u32 := &btf.Int{Name: "u32", Size: 4}
+	ptr := &btf.Pointer{Target: &btf.Void{}}
+	var b btf.Builder
+	for _, typ := range []btf.Type{
+		&btf.Struct{Name: "sock", Size: 16, Members: []btf.Member{{Name: "sk_user_data", Type: ptr, Offset: 64}}},
+		&btf.Struct{Name: "sk_psock", Size: 8, Members: []btf.Member{{Name: "msg_tot_len", Type: u32, Offset: 0}}},
+		&btf.Struct{Name: "tcp_sock", Size: 8, Members: []btf.Member{{Name: "rcv_nxt", Type: u32, Offset: 0}, {Name: "copied_seq", Type: u32, Offset: 32}}},
+		&btf.Func{Name: "bpf_rdonly_cast", Type: &btf.FuncProto{Return: ptr}, Linkage: btf.GlobalFunc},
+	} {
+		if _, err := b.Add(typ); err != nil {
+			t.Fatal(err)
+		}
+	}
+	raw, err := b.Marshal(nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec, err := btf.LoadSpecFromReader(bytes.NewReader(raw))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := layoutIn(spec); !errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), "bytes_received") {
+		t.Fatalf("layout of a kernel without tcp_sock's bytes_received: got %v, want ErrUnsupported naming it", err)
 	}
 }
