@@ -54,20 +54,14 @@ func (a *addition) enableRedirect(both, direct bool) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	if direct {
-		addrs, err := podAddrs(a.att.IPs)
-		if err != nil {
-			return 0, err
-		}
-		if err := node.EnableDirect(cookie, addrs); err != nil {
-			return 0, err
-		}
-		return cookie, nil
+	if !direct {
+		return cookie, node.Enable(cookie, both)
 	}
-	if err := node.Enable(cookie, both); err != nil {
+	addrs, err := podAddrs(a.att.IPs)
+	if err != nil {
 		return 0, err
 	}
-	return cookie, nil
+	return cookie, node.EnableDirect(cookie, addrs)
 }
 
 // podAddrs are the addresses of the pod's CIDRs, which the direct

@@ -77,7 +77,11 @@ func (n *Node) EnableDirect(cookie uint64, addrs []netip.Addr) error {
 			return fmt.Errorf("registering %s as netns cookie %d's: %w", a, cookie, err)
 		}
 	}
-	return n.enable(cookie, flagEnabled|flagDirect)
+	if err := n.enable(cookie, flagEnabled|flagDirect); err != nil {
+		n.forgetOwner(cookie)
+		return err
+	}
+	return nil
 }
 
 // ownerKey is an address as the programs see it: IPv6, an IPv4 one

@@ -371,10 +371,8 @@ func skMsgProgram(m maps, l psockLayout) asm.Instructions {
 			// A socket others redirect to publishes what it holds unread
 			// whenever it sends (and on its RTT callbacks): their estimate
 			// of it starts again from the truth. Others redirect to the
-			// stack's sockets, and with flagBoth to the applications'.
-			// Others redirect to the stack's sockets, with flagBoth to
-			// the applications' too, and with flagDirect to the
-			// applications' from another pod.
+			// stack's sockets, with flagBoth to the applications' too,
+			// and with flagDirect to the applications' from another pod.
 			asm.JEq.Imm(asm.R1, kindStack, "publish"),
 			asm.LoadMem(asm.R1, asm.RFP, msgFlags, asm.Word),
 			asm.And.Imm(asm.R1, flagBoth|flagDirect),
