@@ -148,6 +148,8 @@ var allConfigs = []*config{
 		Desc: `pod to pod on one node: two cni-usernet "gso": "hardware", "socketRedirect": "direct" pods (their connection joined application socket to application socket)`},
 	{Name: "pod2pod-baseline", Plugin: "cni-usernet", GSO: "hardware", SameNode: true, RatioTo: "pod2pod-kernel", Baseline: true, ByName: true,
 		Desc: `pod to pod on one node: two pods of cni-usernet built from run.sh --baseline REV, "gso": "hardware" (only with --baseline-bin)`},
+	{Name: "pod2pod-baseline-direct", Plugin: "cni-usernet", GSO: "hardware", SameNode: true, RatioTo: "pod2pod-kernel", Baseline: true, ByName: true, Keys: map[string]any{"socketRedirect": "direct"},
+		Desc: `pod to pod on one node: two pods of cni-usernet built from run.sh --baseline REV, "gso": "hardware", "socketRedirect": "direct" (only with --baseline-bin)`},
 	{Name: "pod2pod-baseline-redirectboth", Plugin: "cni-usernet", GSO: "hardware", SameNode: true, RatioTo: "pod2pod-kernel", Baseline: true, ByName: true, Keys: map[string]any{"socketRedirect": "both"},
 		Desc: `pod to pod on one node: two pods of cni-usernet built from run.sh --baseline REV, "gso": "hardware", "socketRedirect": "both" (only with --baseline-bin)`},
 	{Name: "xnode-kernel", Plugin: "ptp", CrossNode: "direct", RatioTo: "xnode-kernel",
