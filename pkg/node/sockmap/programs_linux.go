@@ -76,22 +76,16 @@ const (
 	// wrote to it (through TCP), published when it sends. A socket joins
 	// its other end only when the other end has read all it sent
 	// through the stacks, so that nothing it redirects overtakes it.
-	infoSent = 32 // u64
-	infoRead = 40 // u64
-	// infoClosed: ktime when an application's socket of a direct pod,
-	// on TCP and leaving, closed its door to its other end's joins.
-	infoClosed = 48 // u64
-	infoSize   = 56
-	kindStack  = 1
+	infoSent  = 32 // u64
+	infoRead  = 40 // u64
+	infoSize  = 48
+	kindStack = 1
 	// stateVerdict: the socket is in the socks hash, so its sends go
 	// through the verdict and may redirect; without it, it never does.
 	stateVerdict = 1
 	// stateLeft: the socket left the hashes; the counters no longer
 	// hold it.
 	stateLeft = 2
-	// stateClosed: an application's socket of a direct pod that is
-	// leaving; its other end no longer joins it.
-	stateClosed = 4
 )
 
 // A socket's choice, in its socket storage.
@@ -537,15 +531,14 @@ func directRedirect(m maps) asm.Instructions {
 			asm.LoadMem(asm.R3, asm.RFP, msgPeerNS, asm.DWord),
 		},
 		buildKey(asm.R6, skMsgCtx, msgPeer, true, asm.R3, "no_direct", "direct"),
-		// Its socket: an application's, still in socks and not leaving,
-		// under the budget.
+		// Its socket: an application's, still in socks, under the budget.
 		lookup(m.info, msgPeer, "no_direct"),
 		asm.Instructions{
 			asm.StoreMem(asm.RFP, msgPeerInfo, asm.R0, asm.DWord),
 			asm.LoadMem(asm.R1, asm.R0, infoKind, asm.Word),
 			asm.JEq.Imm(asm.R1, kindStack, "no_direct"),
 			asm.LoadMem(asm.R1, asm.R0, infoState, asm.Word),
-			asm.JSet.Imm(asm.R1, stateLeft|stateClosed, "no_direct"),
+			asm.JSet.Imm(asm.R1, stateLeft, "no_direct"),
 			asm.LoadMem(asm.R1, asm.R0, infoPending, asm.DWord),
 			asm.JGT.Imm(asm.R1, Budget, "no_direct"),
 			asm.LoadMem(asm.R1, asm.R0, infoRead, asm.DWord),

@@ -143,31 +143,17 @@ func sockOpsProgram(m maps, l psockLayout) asm.Instructions {
 			//     messages queued on it, unread. (Checked under the
 			//     socket's lock, which a redirect into it takes to queue.)
 			asm.JNE.Imm(asm.R8, 0, "out").WithSymbol("queue_empty"),
-			//  3. No application of another pod can redirect into it.
-			//     An application's socket of a direct pod may be joined
-			//     by its other end at any message, so it first closes
-			//     its door (its other end's verdict no longer joins a
-			//     closed socket), then waits leaveGrace for a join that
-			//     verdict chose just before, as for its own peer below.
+			//  3. No application of another pod can redirect into it: an
+			//     application's socket of a direct pod stays while it is
+			//     open, since its other end's verdict may join it at any
+			//     message and that end's choice is not readable here.
 			asm.LoadMem(asm.R1, asm.R7, infoKind, asm.Word),
 			asm.JEq.Imm(asm.R1, kindStack, "in_pod_peer"),
 		},
 		lookup(m.netns, opsCookie, "in_pod_peer"),
 		asm.Instructions{
 			asm.LoadMem(asm.R1, asm.R0, 0, asm.Word),
-			asm.JSet.Imm(asm.R1, flagDirect, "door"),
-			asm.Ja.Label("in_pod_peer"),
-			asm.LoadMem(asm.R1, asm.R7, infoState, asm.Word).WithSymbol("door"),
-			asm.JSet.Imm(asm.R1, stateClosed, "door_closed"),
-			asm.Or.Imm(asm.R1, stateClosed),
-			asm.StoreMem(asm.R7, infoState, asm.R1, asm.Word),
-			asm.FnKtimeGetNs.Call(),
-			asm.StoreMem(asm.R7, infoClosed, asm.R0, asm.DWord),
-			asm.Ja.Label("out"),
-			asm.FnKtimeGetNs.Call().WithSymbol("door_closed"),
-			asm.LoadMem(asm.R1, asm.R7, infoClosed, asm.DWord),
-			asm.Sub.Reg(asm.R0, asm.R1),
-			asm.JLT.Imm(asm.R0, leaveGrace, "out"),
+			asm.JSet.Imm(asm.R1, flagDirect, "out"),
 			//  4. Its peer can no longer redirect into it.
 			asm.LoadMem(asm.R9, asm.RFP, opsCookie, asm.DWord).WithSymbol("in_pod_peer"),
 		},
