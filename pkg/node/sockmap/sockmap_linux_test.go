@@ -44,6 +44,9 @@ func newRigBoth(t *testing.T, enable, both bool) *rig {
 		t.Skip("needs root: loads BPF programs")
 	}
 	root := filepath.Join("/sys/fs/bpf", fmt.Sprintf("cni-usernet-test-%d", os.Getpid()))
+	// A load that fails halfway leaves the root behind; this removes it
+	// (after the unload below, which checks its own error).
+	t.Cleanup(func() { os.RemoveAll(root) })
 	node, err := Load(root, filepath.Join(t.TempDir(), "lock"))
 	if errors.Is(err, ErrUnsupported) {
 		// A kernel with what Check looks for (the newest of the needs)
