@@ -88,7 +88,13 @@ done
 # their start.
 log "installing the ClusterNetworkPolicy CRD of network-policy-api $NPAPI_VERSION ($CHANNEL channel)"
 kubectl apply -f "$CRD" || { rc=1; exit; }
-kubectl wait --for condition=established crd/clusternetworkpolicies.policy.networking.k8s.io --timeout=60s || { rc=1; exit; }
+# kubectl wait fails at once when it reads the CRD before the API server
+# gave it any condition; ask again until the minute is up.
+crd_deadline=$((SECONDS + 60))
+until kubectl wait --for condition=established crd/clusternetworkpolicies.policy.networking.k8s.io --timeout=60s; do
+	[ "$SECONDS" -ge "$crd_deadline" ] && { rc=1; exit; }
+	sleep 1
+done
 
 # The README's standalone install (its e2e-install block), the images
 # imported above.

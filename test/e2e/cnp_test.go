@@ -46,12 +46,28 @@ func installCNPCRD(t *testing.T, repo string) (remove func()) {
 		remove()
 		t.Fatal(err)
 	}
-	if _, err := kubectl("wait", "--for", "condition=established", "crd/"+crd, "--timeout=60s"); err != nil {
+	if err := waitEstablished(crd, time.Minute); err != nil {
 		remove()
 		t.Fatal(err)
 	}
 	t.Logf("installed the ClusterNetworkPolicy CRD of network-policy-api %s (standard channel)", mod.Version)
 	return remove
+}
+
+// waitEstablished waits for the CRD's Established condition. kubectl
+// wait fails at once, instead of waiting, when it reads the CRD before
+// the API server gave it any condition ("accessor error: <nil>"), so that
+// answer is asked again until the deadline.
+func waitEstablished(crd string, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		left := max(time.Until(deadline).Round(time.Second), time.Second)
+		_, err := kubectl("wait", "--for", "condition=established", "crd/"+crd, "--timeout="+left.String())
+		if err == nil || !strings.Contains(err.Error(), "accessor error") || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }
 
 // cnpModel is what checkClusterNetworkPolicy has applied between its two
