@@ -57,15 +57,23 @@ func serveInPod(t *testing.T, pod *nettest.Pod, port int, serve func(net.Conn)) 
 	nettest.Serve(ln, serve)
 }
 
-// roundTrips sends n lines from the node to addr and wants each back.
-func roundTrips(t *testing.T, node ns.NetNS, addr string, n int) {
+// dialFor30s connects from the namespace to addr, the connection good
+// for 30 seconds.
+func dialFor30s(t *testing.T, from ns.NetNS, addr string) net.Conn {
 	t.Helper()
-	c, err := nettest.Dial(node, "tcp", addr, 10*time.Second)
+	c, err := nettest.Dial(from, "tcp", addr, 10*time.Second)
 	if err != nil {
 		t.Fatalf("dialing %s: %v", addr, err)
 	}
-	defer c.Close()
 	c.SetDeadline(time.Now().Add(30 * time.Second))
+	return c
+}
+
+// roundTrips sends n lines from the node to addr and wants each back.
+func roundTrips(t *testing.T, node ns.NetNS, addr string, n int) {
+	t.Helper()
+	c := dialFor30s(t, node, addr)
+	defer c.Close()
 	r := bufio.NewReader(c)
 	for i := range n {
 		msg := fmt.Sprintf("request %d through the stack\n", i)
@@ -216,12 +224,8 @@ func TestSocketRedirectBulkEcho(t *testing.T) {
 
 func bulkEcho(t *testing.T, node ns.NetNS, addr string) {
 	t.Helper()
-	c, err := nettest.Dial(node, "tcp", addr, 10*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := dialFor30s(t, node, addr)
 	defer c.Close()
-	c.SetDeadline(time.Now().Add(30 * time.Second))
 	const size = 4 << 20
 	data := make([]byte, size)
 	rand.Read(data)
@@ -340,12 +344,8 @@ func TestSocketRedirectDirect(t *testing.T) {
 // to an echo at addr, then reads each round's answers, in order.
 func pipelined(t *testing.T, from ns.NetNS, addr string, rounds int) {
 	t.Helper()
-	c, err := nettest.Dial(from, "tcp", addr, 10*time.Second)
-	if err != nil {
-		t.Fatalf("dialing %s: %v", addr, err)
-	}
+	c := dialFor30s(t, from, addr)
 	defer c.Close()
-	c.SetDeadline(time.Now().Add(30 * time.Second))
 	r := bufio.NewReader(c)
 	seq := 0
 	for i := range rounds {

@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/netip"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -290,25 +289,7 @@ func TestDirectSlowReader(t *testing.T) {
 func TestDirectHalfClose(t *testing.T) {
 	d := newDirectRig(t, direct, direct)
 	client, server := connect(t, d.a, d.b, 4)
-	msg := bytes.Repeat([]byte("request "), 1000)
-	if _, err := client.Write(msg); err != nil {
-		t.Fatal(err)
-	}
-	if err := client.CloseWrite(); err != nil {
-		t.Fatal(err)
-	}
-	got, err := io.ReadAll(server)
-	if err != nil || !bytes.Equal(got, msg) {
-		t.Fatalf("server read %d bytes, %v; want the %d sent, then EOF", len(got), err, len(msg))
-	}
-	if _, err := server.Write([]byte("answer")); err != nil {
-		t.Fatal(err)
-	}
-	server.CloseWrite()
-	ans, err := io.ReadAll(client)
-	if err != nil || string(ans) != "answer" {
-		t.Fatalf("client read %q, %v; want the answer, then EOF", ans, err)
-	}
+	halfClose(t, client, server)
 	if s := d.statsOf(d.a); s.Direct == 0 {
 		t.Errorf("pod A: stats %+v: nothing took the shortcut", s)
 	}
@@ -319,18 +300,7 @@ func TestDirectHalfClose(t *testing.T) {
 func TestDirectReset(t *testing.T) {
 	d := newDirectRig(t, direct, direct)
 	client, server := connect(t, d.a, d.b, 4)
-	pingPong(t, client, server, 10, 64)
-	if _, err := client.Write([]byte("unread")); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(50 * time.Millisecond)
-	server.SetLinger(0)
-	server.Close()
-	client.SetReadDeadline(time.Now().Add(5 * time.Second))
-	_, err := client.Read(make([]byte, 10))
-	if !errors.Is(err, syscall.ECONNRESET) && err != io.EOF {
-		t.Fatalf("read after the peer's reset: got %v, want ECONNRESET (or EOF)", err)
-	}
+	resetByServer(t, client, server)
 	if s := d.statsOf(d.a); s.Direct == 0 {
 		t.Errorf("pod A: stats %+v: nothing took the shortcut", s)
 	}

@@ -312,14 +312,7 @@ func TestHalfCloseAcrossLeaving(t *testing.T) {
 	if len(rest)%12 != 0 || !bytes.Equal(rest, bytes.Repeat([]byte("through TCP "), len(rest)/12)) || len(rest) == 0 {
 		t.Fatalf("after the redirected bytes, the stack read %d bytes, not whole messages sent through TCP", len(rest))
 	}
-	if _, err := server.Write([]byte("answer")); err != nil {
-		t.Fatal(err)
-	}
-	server.CloseWrite()
-	ans, err := io.ReadAll(client)
-	if err != nil || string(ans) != "answer" {
-		t.Fatalf("client read %q, %v; want the answer, then EOF", ans, err)
-	}
+	answerAndClose(t, client, server)
 }
 
 // TestResetAcrossLeaving: a stack that resets the connection while its

@@ -433,19 +433,13 @@ func skMsgProgram(m maps, l psockLayout) asm.Instructions {
 			asm.LoadMem(asm.R1, asm.RFP, msgKind, asm.Word),
 			asm.JNE.Imm(asm.R1, kindStack, "redirect"),
 			asm.LoadMapPtr(asm.R2, m.socks.FD()),
-			asm.Mov.Reg(asm.R1, asm.R6).WithSymbol("redirect"),
-			asm.Mov.Reg(asm.R3, asm.RFP),
-			asm.Add.Imm(asm.R3, msgPeer),
-			asm.Mov.Imm(asm.R4, bpfFIngress),
-			asm.FnMsgRedirectHash.Call(),
-			// Not in the hash (it left it, or is leaving): TCP.
-			asm.JNE.Imm(asm.R0, skPass, "tcp"),
-			asm.LoadMem(asm.R2, asm.RFP, msgPeerInfo, asm.DWord),
-			asm.LoadMem(asm.R1, asm.R6, skMsgSize, asm.Word),
-			asm.StoreXAdd(asm.R2, asm.R1, asm.DWord),
-			// What it sent through the stacks, for its own join later
-			// (R9, its info, is set on every path here).
-			asm.LoadMem(asm.R1, asm.R6, skMsgSize, asm.Word),
+		},
+		// Not in the hash (it left it, or is leaving): TCP.
+		at("redirect", redirectToPeer("tcp")...),
+		asm.Instructions{
+			// What it sent through the stacks (R1, the message's size),
+			// for its own join later (R9, its info, is set on every path
+			// here).
 			xaddAt(asm.R9, infoSent, asm.R1),
 			asm.Mov.Imm(asm.R1, choiceRedirect),
 			asm.StoreMem(asm.R7, 0, asm.R1, asm.DWord),
@@ -474,6 +468,25 @@ func skMsgProgram(m maps, l psockLayout) asm.Instructions {
 			asm.Return(),
 		},
 	)
+}
+
+// redirectToPeer redirects the message of the sk_msg context in R6 to
+// the socket keyed at msgPeer in the hash in R2, into its receive queue,
+// and adds the message's size to that peer's unread count (its info at
+// msgPeerInfo) until the peer publishes its backlog again. It jumps to
+// fail when the peer is not in the hash; on success R1 holds the size.
+func redirectToPeer(fail string) asm.Instructions {
+	return asm.Instructions{
+		asm.Mov.Reg(asm.R1, asm.R6),
+		asm.Mov.Reg(asm.R3, asm.RFP),
+		asm.Add.Imm(asm.R3, msgPeer),
+		asm.Mov.Imm(asm.R4, bpfFIngress),
+		asm.FnMsgRedirectHash.Call(),
+		asm.JNE.Imm(asm.R0, skPass, fail),
+		asm.LoadMem(asm.R2, asm.RFP, msgPeerInfo, asm.DWord),
+		asm.LoadMem(asm.R1, asm.R6, skMsgSize, asm.Word),
+		asm.StoreXAdd(asm.R2, asm.R1, asm.DWord),
+	}
 }
 
 // directRedirect is the verdict's first try for an application's
@@ -544,16 +557,10 @@ func directRedirect(m maps) asm.Instructions {
 			asm.LoadMem(asm.R1, asm.R0, infoRead, asm.DWord),
 			asm.LoadMem(asm.R2, asm.R9, infoSent, asm.DWord),
 			asm.JNE.Reg(asm.R1, asm.R2, "no_direct"),
-			asm.Mov.Reg(asm.R1, asm.R6),
 			asm.LoadMapPtr(asm.R2, m.socks.FD()),
-			asm.Mov.Reg(asm.R3, asm.RFP),
-			asm.Add.Imm(asm.R3, msgPeer),
-			asm.Mov.Imm(asm.R4, bpfFIngress),
-			asm.FnMsgRedirectHash.Call(),
-			asm.JNE.Imm(asm.R0, skPass, "no_direct"),
-			asm.LoadMem(asm.R2, asm.RFP, msgPeerInfo, asm.DWord),
-			asm.LoadMem(asm.R1, asm.R6, skMsgSize, asm.Word),
-			asm.StoreXAdd(asm.R2, asm.R1, asm.DWord),
+		},
+		redirectToPeer("no_direct"),
+		asm.Instructions{
 			asm.Mov.Imm(asm.R1, choiceDirect),
 			asm.StoreMem(asm.R7, 0, asm.R1, asm.DWord),
 		},

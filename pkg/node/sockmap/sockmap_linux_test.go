@@ -504,6 +504,16 @@ func writeToNonReader(t *testing.T, w, r *net.TCPConn) {
 func TestHalfClose(t *testing.T) {
 	r := newRig(t, true)
 	client, server := r.pair("tcp4", "127.0.0.1:0")
+	halfClose(t, client, server)
+	if r.stats().Redirected == 0 {
+		t.Error("nothing was redirected")
+	}
+}
+
+// halfClose has client send a request and close its side; server reads
+// it whole, then EOF, and answers (answerAndClose).
+func halfClose(t *testing.T, client, server *net.TCPConn) {
+	t.Helper()
 	msg := bytes.Repeat([]byte("request "), 1000)
 	if _, err := client.Write(msg); err != nil {
 		t.Fatal(err)
@@ -515,6 +525,13 @@ func TestHalfClose(t *testing.T) {
 	if err != nil || !bytes.Equal(got, msg) {
 		t.Fatalf("server read %d bytes, %v; want the %d sent, then EOF", len(got), err, len(msg))
 	}
+	answerAndClose(t, client, server)
+}
+
+// answerAndClose has server answer and close its side; client reads the
+// answer, then EOF.
+func answerAndClose(t *testing.T, client, server *net.TCPConn) {
+	t.Helper()
 	if _, err := server.Write([]byte("answer")); err != nil {
 		t.Fatal(err)
 	}
@@ -523,9 +540,6 @@ func TestHalfClose(t *testing.T) {
 	if err != nil || string(ans) != "answer" {
 		t.Fatalf("client read %q, %v; want the answer, then EOF", ans, err)
 	}
-	if r.stats().Redirected == 0 {
-		t.Error("nothing was redirected")
-	}
 }
 
 // TestReset: a peer that closes with unread data resets the connection,
@@ -533,6 +547,13 @@ func TestHalfClose(t *testing.T) {
 func TestReset(t *testing.T) {
 	r := newRig(t, true)
 	client, server := r.pair("tcp4", "127.0.0.1:0")
+	resetByServer(t, client, server)
+}
+
+// resetByServer has the server close with data unread, and wants the
+// client's next read to see the reset.
+func resetByServer(t *testing.T, client, server *net.TCPConn) {
+	t.Helper()
 	pingPong(t, client, server, 10, 64)
 	if _, err := client.Write([]byte("unread")); err != nil {
 		t.Fatal(err)
