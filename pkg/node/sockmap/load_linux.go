@@ -26,7 +26,7 @@ const DefaultPinRoot = "/sys/fs/bpf/cni-usernet"
 
 // layoutVersion names the maps' and programs' layout; bump it with any
 // change of a key, a value or a program's contract with the maps.
-const layoutVersion = "sockmap-v3"
+const layoutVersion = "sockmap-v4"
 
 // PinDir is the directory of the node's pins under root.
 func PinDir(root string) string { return filepath.Join(root, layoutVersion) }
@@ -40,6 +40,8 @@ const (
 	pinCounters = "counters"
 	pinChoice   = "choice"
 	pinOwners   = "owners"
+	pinServices = "services"
+	pinService  = "service"
 	pinVerdict  = "verdict"
 	pinSockOps  = "sock_ops_link"
 )
@@ -51,13 +53,15 @@ var ErrUnsupported = errors.New("socket redirect unsupported")
 // Node is the node's redirect: the namespaces map, through which a pod
 // is enabled, and its counters.
 type Node struct {
-	netns, counters, owners *ebpf.Map
+	dir                               string
+	netns, counters, owners, services *ebpf.Map
 }
 
 // Close releases the handle; the programs stay loaded and attached.
 func (n *Node) Close() error {
 	n.counters.Close()
 	n.owners.Close()
+	n.services.Close()
 	return n.netns.Close()
 }
 
@@ -68,22 +72,28 @@ func Open(root string) (*Node, error) {
 	if _, err := os.Stat(filepath.Join(PinDir(root), pinSockOps)); err != nil {
 		return nil, fmt.Errorf("opening the node's socket redirect: %w", err)
 	}
-	netns, err := ebpf.LoadPinnedMap(filepath.Join(PinDir(root), pinNetns), nil)
-	if err != nil {
-		return nil, fmt.Errorf("opening the node's socket redirect: %w", err)
+	n := &Node{dir: PinDir(root)}
+	for _, m := range []struct {
+		pin string
+		to  **ebpf.Map
+	}{{pinNetns, &n.netns}, {pinCounters, &n.counters}, {pinOwners, &n.owners}, {pinServices, &n.services}} {
+		mp, err := ebpf.LoadPinnedMap(filepath.Join(n.dir, m.pin), nil)
+		if err != nil {
+			n.closeOpened()
+			return nil, fmt.Errorf("opening the node's socket redirect: %w", err)
+		}
+		*m.to = mp
 	}
-	counters, err := ebpf.LoadPinnedMap(filepath.Join(PinDir(root), pinCounters), nil)
-	if err != nil {
-		netns.Close()
-		return nil, fmt.Errorf("opening the node's socket redirect: %w", err)
+	return n, nil
+}
+
+// closeOpened closes the maps Open opened before it failed.
+func (n *Node) closeOpened() {
+	for _, m := range []*ebpf.Map{n.netns, n.counters, n.owners, n.services} {
+		if m != nil {
+			m.Close()
+		}
 	}
-	owners, err := ebpf.LoadPinnedMap(filepath.Join(PinDir(root), pinOwners), nil)
-	if err != nil {
-		netns.Close()
-		counters.Close()
-		return nil, fmt.Errorf("opening the node's socket redirect: %w", err)
-	}
-	return &Node{netns: netns, counters: counters, owners: owners}, nil
 }
 
 // Load returns the node's redirect, loading, attaching and pinning it
@@ -109,6 +119,11 @@ func Load(root, lockPath string) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
+	spec, err := btf.LoadKernelSpec()
+	if err != nil {
+		return nil, fmt.Errorf("%w: the kernel's BTF: %v", ErrUnsupported, err)
+	}
+	ct := ctLayoutIn(spec)
 	dir := PinDir(root)
 	if err := os.RemoveAll(dir); err != nil { // a half-finished load
 		return nil, fmt.Errorf("removing %s: %w", dir, err)
@@ -116,7 +131,7 @@ func Load(root, lockPath string) (*Node, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating %s: %w", dir, err)
 	}
-	if err := load(dir, layout); err != nil {
+	if err := load(dir, layout, ct); err != nil {
 		os.RemoveAll(dir)
 		return nil, err
 	}
@@ -131,7 +146,7 @@ func Unload(root string) error {
 	return os.RemoveAll(root)
 }
 
-func load(dir string, layout psockLayout) (err error) {
+func load(dir string, layout psockLayout, ct ctLayout) (err error) {
 	var m maps
 	var closers []interface{ Close() error }
 	defer func() {
@@ -170,6 +185,10 @@ func load(dir string, layout psockLayout) (err error) {
 	if m.owners, err = newMap(pinOwners, &ebpf.MapSpec{Name: "usn_owners", Type: ebpf.Hash, KeySize: 16, ValueSize: 8, MaxEntries: maxOwners}); err != nil {
 		return err
 	}
+	// Allocated as connections come: most nodes hold few.
+	if m.services, err = newMap(pinServices, &ebpf.MapSpec{Name: "usn_services", Type: ebpf.Hash, KeySize: svcKeySize, ValueSize: svcValSize, MaxEntries: maxServices, Flags: unix.BPF_F_NO_PREALLOC}); err != nil {
+		return err
+	}
 	// Socket storage needs BTF for its key and value.
 	if m.choice, err = newMap(pinChoice, &ebpf.MapSpec{Name: "usn_choice", Type: ebpf.SkStorage, KeySize: 4, ValueSize: 8,
 		Flags: unix.BPF_F_NO_PREALLOC, Key: &btf.Int{Name: "int", Size: 4, Encoding: btf.Signed}, Value: &btf.Int{Name: "u64", Size: 8}}); err != nil {
@@ -185,6 +204,18 @@ func load(dir string, layout psockLayout) (err error) {
 	}
 	if err := link.RawAttachProgram(link.RawAttachProgramOptions{Target: m.socks.FD(), Program: verdict, Attach: ebpf.AttachSkMsgVerdict}); err != nil {
 		return fmt.Errorf("%w: attaching the sk_msg program to the socket hash: %v", ErrUnsupported, err)
+	}
+	// Without conntrack in the kernel's BTF there is no service program:
+	// direct pods then join only the connections the node does not
+	// translate, and AttachServices says why.
+	if ct.supportedErr == nil {
+		// A verifier that refuses it leaves the rest of the redirect on.
+		if svc, err := ebpf.NewProgram(programSpec("usn_service", ebpf.SchedCLS, serviceProgram(m, ct, layout))); err == nil {
+			closers = append(closers, svc)
+			if err := svc.Pin(filepath.Join(dir, pinService)); err != nil {
+				return fmt.Errorf("pinning the service program: %w", err)
+			}
+		}
 	}
 	ops, err := ebpf.NewProgram(programSpec("usn_sock_ops", ebpf.SockOps, sockOpsProgram(m, layout)))
 	if err != nil {

@@ -46,6 +46,10 @@ type Stats struct {
 	// Direct counts the messages of Redirected that went to an
 	// application of another pod, past both stacks.
 	Direct uint64 `json:"direct,omitempty"`
+	// Services are the pod's open connections to a Service whose
+	// backend is a direct pod of the node, which can join through the
+	// node's translation.
+	Services uint32 `json:"services,omitempty"`
 	// Capture is on while a capture of the pod runs.
 	Capture bool `json:"capture,omitempty"`
 }
@@ -108,6 +112,9 @@ func (n *Node) Disable(cookie uint64) error {
 	}
 	if err := n.counters.Delete(cookie); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return fmt.Errorf("removing the counters of netns cookie %d: %w", cookie, err)
+	}
+	if err := n.forgetServices(n.Owned(cookie)); err != nil {
+		return err
 	}
 	return n.forgetOwner(cookie)
 }
@@ -179,6 +186,7 @@ func (n *Node) Stats(cookie uint64) (Stats, error) {
 		Fallbacks:  binary.NativeEndian.Uint64(c[nsFallbacksOff:]),
 		Refused:    binary.NativeEndian.Uint64(c[nsRefusedOff:]),
 		Direct:     binary.NativeEndian.Uint64(c[nsDirectOff:]),
+		Services:   binary.NativeEndian.Uint32(c[nsServicesOff:]),
 		Capture:    f&flagCapture != 0,
 	}, nil
 }

@@ -204,6 +204,31 @@ func buildKey(ctx asm.Register, f ctxFields, base int16, swap bool, cookie asm.R
 // (bytes 00 00 ff ff) as a little-endian register stores it.
 const v4MappedWord = -0x10000 // 0xffff0000
 
+// copyWords copies size bytes (a multiple of 4) from src+off to fp+dst
+// (clobbers R1).
+func copyWords(src asm.Register, off, dst, size int16) asm.Instructions {
+	var out asm.Instructions
+	for i := int16(0); i < size; i += 4 {
+		out = append(out,
+			asm.LoadMem(asm.R1, src, off+i, asm.Word),
+			asm.StoreMem(asm.RFP, dst+i, asm.R1, asm.Word))
+	}
+	return out
+}
+
+// sameWords jumps to differ when the size bytes (a multiple of 4) at
+// src+off are not those at fp+at (clobbers R1 and R2).
+func sameWords(src asm.Register, off, at, size int16, differ string) asm.Instructions {
+	var out asm.Instructions
+	for i := int16(0); i < size; i += 4 {
+		out = append(out,
+			asm.LoadMem(asm.R1, src, off+i, asm.Word),
+			asm.LoadMem(asm.R2, asm.RFP, at+i, asm.Word),
+			asm.JNE.Reg(asm.R1, asm.R2, differ))
+	}
+	return out
+}
+
 // xaddAt adds src to the u64 at ptr+off.
 func xaddAt(ptr asm.Register, off int16, src asm.Register) asm.Instruction {
 	add := asm.StoreXAdd(ptr, src, asm.DWord)
@@ -227,6 +252,7 @@ type maps struct {
 	counters *ebpf.Map // HASH: netns cookie → the pod's counters
 	choice   *ebpf.Map // SK_STORAGE: a socket's choice
 	owners   *ebpf.Map // HASH: a direct pod's address (IPv6, IPv4 mapped) → its netns cookie
+	services *ebpf.Map // HASH: a translated connection's end's four-tuple → the other end's
 }
 
 // seq joins pieces of a program.
@@ -510,7 +536,11 @@ func redirectToPeer(fail string) asm.Instructions {
 // namespace that owns the remote address (the owners map, filled at ADD
 // from the addresses IPAM gave), and only when the sender's own address
 // is its own pod's: a pod that gives itself another pod's address, as
-// CAP_NET_ADMIN lets it, reaches no socket of that pod's peers.
+// CAP_NET_ADMIN lets it, reaches no socket of that pod's peers. For a
+// connection through a Service's cluster IP, whose ends are not each
+// other's mirror, the four-tuple is the one the node's conntrack gave
+// the service program (the services map), in the namespace that owns
+// its address.
 func directRedirect(m maps) asm.Instructions {
 	return seq(
 		asm.Instructions{
@@ -527,13 +557,27 @@ func directRedirect(m maps) asm.Instructions {
 			asm.LoadMem(asm.R2, asm.RFP, msgCookie, asm.DWord),
 			asm.JNE.Reg(asm.R1, asm.R2, "no_direct"),
 		},
-		// The remote's, another direct pod's.
-		lookup(m.owners, msgOwn+keyRIP, "no_direct"),
+		// The other end's four-tuple: the mirror of this one, or, for a
+		// connection the node translated (a Service's cluster IP), what
+		// the node's conntrack recorded for it (the services map).
+		asm.Instructions{
+			asm.LoadMem(asm.R3, asm.RFP, msgCookie, asm.DWord),
+		},
+		buildKey(asm.R6, skMsgCtx, msgPeer, true, asm.R3, "no_direct", "direct"),
+		lookup(m.services, msgOwn+svcKeyOff, "mirror"),
+		copyWords(asm.R0, 0, msgPeer+svcKeyOff, svcKeySize),
+		// The other end's entry must name this one back: an end's
+		// entries go when its pod does, and an address is reused.
+		lookup(m.services, msgPeer+svcKeyOff, "no_direct"),
+		sameWords(asm.R0, 0, msgOwn+svcKeyOff, svcKeySize, "no_direct"),
+		// Its address, another direct pod's.
+		at("mirror", lookup(m.owners, msgPeer+keyLIP, "no_direct")...),
 		asm.Instructions{
 			asm.LoadMem(asm.R1, asm.R0, 0, asm.DWord),
 			asm.LoadMem(asm.R2, asm.RFP, msgCookie, asm.DWord),
 			asm.JEq.Reg(asm.R1, asm.R2, "no_direct"),
 			asm.StoreMem(asm.RFP, msgPeerNS, asm.R1, asm.DWord),
+			asm.StoreMem(asm.RFP, msgPeer+keyCookie, asm.R1, asm.DWord),
 		},
 		// Still in the redirect, with its word, and not being captured.
 		lookup(m.netns, msgPeerNS, "no_direct"),
@@ -541,9 +585,7 @@ func directRedirect(m maps) asm.Instructions {
 			asm.LoadMem(asm.R1, asm.R0, 0, asm.Word),
 			asm.And.Imm(asm.R1, flagEnabled|flagDirect|flagCapture),
 			asm.JNE.Imm(asm.R1, flagEnabled|flagDirect, "no_direct"),
-			asm.LoadMem(asm.R3, asm.RFP, msgPeerNS, asm.DWord),
 		},
-		buildKey(asm.R6, skMsgCtx, msgPeer, true, asm.R3, "no_direct", "direct"),
 		// Its socket: an application's, still in socks, under the budget.
 		lookup(m.info, msgPeer, "no_direct"),
 		asm.Instructions{

@@ -223,7 +223,34 @@ func sockOpsProgram(m maps, l psockLayout) asm.Instructions {
 		},
 		netnsCookie(opsCookie),
 		buildKey(asm.R6, sockOpsCtx, opsKey, false, asm.R9, "out", "ck"),
-		lookup(m.info, opsKey, "out"),
+		// A client's socket of a connection through a Service takes its
+		// translation with it, both ends' entries, and its pod's charge
+		// for it; only from its own pod's address, so that a pod cannot
+		// remove another pod's.
+		lookup(m.services, opsKey+svcKeyOff, "forget"),
+		asm.Instructions{
+			asm.LoadMem(asm.R1, asm.R0, svcFlags, asm.Word),
+			asm.JNE.Imm(asm.R1, svcClient, "forget"),
+		},
+		copyWords(asm.R0, 0, opsPeer+svcKeyOff, svcKeySize),
+		lookup(m.owners, opsKey+keyLIP, "forget"),
+		asm.Instructions{
+			asm.LoadMem(asm.R1, asm.R0, 0, asm.DWord),
+			asm.LoadMem(asm.R2, asm.RFP, opsCookie, asm.DWord),
+			asm.JNE.Reg(asm.R1, asm.R2, "forget"),
+			asm.LoadMapPtr(asm.R1, m.services.FD()),
+			asm.Mov.Reg(asm.R2, asm.RFP),
+			asm.Add.Imm(asm.R2, opsKey+svcKeyOff),
+			asm.FnMapDeleteElem.Call(),
+			asm.JNE.Imm(asm.R0, 0, "forget"),
+			asm.LoadMapPtr(asm.R1, m.services.FD()),
+			asm.Mov.Reg(asm.R2, asm.RFP),
+			asm.Add.Imm(asm.R2, opsPeer+svcKeyOff),
+			asm.FnMapDeleteElem.Call(),
+		},
+		lookup(m.counters, opsCookie, "forget"),
+		atomicAdd(asm.R0, nsServicesOff, -1, asm.Word),
+		at("forget", lookup(m.info, opsKey, "out")...),
 		asm.Instructions{
 			// One that left the hashes already left the counters.
 			asm.LoadMem(asm.R7, asm.R0, infoState, asm.Word),
