@@ -41,6 +41,9 @@ func (a *addition) redirect() {
 	}
 	r.On, r.Both, r.Direct, r.BPFDir, r.NetnsCookie = true, both, direct, a.conf.BPFDir, cookie
 	a.undo.add(func() { disableRedirect(r) })
+	if direct {
+		a.joinServices(r)
+	}
 	a.step("redirect")
 }
 
@@ -62,6 +65,29 @@ func (a *addition) enableRedirect(both, direct bool) (uint64, error) {
 		return 0, err
 	}
 	return cookie, node.EnableDirect(cookie, addrs)
+}
+
+// joinServices puts the node's service program on the node's end of a
+// direct pod's link, so that connections to the pod through a Service's
+// cluster IP join too. A chained pod's link is the earlier plugin's, and
+// a kernel may lack what the program reads: the pod then joins only
+// connections to its own address, and the record says why.
+func (a *addition) joinServices(r *state.SocketRedirect) {
+	if a.att.HostVeth == "" {
+		r.ServicesOff = "chained: the node's end of the pod's link is the earlier plugin's"
+		return
+	}
+	node, err := sockmap.Open(r.BPFDir)
+	if err == nil {
+		err = node.AttachServices(a.att.HostVeth)
+		node.Close()
+	}
+	if err != nil {
+		r.ServicesOff = err.Error()
+		a.log.Warn("socket redirect direct: connections through a Service's cluster IP keep the stacks", "err", err)
+		return
+	}
+	r.Services = true
 }
 
 // podAddrs are the addresses of the pod's CIDRs, which the direct

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -306,6 +307,38 @@ func TestSocketRedirectDirect(t *testing.T) {
 	if after := stats(rs).Direct; after != before {
 		t.Errorf("the server joined %d answers to a pod that did not say direct", after-before)
 	}
+	// Through a Service's cluster IP, which the node translates as
+	// kube-proxy does: joined too, both families.
+	for _, r := range []*state.SocketRedirect{rc, rs} {
+		if !r.Services {
+			t.Fatalf("record %+v: want Service joins on", r)
+		}
+	}
+	vip := [2]string{"10.198.0.10", "fd98::10"}
+	nftInNode(t, env, fmt.Sprintf(`table ip svc {
+	chain pre { type nat hook prerouting priority dstnat; ip daddr %s tcp dport 80 dnat to %s:7011; }
+}
+table ip6 svc {
+	chain pre { type nat hook prerouting priority dstnat; ip6 daddr %s tcp dport 80 dnat to [%s]:7011; }
+}
+`, vip[0], server.IP(4), vip[1], server.IP(6)))
+	for i, family := range []int{4, 6} {
+		before := stats(rc).Direct
+		roundTrips(t, client.NS, net.JoinHostPort(vip[i], "80"), 200)
+		if got := stats(rc).Direct - before; got < 199 {
+			t.Errorf("IPv%d through the Service: %d of the client's 200 requests went straight to the server, want all but the first at most", family, got)
+		}
+	}
+	pipelined(t, client.NS, net.JoinHostPort(vip[0], "80"), 300)
+	bulkEcho(t, client.NS, net.JoinHostPort(vip[1], "80"))
+	// Closed, the connections take their translations with them.
+	deadline := time.Now().Add(5 * time.Second)
+	for stats(rc).Services != 0 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if s := stats(rc); s.Services != 0 {
+		t.Errorf("client's stats %+v: translations of closed connections still charged", s)
+	}
 	var rows []struct {
 		Redirect struct {
 			Mode string `json:"mode"`
@@ -337,6 +370,16 @@ func TestSocketRedirectDirect(t *testing.T) {
 	}
 	if owned := node.Owned(rs.NetnsCookie); len(owned) != 2 {
 		t.Errorf("the server's addresses: %v, want its two", owned)
+	}
+}
+
+// nftInNode loads nftables rules into the env's node namespace.
+func nftInNode(t *testing.T, env *nettest.Env, rules string) {
+	t.Helper()
+	cmd := exec.Command("nsenter", "--net="+env.Node.Path(), "nft", "-f", "-")
+	cmd.Stdin = strings.NewReader(rules)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("nft in the node: %v: %s", err, out)
 	}
 }
 

@@ -89,6 +89,11 @@ type SocketRedirect struct {
 	// Direct: connections with another direct pod of the node go from
 	// application socket to application socket.
 	Direct bool `json:"direct,omitempty"`
+	// Services: connections to the pod through a Service's cluster IP
+	// join too (the node's translation is read on its link); when a
+	// direct pod's cannot, ServicesOff says why.
+	Services    bool   `json:"services,omitempty"`
+	ServicesOff string `json:"servicesOff,omitempty"`
 	// Reason says what decided: the annotation or the conflist, or why
 	// the kernel could not.
 	Reason string `json:"reason,omitempty"`

@@ -45,9 +45,13 @@ type Attachment struct {
 // Redirect is the pod's socket redirect (pkg/node/sockmap): off, on
 // (towards the stack), or both, why, and the node's counters of the pod.
 type Redirect struct {
-	Mode   string         `json:"mode"`
-	Reason string         `json:"reason,omitempty"`
-	Stats  *sockmap.Stats `json:"stats,omitempty"`
+	Mode   string `json:"mode"`
+	Reason string `json:"reason,omitempty"`
+	// Services: with direct, whether connections through a Service's
+	// cluster IP join too, and when not, why.
+	Services    bool           `json:"services,omitempty"`
+	ServicesOff string         `json:"servicesOff,omitempty"`
+	Stats       *sockmap.Stats `json:"stats,omitempty"`
 }
 
 // redirectOf reads the record's redirect and, where the node's programs
@@ -66,6 +70,7 @@ func redirectOf(r *state.SocketRedirect) *Redirect {
 	}
 	if r.Direct {
 		out.Mode = "direct"
+		out.Services, out.ServicesOff = r.Services, r.ServicesOff
 	}
 	if node, err := sockmap.Open(r.BPFDir); err == nil {
 		if s, err := node.Stats(r.NetnsCookie); err == nil {
@@ -210,6 +215,9 @@ func printTable(out io.Writer, rows []Attachment) {
 		}
 		if d := r.Redirect; d != nil && d.Reason != "" {
 			fmt.Fprintf(out, "%s/%s socket redirect %s: %s\n", ShortID(r.ContainerID), r.IfName, d.Mode, d.Reason)
+		}
+		if d := r.Redirect; d != nil && d.ServicesOff != "" {
+			fmt.Fprintf(out, "%s/%s socket redirect %s, no joins through a Service: %s\n", ShortID(r.ContainerID), r.IfName, d.Mode, d.ServicesOff)
 		}
 	}
 }
