@@ -51,6 +51,17 @@ type attachment struct {
 	// node: a pod-to-pod row's pod A, on node A across nodes
 	// (crossnode.go) or beside pod B on one node (samenode.go).
 	client *attachment
+	// Dial is the address the client dials when it is not IP: a Service
+	// row's cluster IP, which the node translates to IP.
+	Dial string `json:"dial,omitempty"`
+}
+
+// dialIP is the address a's client connects to.
+func (a *attachment) dialIP() string {
+	if a.Dial != "" {
+		return a.Dial
+	}
+	return a.IP
 }
 
 // nodeNS is the namespace of a's node, where its CNI verbs run.
@@ -77,6 +88,7 @@ type bench struct {
 	scaleUp    string     // conflist of the scale section's pods while they are attached
 	peerNodeUp bool       // peerVeth exists in the node namespace
 	cgfs       *cgroup.FS // the hierarchies, once the limits or sizing section found them
+	svcRows    int        // Service rows attached: each gets a cluster IP of its own
 }
 
 func newBench(o options) (*bench, error) {

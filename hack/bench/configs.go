@@ -61,6 +61,11 @@ type config struct {
 	// pods in the node namespace, the client in pod A, the server in
 	// pod B, the node routing between them as the plugin set it up.
 	SameNode bool
+	// Service makes a pod-to-pod row on one node reach pod B through a
+	// cluster IP that the node translates (nftables DNAT in prerouting,
+	// as kube-proxy's nftables mode), in a node namespace of its own so
+	// that the other rows' node keeps no conntrack (samenode.go).
+	Service bool
 	// AgentRoutes makes a cross-node row's routes (and VXLAN devices)
 	// with the node agent's noderoutes.Manager, as users' nodes get them;
 	// without it they are made with ip the way flannel makes them.
@@ -146,6 +151,12 @@ var allConfigs = []*config{
 		Desc: `pod to pod on one node: two cni-usernet "gso": "hardware", "socketRedirect": "both" pods`},
 	{Name: "pod2pod-usernet-direct", Plugin: "cni-usernet", GSO: "hardware", SameNode: true, RatioTo: "pod2pod-kernel", Keys: map[string]any{"socketRedirect": "direct"},
 		Desc: `pod to pod on one node: two cni-usernet "gso": "hardware", "socketRedirect": "direct" pods (their connection joined application socket to application socket)`},
+	{Name: "pod2pod-kernel-svc", Plugin: "ptp", SameNode: true, Service: true, RatioTo: "pod2pod-kernel-svc",
+		Desc: "pod to pod on one node through a Service: two ptp pods, the client dialing a cluster IP the node DNATs to pod B"},
+	{Name: "pod2pod-usernet-svc", Plugin: "cni-usernet", GSO: "hardware", SameNode: true, Service: true, RatioTo: "pod2pod-kernel-svc",
+		Desc: `pod to pod on one node through a Service: two cni-usernet "gso": "hardware" pods, the client dialing a cluster IP the node DNATs to pod B`},
+	{Name: "pod2pod-usernet-direct-svc", Plugin: "cni-usernet", GSO: "hardware", SameNode: true, Service: true, RatioTo: "pod2pod-kernel-svc", Keys: map[string]any{"socketRedirect": "direct"},
+		Desc: `pod to pod on one node through a Service: two cni-usernet "gso": "hardware", "socketRedirect": "direct" pods, the client dialing a cluster IP the node DNATs to pod B`},
 	{Name: "pod2pod-baseline", Plugin: "cni-usernet", GSO: "hardware", SameNode: true, RatioTo: "pod2pod-kernel", Baseline: true, ByName: true,
 		Desc: `pod to pod on one node: two pods of cni-usernet built from run.sh --baseline REV, "gso": "hardware" (only with --baseline-bin)`},
 	{Name: "pod2pod-baseline-direct", Plugin: "cni-usernet", GSO: "hardware", SameNode: true, RatioTo: "pod2pod-kernel", Baseline: true, ByName: true, Keys: map[string]any{"socketRedirect": "direct"},

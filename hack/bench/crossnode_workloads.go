@@ -118,7 +118,7 @@ func (b *bench) crossIperf(ctx context.Context, r int, srv *attachment) error {
 	defer b.rig.Stop(p)
 	secs := strconv.Itoa(int(b.o.IperfTime.Seconds()))
 	for _, dir := range []string{"a2b", "b2a"} {
-		argv := []string{"iperf3", "-c", srv.IP, "-p", strconv.Itoa(iperfPort), "-t", secs, "-J"}
+		argv := []string{"iperf3", "-c", srv.dialIP(), "-p", strconv.Itoa(iperfPort), "-t", secs, "-J"}
 		if dir == "b2a" {
 			argv = append(argv, "-R")
 		}
@@ -152,7 +152,7 @@ func (b *bench) crossRedis(ctx context.Context, r int, srv *attachment) error {
 	}
 	defer b.rig.Stop(p)
 	u0 := cpuNow(srv, p)
-	out, client, err := rig.OutputCPU(ctx, 5*time.Minute, srv.client.NS, "redis-benchmark", "-h", srv.IP, "-p", strconv.Itoa(redisPort),
+	out, client, err := rig.OutputCPU(ctx, 5*time.Minute, srv.client.NS, "redis-benchmark", "-h", srv.dialIP(), "-p", strconv.Itoa(redisPort),
 		"-n", strconv.Itoa(b.o.RedisN), "-t", "set,get", "--csv")
 	u := cpuNow(srv, p).since(u0, client)
 	if err != nil {
@@ -182,7 +182,7 @@ func (b *bench) crossRR(ctx context.Context, r int, srv *attachment) error {
 	defer b.rig.Stop(p)
 	u0 := cpuNow(srv, p)
 	out, client, err := rig.OutputCPU(ctx, b.o.RRTime+time.Minute, srv.client.NS, b.self, "rr-client",
-		"-addr", net.JoinHostPort(srv.IP, strconv.Itoa(rrPort)), "-time", b.o.RRTime.String())
+		"-addr", net.JoinHostPort(srv.dialIP(), strconv.Itoa(rrPort)), "-time", b.o.RRTime.String())
 	u := cpuNow(srv, p).since(u0, client)
 	if err != nil {
 		return err

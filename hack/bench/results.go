@@ -151,6 +151,12 @@ func (b *bench) reportData() report.Data {
 	}
 	if len(sameNodeRows) > 0 {
 		d.SameNode = &report.SameNode{Rows: sameNodeRows, Subnet: subnet4, Baseline: configByName(sameNodeRows[0].Name).ratioTo()}
+		for _, r := range sameNodeRows {
+			if c := configByName(r.Name); c.Service {
+				d.SameNode.Service, d.SameNode.ServiceSubnet = c.ratioTo(), serviceSubnet
+				break
+			}
+		}
 	}
 	if len(crossRows) > 0 {
 		d.Cross = &report.Cross{

@@ -14,7 +14,8 @@ import (
 // quick runs, --only pod2pod runs them alone, --pod2pod=false leaves
 // them out, and they are neither node→pod nor cross-node rows.
 func TestSameNodeSelection(t *testing.T) {
-	both := []string{"pod2pod-kernel", "pod2pod-usernet", "pod2pod-usernet-redirect", "pod2pod-usernet-redirectboth", "pod2pod-usernet-direct"}
+	both := []string{"pod2pod-kernel", "pod2pod-usernet", "pod2pod-usernet-redirect", "pod2pod-usernet-redirectboth", "pod2pod-usernet-direct",
+		"pod2pod-kernel-svc", "pod2pod-usernet-svc", "pod2pod-usernet-direct-svc"}
 	for _, tc := range []struct {
 		args []string
 		want []string // the rows of the section of pod to pod on one node
@@ -80,9 +81,10 @@ func TestSameNodeProblems(t *testing.T) {
 		t.Fatal(err)
 	}
 	b := &bench{o: o, skipped: map[string]string{}}
-	for _, row := range []string{"pod2pod-kernel", "pod2pod-usernet", "pod2pod-usernet-redirect", "pod2pod-usernet-redirectboth", "pod2pod-usernet-direct"} {
+	for _, row := range []string{"pod2pod-kernel", "pod2pod-usernet", "pod2pod-usernet-redirect", "pod2pod-usernet-redirectboth", "pod2pod-usernet-direct",
+		"pod2pod-kernel-svc", "pod2pod-usernet-svc", "pod2pod-usernet-direct-svc"} {
 		for _, m := range report.CrossMetrics {
-			if m.Key == "client_cpu_redis" || m.StackOnly && row == "pod2pod-kernel" {
+			if m.Key == "client_cpu_redis" || m.StackOnly && strings.HasPrefix(row, "pod2pod-kernel") {
 				continue
 			}
 			b.samples = append(b.samples, report.Sample{Round: 1, Config: row, Metric: m.Key, Value: 1})
@@ -91,7 +93,8 @@ func TestSameNodeProblems(t *testing.T) {
 	got := b.problems()
 	want := []string{"pod2pod-kernel client_cpu_redis (no error recorded)", "pod2pod-usernet client_cpu_redis (no error recorded)",
 		"pod2pod-usernet-redirect client_cpu_redis (no error recorded)", "pod2pod-usernet-redirectboth client_cpu_redis (no error recorded)",
-		"pod2pod-usernet-direct client_cpu_redis (no error recorded)"}
+		"pod2pod-usernet-direct client_cpu_redis (no error recorded)", "pod2pod-kernel-svc client_cpu_redis (no error recorded)",
+		"pod2pod-usernet-svc client_cpu_redis (no error recorded)", "pod2pod-usernet-direct-svc client_cpu_redis (no error recorded)"}
 	if !slices.Equal(got, want) {
 		t.Errorf("problems: got %q, want %q", got, want)
 	}

@@ -26,6 +26,10 @@ type SameNode struct {
 	// Subnet is the pods' IPv4 subnet, the node→pod rows' own; Baseline
 	// the row the others' ratios are taken against.
 	Subnet, Baseline string
+	// Service, when set, is the Service rows' baseline: their pods in a
+	// node of their own (ServiceSubnet), the client dialing a cluster IP
+	// that node DNATs to pod B.
+	Service, ServiceSubnet string
 }
 
 // podCPUText says what the CPU columns of a pod-to-pod section count.
@@ -44,6 +48,10 @@ func (d *Data) sameNodeSection(w *strings.Builder) {
 		"each pod's host route to its host-side veth is the plugin's own (ptp's; cni-usernet's, made the same way) and the node forwards between them. "+
 		"The servers in pod B, the clients in pod A, so that every request crosses both pods' stacks: iperf3 one stream each way (A→B: pod A sending), "+
 		"redis-benchmark as in the node→pod rows, TCP_RR. Ratios to `%s`. ", x.Subnet, x.Baseline)
+	if x.Service != "" {
+		fmt.Fprintf(w, "The `-svc` rows reach pod B through a Service: their two pods in a node namespace of their own (%s), whose nftables DNAT "+
+			"(prerouting, as kube-proxy's nftables mode) turns a cluster IP of the row into pod B's address; their ratios are to `%s`. ", x.ServiceSubnet, x.Service)
+	}
 	w.WriteString(podCPUText)
 	groups, byGroup := groupsOf(CrossMetrics)
 	for _, g := range groups {
