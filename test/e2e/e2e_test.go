@@ -582,6 +582,7 @@ spec:
 	// hostPort and the bandwidth annotations: portmap chained after
 	// cni-usernet, bandwidth shaped by cni-usernet itself (standalone) or
 	// by the bandwidth plugin before it (chained; flannel's list lacks it).
+	check("SocketRedirectDirect", func(t *testing.T) { checkSocketRedirectDirect(t, ns, chained) })
 	check("DualStack", func(t *testing.T) { checkDualStack(t, repo, ns, chained, pods) })
 	check("HostPort", func(t *testing.T) { checkHostPort(t, repo, ns) })
 	check("Bandwidth", func(t *testing.T) { checkBandwidth(t, ns, network) })

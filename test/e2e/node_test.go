@@ -48,6 +48,16 @@ type statusRow struct {
 			MTU int `json:"mtu"`
 		} `json:"spec"`
 	} `json:"stats"`
+	Redirect *struct {
+		Mode        string `json:"mode"`
+		Reason      string `json:"reason"`
+		Services    bool   `json:"services"`
+		ServicesOff string `json:"servicesOff"`
+		Stats       *struct {
+			Redirected uint64 `json:"redirected"`
+			Direct     uint64 `json:"direct"`
+		} `json:"stats"`
+	} `json:"socketRedirect"`
 }
 
 // mtu is the MTU the pod's stack runs with (0: not reported).

@@ -86,10 +86,24 @@
 // the hashes while open, since its other end may join it at any
 // message.
 //
+// A connection through a Service's cluster IP reaches the other pod
+// translated by the node, so its ends are not each other's mirror. A
+// tc program on the node's end of each direct pod's link (the service
+// program, which only reads) takes the node's translation of each SYN
+// into the pod from the packet's conntrack entry and records it in the
+// services map for both ends, under each end's four-tuple the other
+// end's; the verdict looks there first and joins only when the other
+// end's entry names it back. The client's pod is charged for it (at
+// most MaxSocketsPerPod), and its socket's close takes both entries
+// away.
+//
 // What the kernel must have (Check): BTF, sockmap and socket storage,
 // bpf_get_netns_cookie in sock_ops and sk_msg, bpf_skc_to_tcp_sock and the
 // bpf_rdonly_cast kfunc in sk_msg and sock_ops, deleting from a socket
 // hash in sock_ops, the psock's msg_tot_len, and tcp_sock's
 // bytes_received, rcv_nxt and copied_seq. Where any is missing the
-// loader says so and the pod keeps the loopback TCP.
+// loader says so and the pod keeps the loopback TCP. The service
+// program also needs sk_buff._nfct and struct nf_conn in the kernel's
+// BTF and the bpf_cast_to_kern_ctx kfunc; without them only joins
+// through a Service are off.
 package sockmap
