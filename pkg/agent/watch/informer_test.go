@@ -419,3 +419,39 @@ func TestNewRefusesAMismatch(t *testing.T) {
 		t.Errorf("pods as Services: got %v, want a refusal naming pods", err)
 	}
 }
+
+// A server that answers the namespaces' metadata-only list with whole
+// Namespaces (a NamespaceList, as the test stand-ins and some proxies
+// do) still fills the cache by the first list: the informer is synced
+// with every namespace and its labels, not with none until the watch
+// brings them.
+func TestInformerNamespacesFromAWholeList(t *testing.T) {
+	f := fakeapi.NewTest(t, fakeapi.Options{Token: "tok"})
+	for _, ns := range []string{"a", "b", "c"} {
+		if _, err := f.Store.Put("namespaces", &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: map[string]string{"team": ns}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg := &rest.Config{Host: f.URL(), BearerToken: "tok", TLSClientConfig: rest.TLSClientConfig{CAData: f.CAPEM()}}
+	var mu sync.Mutex
+	var told int
+	i, err := New(Options[netpolicy.Namespace]{Config: cfg, Kind: Namespaces, Log: slog.New(slog.DiscardHandler),
+		OnChange: func(old, new *netpolicy.Namespace) { mu.Lock(); told++; mu.Unlock() },
+		Backoff:  20 * time.Millisecond, MaxBackoff: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { i.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	<-i.Synced()
+	mu.Lock()
+	defer mu.Unlock()
+	if told != 3 || len(i.List()) != 3 {
+		t.Fatalf("at Synced %d namespaces told, %d cached, want 3", told, len(i.List()))
+	}
+	if ns, ok := i.Get("b"); !ok || ns.Metadata.Labels["team"] != "b" {
+		t.Errorf("namespace b cached as %+v", ns)
+	}
+}

@@ -69,12 +69,11 @@ var (
 func (s *source[T]) IsWatchListSemanticsUnSupported() bool { return true }
 
 func (s *source[T]) ListWithContext(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
-	list := s.c.newList()
 	req := s.rc.Get().Resource(s.c.kind.Resource).VersionedParams(&opts, parameterCodec)
 	if s.c.acceptList != "" {
 		req.SetHeader("Accept", s.c.acceptList)
 	}
-	err := req.Do(ctx).Into(list)
+	list, err := s.decodeList(req.Do(ctx))
 	if ctx.Err() != nil {
 		return nil, ctx.Err()
 	}
@@ -108,6 +107,25 @@ func (s *source[T]) ListWithContext(ctx context.Context, opts metav1.ListOptions
 		return nil, fmt.Errorf("listing %s: %w", s.c.kind, err)
 	}
 	return out, nil
+}
+
+// decodeList is the list the server sent, of whatever list kind it
+// named: a server may answer a metadata-only list with whole objects (a
+// NamespaceList), and decoding that into the list type asked for would
+// leave it empty without an error (client-go's Into drops an object of
+// another kind). An answer that names no kind (taken as the watch
+// events' item kind, not a list), or one this scheme does not know, is
+// decoded as the type asked for.
+func (s *source[T]) decodeList(res rest.Result) (runtime.Object, error) {
+	obj, err := res.Get()
+	switch {
+	case err == nil && meta.IsListType(obj):
+		return obj, nil
+	case err == nil, runtime.IsMissingKind(err), runtime.IsNotRegisteredError(err):
+		list := s.c.newList()
+		return list, res.Into(list)
+	}
+	return nil, err
 }
 
 func (s *source[T]) WatchWithContext(ctx context.Context, opts metav1.ListOptions) (kwatch.Interface, error) {
