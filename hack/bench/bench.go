@@ -88,6 +88,7 @@ type bench struct {
 	scaleUp    string     // conflist of the scale section's pods while they are attached
 	peerNodeUp bool       // peerVeth exists in the node namespace
 	cgfs       *cgroup.FS // the hierarchies, once the limits or sizing section found them
+	svcNodeUp  bool       // the Service rows' node namespace exists
 	svcRows    int        // Service rows attached: each gets a cluster IP of its own
 }
 

@@ -74,17 +74,21 @@ const (
 // serviceNode makes the Service rows' node once.
 func (b *bench) serviceNode(ctx context.Context) (string, error) {
 	b.mu.Lock()
-	first := b.svcRows == 0
+	up := b.svcNodeUp
 	b.mu.Unlock()
-	if first {
-		if err := b.rig.AddNS(ctx, serviceNodeNS); err != nil {
-			return "", err
-		}
-		rules := "table ip ub_svc {\n\tchain pre { type nat hook prerouting priority dstnat; }\n}\n"
-		if err := b.nftIn(ctx, serviceNodeNS, rules); err != nil {
-			return "", err
-		}
+	if up {
+		return serviceNodeNS, nil
 	}
+	if err := b.rig.AddNS(ctx, serviceNodeNS); err != nil {
+		return "", err
+	}
+	rules := "table ip ub_svc {\n\tchain pre { type nat hook prerouting priority dstnat; }\n}\n"
+	if err := b.nftIn(ctx, serviceNodeNS, rules); err != nil {
+		return "", err
+	}
+	b.mu.Lock()
+	b.svcNodeUp = true
+	b.mu.Unlock()
 	return serviceNodeNS, nil
 }
 

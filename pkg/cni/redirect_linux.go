@@ -30,7 +30,7 @@ func (a *addition) redirect() {
 	}
 	both := mode == netconf.SocketRedirectBoth
 	direct := mode == netconf.SocketRedirectDirect
-	cookie, err := a.enableRedirect(both, direct)
+	cookie, err := a.enableRedirect(r, both, direct)
 	if err != nil {
 		r.Reason = err.Error()
 		a.log.Warn("socket redirect off: the pod's loopback connections use TCP", "err", err)
@@ -41,13 +41,12 @@ func (a *addition) redirect() {
 	}
 	r.On, r.Both, r.Direct, r.BPFDir, r.NetnsCookie = true, both, direct, a.conf.BPFDir, cookie
 	a.undo.add(func() { disableRedirect(r) })
-	if direct {
-		a.joinServices(r)
-	}
 	a.step("redirect")
 }
 
-func (a *addition) enableRedirect(both, direct bool) (uint64, error) {
+// enableRedirect puts the pod in the node's redirect; a direct pod's
+// link gets the service program too (r says whether it did).
+func (a *addition) enableRedirect(r *state.SocketRedirect, both, direct bool) (uint64, error) {
 	node, err := sockmap.Load(a.conf.BPFDir, filepath.Join(a.conf.RunDir, redirectLock))
 	if err != nil {
 		return 0, err
@@ -64,7 +63,11 @@ func (a *addition) enableRedirect(both, direct bool) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	return cookie, node.EnableDirect(cookie, addrs)
+	if err := node.EnableDirect(cookie, addrs); err != nil {
+		return 0, err
+	}
+	a.joinServices(node, r)
+	return cookie, nil
 }
 
 // joinServices puts the node's service program on the node's end of a
@@ -72,17 +75,12 @@ func (a *addition) enableRedirect(both, direct bool) (uint64, error) {
 // cluster IP join too. A chained pod's link is the earlier plugin's, and
 // a kernel may lack what the program reads: the pod then joins only
 // connections to its own address, and the record says why.
-func (a *addition) joinServices(r *state.SocketRedirect) {
+func (a *addition) joinServices(node *sockmap.Node, r *state.SocketRedirect) {
 	if a.att.HostVeth == "" {
 		r.ServicesOff = "chained: the node's end of the pod's link is the earlier plugin's"
 		return
 	}
-	node, err := sockmap.Open(r.BPFDir)
-	if err == nil {
-		err = node.AttachServices(a.att.HostVeth)
-		node.Close()
-	}
-	if err != nil {
+	if err := node.AttachServices(a.att.HostVeth); err != nil {
 		r.ServicesOff = err.Error()
 		a.log.Warn("socket redirect direct: connections through a Service's cluster IP keep the stacks", "err", err)
 		return

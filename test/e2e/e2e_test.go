@@ -277,19 +277,7 @@ spec:
 			p := getPod(t, ns, name)
 			podIP[name] = p.Status.PodIP
 		}
-		svcIP = strings.TrimSpace(mustKubectl(t, "-n", ns, "get", "svc", "srv", "-o", "jsonpath={.spec.clusterIP}"))
-		// kube-proxy programs the Service once the endpoints are ready.
-		eventually(t, time.Minute, "Service endpoints", func() error {
-			out, err := kubectl("-n", ns, "get", "endpointslices", "-l", "kubernetes.io/service-name=srv",
-				"-o", "jsonpath={.items[*].endpoints[*].addresses[*]}")
-			if err != nil {
-				return err
-			}
-			if strings.TrimSpace(out) != podIP["srv"] {
-				return fmt.Errorf("endpoints %q, want %s", out, podIP["srv"])
-			}
-			return nil
-		})
+		svcIP = serviceReady(t, ns, "srv", podIP["srv"])
 		t.Logf("pods %v, Service srv %s", podIP, svcIP)
 	})
 
@@ -905,6 +893,24 @@ spec:
 
 // podManifest is a test pod running podtool, with the GSO annotation when
 // mode is not empty.
+// serviceReady is Service name's cluster IP once its endpoints are
+// backend alone: kube-proxy programs a Service once they are ready.
+func serviceReady(t *testing.T, ns, name, backend string) string {
+	t.Helper()
+	eventually(t, time.Minute, "Service "+name+"'s endpoints", func() error {
+		out, err := kubectl("-n", ns, "get", "endpointslices", "-l", "kubernetes.io/service-name="+name,
+			"-o", "jsonpath={.items[*].endpoints[*].addresses[*]}")
+		if err != nil {
+			return err
+		}
+		if strings.TrimSpace(out) != backend {
+			return fmt.Errorf("endpoints %q, want %s", out, backend)
+		}
+		return nil
+	})
+	return strings.TrimSpace(mustKubectl(t, "-n", ns, "get", "svc", name, "-o", "jsonpath={.spec.clusterIP}"))
+}
+
 func podManifest(ns, name, mode string) string {
 	return podManifestOn(ns, name, mode, node1(), nil)
 }

@@ -7,7 +7,6 @@ import (
 	"net"
 	"strings"
 	"testing"
-	"time"
 )
 
 const redirectAnnotation = "cni-usernet.io/socket-redirect"
@@ -43,18 +42,7 @@ spec:
 	mustKubectl(t, "-n", ns, "wait", "--for=condition=Ready", "pod/dsrv", "pod/dcli", "--timeout=3m")
 	srvIP := getPod(t, ns, "dsrv").Status.PodIP
 	cliIP := getPod(t, ns, "dcli").Status.PodIP
-	svcIP := strings.TrimSpace(mustKubectl(t, "-n", ns, "get", "svc", "dsrv", "-o", "jsonpath={.spec.clusterIP}"))
-	eventually(t, time.Minute, "Service dsrv's endpoints", func() error {
-		out, err := kubectl("-n", ns, "get", "endpointslices", "-l", "kubernetes.io/service-name=dsrv",
-			"-o", "jsonpath={.items[*].endpoints[*].addresses[*]}")
-		if err != nil {
-			return err
-		}
-		if strings.TrimSpace(out) != srvIP {
-			return fmt.Errorf("endpoints %q, want %s", out, srvIP)
-		}
-		return nil
-	})
+	svcIP := serviceReady(t, ns, "dsrv", srvIP)
 	st := nodeStatus(t)
 	for _, name := range []string{"dsrv", "dcli"} {
 		r := st[ns+"/"+name].Redirect

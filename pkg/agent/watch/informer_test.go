@@ -150,11 +150,16 @@ func runPods(t *testing.T, cfg *rest.Config, backoff time.Duration, logs *logBuf
 	if err != nil {
 		t.Fatal(err)
 	}
+	run(t, i)
+	return i
+}
+
+// run runs i until the test ends.
+func run[T any](t *testing.T, i *Informer[T]) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { i.Run(ctx); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
-	return i
 }
 
 // logBuf is a log's lines, safe to read while the informer writes.
@@ -261,10 +266,7 @@ func TestInformerSyncedAfterTheFirstListIsTold(t *testing.T) {
 		t.Fatal(err)
 	}
 	close(ready)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { i.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
+	run(t, i)
 	<-i.Synced()
 	mu.Lock()
 	defer mu.Unlock()
@@ -348,10 +350,7 @@ func TestInformerErrBeforeSync(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { i.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
+	run(t, i)
 
 	eventually(t, "Err", func() bool { return i.Err() != nil })
 	if i.HasSynced() {
@@ -441,10 +440,7 @@ func TestInformerNamespacesFromAWholeList(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { i.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
+	run(t, i)
 	<-i.Synced()
 	mu.Lock()
 	defer mu.Unlock()

@@ -115,15 +115,21 @@ func Load(root, lockPath string) (*Node, error) {
 	if err := mountBPFFS(root); err != nil {
 		return nil, err
 	}
-	layout, err := Check()
+	spec, err := kernelSpec()
 	if err != nil {
 		return nil, err
 	}
-	spec, err := btf.LoadKernelSpec()
+	layout, err := layoutIn(spec)
 	if err != nil {
-		return nil, fmt.Errorf("%w: the kernel's BTF: %v", ErrUnsupported, err)
+		return nil, err
 	}
-	ct := ctLayoutIn(spec)
+	// Without conntrack in the kernel's BTF there is no service program:
+	// direct pods then join only the connections the node does not
+	// translate, and AttachServices says why.
+	var ct *ctLayout
+	if c, err := ctLayoutIn(spec); err == nil {
+		ct = &c
+	}
 	dir := PinDir(root)
 	if err := os.RemoveAll(dir); err != nil { // a half-finished load
 		return nil, fmt.Errorf("removing %s: %w", dir, err)
@@ -146,7 +152,7 @@ func Unload(root string) error {
 	return os.RemoveAll(root)
 }
 
-func load(dir string, layout psockLayout, ct ctLayout) (err error) {
+func load(dir string, layout psockLayout, ct *ctLayout) (err error) {
 	var m maps
 	var closers []interface{ Close() error }
 	defer func() {
@@ -205,12 +211,10 @@ func load(dir string, layout psockLayout, ct ctLayout) (err error) {
 	if err := link.RawAttachProgram(link.RawAttachProgramOptions{Target: m.socks.FD(), Program: verdict, Attach: ebpf.AttachSkMsgVerdict}); err != nil {
 		return fmt.Errorf("%w: attaching the sk_msg program to the socket hash: %v", ErrUnsupported, err)
 	}
-	// Without conntrack in the kernel's BTF there is no service program:
-	// direct pods then join only the connections the node does not
-	// translate, and AttachServices says why.
-	if ct.supportedErr == nil {
-		// A verifier that refuses it leaves the rest of the redirect on.
-		if svc, err := ebpf.NewProgram(programSpec("usn_service", ebpf.SchedCLS, serviceProgram(m, ct, layout))); err == nil {
+	// A verifier that refuses the service program leaves the rest of
+	// the redirect on, as a kernel without it does (ct nil).
+	if ct != nil {
+		if svc, err := ebpf.NewProgram(programSpec("usn_service", ebpf.SchedCLS, serviceProgram(m, *ct, layout))); err == nil {
 			closers = append(closers, svc)
 			if err := svc.Pin(filepath.Join(dir, pinService)); err != nil {
 				return fmt.Errorf("pinning the service program: %w", err)

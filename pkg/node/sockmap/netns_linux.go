@@ -113,10 +113,11 @@ func (n *Node) Disable(cookie uint64) error {
 	if err := n.counters.Delete(cookie); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return fmt.Errorf("removing the counters of netns cookie %d: %w", cookie, err)
 	}
-	if err := n.forgetServices(n.Owned(cookie)); err != nil {
+	owned := n.Owned(cookie)
+	if err := n.forgetServices(owned); err != nil {
 		return err
 	}
-	return n.forgetOwner(cookie)
+	return n.forgetAddrs(cookie, owned)
 }
 
 // Owned lists the addresses registered as cookie's (status, tests).
@@ -137,8 +138,11 @@ func (n *Node) Owned(cookie uint64) []netip.Addr {
 // a newer pod registered since is that pod's, and stays; DEL runs this
 // before IPAM releases the lease, so no newer pod has the address while
 // it runs.
-func (n *Node) forgetOwner(cookie uint64) error {
-	for _, a := range n.Owned(cookie) {
+func (n *Node) forgetOwner(cookie uint64) error { return n.forgetAddrs(cookie, n.Owned(cookie)) }
+
+// forgetAddrs is forgetOwner with cookie's addresses (Owned) read.
+func (n *Node) forgetAddrs(cookie uint64, owned []netip.Addr) error {
+	for _, a := range owned {
 		if err := n.owners.Delete(ownerKey(a)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return fmt.Errorf("removing %s of netns cookie %d: %w", a, cookie, err)
 		}

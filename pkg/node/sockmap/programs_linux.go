@@ -306,9 +306,14 @@ func psockQueued(l psockLayout, dst asm.Register, none string) asm.Instructions 
 		asm.And.Imm(asm.R1, userDataPtrMask),
 		asm.JEq.Imm(asm.R1, 0, none),
 		asm.Mov.Imm(asm.R2, l.psockTypeID),
-		asm.Instruction{OpCode: asm.Call.Op(asm.ImmSource), Src: asm.PseudoKfuncCall, Constant: l.castID},
+		kfuncCall(l.castID),
 		asm.LoadMem(dst, asm.R0, l.msgTotLenOff, asm.Word),
 	}
+}
+
+// kfuncCall calls the kernel function whose BTF ID is id (vmlinux's).
+func kfuncCall(id int64) asm.Instruction {
+	return asm.Instruction{OpCode: asm.Call.Op(asm.ImmSource), Src: asm.PseudoKfuncCall, Constant: id}
 }
 
 // Stack layout of the sk_msg program.

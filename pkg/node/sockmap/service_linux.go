@@ -99,15 +99,10 @@ func serviceProgram(m maps, l ctLayout, p psockLayout) asm.Instructions {
 		// IPv4 without options, TCP, a SYN alone.
 		asm.LoadMem(asm.R1, asm.R7, ethLen, asm.Byte),
 		asm.JNE.Imm(asm.R1, 0x45, "pass"),
-		asm.LoadMem(asm.R1, asm.R7, ethLen+9, asm.Byte),
-		asm.JNE.Imm(asm.R1, unix.IPPROTO_TCP, "pass"),
-		asm.LoadMem(asm.R1, asm.R7, ethLen+ip4Len+tcpFlagsOff, asm.Byte),
-		asm.And.Imm(asm.R1, tcpSYN|tcpACK),
-		asm.JNE.Imm(asm.R1, tcpSYN, "pass"),
-		asm.Mov.Imm(asm.R9, unix.AF_INET),
-		// Addresses as the socket keys hold them: IPv4 mapped.
-		asm.Mov.Imm(asm.R1, 0),
 	}
+	insns = append(insns, tcpSYNAlone(ethLen+9, ethLen+ip4Len, unix.AF_INET)...)
+	// Addresses as the socket keys hold them: IPv4 mapped.
+	insns = append(insns, asm.Mov.Imm(asm.R1, 0))
 	for _, base := range []int16{ct + tailLIP, ct + tailRIP, srv + tailLIP, srv + tailRIP} {
 		insns = append(insns,
 			asm.StoreMem(asm.RFP, base, asm.R1, asm.Word),
@@ -134,13 +129,8 @@ func serviceProgram(m maps, l ctLayout, p psockLayout) asm.Instructions {
 		asm.Mov.Reg(asm.R1, asm.R7).WithSymbol("v6"),
 		asm.Add.Imm(asm.R1, ethLen+ip6Len+20),
 		asm.JGT.Reg(asm.R1, asm.R8, "pass"),
-		asm.LoadMem(asm.R1, asm.R7, ethLen+6, asm.Byte),
-		asm.JNE.Imm(asm.R1, unix.IPPROTO_TCP, "pass"),
-		asm.LoadMem(asm.R1, asm.R7, ethLen+ip6Len+tcpFlagsOff, asm.Byte),
-		asm.And.Imm(asm.R1, tcpSYN|tcpACK),
-		asm.JNE.Imm(asm.R1, tcpSYN, "pass"),
-		asm.Mov.Imm(asm.R9, unix.AF_INET6),
 	)
+	insns = append(insns, tcpSYNAlone(ethLen+6, ethLen+ip6Len, unix.AF_INET6)...)
 	for w := int16(0); w < 16; w += 4 {
 		insns = append(insns,
 			asm.LoadMem(asm.R1, asm.R7, ethLen+8+w, asm.Word),
@@ -162,12 +152,12 @@ func serviceProgram(m maps, l ctLayout, p psockLayout) asm.Instructions {
 
 		// The packet's nf_conn: sk_buff._nfct, its ctinfo masked off.
 		asm.Mov.Reg(asm.R1, asm.R6),
-		asm.Instruction{OpCode: asm.Call.Op(asm.ImmSource), Src: asm.PseudoKfuncCall, Constant: l.castCtxID},
+		kfuncCall(l.castCtxID),
 		asm.LoadMem(asm.R1, asm.R0, l.nfctOff, asm.DWord),
 		asm.And.Imm(asm.R1, nfctPtrMask),
 		asm.JEq.Imm(asm.R1, 0, "pass"),
 		asm.Mov.Imm(asm.R2, l.connTypeID),
-		asm.Instruction{OpCode: asm.Call.Op(asm.ImmSource), Src: asm.PseudoKfuncCall, Constant: p.castID},
+		kfuncCall(p.castID),
 		asm.JEq.Imm(asm.R0, 0, "pass"),
 		asm.LoadMem(asm.R1, asm.R0, l.protonumOff, asm.Byte),
 		asm.JNE.Imm(asm.R1, unix.IPPROTO_TCP, "pass"),
@@ -204,19 +194,10 @@ func serviceProgram(m maps, l ctLayout, p psockLayout) asm.Instructions {
 	// translated: was the destination translated at all? A connection to
 	// the pod's own address is its own mirror, as the verdict finds it
 	// without an entry.
-	insns = append(insns,
-		asm.LoadMem(asm.R1, asm.RFP, ct+tailRPort, asm.Word).WithSymbol("translated"),
-		asm.LoadMem(asm.R2, asm.RFP, srv+tailLPort, asm.Word),
-		asm.JNE.Reg(asm.R1, asm.R2, "record"),
-	)
-	for w := int16(0); w < 16; w += 4 {
-		insns = append(insns,
-			asm.LoadMem(asm.R1, asm.RFP, ct+tailRIP+w, asm.Word),
-			asm.LoadMem(asm.R2, asm.RFP, srv+tailLIP+w, asm.Word),
-			asm.JNE.Reg(asm.R1, asm.R2, "record"))
-	}
-	insns = append(insns, asm.Ja.Label("pass"))
 	return seq(insns,
+		at("translated", sameWords(asm.RFP, ct+tailRPort, srv+tailLPort, 4, "record")...),
+		sameWords(asm.RFP, ct+tailRIP, srv+tailLIP, 16, "record"),
+		asm.Instructions{asm.Ja.Label("pass")},
 		// record: the client must be a direct pod of the node, under its
 		// cap of connections.
 		at("record", lookup(m.owners, ct+tailLIP, "pass")...),
@@ -245,6 +226,20 @@ func serviceProgram(m maps, l ctLayout, p psockLayout) asm.Instructions {
 			asm.Return(),
 		},
 	)
+}
+
+// tcpSYNAlone goes on only for a TCP segment (the IP header's protocol
+// byte at protoOff) that is a SYN without ACK (its header at tcpOff),
+// with family in R9.
+func tcpSYNAlone(protoOff, tcpOff int16, family int32) asm.Instructions {
+	return asm.Instructions{
+		asm.LoadMem(asm.R1, asm.R7, protoOff, asm.Byte),
+		asm.JNE.Imm(asm.R1, unix.IPPROTO_TCP, "pass"),
+		asm.LoadMem(asm.R1, asm.R7, tcpOff+tcpFlagsOff, asm.Byte),
+		asm.And.Imm(asm.R1, tcpSYN|tcpACK),
+		asm.JNE.Imm(asm.R1, tcpSYN, "pass"),
+		asm.Mov.Imm(asm.R9, family),
+	}
 }
 
 // ports stores the TCP ports of the packet in R7 (its TCP header at
